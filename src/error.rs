@@ -1,0 +1,188 @@
+//! The one error type of unirt.
+//!
+//! The first variants map one-to-one onto `infiniStatus_t` (see [`Error::status`]); the rest
+//! carry what a Rust caller needs to act on a failure (which backend, which handle, how many
+//! bytes). The C ABI turns every variant into a status code; nothing panics across it.
+
+use crate::device::DeviceKind;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every way a unirt call can fail.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A bug or an unexpected driver answer (`INFINI_STATUS_INTERNAL_ERROR`).
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// The operation exists in the API but nobody implements it yet (`NOT_IMPLEMENTED`).
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+    /// An argument is out of its domain (`BAD_PARAM`).
+    #[error("bad parameter: {0}")]
+    BadParam(String),
+    /// A required pointer (output or input) is null (`NULL_POINTER`).
+    #[error("null pointer: {0}")]
+    NullPointer(String),
+    /// The device type is unknown or its vendor has no devices (`DEVICE_TYPE_NOT_SUPPORTED`).
+    #[error("device type not supported: {0}")]
+    DeviceTypeNotSupported(String),
+    /// The vendor exists but has no device at that index (`DEVICE_NOT_FOUND`).
+    #[error("device not found: {0}")]
+    DeviceNotFound(String),
+    /// The device exists but could not be brought up (`DEVICE_NOT_INITIALIZED`).
+    #[error("device not initialized: {0}")]
+    DeviceNotInitialized(String),
+    /// The device's architecture cannot run this (`DEVICE_ARCHITECTURE_NOT_SUPPORTED`).
+    #[error("device architecture not supported: {0}")]
+    ArchitectureNotSupported(String),
+    /// `BAD_TENSOR_DTYPE`.
+    #[error("bad tensor dtype: {0}")]
+    BadTensorDtype(String),
+    /// `BAD_TENSOR_SHAPE`.
+    #[error("bad tensor shape: {0}")]
+    BadTensorShape(String),
+    /// `BAD_TENSOR_STRIDES`.
+    #[error("bad tensor strides: {0}")]
+    BadTensorStrides(String),
+    /// `INSUFFICIENT_WORKSPACE`.
+    #[error("insufficient workspace: need {needed} bytes, got {given}")]
+    InsufficientWorkspace { needed: u64, given: u64 },
+
+    /// A vendor could not be used on this machine; `reason` says what a person can do about it.
+    #[error("{backend} unavailable: {reason}")]
+    Unavailable { backend: DeviceKind, reason: String },
+    /// The device (or host) is out of memory for this request.
+    #[error("out of memory: {requested} bytes requested on {device}: {detail}")]
+    OutOfMemory {
+        device: String,
+        requested: u64,
+        detail: String,
+    },
+    /// A request is larger than the backend can ever satisfy in one piece (a buffer limit).
+    #[error("too large: {requested} bytes requested, the limit on {device} is {limit}")]
+    TooLarge {
+        device: String,
+        requested: u64,
+        limit: u64,
+    },
+    /// An address range is not inside one live allocation.
+    #[error("out of bounds: [{addr:#x}, +{len}) {detail}")]
+    OutOfBounds { addr: u64, len: u64, detail: String },
+    /// A stream, event, graph, pointer or other handle is not live on this device.
+    #[error("invalid {kind} handle {handle:#x}")]
+    InvalidHandle { kind: &'static str, handle: u64 },
+    /// `end_capture` on a stream that is not capturing.
+    #[error("stream is not capturing")]
+    NotCapturing,
+    /// The operation is not allowed while the stream (or device) is capturing.
+    #[error("not permitted while capturing: {0}")]
+    Capturing(String),
+    /// Recorded work has not completed yet (elapsed time of a pending event).
+    #[error("not ready: {0}")]
+    NotReady(String),
+    /// The backend cannot do this at all; `what` names the operation.
+    #[error("{what} is not supported on {backend}")]
+    Unsupported { what: String, backend: String },
+    /// A driver call failed.
+    #[error("{backend} driver call {call} failed: {message}")]
+    Driver {
+        backend: DeviceKind,
+        call: String,
+        message: String,
+    },
+    /// A kernel failed to compile; `log` is the compiler's output.
+    #[error("kernel {kernel} failed to compile: {log}")]
+    KernelCompile { kernel: String, log: String },
+}
+
+/// `infiniStatus_t` values, as InfiniCore's `infinicore.h` defines them.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Success = 0,
+    InternalError = 1,
+    NotImplemented = 2,
+    BadParam = 3,
+    NullPointer = 4,
+    DeviceTypeNotSupported = 5,
+    DeviceNotFound = 6,
+    DeviceNotInitialized = 7,
+    DeviceArchitectureNotSupported = 8,
+    BadTensorDtype = 10,
+    BadTensorShape = 11,
+    BadTensorStrides = 12,
+    InsufficientWorkspace = 13,
+}
+
+impl Error {
+    /// The `infiniStatus_t` a C caller sees for this error.
+    pub fn status(&self) -> Status {
+        use Error::*;
+        match self {
+            Internal(_) | Driver { .. } | KernelCompile { .. } => Status::InternalError,
+            NotImplemented(_) | Unsupported { .. } => Status::NotImplemented,
+            BadParam(_)
+            | OutOfBounds { .. }
+            | InvalidHandle { .. }
+            | NotCapturing
+            | Capturing(_)
+            | NotReady(_)
+            | TooLarge { .. } => Status::BadParam,
+            NullPointer(_) => Status::NullPointer,
+            DeviceTypeNotSupported(_) | Unavailable { .. } => Status::DeviceTypeNotSupported,
+            DeviceNotFound(_) => Status::DeviceNotFound,
+            DeviceNotInitialized(_) => Status::DeviceNotInitialized,
+            ArchitectureNotSupported(_) => Status::DeviceArchitectureNotSupported,
+            BadTensorDtype(_) => Status::BadTensorDtype,
+            BadTensorShape(_) => Status::BadTensorShape,
+            BadTensorStrides(_) => Status::BadTensorStrides,
+            InsufficientWorkspace { .. } => Status::InsufficientWorkspace,
+            // Upstream has no OOM status; CUDA's cudaErrorMemoryAllocation surfaces as
+            // INTERNAL_ERROR through infinirt, so C callers see the same code here.
+            OutOfMemory { .. } => Status::InternalError,
+        }
+    }
+
+    /// A short stable name of the variant, used by the conformance suite and the JSON reports.
+    pub fn kind_name(&self) -> &'static str {
+        use Error::*;
+        match self {
+            Internal(_) => "internal",
+            NotImplemented(_) => "not_implemented",
+            BadParam(_) => "bad_param",
+            NullPointer(_) => "null_pointer",
+            DeviceTypeNotSupported(_) => "device_type_not_supported",
+            DeviceNotFound(_) => "device_not_found",
+            DeviceNotInitialized(_) => "device_not_initialized",
+            ArchitectureNotSupported(_) => "architecture_not_supported",
+            BadTensorDtype(_) => "bad_tensor_dtype",
+            BadTensorShape(_) => "bad_tensor_shape",
+            BadTensorStrides(_) => "bad_tensor_strides",
+            InsufficientWorkspace { .. } => "insufficient_workspace",
+            Unavailable { .. } => "unavailable",
+            OutOfMemory { .. } => "out_of_memory",
+            TooLarge { .. } => "too_large",
+            OutOfBounds { .. } => "out_of_bounds",
+            InvalidHandle { .. } => "invalid_handle",
+            NotCapturing => "not_capturing",
+            Capturing(_) => "capturing",
+            NotReady(_) => "not_ready",
+            Unsupported { .. } => "unsupported",
+            Driver { .. } => "driver",
+            KernelCompile { .. } => "kernel_compile",
+        }
+    }
+
+    pub(crate) fn unsupported(what: impl Into<String>, backend: impl Into<String>) -> Self {
+        Error::Unsupported {
+            what: what.into(),
+            backend: backend.into(),
+        }
+    }
+
+    pub(crate) fn invalid(kind: &'static str, handle: u64) -> Self {
+        Error::InvalidHandle { kind, handle }
+    }
+}

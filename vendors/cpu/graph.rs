@@ -1,0 +1,95 @@
+//! CPU stream capture: a recorded command list, validated at instantiate, replayed as one
+//! batch.
+//!
+//! Event records and waits inside a capture are templates: each replay records the event anew
+//! (and waits for whatever the event last recorded at replay time), as CUDA's event nodes do.
+//! A replay first re-checks every device range of the graph against the allocation table, so a
+//! graph whose buffers were freed fails with `OutOfBounds` instead of writing freed memory.
+
+use std::sync::Arc;
+
+use super::event::CpuEvent;
+use super::stream::Op;
+use crate::hal::CaptureMode;
+
+/// One recorded command.
+#[derive(Clone)]
+pub(crate) enum Node {
+    /// A copy, set or kernel, run as is on each replay.
+    Op(Op),
+    Record(Arc<CpuEvent>),
+    Wait(Arc<CpuEvent>),
+}
+
+/// The recording in progress on a stream.
+pub(crate) struct Capture {
+    pub mode: CaptureMode,
+    pub nodes: Vec<Node>,
+    /// Device ranges the nodes touch, for validation at instantiate and launch.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl Capture {
+    pub fn new(mode: CaptureMode) -> Self {
+        Capture {
+            mode,
+            nodes: Vec::new(),
+            ranges: Vec::new(),
+        }
+    }
+}
+
+/// A finished capture.
+pub(crate) struct CpuGraph {
+    pub nodes: Arc<[Node]>,
+    pub ranges: Arc<[(u64, u64)]>,
+}
+
+/// An instantiated graph: the batch is prebuilt when the graph has no event nodes, so a replay
+/// is one channel send.
+pub(crate) struct CpuGraphExec {
+    pub nodes: Arc<[Node]>,
+    pub ranges: Arc<[(u64, u64)]>,
+    pub batch: Option<Arc<[Op]>>,
+}
+
+impl CpuGraphExec {
+    pub fn new(graph: &CpuGraph) -> Self {
+        let batch = graph
+            .nodes
+            .iter()
+            .map(|n| match n {
+                Node::Op(op) => Some(op.clone()),
+                _ => None,
+            })
+            .collect::<Option<Vec<Op>>>()
+            .map(Arc::from);
+        CpuGraphExec {
+            nodes: graph.nodes.clone(),
+            ranges: graph.ranges.clone(),
+            batch,
+        }
+    }
+
+    /// The commands of one replay, with event nodes turned into fresh records and waits.
+    pub fn materialize(&self) -> Arc<[Op]> {
+        if let Some(b) = &self.batch {
+            return b.clone();
+        }
+        self.nodes
+            .iter()
+            .map(|n| match n {
+                Node::Op(op) => op.clone(),
+                Node::Record(e) => Op::Stamp {
+                    event: e.clone(),
+                    generation: e.begin_record(),
+                },
+                Node::Wait(e) => Op::Wait {
+                    event: e.clone(),
+                    generation: e.current(),
+                },
+            })
+            .collect::<Vec<_>>()
+            .into()
+    }
+}
