@@ -1,1 +1,79 @@
-fn main() {}
+//! The `unirt` command: the device table, the conformance suite and the benchmarks.
+//!
+//! With no arguments it runs the main job: every vendor probed, then the conformance suite on
+//! every available device, then a summary per device.
+
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "unirt",
+    version,
+    about = "One runtime for every accelerator on this machine"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Lists every vendor probed and its devices.
+    Devices {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Runs the conformance suite.
+    Conformance {
+        /// A device (`cpu:0`) or a whole vendor (`wgpu`); every available device when omitted.
+        #[arg(long)]
+        device: Option<String>,
+        /// Only cases whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Write the results as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the results as JUnit XML.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+    },
+    /// Benchmarks, each against the baseline named in its row.
+    Bench {
+        #[command(subcommand)]
+        which: cli::bench::Which,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match args.command {
+        None => cli::main_job::run(),
+        Some(Command::Devices { json }) => cli::devices::run(json),
+        Some(Command::Conformance {
+            device,
+            filter,
+            json,
+            junit,
+        }) => cli::conformance::run(
+            device.as_deref(),
+            filter.as_deref(),
+            json.as_deref(),
+            junit.as_deref(),
+        ),
+        Some(Command::Bench { which }) => cli::bench::run(which),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("unirt: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

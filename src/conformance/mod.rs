@@ -1,1 +1,189 @@
-//! placeholder
+//! The conformance suite: cases written once, run on every discovered device.
+//!
+//! A [`Case`] is a function of a [`Ctx`] (one opened device) returning `Ok(())` or a
+//! [`Failure`]. Cases carry capability tags ([`Need`]); a device without a capability reports
+//! the case `unsupported` with the reason, as does an entry in a backend's
+//! [`unsupported`] list. Nothing passes silently.
+//!
+//! Three front ends run the same list: `cargo test` (crate `unirt-conformance`, one test per
+//! device × case through libtest-mimic), the `unirt conformance` command (table, JSON, JUnit),
+//! and anyone adding a vendor.
+
+mod cases_bad_input;
+mod cases_basic;
+mod cases_capture;
+mod cases_memcpy;
+mod cases_streams;
+mod util;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::device::{Device, DeviceKind};
+use crate::error::Error;
+use crate::hal::{AnyBackend, Backend};
+
+pub use util::*;
+
+/// What a case needs from a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Capture,
+    StreamOrderedMemory,
+    AsyncStreams,
+}
+
+/// One conformance case.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// `area::name`, unique.
+    pub name: &'static str,
+    pub needs: &'static [Need],
+    pub run: fn(&Ctx) -> Result<(), Failure>,
+}
+
+/// The device a case runs on.
+pub struct Ctx {
+    pub device: Device,
+    pub backend: Arc<AnyBackend>,
+}
+
+impl std::ops::Deref for Ctx {
+    type Target = AnyBackend;
+    fn deref(&self) -> &AnyBackend {
+        &self.backend
+    }
+}
+
+/// Why a case did not pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// A check failed or a call returned an unexpected error.
+    Failed(String),
+    /// The backend cannot do this; the reason says why.
+    Unsupported(String),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Unsupported { .. } => Failure::Unsupported(e.to_string()),
+            e => Failure::Failed(format!("unexpected error: {e}")),
+        }
+    }
+}
+
+/// The result of one case on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Passed,
+    Failed,
+    Unsupported,
+    Skipped,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Passed => "passed",
+            Status::Failed => "failed",
+            Status::Unsupported => "unsupported",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
+/// One row of a conformance report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub device: String,
+    pub case: String,
+    pub status: Status,
+    pub message: Option<String>,
+    #[serde(skip)]
+    pub duration: Duration,
+}
+
+/// Every case, in a stable order.
+pub fn cases() -> Vec<Case> {
+    let mut all = Vec::new();
+    all.extend_from_slice(cases_basic::CASES);
+    all.extend_from_slice(cases_memcpy::CASES);
+    all.extend_from_slice(cases_streams::CASES);
+    all.extend_from_slice(cases_capture::CASES);
+    all.extend_from_slice(cases_bad_input::CASES);
+    all
+}
+
+/// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
+/// a limit of the platform; the harness reports them as `unsupported`, never as passed.
+pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
+    const LIST: &[(DeviceKind, &str, &str)] = &[];
+    LIST.iter()
+        .find(|(k, c, _)| *k == kind && *c == case)
+        .map(|(_, _, why)| *why)
+}
+
+fn missing_need(ctx: &Ctx, needs: &[Need]) -> Option<String> {
+    let caps = ctx.backend.info().capabilities;
+    needs.iter().find_map(|n| {
+        let ok = match n {
+            Need::Capture => caps.capture,
+            Need::StreamOrderedMemory => caps.stream_ordered_memory,
+            Need::AsyncStreams => caps.async_streams,
+        };
+        (!ok).then(|| format!("{} does not report {n:?}", ctx.device))
+    })
+}
+
+/// Why `case` is declared unsupported on `device` (an [`unsupported`] entry or a missing
+/// capability), known before it runs.
+pub fn declared_unsupported(case: &Case, device: Device) -> Option<String> {
+    if let Some(why) = unsupported(device.kind, case.name) {
+        return Some(why.to_string());
+    }
+    let backend = crate::open(device).ok()?;
+    missing_need(&Ctx { device, backend }, case.needs)
+}
+
+/// Runs one case on one device; a panic inside the case is a failure, not an abort.
+pub fn run_case(case: &Case, device: Device) -> CaseResult {
+    let start = Instant::now();
+    let (status, message) = match crate::open(device) {
+        Err(Error::Unavailable { reason, .. }) => (Status::Skipped, Some(reason)),
+        Err(e) => (Status::Failed, Some(format!("cannot open {device}: {e}"))),
+        Ok(backend) => {
+            let ctx = Ctx { device, backend };
+            if let Some(why) = unsupported(device.kind, case.name) {
+                (Status::Unsupported, Some(why.to_string()))
+            } else if let Some(why) = missing_need(&ctx, case.needs) {
+                (Status::Unsupported, Some(why))
+            } else {
+                match catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx))) {
+                    Ok(Ok(())) => (Status::Passed, None),
+                    Ok(Err(Failure::Failed(m))) => (Status::Failed, Some(m)),
+                    Ok(Err(Failure::Unsupported(m))) => (Status::Unsupported, Some(m)),
+                    Err(p) => {
+                        let m = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        (Status::Failed, Some(format!("panicked: {m}")))
+                    }
+                }
+            }
+        }
+    };
+    CaseResult {
+        device: device.to_string(),
+        case: case.name.to_string(),
+        status,
+        message,
+        duration: start.elapsed(),
+    }
+}

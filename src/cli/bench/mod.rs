@@ -1,0 +1,43 @@
+//! `unirt bench …`: each benchmark measures unirt and its baseline in the same run.
+
+mod memcpy;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use super::CliResult;
+
+#[derive(Subcommand)]
+pub enum Which {
+    /// H2D, D2H and D2D copies from 4 KiB to 256 MiB beside libc memcpy between host buffers.
+    Memcpy {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest size in MiB (256 by default).
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+    },
+    /// Enqueue latency of an async command on an idle stream, and event record + query.
+    Latency {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+pub fn run(which: Which) -> CliResult<ExitCode> {
+    match which {
+        Which::Memcpy {
+            device,
+            json,
+            max_mib,
+        } => memcpy::run(&device, json.as_deref(), max_mib),
+        Which::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
+    }
+}

@@ -1,0 +1,36 @@
+//! Small statistics for benchmarks: medians of repeated timings.
+
+use std::time::{Duration, Instant};
+
+/// The median of `samples` (sorted in place).
+pub fn median(samples: &mut [f64]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let m = samples.len() / 2;
+    if samples.len() % 2 == 1 {
+        samples[m]
+    } else {
+        (samples[m - 1] + samples[m]) / 2.0
+    }
+}
+
+/// Runs `f` `reps` times after one warm-up and returns the median duration in seconds.
+pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(&mut v)
+}
+
+/// How many repetitions fit in about `budget` given one run took `one`.
+pub fn reps_for(one: Duration, budget: Duration, min: usize, max: usize) -> usize {
+    let n = budget.as_secs_f64() / one.as_secs_f64().max(1e-9);
+    (n as usize).clamp(min, max)
+}
