@@ -1,0 +1,303 @@
+//! wgpu discovery: which adapters this machine has, in a stable order, described as unirt
+//! devices.
+//!
+//! The instance and the adapters are enumerated once per process and kept, so opening a
+//! device uses the very adapter that discovery described. `UNIRT_WGPU_BACKENDS=vulkan,gl`
+//! restricts the wgpu backends; adapters without compute shaders are left out (unirt needs
+//! them for every kernel and for unaligned copies).
+
+use std::sync::OnceLock;
+
+use crate::device::{Capabilities, DeviceInfo, EventTiming};
+use crate::discovery::Probe;
+use crate::error::{Error, Result};
+
+/// One usable adapter and what discovery reported for it.
+pub(crate) struct Found {
+    pub adapter: wgpu::Adapter,
+    pub info: DeviceInfo,
+}
+
+/// The result of the one enumeration of this process.
+enum Enumerated {
+    Adapters(Vec<Found>),
+    None(String),
+}
+
+fn enumerated() -> &'static Enumerated {
+    static E: OnceLock<Enumerated> = OnceLock::new();
+    E.get_or_init(enumerate)
+}
+
+/// Discovery for the wgpu vendor.
+pub(crate) fn probe() -> Probe {
+    match enumerated() {
+        Enumerated::Adapters(v) => Probe::Available(v.iter().map(|f| f.info.clone()).collect()),
+        Enumerated::None(reason) => Probe::Unavailable(reason.clone()),
+    }
+}
+
+/// The adapter discovery listed as `wgpu:index`.
+pub(crate) fn adapter(index: usize) -> Result<&'static Found> {
+    match enumerated() {
+        Enumerated::Adapters(v) => v.get(index).ok_or_else(|| {
+            Error::DeviceNotFound(format!("wgpu:{index} (wgpu has {} device(s))", v.len()))
+        }),
+        Enumerated::None(reason) => Err(Error::Unavailable {
+            backend: crate::device::DeviceKind::Wgpu,
+            reason: reason.clone(),
+        }),
+    }
+}
+
+/// The backends `UNIRT_WGPU_BACKENDS` selects (all when unset).
+fn wanted_backends() -> std::result::Result<wgpu::Backends, String> {
+    let Ok(list) = std::env::var("UNIRT_WGPU_BACKENDS") else {
+        return Ok(wgpu::Backends::all());
+    };
+    if list.trim().is_empty() {
+        return Ok(wgpu::Backends::all());
+    }
+    let mut b = wgpu::Backends::empty();
+    for name in list.split(',').map(|s| s.trim().to_ascii_lowercase()) {
+        b |= match name.as_str() {
+            "vulkan" | "vk" => wgpu::Backends::VULKAN,
+            "metal" | "mtl" => wgpu::Backends::METAL,
+            "dx12" | "d3d12" => wgpu::Backends::DX12,
+            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+            "" => continue,
+            other => {
+                return Err(format!(
+                    "UNIRT_WGPU_BACKENDS names an unknown backend {other:?} (use vulkan, metal, dx12, gl)"
+                ))
+            }
+        };
+    }
+    Ok(b)
+}
+
+pub(crate) fn backend_name(b: wgpu::Backend) -> &'static str {
+    match b {
+        wgpu::Backend::Vulkan => "vulkan",
+        wgpu::Backend::Metal => "metal",
+        wgpu::Backend::Dx12 => "dx12",
+        wgpu::Backend::Gl => "gl",
+        wgpu::Backend::BrowserWebGpu => "webgpu",
+        _ => "noop",
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u8 {
+    match b {
+        wgpu::Backend::Vulkan => 0,
+        wgpu::Backend::Metal => 1,
+        wgpu::Backend::Dx12 => 2,
+        wgpu::Backend::Gl => 3,
+        _ => 4,
+    }
+}
+
+fn type_name(t: wgpu::DeviceType) -> &'static str {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => "discrete_gpu",
+        wgpu::DeviceType::IntegratedGpu => "integrated_gpu",
+        wgpu::DeviceType::VirtualGpu => "virtual_gpu",
+        wgpu::DeviceType::Cpu => "cpu",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn vendor_name(id: u32) -> String {
+    match id {
+        0x10de => "NVIDIA".into(),
+        0x1002 | 0x1022 => "AMD".into(),
+        0x8086 => "Intel".into(),
+        0x10005 => "Mesa".into(),
+        0x106b => "Apple".into(),
+        0x13b5 => "ARM".into(),
+        0x5143 => "Qualcomm".into(),
+        0x1414 => "Microsoft".into(),
+        0 => "unknown".into(),
+        other => format!("{other:#x}"),
+    }
+}
+
+/// The features unirt asks for when the adapter has them.
+pub(crate) fn wanted_features(adapter: &wgpu::Features) -> wgpu::Features {
+    let want = wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+        | wgpu::Features::IMMEDIATES;
+    *adapter & want
+}
+
+/// Whether events can be stamped by the device (timestamps written inside encoders).
+pub(crate) fn device_timing(features: &wgpu::Features) -> bool {
+    features
+        .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+}
+
+/// Host memory from `/proc/meminfo` (CPU and integrated adapters share it; wgpu reports no
+/// device memory size).
+pub(crate) fn host_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    };
+    Some((
+        field("MemTotal:")?,
+        field("MemAvailable:").or(field("MemFree:"))?,
+    ))
+}
+
+fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
+    let i = a.get_info();
+    let l = a.limits();
+    let f = a.features();
+    let timing = device_timing(&f);
+    let total = host_memory().map(|(t, _)| t).unwrap_or(l.max_buffer_size);
+    let mut details = vec![
+        ("backend".to_string(), backend_name(i.backend).to_string()),
+        ("device_type".into(), type_name(i.device_type).into()),
+        ("vendor_id".into(), format!("{:#x}", i.vendor)),
+        ("device_id".into(), format!("{:#x}", i.device)),
+        ("driver_info".into(), i.driver_info.clone()),
+        ("max_buffer_size".into(), l.max_buffer_size.to_string()),
+        (
+            "max_storage_buffer_binding_size".into(),
+            l.max_storage_buffer_binding_size.to_string(),
+        ),
+        (
+            "min_storage_buffer_offset_alignment".into(),
+            l.min_storage_buffer_offset_alignment.to_string(),
+        ),
+        (
+            "max_compute_workgroups_per_dimension".into(),
+            l.max_compute_workgroups_per_dimension.to_string(),
+        ),
+        (
+            "max_compute_invocations_per_workgroup".into(),
+            l.max_compute_invocations_per_workgroup.to_string(),
+        ),
+        (
+            "max_immediate_size".into(),
+            l.max_immediate_size.to_string(),
+        ),
+        (
+            "timestamp_query".into(),
+            f.contains(wgpu::Features::TIMESTAMP_QUERY).to_string(),
+        ),
+        (
+            "memory_total_source".into(),
+            "host memory (wgpu reports no device memory size)".into(),
+        ),
+    ];
+    if !i.device_pci_bus_id.is_empty() {
+        details.push(("pci_bus_id".into(), i.device_pci_bus_id.clone()));
+    }
+    let driver = match (i.driver.is_empty(), i.driver_info.is_empty()) {
+        (false, false) => format!("{} ({})", i.driver, i.driver_info),
+        (false, true) => i.driver.clone(),
+        (true, false) => i.driver_info.clone(),
+        (true, true) => "unknown".into(),
+    };
+    DeviceInfo {
+        index,
+        name: i.name.clone(),
+        vendor: vendor_name(i.vendor),
+        driver,
+        api: backend_name(i.backend).into(),
+        memory_total: total,
+        max_allocation: l.max_buffer_size,
+        details,
+        capabilities: Capabilities {
+            async_streams: true,
+            capture: true,
+            stream_ordered_memory: true,
+            pinned_host_memory: false,
+            unified_addressing: false,
+            event_timing: if timing {
+                EventTiming::Device
+            } else {
+                EventTiming::Host
+            },
+        },
+    }
+}
+
+fn enumerate() -> Enumerated {
+    let backends = match wanted_backends() {
+        Ok(b) => b,
+        Err(reason) => return Enumerated::None(reason),
+    };
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let all = pollster::block_on(instance.enumerate_adapters(backends));
+    let seen = all.len();
+    let mut skipped = Vec::new();
+    let mut usable: Vec<wgpu::Adapter> = all
+        .into_iter()
+        .filter(|a| {
+            let info = a.get_info();
+            let compute = a
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS);
+            if info.backend == wgpu::Backend::Noop || info.backend == wgpu::Backend::BrowserWebGpu {
+                false
+            } else if !compute {
+                skipped.push(format!(
+                    "{} ({}) has no compute shaders",
+                    info.name,
+                    backend_name(info.backend)
+                ));
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    // A stable order whatever order the loaders answer in: backend, device type, then name.
+    usable.sort_by_cached_key(|a| {
+        let i = a.get_info();
+        (
+            backend_rank(i.backend),
+            type_rank(i.device_type),
+            i.name.clone(),
+            i.vendor,
+            i.device,
+            i.device_pci_bus_id.clone(),
+        )
+    });
+    if usable.is_empty() {
+        let mut reason = format!("no wgpu adapter (enumerated {seen} with backends {backends:?}");
+        if !skipped.is_empty() {
+            reason.push_str(&format!("; skipped: {}", skipped.join(", ")));
+        }
+        reason.push_str("; install a Vulkan, Metal, DX12 or GL driver, e.g. Mesa's lavapipe)");
+        return Enumerated::None(reason);
+    }
+    Enumerated::Adapters(
+        usable
+            .into_iter()
+            .enumerate()
+            .map(|(index, adapter)| Found {
+                info: describe(index, &adapter),
+                adapter,
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,354 @@
+//! The opened wgpu device: its one queue, submissions and their completion, and the encoding
+//! of recorded commands.
+//!
+//! Every submission gets a sequence number under one lock, so the queue's submission order is
+//! the order of the numbers; with one queue that is also execution order, which is what makes
+//! cross-stream waits hold without any device-side wait. A callback on each submission raises
+//! [`Gpu::completed`]; queries poll the device without blocking and compare.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::event::{Slot, WEvent};
+use super::kernels::Kernels;
+use super::memory::{create_buffer, wgpu_error};
+use super::stream::Cmd;
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::progress::Progress;
+
+/// A submission: its sequence number (0: nothing was ever submitted) and wgpu's index.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Ticket {
+    pub seq: u64,
+    pub index: Option<wgpu::SubmissionIndex>,
+}
+
+pub(crate) struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub name: String,
+    /// Events are stamped by the device (timestamp queries inside encoders).
+    pub timing: bool,
+    pub kernels: Kernels,
+    /// The sequence number of the last submission, and the lock that orders submissions.
+    submitted: Mutex<Ticket>,
+    /// The highest sequence number known complete.
+    completed: Arc<Progress>,
+    /// The first error wgpu reported outside an error scope, reported once by a wait.
+    uncaptured: Arc<Mutex<Option<String>>>,
+    /// Why the device was lost, if it was.
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+fn driver(call: &str, message: impl std::fmt::Display) -> Error {
+    Error::Driver {
+        backend: DeviceKind::Wgpu,
+        call: call.into(),
+        message: message.to_string(),
+    }
+}
+
+impl Gpu {
+    /// Creates the wgpu device for `adapter` with the adapter's own limits.
+    pub fn open(adapter: &wgpu::Adapter, name: String) -> Result<Self> {
+        let features = super::adapter::wanted_features(&adapter.features());
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("unirt"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        // request_device panics on some misuse (documented); the arguments come from the
+        // adapter itself, and the unwind guard keeps a driver surprise from escaping.
+        let requested = catch_unwind(AssertUnwindSafe(|| {
+            pollster::block_on(adapter.request_device(&desc))
+        }))
+        .map_err(|_| Error::DeviceNotInitialized(format!("{name}: request_device panicked")))?;
+        let (device, queue) = requested
+            .map_err(|e| Error::DeviceNotInitialized(format!("{name}: request_device: {e}")))?;
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            sink.lock().get_or_insert_with(|| e.to_string());
+        }));
+        let lost = Arc::new(Mutex::new(None));
+        let lost_sink = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            lost_sink
+                .lock()
+                .get_or_insert_with(|| format!("{reason:?}: {msg}"));
+        });
+        let timing = super::adapter::device_timing(&device.features());
+        let kernels = Kernels::new(&device);
+        Ok(Gpu {
+            device,
+            queue,
+            name,
+            timing,
+            kernels,
+            submitted: Mutex::new(Ticket::default()),
+            completed: Arc::new(Progress::new()),
+            uncaptured,
+            lost,
+        })
+    }
+
+    /// Fails once the device is lost.
+    pub fn alive(&self) -> Result<()> {
+        match &*self.lost.lock() {
+            None => Ok(()),
+            Some(why) => Err(Error::DeviceNotInitialized(format!(
+                "{}: the wgpu device was lost ({why})",
+                self.name
+            ))),
+        }
+    }
+
+    /// A buffer of this device (errors, not panics, on bad sizes or exhaustion).
+    pub fn buffer(&self, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        create_buffer(&self.device, size, usage, false, &self.name)
+    }
+
+    /// The last submission so far.
+    pub fn last(&self) -> Ticket {
+        self.submitted.lock().clone()
+    }
+
+    /// Encodes `cmds` into one command buffer and submits it; `post` runs (under the submit
+    /// lock, right after the submit) for read-backs that must be registered on it.
+    pub fn submit(&self, cmds: &[Cmd]) -> Result<Ticket> {
+        self.alive()?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("unirt"),
+            });
+        let records = self.encode(cmds, &mut enc);
+        let cb = enc.finish();
+        let ticket = {
+            let mut last = self.submitted.lock();
+            for c in cmds {
+                if let Cmd::Upload {
+                    host,
+                    staging,
+                    off,
+                    len,
+                } = c
+                {
+                    // SAFETY: `host` is the source of a captured host-to-device copy; the
+                    // caller of memcpy_async promised it stays readable for `len` bytes while
+                    // the graph is replayed (the same contract as CUDA's graph memcpy nodes).
+                    let src =
+                        unsafe { std::slice::from_raw_parts(*host as usize as *const u8, *len) };
+                    // write_buffer moves whole words: the bytes sit at their phase `off`.
+                    let start = *off as usize;
+                    let mut words = vec![0u8; (start + *len).div_ceil(4) * 4];
+                    words[start..start + *len].copy_from_slice(src);
+                    self.queue.write_buffer(staging, 0, &words);
+                }
+            }
+            let index = self.queue.submit([cb]);
+            let seq = last.seq + 1;
+            *last = Ticket {
+                seq,
+                index: Some(index.clone()),
+            };
+            for c in cmds {
+                if let Cmd::Readback {
+                    staging,
+                    skip,
+                    host,
+                    len,
+                } = c
+                {
+                    readback(staging, *skip, *host, *len);
+                }
+            }
+            let slots: Vec<(Arc<WEvent>, Arc<Slot>)> = records
+                .into_iter()
+                .map(|(e, read)| (e, Arc::new(Slot::new(last.clone(), read))))
+                .collect();
+            for (e, s) in &slots {
+                *e.last.lock() = Some(s.clone());
+            }
+            let done = self.completed.clone();
+            self.queue.on_submitted_work_done(move || {
+                for (_, s) in &slots {
+                    s.stamp_host();
+                }
+                done.advance(seq);
+            });
+            last.clone()
+        };
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(wgpu_error("queue.submit", e));
+        }
+        Ok(ticket)
+    }
+
+    /// Records the commands into `enc`; returns the event records with their timestamp
+    /// buffers, to be tied to the submission.
+    fn encode(
+        &self,
+        cmds: &[Cmd],
+        enc: &mut wgpu::CommandEncoder,
+    ) -> Vec<(Arc<WEvent>, Option<wgpu::Buffer>)> {
+        let mut records = Vec::new();
+        let mut pass: Option<wgpu::ComputePass<'static>> = None;
+        let mut last_pipe: Option<&wgpu::ComputePipeline> = None;
+        let mut last_group: Option<&wgpu::BindGroup> = None;
+        for c in cmds {
+            if let Cmd::Dispatch {
+                pipeline,
+                group,
+                imm,
+                groups,
+            } = c
+            {
+                let p = pass.get_or_insert_with(|| {
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default())
+                        .forget_lifetime()
+                });
+                if last_pipe != Some(pipeline) {
+                    p.set_pipeline(pipeline);
+                    last_pipe = Some(pipeline);
+                }
+                if last_group != Some(group) {
+                    p.set_bind_group(0, group, &[]);
+                    last_group = Some(group);
+                }
+                p.set_immediates(0, bytemuck::cast_slice(imm));
+                p.dispatch_workgroups(*groups, 1, 1);
+                continue;
+            }
+            // Anything else is outside a compute pass.
+            pass = None;
+            last_pipe = None;
+            last_group = None;
+            match c {
+                Cmd::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    size,
+                } => enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size),
+                Cmd::Clear { buf, off, size } => enc.clear_buffer(buf, *off, Some(*size)),
+                Cmd::Record(e) => {
+                    let read = match &e.query {
+                        Some((qs, resolve)) => {
+                            match self.buffer(
+                                8,
+                                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                            ) {
+                                Ok(read) => {
+                                    enc.write_timestamp(qs, 0);
+                                    enc.resolve_query_set(qs, 0..1, resolve, 0);
+                                    enc.copy_buffer_to_buffer(resolve, 0, &read, 0, 8);
+                                    Some(read)
+                                }
+                                // No timestamp for this record: elapsed time falls back to
+                                // the host clock.
+                                Err(_) => None,
+                            }
+                        }
+                        None => None,
+                    };
+                    records.push((e.clone(), read));
+                }
+                Cmd::Dispatch { .. } | Cmd::Upload { .. } | Cmd::Readback { .. } | Cmd::Wait => {}
+            }
+        }
+        drop(pass);
+        records
+    }
+
+    /// Whether the submission has completed (polls the device without blocking).
+    pub fn is_done(&self, t: &Ticket) -> Result<bool> {
+        if self.completed.get() >= t.seq {
+            return Ok(true);
+        }
+        self.alive()?;
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| driver("device.poll", e))?;
+        Ok(self.completed.get() >= t.seq)
+    }
+
+    /// Blocks until the submission has completed; reports an error wgpu raised meanwhile.
+    pub fn wait(&self, t: &Ticket) -> Result<()> {
+        while self.completed.get() < t.seq {
+            self.alive()?;
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: t.index.clone(),
+                    timeout: None,
+                })
+                .map_err(|e| driver("device.poll", e))?;
+            if self.completed.get() < t.seq {
+                // The completion callback runs on whichever thread polled first.
+                std::thread::yield_now();
+            }
+        }
+        match self.uncaptured.lock().take() {
+            Some(msg) => Err(driver("(uncaptured)", msg)),
+            None => Ok(()),
+        }
+    }
+
+    /// Maps a MAP_READ buffer whose writes were submitted, and copies its first `len` bytes.
+    pub fn read_mappable(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        buf.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let mapped = loop {
+            if let Ok(r) = rx.try_recv() {
+                break r;
+            }
+            self.alive()?;
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| driver("device.poll", e))?;
+        };
+        mapped.map_err(|e| driver("buffer.map_async", e))?;
+        let out = {
+            let view = buf
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| driver("get_mapped_range", e))?;
+            view[..(len as usize).min(view.len())].to_vec()
+        };
+        buf.unmap();
+        Ok(out)
+    }
+}
+
+/// Registers the host side of a device-to-host copy: when the submission that fills
+/// `staging` completes, bytes `[skip, skip + len)` of it land at `host`.
+fn readback(staging: &wgpu::Buffer, skip: u64, host: u64, len: usize) {
+    let buf = staging.clone();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        if r.is_err() {
+            return;
+        }
+        if let Ok(view) = buf.slice(..).get_mapped_range() {
+            let start = skip as usize;
+            if let Some(src) = view.get(start..start + len) {
+                // SAFETY: `host` is the destination of a device-to-host copy; the caller
+                // of memcpy/memcpy_async promised it is writable for `len` bytes until
+                // the stream has passed the copy, which is when this callback runs.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), host as usize as *mut u8, len)
+                };
+            }
+        }
+        buf.unmap();
+    });
+}

@@ -1,0 +1,296 @@
+//! The kernels of [`crate::kernel::KERNELS`] in WGSL (`kernels/*.wgsl`), plus the two internal
+//! kernels behind byte-granular memset and memcpy, compiled once per device.
+//!
+//! Every kernel takes its buffers as read_write storage bindings of group 0 (so an argument
+//! bound twice, as in an in-place add, is one compatible usage) and its scalars as 16 bytes of
+//! immediates. Buffer arguments are interior pointers: the binding covers the whole buffer when
+//! it fits the storage-binding limit (which makes the bind group the same for every launch on
+//! that buffer, so the cache hits), else a window starting at the offset aligned down to
+//! `min_storage_buffer_offset_alignment`; the element offset inside the binding goes in the
+//! immediates. Bind groups are cached by (layout, buffers, windows).
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+
+use super::memory::{ceil4, wgpu_error, DevBuf};
+use crate::error::{Error, Result};
+
+/// Work items per workgroup, as in every `kernels/*.wgsl`.
+pub(crate) const WORKGROUP: u32 = 256;
+/// Bytes of immediates every kernel takes.
+pub(crate) const IMMEDIATE_BYTES: u32 = 16;
+
+/// A compiled kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Which {
+    Fill,
+    AddF32,
+    Memset,
+    CopyBytes,
+}
+
+impl Which {
+    const ALL: [Which; 4] = [Which::Fill, Which::AddF32, Which::Memset, Which::CopyBytes];
+
+    fn source(self) -> &'static str {
+        match self {
+            Which::Fill => include_str!("kernels/fill.wgsl"),
+            Which::AddF32 => include_str!("kernels/add_f32.wgsl"),
+            Which::Memset => include_str!("kernels/memset.wgsl"),
+            Which::CopyBytes => include_str!("kernels/copy_bytes.wgsl"),
+        }
+    }
+
+    fn buffers(self) -> usize {
+        match self {
+            Which::Fill | Which::Memset => 1,
+            Which::CopyBytes => 2,
+            Which::AddF32 => 3,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Which::Fill => "fill",
+            Which::AddF32 => "add_f32",
+            Which::Memset => "unirt_memset",
+            Which::CopyBytes => "unirt_copy_bytes",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kernel behind a public kernel name.
+    pub fn public(name: &str) -> Result<Which> {
+        match name {
+            "fill" => Ok(Which::Fill),
+            "add_f32" => Ok(Which::AddF32),
+            _ => Err(Error::BadParam(format!(
+                "the wgpu backend has no kernel {name:?}"
+            ))),
+        }
+    }
+}
+
+/// One buffer binding: the buffer, and the window of it that is bound.
+#[derive(Clone)]
+pub(crate) struct Window {
+    pub buf: DevBuf,
+    pub offset: u64,
+    pub size: u64,
+}
+
+type BindKey = (Which, [(u64, u64, u64); 3]);
+
+/// Pipelines and bind groups of one device.
+pub(crate) struct Kernels {
+    layouts: Vec<wgpu::BindGroupLayout>,
+    pipe_layouts: Vec<wgpu::PipelineLayout>,
+    pipelines: [OnceLock<Result<wgpu::ComputePipeline>>; 4],
+    groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
+    /// Why kernels cannot run here (no immediates), if so.
+    unavailable: Option<String>,
+    pub max_binding: u64,
+    pub binding_align: u64,
+    pub max_groups: u32,
+}
+
+/// Bind groups kept before the cache is emptied (each holds its buffers alive).
+const MAX_CACHED_GROUPS: usize = 4096;
+
+impl Kernels {
+    pub fn new(device: &wgpu::Device) -> Self {
+        let limits = device.limits();
+        let unavailable = if !device.features().contains(wgpu::Features::IMMEDIATES) {
+            Some("the adapter lacks the IMMEDIATES feature that unirt's WGSL kernels use".into())
+        } else if limits.max_immediate_size < IMMEDIATE_BYTES {
+            Some(format!(
+                "the adapter allows {} bytes of immediates, unirt's kernels need {IMMEDIATE_BYTES}",
+                limits.max_immediate_size
+            ))
+        } else {
+            None
+        };
+        let mut layouts = Vec::new();
+        let mut pipe_layouts = Vec::new();
+        for n in 1..=3u32 {
+            let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..n)
+                .map(|binding| wgpu::BindGroupLayoutEntry {
+                    binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                })
+                .collect();
+            let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("unirt"),
+                entries: &entries,
+            });
+            let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("unirt"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: if unavailable.is_none() {
+                    IMMEDIATE_BYTES
+                } else {
+                    0
+                },
+            });
+            layouts.push(bgl);
+            pipe_layouts.push(pl);
+        }
+        let align = u64::from(limits.min_storage_buffer_offset_alignment.max(4));
+        Kernels {
+            layouts,
+            pipe_layouts,
+            pipelines: Default::default(),
+            groups: Mutex::new(HashMap::new()),
+            unavailable,
+            max_binding: (limits.max_storage_buffer_binding_size).min(1 << 31) & !3,
+            binding_align: align,
+            max_groups: limits.max_compute_workgroups_per_dimension.max(1),
+        }
+    }
+
+    /// The pipeline of a kernel, compiled on first use.
+    pub fn pipeline(&self, device: &wgpu::Device, which: Which) -> Result<wgpu::ComputePipeline> {
+        if let Some(why) = &self.unavailable {
+            return Err(Error::unsupported(
+                format!("kernel {} ({why})", which.name()),
+                "wgpu",
+            ));
+        }
+        self.pipelines[which.index()]
+            .get_or_init(|| self.compile(device, which))
+            .clone()
+    }
+
+    fn compile(&self, device: &wgpu::Device, which: Which) -> Result<wgpu::ComputePipeline> {
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(which.name()),
+            source: wgpu::ShaderSource::Wgsl(which.source().into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(which.name()),
+            layout: Some(&self.pipe_layouts[which.buffers() - 1]),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        match pollster::block_on(scope.pop()) {
+            None => Ok(pipeline),
+            Some(e) => Err(Error::KernelCompile {
+                kernel: which.name().into(),
+                log: e.to_string(),
+            }),
+        }
+    }
+
+    /// Compiles every kernel now (so the first launch does not pay for it).
+    #[allow(dead_code)]
+    pub fn warm(&self, device: &wgpu::Device) -> Result<()> {
+        for w in Which::ALL {
+            self.pipeline(device, w)?;
+        }
+        Ok(())
+    }
+
+    /// The window to bind for `len` bytes at byte `off` of `buf` (padded size `buf_size`), and
+    /// the byte offset of `off` inside it.
+    pub fn window(&self, buf: &DevBuf, off: u64, len: u64) -> Result<(Window, u64)> {
+        let size = buf.buffer.size();
+        if size <= self.max_binding {
+            let w = Window {
+                buf: buf.clone(),
+                offset: 0,
+                size,
+            };
+            return Ok((w, off));
+        }
+        let start = off - off % self.binding_align;
+        let end = ceil4(off + len).min(size);
+        if end - start > self.max_binding {
+            return Err(Error::TooLarge {
+                device: "wgpu".into(),
+                requested: len,
+                limit: self.max_binding - self.binding_align,
+            });
+        }
+        let w = Window {
+            buf: buf.clone(),
+            offset: start,
+            size: end - start,
+        };
+        Ok((w, off - start))
+    }
+
+    /// The bind group for these windows (cached).
+    pub fn bind_group(
+        &self,
+        device: &wgpu::Device,
+        which: Which,
+        windows: &[Window],
+    ) -> Result<wgpu::BindGroup> {
+        let mut key: BindKey = (which, [(0, 0, 0); 3]);
+        for (k, w) in key.1.iter_mut().zip(windows) {
+            *k = (w.buf.id, w.offset, w.size);
+        }
+        if let Some(g) = self.groups.lock().get(&key) {
+            return Ok(g.clone());
+        }
+        let mut entries = Vec::with_capacity(windows.len());
+        for (i, w) in windows.iter().enumerate() {
+            let size = NonZeroU64::new(w.size)
+                .ok_or_else(|| Error::Internal("empty kernel binding".into()))?;
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &w.buf.buffer,
+                    offset: w.offset,
+                    size: Some(size),
+                }),
+            });
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("unirt"),
+            layout: &self.layouts[which.buffers() - 1],
+            entries: &entries,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(wgpu_error("create_bind_group", e));
+        }
+        if windows.iter().any(|w| w.buf.temp) {
+            return Ok(group);
+        }
+        let mut groups = self.groups.lock();
+        if groups.len() >= MAX_CACHED_GROUPS {
+            groups.clear();
+        }
+        groups.insert(key, group.clone());
+        Ok(group)
+    }
+
+    /// Drops the cached bind groups that use buffer `id` (it is being freed).
+    pub fn forget_buffer(&self, id: u64) {
+        self.groups
+            .lock()
+            .retain(|k, _| !k.1.iter().any(|(b, _, _)| *b == id));
+    }
+
+    /// Workgroups for `items` work items (grid-stride kernels cover the rest).
+    pub fn groups_for(&self, items: u64) -> u32 {
+        let g = items.div_ceil(u64::from(WORKGROUP)).max(1);
+        g.min(u64::from(self.max_groups)) as u32
+    }
+}

@@ -1,0 +1,167 @@
+//! wgpu memory: device allocations as virtual addresses over wgpu buffers, and host memory.
+//!
+//! Every `malloc` creates one wgpu buffer and hands out an address from a private virtual
+//! range (from 2^40 up, 256-byte aligned, never reused, with an unmapped gap after each
+//! allocation so an overrun lands in no allocation). The allocation table maps an address to
+//! (buffer, offset), which makes pointer arithmetic and interior pointers work as on CPU.
+//! Buffers are padded to whole 32-bit words: wgpu copies move 4-byte units, and the padding
+//! lets a copy or kernel touch the last partial word without leaving the buffer (the padding
+//! bytes are never visible through any address).
+//!
+//! Host and "pinned" host memory: wgpu has no way to register host memory with a device, so
+//! `malloc_host` returns page-aligned host memory that this backend bounds-checks; copies from
+//! and to it still stage through wgpu buffers. `Capabilities::pinned_host_memory` says false.
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+
+/// Alignment of device addresses (as CUDA's allocations).
+pub(crate) const DEVICE_ALIGN: u64 = 256;
+/// Unmapped addresses left after each allocation.
+const GAP: u64 = 64 << 10;
+/// Host allocations are page-aligned.
+pub(crate) const HOST_ALIGN: u64 = 4096;
+
+/// The payload of one device allocation: its buffer and padded size.
+#[derive(Clone, Debug)]
+pub(crate) struct DevBuf {
+    /// Unique id (bind-group cache key).
+    pub id: u64,
+    pub buffer: wgpu::Buffer,
+    /// A staging or scratch buffer of one command: its bind groups are not cached.
+    pub temp: bool,
+}
+
+impl DevBuf {
+    pub fn new(buffer: wgpu::Buffer, temp: bool) -> Self {
+        DevBuf {
+            id: crate::handles::fresh_id(),
+            buffer,
+            temp,
+        }
+    }
+}
+
+/// Hands out virtual device addresses.
+pub(crate) struct AddressSpace {
+    next: AtomicU64,
+}
+
+impl AddressSpace {
+    pub fn new() -> Self {
+        AddressSpace {
+            next: AtomicU64::new(1 << 40),
+        }
+    }
+
+    /// A fresh base address for `size` bytes.
+    pub fn reserve(&self, size: u64) -> Result<u64> {
+        let span = round_up(size, DEVICE_ALIGN)
+            .and_then(|s| s.checked_add(GAP))
+            .ok_or_else(|| Error::BadParam(format!("{size} bytes overflow the address space")))?;
+        let base = self.next.fetch_add(span, Ordering::Relaxed);
+        if base.checked_add(span).is_none() {
+            return Err(Error::Internal(
+                "the wgpu virtual address space is exhausted".into(),
+            ));
+        }
+        Ok(base)
+    }
+}
+
+/// `v` rounded up to a multiple of `to` (a power of two), or None on overflow.
+pub(crate) fn round_up(v: u64, to: u64) -> Option<u64> {
+    Some(v.checked_add(to - 1)? & !(to - 1))
+}
+
+pub(crate) fn floor4(v: u64) -> u64 {
+    v & !3
+}
+
+pub(crate) fn ceil4(v: u64) -> u64 {
+    (v + 3) & !3
+}
+
+/// Creates a buffer, turning wgpu's validation and out-of-memory errors into unirt errors
+/// instead of the uncaptured-error path.
+pub(crate) fn create_buffer(
+    device: &wgpu::Device,
+    size: u64,
+    usage: wgpu::BufferUsages,
+    mapped: bool,
+    who: &str,
+) -> Result<wgpu::Buffer> {
+    let scope_oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let scope_val = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("unirt"),
+        size,
+        usage,
+        mapped_at_creation: mapped,
+    });
+    let val = pollster::block_on(scope_val.pop());
+    let oom = pollster::block_on(scope_oom.pop());
+    if let Some(e) = oom {
+        return Err(Error::OutOfMemory {
+            device: who.to_string(),
+            requested: size,
+            detail: e.to_string(),
+        });
+    }
+    if let Some(e) = val {
+        return Err(Error::Driver {
+            backend: crate::device::DeviceKind::Wgpu,
+            call: "create_buffer".into(),
+            message: e.to_string(),
+        });
+    }
+    Ok(buffer)
+}
+
+/// Allocates `size` (> 0) bytes of host memory aligned to `align`.
+pub(crate) fn host_acquire(size: u64, align: u64, device: &str) -> Result<u64> {
+    let oom = |detail: &str| Error::OutOfMemory {
+        device: device.to_string(),
+        requested: size,
+        detail: detail.to_string(),
+    };
+    let size_usize = usize::try_from(size).map_err(|_| oom("larger than the address space"))?;
+    let layout = Layout::from_size_align(size_usize, align as usize)
+        .map_err(|_| oom("larger than the address space"))?;
+    // SAFETY: the layout has a non-zero size (callers map zero to NULL before calling).
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        return Err(oom("the host allocator refused"));
+    }
+    Ok(p as usize as u64)
+}
+
+/// Frees memory from [`host_acquire`] with the same size and alignment.
+pub(crate) fn host_release(ptr: u64, size: u64, align: u64) {
+    if ptr == 0 || size == 0 {
+        return;
+    }
+    if let Ok(layout) = Layout::from_size_align(size as usize, align as usize) {
+        // SAFETY: ptr came from host_acquire(size, align) and was removed from the allocation
+        // table, so it is freed exactly once.
+        unsafe { std::alloc::dealloc(ptr as usize as *mut u8, layout) }
+    }
+}
+
+/// A wgpu error caught in an error scope, as a unirt error.
+pub(crate) fn wgpu_error(call: &str, e: wgpu::Error) -> Error {
+    match e {
+        wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory {
+            device: "wgpu".into(),
+            requested: 0,
+            detail: format!("{call}: {e}"),
+        },
+        e => Error::Driver {
+            backend: crate::device::DeviceKind::Wgpu,
+            call: call.into(),
+            message: e.to_string(),
+        },
+    }
+}

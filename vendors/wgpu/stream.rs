@@ -1,0 +1,145 @@
+//! wgpu streams: each stream gathers its commands and submits them as one encoder on flush.
+//!
+//! A flush happens on synchronize, event record, device-to-host copies, graph launches, and
+//! when a stream has gathered [`FLUSH_COMMANDS`] commands or [`FLUSH_BYTES`] of staged data.
+//! All streams share the device's one queue; submission order is execution order.
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::event::WEvent;
+use super::gpu::{Gpu, Ticket};
+use super::graph::Capture;
+use crate::error::Result;
+
+/// Commands a stream gathers before it submits them.
+pub(crate) const FLUSH_COMMANDS: usize = 1024;
+/// Staged upload bytes a stream gathers before it submits them.
+pub(crate) const FLUSH_BYTES: u64 = 64 << 20;
+
+/// One recorded command.
+#[derive(Clone)]
+pub(crate) enum Cmd {
+    /// A 4-byte-aligned buffer copy.
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    },
+    /// A 4-byte-aligned clear to zero.
+    Clear {
+        buf: wgpu::Buffer,
+        off: u64,
+        size: u64,
+    },
+    Dispatch {
+        pipeline: wgpu::ComputePipeline,
+        group: wgpu::BindGroup,
+        imm: [u32; 4],
+        groups: u32,
+    },
+    /// An event record: completes with the submission, timestamped when the device can.
+    Record(Arc<WEvent>),
+    /// A cross-stream wait (kept in captures; with one queue the order already holds).
+    Wait,
+    /// Captured host-to-device copy: `len` bytes read from `host` into `staging` at `off`
+    /// just before each replay is submitted.
+    Upload {
+        host: u64,
+        staging: wgpu::Buffer,
+        off: u64,
+        len: usize,
+    },
+    /// Device-to-host: after the submission, bytes `[skip, skip + len)` of `staging` go to
+    /// `host`.
+    Readback {
+        staging: wgpu::Buffer,
+        skip: u64,
+        host: u64,
+        len: usize,
+    },
+}
+
+/// What a stream holds between flushes.
+pub(crate) struct StreamState {
+    pub pending: Vec<Cmd>,
+    pub pending_bytes: u64,
+    /// This stream's last submission.
+    pub last: Ticket,
+    pub capture: Option<Capture>,
+}
+
+pub(crate) struct WStream {
+    state: Mutex<StreamState>,
+}
+
+impl WStream {
+    pub fn new() -> Self {
+        WStream {
+            state: Mutex::new(StreamState {
+                pending: Vec::new(),
+                pending_bytes: 0,
+                last: Ticket::default(),
+                capture: None,
+            }),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, StreamState> {
+        self.state.lock()
+    }
+
+    pub fn is_capturing(&self) -> bool {
+        self.state.lock().capture.is_some()
+    }
+
+    /// Submits what the stream has gathered; returns the stream's last submission.
+    pub fn flush(&self, gpu: &Gpu) -> Result<Ticket> {
+        let mut st = self.state.lock();
+        flush_locked(gpu, &mut st)
+    }
+
+    /// Submits and waits for everything enqueued so far.
+    pub fn synchronize(&self, gpu: &Gpu) -> Result<()> {
+        let t = self.flush(gpu)?;
+        gpu.wait(&t)
+    }
+}
+
+/// Submits the gathered commands of a locked stream.
+pub(crate) fn flush_locked(gpu: &Gpu, st: &mut StreamState) -> Result<Ticket> {
+    if st.pending.is_empty() {
+        return Ok(st.last.clone());
+    }
+    let cmds = std::mem::take(&mut st.pending);
+    st.pending_bytes = 0;
+    let t = gpu.submit(&cmds)?;
+    st.last = t.clone();
+    Ok(t)
+}
+
+/// Adds commands to a stream (or its capture); flushes at the thresholds or when `flush`.
+pub(crate) fn enqueue(
+    gpu: &Gpu,
+    stream: &WStream,
+    cmds: Vec<Cmd>,
+    ranges: &[(u64, u64)],
+    staged: u64,
+    flush: bool,
+) -> Result<()> {
+    let mut st = stream.lock();
+    if let Some(c) = st.capture.as_mut() {
+        c.cmds.extend(cmds);
+        c.ranges.extend_from_slice(ranges);
+        return Ok(());
+    }
+    st.pending.extend(cmds);
+    st.pending_bytes += staged;
+    if flush || st.pending.len() >= FLUSH_COMMANDS || st.pending_bytes >= FLUSH_BYTES {
+        flush_locked(gpu, &mut st)?;
+    }
+    Ok(())
+}
