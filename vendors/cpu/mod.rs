@@ -476,7 +476,8 @@ impl Backend for CpuBackend {
                 "begin_capture on a stream that is already capturing".into(),
             ));
         }
-        *cap = Some(Capture::new(mode));
+        let _ = mode;
+        *cap = Some(Capture::default());
         Ok(())
     }
 

@@ -137,10 +137,6 @@ impl CpuStream {
             None => Ok(()),
         }
     }
-
-    pub fn is_idle(&self) -> bool {
-        self.shared.done.get() >= self.submitted.load(Ordering::SeqCst)
-    }
 }
 
 fn worker(rx: Receiver<Op>, shared: Arc<Shared>) {
