@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::hal::{MemcpyKind, StreamId};
-use crate::stream::BackendExt;
 use crate::{ensure, Backend, Stream};
 
 pub(super) const CASES: &[Case] = &[

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::hal::{EventFlags, EventStatus, KernelArg, MemcpyKind, StreamId};
-use crate::stream::BackendExt;
 use crate::{ensure, Backend, Event, Stream};
 
 pub(super) const CASES: &[Case] = &[
