@@ -19,11 +19,13 @@ use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 
-/// A submission: its sequence number (0: nothing was ever submitted) and wgpu's index.
+/// The longest one blocking poll lasts.
+const POLL_SLICE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A submission, by its sequence number (0: nothing was ever submitted).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Ticket {
     pub seq: u64,
-    pub index: Option<wgpu::SubmissionIndex>,
 }
 
 pub(crate) struct Gpu {
@@ -37,6 +39,10 @@ pub(crate) struct Gpu {
     submitted: Mutex<Ticket>,
     /// The highest sequence number known complete.
     completed: Arc<Progress>,
+    /// The highest sequence number the submitter thread has given to the queue.
+    handed: Arc<Progress>,
+    /// To the submitter thread.
+    jobs: crossbeam_channel::Sender<Job>,
     /// The first error wgpu reported outside an error scope, reported once by a wait.
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost, if it was.
@@ -85,6 +91,19 @@ impl Gpu {
         });
         let timing = super::adapter::device_timing(&device.features());
         let kernels = Kernels::new(&device);
+        let completed = Arc::new(Progress::new());
+        let handed = Arc::new(Progress::new());
+        let (jobs, rx) = crossbeam_channel::unbounded();
+        let submitter = Submitter {
+            queue: queue.clone(),
+            completed: completed.clone(),
+            handed: handed.clone(),
+            errors: uncaptured.clone(),
+        };
+        std::thread::Builder::new()
+            .name("unirt-wgpu-submit".into())
+            .spawn(move || submitter.run(rx))
+            .map_err(|e| Error::Internal(format!("cannot start the submitter thread: {e}")))?;
         Ok(Gpu {
             device,
             queue,
@@ -92,7 +111,9 @@ impl Gpu {
             timing,
             kernels,
             submitted: Mutex::new(Ticket::default()),
-            completed: Arc::new(Progress::new()),
+            completed,
+            handed,
+            jobs,
             uncaptured,
             lost,
         })
@@ -119,8 +140,8 @@ impl Gpu {
         self.submitted.lock().clone()
     }
 
-    /// Encodes `cmds` into one command buffer and submits it; `post` runs (under the submit
-    /// lock, right after the submit) for read-backs that must be registered on it.
+    /// Encodes `cmds` into one command buffer (on this thread, inside an error scope) and
+    /// hands it to the submitter thread; returns the submission's ticket.
     pub fn submit(&self, cmds: &[Cmd]) -> Result<Ticket> {
         self.alive()?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -131,64 +152,49 @@ impl Gpu {
             });
         let records = self.encode(cmds, &mut enc);
         let cb = enc.finish();
-        let ticket = {
-            let mut last = self.submitted.lock();
-            for c in cmds {
-                if let Cmd::Upload {
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(wgpu_error("command encoding", e));
+        }
+        let mut uploads = Vec::new();
+        let mut readbacks = Vec::new();
+        for c in cmds {
+            match c {
+                Cmd::Upload {
                     host,
                     staging,
                     off,
                     len,
-                } = c
-                {
-                    // SAFETY: `host` is the source of a captured host-to-device copy; the
-                    // caller of memcpy_async promised it stays readable for `len` bytes while
-                    // the graph is replayed (the same contract as CUDA's graph memcpy nodes).
-                    let src =
-                        unsafe { std::slice::from_raw_parts(*host as usize as *const u8, *len) };
-                    // write_buffer moves whole words: the bytes sit at their phase `off`.
-                    let start = *off as usize;
-                    let mut words = vec![0u8; (start + *len).div_ceil(4) * 4];
-                    words[start..start + *len].copy_from_slice(src);
-                    self.queue.write_buffer(staging, 0, &words);
-                }
-            }
-            let index = self.queue.submit([cb]);
-            let seq = last.seq + 1;
-            *last = Ticket {
-                seq,
-                index: Some(index.clone()),
-            };
-            for c in cmds {
-                if let Cmd::Readback {
+                } => uploads.push((*host, staging.clone(), *off, *len)),
+                Cmd::Readback {
                     staging,
                     skip,
                     host,
                     len,
-                } = c
-                {
-                    readback(staging, *skip, *host, *len);
-                }
+                } => readbacks.push((staging.clone(), *skip, *host, *len)),
+                _ => {}
             }
-            let slots: Vec<(Arc<WEvent>, Arc<Slot>)> = records
-                .into_iter()
-                .map(|(e, read)| (e, Arc::new(Slot::new(last.clone(), read))))
-                .collect();
-            for (e, s) in &slots {
-                *e.last.lock() = Some(s.clone());
-            }
-            let done = self.completed.clone();
-            self.queue.on_submitted_work_done(move || {
-                for (_, s) in &slots {
-                    s.stamp_host();
-                }
-                done.advance(seq);
-            });
-            last.clone()
-        };
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(wgpu_error("queue.submit", e));
         }
+        let mut last = self.submitted.lock();
+        let ticket = Ticket { seq: last.seq + 1 };
+        let slots: Vec<Arc<Slot>> = records
+            .into_iter()
+            .map(|(e, read)| {
+                let slot = Arc::new(Slot::new(ticket.clone(), read));
+                *e.last.lock() = Some(slot.clone());
+                slot
+            })
+            .collect();
+        let job = Job {
+            seq: ticket.seq,
+            cb,
+            uploads,
+            readbacks,
+            slots,
+        };
+        self.jobs.send(job).map_err(|_| {
+            Error::Internal(format!("{}: the submitter thread has exited", self.name))
+        })?;
+        *last = ticket.clone();
         Ok(ticket)
     }
 
@@ -275,6 +281,9 @@ impl Gpu {
             return Ok(true);
         }
         self.alive()?;
+        if self.handed.get() < t.seq {
+            return Ok(false);
+        }
         self.device
             .poll(wgpu::PollType::Poll)
             .map_err(|e| driver("device.poll", e))?;
@@ -283,14 +292,10 @@ impl Gpu {
 
     /// Blocks until the submission has completed; reports an error wgpu raised meanwhile.
     pub fn wait(&self, t: &Ticket) -> Result<()> {
+        self.handed.wait_for(t.seq);
         while self.completed.get() < t.seq {
             self.alive()?;
-            self.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: t.index.clone(),
-                    timeout: None,
-                })
-                .map_err(|e| driver("device.poll", e))?;
+            self.poll_wait()?;
             if self.completed.get() < t.seq {
                 // The completion callback runs on whichever thread polled first.
                 std::thread::yield_now();
@@ -299,6 +304,19 @@ impl Gpu {
         match self.uncaptured.lock().take() {
             Some(msg) => Err(driver("(uncaptured)", msg)),
             None => Ok(()),
+        }
+    }
+
+    /// One bounded blocking poll. The GL backend holds its context lock while it waits and
+    /// panics in other threads that cannot get the lock within seconds, so no wait here is
+    /// long: callers loop until their condition holds.
+    fn poll_wait(&self) -> Result<()> {
+        match self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(POLL_SLICE),
+        }) {
+            Ok(_) | Err(wgpu::PollError::Timeout) => Ok(()),
+            Err(e) => Err(driver("device.poll", e)),
         }
     }
 
@@ -313,9 +331,7 @@ impl Gpu {
                 break r;
             }
             self.alive()?;
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| driver("device.poll", e))?;
+            self.poll_wait()?;
         };
         mapped.map_err(|e| driver("buffer.map_async", e))?;
         let out = {
@@ -351,4 +367,67 @@ fn readback(staging: &wgpu::Buffer, skip: u64, host: u64, len: usize) {
         }
         buf.unmap();
     });
+}
+
+/// One command buffer on its way to the queue, with what must happen around its submit.
+struct Job {
+    seq: u64,
+    cb: wgpu::CommandBuffer,
+    uploads: Vec<(u64, wgpu::Buffer, u64, usize)>,
+    readbacks: Vec<(wgpu::Buffer, u64, u64, usize)>,
+    slots: Vec<Arc<Slot>>,
+}
+
+/// The thread that submits to the queue, in sequence order.
+///
+/// Submitting off the caller's thread keeps enqueueing asynchronous on backends whose submit
+/// runs the work before it returns (GL on llvmpipe executes compute dispatches inside
+/// `queue.submit`), so an event recorded behind long work is NOT_READY there as well.
+struct Submitter {
+    queue: wgpu::Queue,
+    completed: Arc<Progress>,
+    handed: Arc<Progress>,
+    errors: Arc<Mutex<Option<String>>>,
+}
+
+impl Submitter {
+    fn run(self, rx: crossbeam_channel::Receiver<Job>) {
+        for job in rx {
+            let seq = job.seq;
+            if catch_unwind(AssertUnwindSafe(|| self.submit(job))).is_err() {
+                self.errors
+                    .lock()
+                    .get_or_insert_with(|| format!("submission {seq} panicked in wgpu"));
+                // Nobody waits forever on a submission that never happened.
+                self.completed.advance(seq);
+            }
+            self.handed.advance(seq);
+        }
+    }
+
+    fn submit(&self, job: Job) {
+        for (host, staging, off, len) in &job.uploads {
+            // SAFETY: `host` is the source of a captured host-to-device copy; the caller of
+            // memcpy_async promised it stays readable for `len` bytes while the graph is
+            // replayed (the same contract as CUDA's graph memcpy nodes).
+            let src = unsafe { std::slice::from_raw_parts(*host as usize as *const u8, *len) };
+            // write_buffer moves whole words: the bytes sit at their phase `off`.
+            let start = *off as usize;
+            let mut words = vec![0u8; (start + *len).div_ceil(4) * 4];
+            words[start..start + *len].copy_from_slice(src);
+            self.queue.write_buffer(staging, 0, &words);
+        }
+        self.queue.submit([job.cb]);
+        for (staging, skip, host, len) in &job.readbacks {
+            readback(staging, *skip, *host, *len);
+        }
+        let done = self.completed.clone();
+        let (seq, slots) = (job.seq, job.slots);
+        self.queue.on_submitted_work_done(move || {
+            for s in &slots {
+                s.stamp_host();
+            }
+            done.advance(seq);
+        });
+    }
 }

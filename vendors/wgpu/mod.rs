@@ -290,7 +290,7 @@ impl Backend for WgpuBackend {
                 limit,
             });
         }
-        let (_, free) = (0, self.mem_info().map(|m| m.free).unwrap_or(u64::MAX));
+        let free = self.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
         if size > free {
             return Err(Error::OutOfMemory {
                 device: self.name.clone(),
@@ -396,7 +396,7 @@ impl Backend for WgpuBackend {
             return Ok(());
         }
         let mut cmds = Vec::new();
-        let (staged, flush) = match kind {
+        let (work, flush) = match kind {
             MemcpyKind::H2H => {
                 if s.is_capturing() {
                     return Err(Error::unsupported(
@@ -422,16 +422,16 @@ impl Backend for WgpuBackend {
             MemcpyKind::D2H => {
                 let (buf, off) = self.resolve(src, n)?;
                 copy::download(&self.gpu, &mut cmds, dst, &buf, off, n)?;
-                (0, true)
+                (n, true)
             }
             MemcpyKind::D2D => {
                 let (dbuf, doff) = self.resolve(dst, n)?;
                 let (sbuf, soff) = self.resolve(src, n)?;
                 copy::device_copy(&self.gpu, &mut cmds, &dbuf, doff, &sbuf, soff, n)?;
-                (0, false)
+                (n, false)
             }
         };
-        enqueue(&self.gpu, &s, cmds, &ranges, staged, flush)
+        enqueue(&self.gpu, &s, cmds, &ranges, work, flush)
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
@@ -457,7 +457,7 @@ impl Backend for WgpuBackend {
         let (buf, off) = self.resolve(dst.0, n)?;
         let mut cmds = Vec::new();
         copy::device_set(&self.gpu, &mut cmds, &buf, off, value, n)?;
-        enqueue(&self.gpu, &s, cmds, &[(dst.0, n)], 0, false)
+        enqueue(&self.gpu, &s, cmds, &[(dst.0, n)], n, false)
     }
 
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
@@ -503,7 +503,8 @@ impl Backend for WgpuBackend {
             groups: k.groups_for(u64::from(checked.n)),
         };
         let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
-        enqueue(&self.gpu, &s, vec![cmd], &ranges, 0, false)
+        let work = ranges.iter().map(|r| r.1).sum();
+        enqueue(&self.gpu, &s, vec![cmd], &ranges, work, false)
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {

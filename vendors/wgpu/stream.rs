@@ -15,8 +15,9 @@ use crate::error::Result;
 
 /// Commands a stream gathers before it submits them.
 pub(crate) const FLUSH_COMMANDS: usize = 1024;
-/// Staged upload bytes a stream gathers before it submits them.
-pub(crate) const FLUSH_BYTES: u64 = 64 << 20;
+/// Bytes of work (copied, set, staged or touched by kernels) a stream gathers before it
+/// submits them: bounds how long one submission runs (GL holds its context lock meanwhile).
+pub(crate) const FLUSH_BYTES: u64 = 256 << 20;
 
 /// One recorded command.
 #[derive(Clone)]
@@ -66,6 +67,7 @@ pub(crate) enum Cmd {
 /// What a stream holds between flushes.
 pub(crate) struct StreamState {
     pub pending: Vec<Cmd>,
+    /// Bytes of work gathered (see [`FLUSH_BYTES`]).
     pub pending_bytes: u64,
     /// This stream's last submission.
     pub last: Ticket,
@@ -127,7 +129,7 @@ pub(crate) fn enqueue(
     stream: &WStream,
     cmds: Vec<Cmd>,
     ranges: &[(u64, u64)],
-    staged: u64,
+    work: u64,
     flush: bool,
 ) -> Result<()> {
     let mut st = stream.lock();
@@ -137,7 +139,7 @@ pub(crate) fn enqueue(
         return Ok(());
     }
     st.pending.extend(cmds);
-    st.pending_bytes += staged;
+    st.pending_bytes += work;
     if flush || st.pending.len() >= FLUSH_COMMANDS || st.pending_bytes >= FLUSH_BYTES {
         flush_locked(gpu, &mut st)?;
     }
