@@ -7,6 +7,7 @@
 //! [`Gpu::completed`]; queries poll the device without blocking and compare.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -38,7 +39,7 @@ pub(crate) struct Gpu {
     /// The sequence number of the last submission, and the lock that orders submissions.
     submitted: Mutex<Ticket>,
     /// The highest sequence number known complete.
-    completed: Arc<Progress>,
+    completed: Arc<Completion>,
     /// The highest sequence number the submitter thread has given to the queue.
     handed: Arc<Progress>,
     /// To the submitter thread.
@@ -91,7 +92,7 @@ impl Gpu {
         });
         let timing = super::adapter::device_timing(&device.features());
         let kernels = Kernels::new(&device);
-        let completed = Arc::new(Progress::new());
+        let completed = Arc::new(Completion::default());
         let handed = Arc::new(Progress::new());
         let (jobs, rx) = crossbeam_channel::unbounded();
         let submitter = Submitter {
@@ -209,6 +210,7 @@ impl Gpu {
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
         let mut last_pipe: Option<&wgpu::ComputePipeline> = None;
         let mut last_group: Option<&wgpu::BindGroup> = None;
+        let mut last_imm: Option<&[u32; 4]> = None;
         for c in cmds {
             if let Cmd::Dispatch {
                 pipeline,
@@ -229,14 +231,18 @@ impl Gpu {
                     p.set_bind_group(0, group, &[]);
                     last_group = Some(group);
                 }
-                p.set_immediates(0, bytemuck::cast_slice(imm));
-                p.dispatch_workgroups(*groups, 1, 1);
+                if last_imm != Some(imm) {
+                    p.set_immediates(0, bytemuck::cast_slice(imm));
+                    last_imm = Some(imm);
+                }
+                p.dispatch_workgroups(groups[0], groups[1], 1);
                 continue;
             }
             // Anything else is outside a compute pass.
             pass = None;
             last_pipe = None;
             last_group = None;
+            last_imm = None;
             match c {
                 Cmd::Copy {
                     src,
@@ -277,7 +283,7 @@ impl Gpu {
 
     /// Whether the submission has completed (polls the device without blocking).
     pub fn is_done(&self, t: &Ticket) -> Result<bool> {
-        if self.completed.get() >= t.seq {
+        if self.completed.done() >= t.seq {
             return Ok(true);
         }
         self.alive()?;
@@ -287,16 +293,16 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::Poll)
             .map_err(|e| driver("device.poll", e))?;
-        Ok(self.completed.get() >= t.seq)
+        Ok(self.completed.done() >= t.seq)
     }
 
     /// Blocks until the submission has completed; reports an error wgpu raised meanwhile.
     pub fn wait(&self, t: &Ticket) -> Result<()> {
         self.handed.wait_for(t.seq);
-        while self.completed.get() < t.seq {
+        while self.completed.done() < t.seq {
             self.alive()?;
             self.poll_wait()?;
-            if self.completed.get() < t.seq {
+            if self.completed.done() < t.seq {
                 // The completion callback runs on whichever thread polled first.
                 std::thread::yield_now();
             }
@@ -347,26 +353,69 @@ impl Gpu {
 }
 
 /// Registers the host side of a device-to-host copy: when the submission that fills
-/// `staging` completes, bytes `[skip, skip + len)` of it land at `host`.
-fn readback(staging: &wgpu::Buffer, skip: u64, host: u64, len: usize) {
+/// `staging` completes, bytes `[skip, skip + len)` of it land at `host`; then `done` runs.
+fn readback(
+    staging: &wgpu::Buffer,
+    skip: u64,
+    host: u64,
+    len: usize,
+    done: impl FnOnce(std::result::Result<(), String>) + Send + 'static,
+) {
     let buf = staging.clone();
     staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        if r.is_err() {
-            return;
+        if let Err(e) = r {
+            return done(Err(format!("read-back map failed: {e}")));
         }
-        if let Ok(view) = buf.slice(..).get_mapped_range() {
-            let start = skip as usize;
-            if let Some(src) = view.get(start..start + len) {
-                // SAFETY: `host` is the destination of a device-to-host copy; the caller
-                // of memcpy/memcpy_async promised it is writable for `len` bytes until
-                // the stream has passed the copy, which is when this callback runs.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr(), host as usize as *mut u8, len)
-                };
+        let result = match buf.slice(..).get_mapped_range() {
+            Ok(view) => {
+                let start = skip as usize;
+                match view.get(start..start + len) {
+                    Some(src) => {
+                        // SAFETY: `host` is the destination of a device-to-host copy; the
+                        // caller of memcpy/memcpy_async promised it is writable for `len`
+                        // bytes until the stream has passed the copy, and the stream
+                        // does not count as past it until this callback has run.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src.as_ptr(),
+                                host as usize as *mut u8,
+                                len,
+                            )
+                        };
+                        Ok(())
+                    }
+                    None => Err("read-back range outside its staging buffer".to_string()),
+                }
             }
-        }
+            Err(e) => Err(format!("read-back view failed: {e}")),
+        };
         buf.unmap();
+        done(result);
     });
+}
+
+/// Which submissions are complete: each finishes out of order (queue done, read-backs
+/// done), the counter moves over the contiguous prefix, as one queue completes in order.
+#[derive(Default)]
+struct Completion {
+    progress: Progress,
+    early: Mutex<std::collections::BTreeSet<u64>>,
+}
+
+impl Completion {
+    fn done(&self) -> u64 {
+        self.progress.get()
+    }
+
+    fn finish(&self, seq: u64) {
+        let mut early = self.early.lock();
+        early.insert(seq);
+        let mut upto = self.progress.get();
+        while early.remove(&(upto + 1)) {
+            upto += 1;
+        }
+        self.progress.advance(upto);
+    }
 }
 
 /// One command buffer on its way to the queue, with what must happen around its submit.
@@ -385,7 +434,7 @@ struct Job {
 /// `queue.submit`), so an event recorded behind long work is NOT_READY there as well.
 struct Submitter {
     queue: wgpu::Queue,
-    completed: Arc<Progress>,
+    completed: Arc<Completion>,
     handed: Arc<Progress>,
     errors: Arc<Mutex<Option<String>>>,
 }
@@ -399,7 +448,7 @@ impl Submitter {
                     .lock()
                     .get_or_insert_with(|| format!("submission {seq} panicked in wgpu"));
                 // Nobody waits forever on a submission that never happened.
-                self.completed.advance(seq);
+                self.completed.finish(seq);
             }
             self.handed.advance(seq);
         }
@@ -418,16 +467,35 @@ impl Submitter {
             self.queue.write_buffer(staging, 0, &words);
         }
         self.queue.submit([job.cb]);
-        for (staging, skip, host, len) in &job.readbacks {
-            readback(staging, *skip, *host, *len);
-        }
-        let done = self.completed.clone();
+        // The submission counts as complete once the queue has run it and every read-back has
+        // reached the host; wgpu does not promise an order between the two kinds of callback
+        // when several threads poll, so each one checks in.
         let (seq, slots) = (job.seq, job.slots);
+        let parts = Arc::new(AtomicUsize::new(job.readbacks.len() + 1));
+        let check_in = {
+            let completed = self.completed.clone();
+            move || {
+                if parts.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    completed.finish(seq);
+                }
+            }
+        };
+        let check_in = Arc::new(check_in);
+        for (staging, skip, host, len) in job.readbacks {
+            let done = check_in.clone();
+            let errors = self.errors.clone();
+            readback(&staging, skip, host, len, move |r| {
+                if let Err(e) = r {
+                    errors.lock().get_or_insert(e);
+                }
+                done();
+            });
+        }
         self.queue.on_submitted_work_done(move || {
             for s in &slots {
                 s.stamp_host();
             }
-            done.advance(seq);
+            check_in();
         });
     }
 }

@@ -27,35 +27,52 @@ pub(crate) const IMMEDIATE_BYTES: u32 = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Which {
     Fill,
+    /// `add_f32` where `out` may alias `a` or `b`: every binding read_write.
     AddF32,
+    /// `add_f32` where `out` is a buffer of its own: `a` and `b` bound read-only, which lets
+    /// the shader compiler assume no aliasing.
+    AddF32NoAlias,
     Memset,
     CopyBytes,
 }
 
-impl Which {
-    const ALL: [Which; 4] = [Which::Fill, Which::AddF32, Which::Memset, Which::CopyBytes];
+/// Bind group layouts: the access of each binding.
+const LAYOUTS: [&[bool]; 4] = [
+    // read_only per binding
+    &[false],
+    &[false, true],
+    &[false, false, false],
+    &[true, true, false],
+];
 
-    fn source(self) -> &'static str {
+impl Which {
+    fn source(self) -> std::borrow::Cow<'static, str> {
         match self {
-            Which::Fill => include_str!("kernels/fill.wgsl"),
-            Which::AddF32 => include_str!("kernels/add_f32.wgsl"),
-            Which::Memset => include_str!("kernels/memset.wgsl"),
-            Which::CopyBytes => include_str!("kernels/copy_bytes.wgsl"),
+            Which::Fill => include_str!("kernels/fill.wgsl").into(),
+            Which::AddF32 => include_str!("kernels/add_f32.wgsl").into(),
+            Which::AddF32NoAlias => include_str!("kernels/add_f32.wgsl")
+                .replace("var<storage, read_write> a:", "var<storage, read> a:")
+                .replace("var<storage, read_write> b:", "var<storage, read> b:")
+                .into(),
+            Which::Memset => include_str!("kernels/memset.wgsl").into(),
+            Which::CopyBytes => include_str!("kernels/copy_bytes.wgsl").into(),
         }
     }
 
-    fn buffers(self) -> usize {
+    /// Index into [`LAYOUTS`].
+    fn layout(self) -> usize {
         match self {
-            Which::Fill | Which::Memset => 1,
-            Which::CopyBytes => 2,
-            Which::AddF32 => 3,
+            Which::Fill | Which::Memset => 0,
+            Which::CopyBytes => 1,
+            Which::AddF32 => 2,
+            Which::AddF32NoAlias => 3,
         }
     }
 
     fn name(self) -> &'static str {
         match self {
             Which::Fill => "fill",
-            Which::AddF32 => "add_f32",
+            Which::AddF32 | Which::AddF32NoAlias => "add_f32",
             Which::Memset => "unirt_memset",
             Which::CopyBytes => "unirt_copy_bytes",
         }
@@ -91,7 +108,7 @@ type BindKey = (Which, [(u64, u64, u64); 3]);
 pub(crate) struct Kernels {
     layouts: Vec<wgpu::BindGroupLayout>,
     pipe_layouts: Vec<wgpu::PipelineLayout>,
-    pipelines: [OnceLock<Result<wgpu::ComputePipeline>>; 4],
+    pipelines: [OnceLock<Result<wgpu::ComputePipeline>>; 5],
     groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     /// Why kernels cannot run here (no immediates), if so.
     unavailable: Option<String>,
@@ -118,13 +135,15 @@ impl Kernels {
         };
         let mut layouts = Vec::new();
         let mut pipe_layouts = Vec::new();
-        for n in 1..=3u32 {
-            let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..n)
-                .map(|binding| wgpu::BindGroupLayoutEntry {
-                    binding,
+        for access in LAYOUTS {
+            let entries: Vec<wgpu::BindGroupLayoutEntry> = access
+                .iter()
+                .enumerate()
+                .map(|(binding, &read_only)| wgpu::BindGroupLayoutEntry {
+                    binding: binding as u32,
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        ty: wgpu::BufferBindingType::Storage { read_only },
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
@@ -177,11 +196,11 @@ impl Kernels {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(which.name()),
-            source: wgpu::ShaderSource::Wgsl(which.source().into()),
+            source: wgpu::ShaderSource::Wgsl(which.source()),
         });
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(which.name()),
-            layout: Some(&self.pipe_layouts[which.buffers() - 1]),
+            layout: Some(&self.pipe_layouts[which.layout()]),
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
@@ -194,15 +213,6 @@ impl Kernels {
                 log: e.to_string(),
             }),
         }
-    }
-
-    /// Compiles every kernel now (so the first launch does not pay for it).
-    #[allow(dead_code)]
-    pub fn warm(&self, device: &wgpu::Device) -> Result<()> {
-        for w in Which::ALL {
-            self.pipeline(device, w)?;
-        }
-        Ok(())
     }
 
     /// The window to bind for `len` bytes at byte `off` of `buf` (padded size `buf_size`), and
@@ -264,7 +274,7 @@ impl Kernels {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("unirt"),
-            layout: &self.layouts[which.buffers() - 1],
+            layout: &self.layouts[which.layout()],
             entries: &entries,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -288,9 +298,12 @@ impl Kernels {
             .retain(|k, _| !k.1.iter().any(|(b, _, _)| *b == id));
     }
 
-    /// Workgroups for `items` work items (grid-stride kernels cover the rest).
-    pub fn groups_for(&self, items: u64) -> u32 {
+    /// The (x, y) workgroup grid for `items` work items: rows of at most the per-dimension
+    /// limit (the kernels index `gid.x + gid.y * nwg.x * 256`).
+    pub fn groups_for(&self, items: u64) -> [u32; 2] {
         let g = items.div_ceil(u64::from(WORKGROUP)).max(1);
-        g.min(u64::from(self.max_groups)) as u32
+        let x = g.min(u64::from(self.max_groups));
+        let y = g.div_ceil(x).min(u64::from(self.max_groups));
+        [x as u32, y as u32]
     }
 }

@@ -468,7 +468,6 @@ impl Backend for WgpuBackend {
             return Ok(());
         }
         let k = &self.gpu.kernels;
-        let pipeline = k.pipeline(&self.gpu.device, which)?;
         let mut windows = Vec::with_capacity(checked.buffers.len());
         let mut imm = [0u32; 4];
         let mut slot = 0;
@@ -495,6 +494,17 @@ impl Backend for WgpuBackend {
         }
         // The count goes last, as every kernel's Params has it.
         imm[slot.min(3)] = checked.n;
+        let which = match which {
+            kernels::Which::AddF32
+                if windows.len() == 3
+                    && windows[2].buf.id != windows[0].buf.id
+                    && windows[2].buf.id != windows[1].buf.id =>
+            {
+                kernels::Which::AddF32NoAlias
+            }
+            w => w,
+        };
+        let pipeline = k.pipeline(&self.gpu.device, which)?;
         let group = k.bind_group(&self.gpu.device, which, &windows)?;
         let cmd = Cmd::Dispatch {
             pipeline,

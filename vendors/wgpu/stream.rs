@@ -40,7 +40,7 @@ pub(crate) enum Cmd {
         pipeline: wgpu::ComputePipeline,
         group: wgpu::BindGroup,
         imm: [u32; 4],
-        groups: u32,
+        groups: [u32; 2],
     },
     /// An event record: completes with the submission, timestamped when the device can.
     Record(Arc<WEvent>),

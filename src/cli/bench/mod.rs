@@ -1,5 +1,6 @@
 //! `unirt bench …`: each benchmark measures unirt and its baseline in the same run.
 
+mod dispatch;
 mod memcpy;
 pub mod stats;
 
@@ -22,6 +23,17 @@ pub enum Which {
         #[arg(long, default_value_t = 256)]
         max_mib: usize,
     },
+    /// Kernel launches: 100 × add_f32 on 1 Mi floats beside a plain-wgpu program, and 100 ×
+    /// add_f32 on 256 floats issued eagerly beside the same replayed from a capture.
+    Dispatch {
+        #[arg(long, default_value = "wgpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Timed samples of each side (medians are reported).
+        #[arg(long, default_value_t = 15)]
+        reps: usize,
+    },
     /// Enqueue latency of an async command on an idle stream, and event record + query.
     Latency {
         #[arg(long, default_value = "cpu:0")]
@@ -38,6 +50,7 @@ pub fn run(which: Which) -> CliResult<ExitCode> {
             json,
             max_mib,
         } => memcpy::run(&device, json.as_deref(), max_mib),
+        Which::Dispatch { device, json, reps } => dispatch::run(&device, json.as_deref(), reps),
         Which::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
     }
 }

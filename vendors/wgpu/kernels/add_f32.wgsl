@@ -16,8 +16,9 @@ var<immediate> p: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let stride = nwg.x * 256u;
-    for (var i = gid.x; i < p.n; i += stride) {
+    // 2-D grid when one dimension's workgroup limit is too small; row length nwg.x * 256.
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i < p.n) {
         out[p.out_off + i] = a[p.a_off + i] + b[p.b_off + i];
     }
 }

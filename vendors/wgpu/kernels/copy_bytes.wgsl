@@ -12,7 +12,7 @@ struct Params {
 var<immediate> p: Params;
 
 @group(0) @binding(0) var<storage, read_write> dst: array<u32>;
-@group(0) @binding(1) var<storage, read_write> src: array<u32>;
+@group(0) @binding(1) var<storage, read> src: array<u32>;
 
 fn src_byte(i: u32) -> u32 {
     return (src[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
@@ -20,12 +20,12 @@ fn src_byte(i: u32) -> u32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let stride = nwg.x * 256u;
     let end = p.dst_start + p.n;
     let w0 = p.dst_start / 4u;
     let w1 = (end + 3u) / 4u;
     let same_phase = (p.dst_start & 3u) == (p.src_start & 3u);
-    for (var w = w0 + gid.x; w < w1; w += stride) {
+    let w = w0 + gid.x + gid.y * nwg.x * 256u;
+    if (w < w1) {
         let lo = max(p.dst_start, w * 4u);
         let hi = min(end, w * 4u + 4u);
         if (hi - lo == 4u && same_phase) {

@@ -1,6 +1,6 @@
 // fill(dst: *u32, value: u32, n: u32): dst[i] = value for i < n.
 // `off` is dst's element offset inside the bound window (interior pointers, bindings aligned
-// down to min_storage_buffer_offset_alignment). Grid-stride, so any n fits the dispatch limit.
+// down to min_storage_buffer_offset_alignment). A 2-D grid, so any n fits the per-dimension dispatch limit.
 struct Params {
     off: u32,
     value: u32,
@@ -14,8 +14,9 @@ var<immediate> p: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let stride = nwg.x * 256u;
-    for (var i = gid.x; i < p.n; i += stride) {
+    // 2-D grid when one dimension's workgroup limit is too small; row length nwg.x * 256.
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i < p.n) {
         dst[p.off + i] = p.value;
     }
 }

@@ -14,10 +14,10 @@ var<immediate> p: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let stride = nwg.x * 256u;
     let w0 = p.start / 4u;
     let w1 = (p.end + 3u) / 4u;
-    for (var w = w0 + gid.x; w < w1; w += stride) {
+    let w = w0 + gid.x + gid.y * nwg.x * 256u;
+    if (w < w1) {
         let lo = max(p.start, w * 4u);
         let hi = min(p.end, w * 4u + 4u);
         if (hi - lo == 4u) {
