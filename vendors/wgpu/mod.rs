@@ -24,6 +24,8 @@ mod graph;
 mod kernels;
 mod memory;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 

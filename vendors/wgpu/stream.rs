@@ -17,7 +17,7 @@ use crate::error::Result;
 pub(crate) const FLUSH_COMMANDS: usize = 1024;
 /// Bytes of work (copied, set, staged or touched by kernels) a stream gathers before it
 /// submits them: bounds how long one submission runs (GL holds its context lock meanwhile).
-pub(crate) const FLUSH_BYTES: u64 = 256 << 20;
+pub(crate) const FLUSH_BYTES: u64 = 1 << 30;
 
 /// One recorded command.
 #[derive(Clone)]

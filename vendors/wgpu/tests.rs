@@ -1,0 +1,119 @@
+//! Tests of the wgpu backend beyond the conformance suite: ranges larger than one storage
+//! binding (the windowed binding and the chunked byte kernels), interior pointers deep inside
+//! a large buffer, and same-buffer copies. Each runs on every wgpu device discovery lists and
+//! says so when there is none.
+
+use crate::conformance::pattern;
+use crate::hal::{Backend, DevicePtr, KernelArg};
+use crate::stream::BackendExt;
+use crate::{discover, open, Device, DeviceKind};
+
+fn devices() -> Vec<Device> {
+    let d: Vec<Device> = discover()
+        .devices()
+        .into_iter()
+        .filter(|d| d.kind == DeviceKind::Wgpu)
+        .collect();
+    if d.is_empty() {
+        eprintln!("no wgpu device on this machine: nothing to test");
+    }
+    d
+}
+
+/// An allocation larger than the storage-binding limit: kernels and byte-granular sets and
+/// copies near its end go through windowed bindings and pieces.
+#[test]
+fn beyond_one_binding() {
+    for dev in devices() {
+        let b = open(dev).unwrap();
+        let limit: u64 = b
+            .info()
+            .details
+            .iter()
+            .find(|(k, _)| k == "max_storage_buffer_binding_size")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap();
+        let size = (limit + (24 << 20)) as usize;
+        if size as u64 > b.info().max_allocation {
+            continue;
+        }
+        let p = b.malloc(size).unwrap();
+        let s = b.default_stream();
+        // An unaligned set longer than one binding, crossing piece boundaries.
+        b.memset(p, 0, size).unwrap();
+        b.memset(p.offset(3), 0x5a, size - 5).unwrap();
+        let head = b.read_vec(p, 8).unwrap();
+        assert_eq!(head, [0, 0, 0, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a], "{dev}");
+        let tail = b.read_vec(p.offset(size as u64 - 8), 8).unwrap();
+        assert_eq!(tail, [0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0, 0], "{dev}");
+        // A kernel on an interior pointer beyond the first binding's reach.
+        let at = p.offset(limit + (8 << 20) + 4);
+        b.launch(
+            "fill",
+            &[at.into(), KernelArg::U32(0xdead_beef), 1024u32.into()],
+            s,
+        )
+        .unwrap();
+        b.stream_synchronize(s).unwrap();
+        let w = b.read_vec(at.offset(4 * 1023), 8).unwrap();
+        assert_eq!(&w[..4], &0xdead_beefu32.to_le_bytes(), "{dev}");
+        assert_eq!(&w[4..], &[0x5a; 4], "{dev}");
+        // A phase-shifting copy longer than one piece, from another allocation.
+        let n = (limit as usize) + 4097;
+        let src_data = pattern(n, 7);
+        let q = b.malloc(n + 8).unwrap();
+        b.copy_to_device(q.offset(1), &src_data).unwrap();
+        b.copy_device(p.offset(6), q.offset(1), n).unwrap();
+        let got = b.read_vec(p.offset(6), n).unwrap();
+        assert!(got == src_data, "{dev}: long unaligned device copy differs");
+        let before = b.read_vec(p.offset(2), 4).unwrap();
+        assert_eq!(
+            before,
+            [0, 0x5a, 0x5a, 0x5a],
+            "{dev}: bytes before the copy changed"
+        );
+        b.free(q).unwrap();
+        b.free(p).unwrap();
+    }
+}
+
+/// Copies inside one allocation (overlapping both ways) behave as memmove.
+#[test]
+fn same_buffer_copies() {
+    for dev in devices() {
+        let b = open(dev).unwrap();
+        let n = 10_001;
+        let data = pattern(n, 3);
+        let p = b.malloc(n).unwrap();
+        for (dst, src, len) in [(1usize, 0usize, 5000usize), (0, 7, 4000), (4096, 1, 4097)] {
+            b.copy_to_device(p, &data).unwrap();
+            b.copy_device(p.offset(dst as u64), p.offset(src as u64), len)
+                .unwrap();
+            let mut want = data.clone();
+            want.copy_within(src..src + len, dst);
+            assert!(
+                b.read_vec(p, n).unwrap() == want,
+                "{dev}: {dst} <- {src} +{len}"
+            );
+        }
+        b.free(p).unwrap();
+    }
+}
+
+/// Addresses never alias across allocations and stay 256-byte aligned.
+#[test]
+fn addresses() {
+    for dev in devices() {
+        let b = open(dev).unwrap();
+        let ptrs: Vec<DevicePtr> = (1..20).map(|i| b.malloc(i * 37).unwrap()).collect();
+        for (i, p) in ptrs.iter().enumerate() {
+            assert_eq!(p.0 % 256, 0, "{dev}");
+            if let Some(q) = ptrs.get(i + 1) {
+                assert!(q.0 >= p.0 + (i as u64 + 1) * 37, "{dev}");
+            }
+        }
+        for p in ptrs {
+            b.free(p).unwrap();
+        }
+    }
+}
