@@ -82,7 +82,6 @@ fn effective_uid() -> Option<u32> {
 
 /// The disk cache directory, created 0700; `None` when it cannot be made safe.
 pub fn cache_dir() -> Option<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -92,6 +91,12 @@ pub fn cache_dir() -> Option<PathBuf> {
                 .filter(|p| p.is_absolute())
                 .map(|h| h.join(".cache"))
         })?;
+    cache_dir_in(&base)
+}
+
+/// `base/unirt/cuda`, created 0700, when it is ours and private.
+fn cache_dir_in(base: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let dir = base.join("unirt").join("cuda");
     if let Err(e) = std::fs::DirBuilder::new()
         .recursive(true)
@@ -146,13 +151,22 @@ pub fn image(
     target: Target,
     fresh: bool,
 ) -> Result<Arc<Vec<u8>>> {
+    image_in(nv, k, target, fresh, cache_dir())
+}
+
+fn image_in(
+    nv: &Nvrtc,
+    k: &'static KernelSource,
+    target: Target,
+    fresh: bool,
+    dir: Option<PathBuf>,
+) -> Result<Arc<Vec<u8>>> {
     let key = (k.name, target);
     if !fresh {
         if let Some(img) = memory_cache().lock().get(&key) {
             return Ok(img.clone());
         }
     }
-    let dir = cache_dir();
     let file = dir.as_ref().map(|d| cache_file(d, nv, k, target));
     if !fresh {
         if let Some(bytes) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
@@ -271,6 +285,37 @@ mod tests {
         assert!(rows.iter().all(|r| r.ok && r.bytes > 0), "{rows:?}");
         let rows = compile_all(nv, &[12]);
         assert!(rows.iter().all(|r| !r.ok && !r.log.is_empty()), "{rows:?}");
+    }
+
+    /// Images land in a private directory and a later process (an empty memory cache) reads
+    /// them back from disk instead of compiling.
+    #[test]
+    fn disk_cache_is_private_and_read_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        };
+        let base = std::env::temp_dir().join(format!("unirt-cache-{}", std::process::id()));
+        let dir = cache_dir_in(&base).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let k = source("fill").unwrap();
+        // sm_75 is used by no other test, so the shared memory cache starts without it.
+        let target = Target::Cubin(75);
+        let img = image_in(nv, k, target, true, Some(dir.clone())).unwrap();
+        assert!(img.starts_with(b"\x7fELF"));
+        let file = cache_file(&dir, nv, k, target);
+        assert_eq!(std::fs::read(&file).unwrap(), *img);
+        // Mark the disk copy, forget the memory copy: the next lookup must come from disk.
+        std::fs::write(&file, b"from disk").unwrap();
+        memory_cache().lock().remove(&(k.name, target));
+        let again = image_in(nv, k, target, false, Some(dir.clone())).unwrap();
+        assert_eq!(&again[..], b"from disk");
+        // `fresh` recompiles and repairs the entry.
+        let repaired = image_in(nv, k, target, true, Some(dir.clone())).unwrap();
+        assert_eq!(*repaired, *img);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
