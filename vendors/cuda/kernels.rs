@@ -94,7 +94,14 @@ pub fn cache_dir() -> Option<PathBuf> {
     cache_dir_in(&base)
 }
 
+/// Without Unix permissions the cache cannot be made private: memory only.
+#[cfg(not(unix))]
+fn cache_dir_in(_base: &Path) -> Option<PathBuf> {
+    None
+}
+
 /// `base/unirt/cuda`, created 0700, when it is ours and private.
+#[cfg(unix)]
 fn cache_dir_in(base: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let dir = base.join("unirt").join("cuda");
@@ -289,6 +296,7 @@ mod tests {
 
     /// Images land in a private directory and a later process (an empty memory cache) reads
     /// them back from disk instead of compiling.
+    #[cfg(unix)]
     #[test]
     fn disk_cache_is_private_and_read_back() {
         use std::os::unix::fs::PermissionsExt;

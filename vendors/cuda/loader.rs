@@ -337,6 +337,7 @@ pub fn open_first(what: &str, s: &Search) -> Result<(libloading::Library, PathBu
 mod tests {
     use super::*;
 
+    #[cfg(unix)]
     #[test]
     fn soname_versions_sort_newest_first() {
         assert_eq!(soname_version("libnvrtc.so"), Some(vec![]));
