@@ -46,3 +46,16 @@ pub(super) fn cu_flags(flags: EventFlags) -> u32 {
     }
     f
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_stays_on_unless_disabled() {
+        assert_eq!(cu_flags(EventFlags::DEFAULT), 0);
+        assert_eq!(cu_flags(EventFlags::DISABLE_TIMING), 0x2);
+        assert_eq!(cu_flags(EventFlags::BLOCKING_SYNC), 0x1);
+        assert_eq!(cu_flags(EventFlags(0x3)), 0x3);
+    }
+}

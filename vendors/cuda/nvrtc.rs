@@ -304,3 +304,35 @@ impl Nvrtc {
         Ok(buf)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device newer than NVRTC gets PTX for the newest architecture NVRTC knows (the driver
+    /// JIT-compiles it); a known one gets its own CUBIN.
+    #[test]
+    fn targets_follow_what_nvrtc_supports() {
+        let Ok(nv) = nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        };
+        let archs = nv
+            .supported_archs()
+            .expect("NVRTC 11.2+ lists its architectures");
+        let newest = *archs.iter().max().unwrap();
+        assert!(archs.contains(&80), "{archs:?}");
+        assert_eq!(nv.target_for(80), Target::Cubin(80));
+        assert_eq!(nv.target_for(newest + 10), Target::Ptx(newest));
+        assert_eq!(Target::Ptx(90).arch(), "compute_90");
+        let (ptx, _) = nv
+            .compile(
+                "fill.cu",
+                super::super::kernels::SOURCES[0].source,
+                Target::Ptx(newest),
+            )
+            .unwrap();
+        let text = String::from_utf8_lossy(&ptx);
+        assert!(text.contains(".entry fill"), "{text}");
+    }
+}
