@@ -19,7 +19,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use serde::Serialize;
 use unirt::{Backend, CaptureMode, Device, DeviceKind, MemcpyKind, StreamId};
 
-use super::stats::{median_secs, reps_for};
+use super::stats::{median, reps_for};
 use crate::cli::CliResult;
 
 #[derive(Serialize)]
@@ -38,22 +38,19 @@ struct LaunchRow {
     graph_us_per_kernel: f64,
 }
 
-/// Times `f` with enough repetitions for a stable median; the first error wins.
+/// Times `f` with enough repetitions for a stable median (after one warm-up run); the first
+/// error stops the measurement.
 fn time(mut f: impl FnMut() -> CliResult<()>) -> CliResult<f64> {
-    let mut err = None;
-    let mut run = || {
-        if let Err(e) = f() {
-            err.get_or_insert(e);
-        }
-    };
     let t = Instant::now();
-    run();
+    f()?;
     let reps = reps_for(t.elapsed(), Duration::from_millis(300), 5, 1000);
-    let secs = median_secs(reps, run);
-    match err {
-        Some(e) => Err(e),
-        None => Ok(secs),
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        samples.push(t.elapsed().as_secs_f64());
     }
+    Ok(median(&mut samples))
 }
 
 fn gbps(bytes: usize, secs: f64) -> f64 {
