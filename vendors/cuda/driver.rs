@@ -25,6 +25,7 @@ pub type CuResult = i32;
 
 pub const SUCCESS: CuResult = sys::CUresult::CUDA_SUCCESS as i32;
 pub const OUT_OF_MEMORY: CuResult = sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY as i32;
+pub const INVALID_VALUE: CuResult = sys::CUresult::CUDA_ERROR_INVALID_VALUE as i32;
 pub const NO_DEVICE: CuResult = sys::CUresult::CUDA_ERROR_NO_DEVICE as i32;
 pub const NOT_READY: CuResult = sys::CUresult::CUDA_ERROR_NOT_READY as i32;
 pub const PEER_ALREADY_ENABLED: CuResult =
@@ -84,6 +85,7 @@ cuda_api! {
     cuStreamWaitEvent(sys::CUstream, sys::CUevent, c_uint);
     cuEventCreate(*mut sys::CUevent, c_uint);
     cuEventRecord(sys::CUevent, sys::CUstream);
+    cuEventRecordWithFlags(sys::CUevent, sys::CUstream, c_uint);
     cuEventQuery(sys::CUevent);
     cuEventSynchronize(sys::CUevent);
     cuEventElapsedTime(*mut f32, sys::CUevent, sys::CUevent);
@@ -376,10 +378,18 @@ impl Driver {
         )
     }
 
-    pub fn stream_wait_event(&self, s: u64, e: u64) -> Result<()> {
-        // SAFETY: both handles are live (validated by the caller); flags 0.
+    /// Makes `s` wait for `e`'s latest record. Inside a capture the wait becomes an
+    /// event-wait node (`CU_EVENT_WAIT_EXTERNAL`): each replay waits for the event's record
+    /// at that time, matching how captured records are external nodes too.
+    pub fn stream_wait_event(&self, s: u64, e: u64, capturing: bool) -> Result<()> {
+        let flags = if capturing {
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as c_uint
+        } else {
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as c_uint
+        };
+        // SAFETY: both handles are live (validated by the caller).
         self.check(
-            unsafe { (self.api.cuStreamWaitEvent)(s as sys::CUstream, e as sys::CUevent, 0) },
+            unsafe { (self.api.cuStreamWaitEvent)(s as sys::CUstream, e as sys::CUevent, flags) },
             "cuStreamWaitEvent",
         )
     }
@@ -395,12 +405,22 @@ impl Driver {
         Ok(e as u64)
     }
 
-    pub fn event_record(&self, e: u64, s: u64) -> Result<()> {
-        // SAFETY: both handles are live (validated by the caller).
-        self.check(
-            unsafe { (self.api.cuEventRecord)(e as sys::CUevent, s as sys::CUstream) },
-            "cuEventRecord",
-        )
+    /// Records `e` on `s`. Inside a capture the record becomes an event-record node of the
+    /// graph (`CU_EVENT_RECORD_EXTERNAL`), so each replay records the event, as unirt's
+    /// capture semantics say; a plain record would only mark a point inside the capture and
+    /// leave the event unusable outside it.
+    pub fn event_record(&self, e: u64, s: u64, capturing: bool) -> Result<()> {
+        let r = if capturing {
+            let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as c_uint;
+            // SAFETY: both handles are live (validated by the caller).
+            unsafe {
+                (self.api.cuEventRecordWithFlags)(e as sys::CUevent, s as sys::CUstream, flags)
+            }
+        } else {
+            // SAFETY: both handles are live (validated by the caller).
+            unsafe { (self.api.cuEventRecord)(e as sys::CUevent, s as sys::CUstream) }
+        };
+        self.check(r, "cuEventRecord")
     }
 
     /// `true` when complete.

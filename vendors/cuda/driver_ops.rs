@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_void, CString};
 
 use cudarc::driver::sys;
 
-use super::driver::{CuResult, Driver, OUT_OF_MEMORY};
+use super::driver::{CuResult, Driver, INVALID_VALUE, OUT_OF_MEMORY};
 use crate::error::{Error, Result};
 
 /// A kernel argument value, stored so that `cuLaunchKernel` can read it through a pointer.
@@ -21,7 +21,9 @@ pub enum ArgValue {
 
 impl Driver {
     fn alloc_result(&self, r: CuResult, call: &str, bytes: usize, device: &str) -> Result<()> {
-        if r == OUT_OF_MEMORY {
+        // An allocation call has only its size to be wrong about: an invalid value is a size
+        // the driver cannot satisfy, reported like any other out-of-memory.
+        if r == OUT_OF_MEMORY || r == INVALID_VALUE {
             return Err(Error::OutOfMemory {
                 device: device.into(),
                 requested: bytes as u64,

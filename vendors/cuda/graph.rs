@@ -1,12 +1,17 @@
-//! Captured graphs: native `CUgraph` / `CUgraphExec`, with the device ranges they touch.
+//! Captured graphs: native `CUgraph` / `CUgraphExec`, with what unirt tracks beside them.
 
 use std::sync::Arc;
+
+use super::event::CuEvent;
 
 /// A captured graph. `raw` is the `CUgraph` and also the HAL handle.
 #[derive(Debug)]
 pub(super) struct CuGraph {
     pub raw: u64,
+    /// Device ranges the captured work touches.
     pub ranges: Arc<[(u64, u64)]>,
+    /// Events recorded inside the capture.
+    pub events: Arc<[Arc<CuEvent>]>,
 }
 
 /// An instantiated graph. `raw` is the `CUgraphExec` and also the HAL handle. `ranges` are
@@ -16,4 +21,7 @@ pub(super) struct CuGraph {
 pub(super) struct CuGraphExec {
     pub raw: u64,
     pub ranges: Arc<[(u64, u64)]>,
+    /// Events the graph records: counted as recorded (for elapsed time) once a launch is
+    /// enqueued.
+    pub events: Arc<[Arc<CuEvent>]>,
 }

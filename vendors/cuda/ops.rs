@@ -124,6 +124,34 @@ impl CudaBackend {
         }
     }
 
+    /// Checks what a graph uses is still live: its device ranges (a replay must not write
+    /// freed memory) and its recorded events (CUDA would record a destroyed event).
+    fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CuEvent>]) -> Result<()> {
+        for &(addr, len) in ranges {
+            self.check_device(addr, len)?;
+        }
+        for e in events {
+            match self.events.get(e.raw) {
+                Ok(live) if Arc::ptr_eq(&live, e) => {}
+                _ => return Err(Error::invalid(EventId::KIND, e.raw)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a device allocation larger than the device's memory before asking the driver.
+    fn check_size(&self, bytes: usize) -> Result<()> {
+        let limit = self.info.memory_total;
+        if bytes as u64 > limit {
+            return Err(Error::TooLarge {
+                device: self.name.clone(),
+                requested: bytes as u64,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
     /// The default stream, refused while it is capturing (synchronous calls use it).
     fn sync_stream(&self) -> Result<Arc<CuStream>> {
         let s = self.stream(self.default_stream())?;
@@ -214,7 +242,7 @@ impl Backend for CudaBackend {
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         self.bind()?;
-        self.drv.stream_wait_event(s.raw, e.raw)
+        self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing())
     }
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
@@ -228,8 +256,10 @@ impl Backend for CudaBackend {
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         self.bind()?;
-        self.drv.event_record(e.raw, s.raw)?;
-        if !s.is_capturing() {
+        let capturing = s.is_capturing();
+        self.drv.event_record(e.raw, s.raw, capturing)?;
+        // A record inside a capture happens at each replay (graph_launch marks it then).
+        if !s.note_event(&e) {
             e.mark_recorded();
         }
         Ok(())
@@ -282,6 +312,7 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
+        self.check_size(bytes)?;
         self.bind()?;
         let p = self.drv.mem_alloc(bytes, &self.name)?;
         if let Err(e) = self.shared.mem.insert(p, bytes as u64, AllocKind::Plain) {
@@ -338,6 +369,7 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
+        self.check_size(bytes)?;
         self.bind()?;
         let (p, kind) = if self.pools {
             (
@@ -492,6 +524,7 @@ impl Backend for CudaBackend {
             CuGraph {
                 raw,
                 ranges: rec.ranges.into(),
+                events: rec.events.into(),
             },
         );
         Ok(GraphId(raw))
@@ -499,9 +532,7 @@ impl Backend for CudaBackend {
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
-        for &(addr, len) in g.ranges.iter() {
-            self.check_device(addr, len)?;
-        }
+        self.check_graph(&g.ranges, &g.events)?;
         self.bind()?;
         let raw = self.drv.graph_instantiate(g.raw)?;
         self.execs.insert_with(
@@ -509,6 +540,7 @@ impl Backend for CudaBackend {
             CuGraphExec {
                 raw,
                 ranges: g.ranges.clone(),
+                events: g.events.clone(),
             },
         );
         Ok(GraphExecId(raw))
@@ -516,13 +548,17 @@ impl Backend for CudaBackend {
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
-        // A replay must not touch memory freed since the capture.
-        for &(addr, len) in x.ranges.iter() {
-            self.check_device(addr, len)?;
-        }
+        // A replay must not touch memory freed (or events destroyed) since the capture.
+        self.check_graph(&x.ranges, &x.events)?;
         self.bind()?;
         s.note_ranges(&x.ranges);
-        self.drv.graph_launch(x.raw, s.raw)
+        self.drv.graph_launch(x.raw, s.raw)?;
+        for e in x.events.iter() {
+            if !s.note_event(e) {
+                e.mark_recorded();
+            }
+        }
+        Ok(())
     }
 
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {

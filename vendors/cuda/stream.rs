@@ -1,12 +1,18 @@
 //! Streams: native non-blocking `CUstream`s, plus what unirt tracks about a capture.
 
+use std::sync::Arc;
+
 use parking_lot::Mutex;
+
+use super::event::CuEvent;
 
 /// What a capturing stream has recorded so far, beyond what CUDA keeps: the device ranges its
 /// work touches, so instantiate and every replay can refuse a graph whose memory was freed.
 #[derive(Debug, Default)]
 pub(super) struct CaptureRec {
     pub ranges: Vec<(u64, u64)>,
+    /// Events recorded inside the capture: each replay records them.
+    pub events: Vec<Arc<CuEvent>>,
 }
 
 /// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
@@ -26,6 +32,17 @@ impl CuStream {
 
     pub fn is_capturing(&self) -> bool {
         self.capture.lock().is_some()
+    }
+
+    /// Notes an event recorded by work enqueued now; `false` when not capturing.
+    pub fn note_event(&self, e: &Arc<CuEvent>) -> bool {
+        match self.capture.lock().as_mut() {
+            Some(c) => {
+                c.events.push(e.clone());
+                true
+            }
+            None => false,
+        }
     }
 
     /// Notes device ranges used by work enqueued now, when capturing.
