@@ -56,9 +56,10 @@ fn real_drivers_are_reported_accurately() {
     if !gpu_present() {
         // A real libcuda with no GPU: cuInit says CUDA_ERROR_NO_DEVICE.
         assert!(reason.starts_with("libcuda "), "{reason}");
-        assert!(reason.contains(" loaded"), "{reason}");
-        assert!(reason.contains("no CUDA device"), "{reason}");
-        assert!(reason.contains("CUDA_ERROR_NO_DEVICE"), "{reason}");
+        assert!(
+            reason.contains(" loaded, no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE"),
+            "{reason}"
+        );
     }
     check_nvrtc_part(&reason);
 }

@@ -64,27 +64,26 @@ fn usable_driver() -> std::result::Result<&'static Driver, String> {
     };
     let drv = driver::driver().map_err(|reason| format!("{reason}; {nv_part}"))?;
     let ver = version_string(drv.version);
+    // "libcuda 12.2 loaded, no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE (…); /path)".
+    let path = drv.path.display();
     if drv.init == NO_DEVICE {
         return Err(format!(
-            "libcuda {ver} loaded ({}), no CUDA device (cuInit: {}); {nv_part}",
-            drv.path.display(),
+            "libcuda {ver} loaded, no CUDA device (cuInit: {}; {path}); {nv_part}",
             drv.describe(drv.init)
         ));
     }
     if drv.init != SUCCESS {
         return Err(format!(
-            "libcuda {ver} loaded ({}), cuInit failed: {}; {nv_part}",
-            drv.path.display(),
+            "libcuda {ver} loaded, cuInit failed: {} ({path}); {nv_part}",
             drv.describe(drv.init)
         ));
     }
     let count = drv
         .device_count()
-        .map_err(|e| format!("libcuda {ver} loaded, {e}; {nv_part}"))?;
+        .map_err(|e| format!("libcuda {ver} loaded, {e} ({path}); {nv_part}"))?;
     if count == 0 {
         return Err(format!(
-            "libcuda {ver} loaded ({}), no CUDA device (cuDeviceGetCount: 0); {nv_part}",
-            drv.path.display()
+            "libcuda {ver} loaded, no CUDA device (cuDeviceGetCount: 0; {path}); {nv_part}"
         ));
     }
     if let Err(e) = nv {
