@@ -222,6 +222,11 @@ impl Backend for CudaBackend {
                 "the default stream cannot be destroyed".into(),
             ));
         }
+        if self.stream(stream)?.is_capturing() {
+            return Err(Error::Capturing(
+                "stream_destroy on a capturing stream (end the capture first)".into(),
+            ));
+        }
         self.bind()?;
         let s = self.streams.remove(stream.0)?;
         // cuStreamDestroy returns at once; work already enqueued still completes.
