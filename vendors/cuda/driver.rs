@@ -352,10 +352,19 @@ impl Driver {
 
     /// A non-blocking stream in the current context.
     pub fn stream_create(&self) -> Result<u64> {
+        self.stream_create_with_flags(STREAM_NON_BLOCKING)
+    }
+
+    /// A blocking stream (`CU_STREAM_DEFAULT`): it synchronises with the legacy NULL stream.
+    pub fn stream_create_blocking(&self) -> Result<u64> {
+        self.stream_create_with_flags(0)
+    }
+
+    fn stream_create_with_flags(&self, flags: c_uint) -> Result<u64> {
         let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: writes one stream handle through a valid pointer.
         self.check(
-            unsafe { (self.api.cuStreamCreate)(&mut s, STREAM_NON_BLOCKING) },
+            unsafe { (self.api.cuStreamCreate)(&mut s, flags) },
             "cuStreamCreate",
         )?;
         Ok(s as u64)

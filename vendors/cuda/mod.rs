@@ -9,12 +9,13 @@
 //! Choices a reader of infinirt should know:
 //! - **Contexts**: each device uses its primary context (shared with the CUDA runtime and
 //!   cudarc), made current on the calling thread at the start of every call.
-//! - **The default stream** is a stream created with `CU_STREAM_NON_BLOCKING`, not CUDA's
-//!   legacy NULL stream: infinirt's null stream is the legacy stream, which silently
-//!   serialises with every blocking stream and cannot be captured. Here the C ABI's null
-//!   stream maps to this created stream, so it can be captured like any other, and the
-//!   synchronous calls (`memcpy`, `memset`) are enqueued on it and then waited for, which is
-//!   the HAL's "wait for the default stream, then complete" contract.
+//! - **The default stream** is a created *blocking* stream (`CU_STREAM_DEFAULT`), not CUDA's
+//!   legacy NULL stream itself: the legacy stream cannot be captured, but a blocking stream
+//!   synchronises with it, so work that upstream code puts on stream 0 (an infiniop kernel
+//!   given the C ABI's null stream) stays ordered with unirt's default stream. Streams from
+//!   `stream_create` are non-blocking. The synchronous calls (`memcpy`, `memset`) are
+//!   enqueued on the default stream and then waited for, which is the HAL's "wait for the
+//!   default stream, then complete" contract.
 //! - **Handles** are the native `CUstream` / `CUevent` / `CUgraph` / `CUgraphExec` values,
 //!   registered in live-handle tables so a destroyed or foreign handle is an error.
 //! - **Memory**: `cuMemAlloc`; stream-ordered `cuMemAllocAsync` where the device has memory
@@ -213,7 +214,10 @@ impl CudaBackend {
         let cc = compute_capability(drv, dev)?;
         let pools = drv.attribute(dev, driver::attr::MEMORY_POOLS).unwrap_or(0) != 0;
         let ctx = drv.primary_ctx_retain(dev)?;
-        let default_stream = match drv.set_current(ctx).and_then(|_| drv.stream_create()) {
+        let default_stream = match drv
+            .set_current(ctx)
+            .and_then(|_| drv.stream_create_blocking())
+        {
             Ok(s) => s,
             Err(e) => {
                 let _ = drv.primary_ctx_release(dev);
