@@ -140,3 +140,26 @@ fn headers_compile_as_cxx() {
         .expect("run the C++ compiler");
     assert!(status.success(), "the headers do not compile as C++");
 }
+
+/// The static library links with the system libraries the README names, and works.
+#[test]
+fn example_links_statically() {
+    let Some(cc) = compiler("CC", "cc") else {
+        return;
+    };
+    let archive = lib_dir().join("libinfinirt.a");
+    assert!(archive.is_file(), "{} missing", archive.display());
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capture_replay_static");
+    let status = Command::new(cc)
+        .args(["-std=c11", "-Wall", "-Werror"])
+        .arg("-I")
+        .arg(Path::new(MANIFEST).join("include"))
+        .arg(Path::new(MANIFEST).join("../examples/c/capture_replay.c"))
+        .arg(&archive)
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&out)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "static link failed");
+    run(&out);
+}
