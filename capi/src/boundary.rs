@@ -69,7 +69,10 @@ fn remember(msg: String) {
 }
 
 /// Copies this thread's last error message into `buf` (NUL-terminated, truncated to `size`).
-pub fn last_error_into(buf: *mut c_char, size: usize) -> Result<()> {
+///
+/// # Safety
+/// A non-null `buf` must be writable for `size` bytes.
+pub unsafe fn last_error_into(buf: *mut c_char, size: usize) -> Result<()> {
     if buf.is_null() {
         return Err(Error::NullPointer("buf".into()));
     }
@@ -154,10 +157,9 @@ mod tests {
 
     fn last() -> String {
         let mut buf = [0 as c_char; 256];
-        assert_eq!(
-            last_error_into(buf.as_mut_ptr(), buf.len()).map(|_| 0),
-            Ok(0)
-        );
+        // SAFETY: buf is writable for its length.
+        let r = unsafe { last_error_into(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(r.map(|_| 0), Ok(0));
         // SAFETY: last_error_into NUL-terminates inside the buffer.
         unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()

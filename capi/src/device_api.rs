@@ -182,5 +182,6 @@ pub extern "C" fn infinirtDeviceSynchronize() -> Status {
 /// A non-null `buf` must be writable for `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn unirtGetLastErrorMessage(buf: *mut c_char, size: usize) -> Status {
-    guard(|| last_error_into(buf, size))
+    // SAFETY: forwarded contract.
+    guard(|| unsafe { last_error_into(buf, size) })
 }
