@@ -420,6 +420,66 @@ static void test_thread_local(infiniDevice_t type, int id) {
     OK(infinirtSetDevice(INFINI_DEVICE_CPU, 0));
 }
 
+/* Several threads on one device at once: each with its own stream and buffers, all also
+ * enqueueing on one shared stream created by the main thread. */
+#define THREADS 4
+#define TN 65536
+struct worker {
+    infiniDevice_t type;
+    int id, index, ok;
+    infinirtStream_t shared;
+    void *shared_buf;
+};
+
+static void *worker_body(void *arg) {
+    struct worker *w = (struct worker *)arg;
+    static unsigned char in[THREADS][TN], out[THREADS][TN];
+    infinirtStream_t s = NULL;
+    void *d = NULL;
+    int ok = infinirtSetDevice(w->type, w->id) == INFINI_STATUS_SUCCESS;
+    fill_pattern(in[w->index], TN, 100 + (unsigned)w->index);
+    ok = ok && infinirtStreamCreate(&s) == INFINI_STATUS_SUCCESS;
+    ok = ok && infinirtMalloc(&d, TN) == INFINI_STATUS_SUCCESS;
+    for (int round = 0; ok && round < 4; round++) {
+        ok = infinirtMemcpyAsync(d, in[w->index], TN, INFINIRT_MEMCPY_H2D, s) == INFINI_STATUS_SUCCESS &&
+             infinirtMemcpyAsync(out[w->index], d, TN, INFINIRT_MEMCPY_D2H, s) == INFINI_STATUS_SUCCESS &&
+             infinirtStreamSynchronize(s) == INFINI_STATUS_SUCCESS &&
+             memcmp(in[w->index], out[w->index], TN) == 0;
+        memset(out[w->index], 0, TN);
+    }
+    /* This thread's slice of the shared buffer, on the shared stream. */
+    ok = ok && infinirtMemsetAsync((char *)w->shared_buf + w->index * 256, 0x40 + w->index, 256,
+                                   w->shared) == INFINI_STATUS_SUCCESS;
+    ok = ok && infinirtFree(d) == INFINI_STATUS_SUCCESS;
+    ok = ok && infinirtStreamDestroy(s) == INFINI_STATUS_SUCCESS;
+    w->ok = ok;
+    return NULL;
+}
+
+static void test_threads(infiniDevice_t type, int id) {
+    g_where = "threads";
+    struct worker w[THREADS];
+    pthread_t t[THREADS];
+    infinirtStream_t shared = NULL;
+    void *buf = NULL;
+    unsigned char back[THREADS * 256];
+    OK(infinirtStreamCreate(&shared));
+    OK(infinirtMalloc(&buf, sizeof back));
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (struct worker){type, id, i, 0, shared, buf};
+        CHECK(pthread_create(&t[i], NULL, worker_body, &w[i]) == 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(w[i].ok);
+    }
+    OK(infinirtStreamSynchronize(shared));
+    OK(infinirtMemcpy(back, buf, sizeof back, INFINIRT_MEMCPY_D2H));
+    for (int i = 0; i < THREADS; i++) CHECK(all_bytes(back + i * 256, 256, (unsigned char)(0x40 + i)));
+    OK(infinirtFree(buf));
+    OK(infinirtStreamDestroy(shared));
+}
+
 /* An event of one device is refused on another. */
 static void test_cross_device(infiniDevice_t t1, int i1, infiniDevice_t t2, int i2) {
     g_where = "cross-device";
@@ -463,6 +523,9 @@ int main(void) {
             test_streams_events();
             test_capture();
             test_thread_local(ALL_TYPES[i], id);
+            OK(infinirtSetDevice(ALL_TYPES[i], id));
+            test_threads(ALL_TYPES[i], id);
+            OK(infinirtSetDevice(INFINI_DEVICE_CPU, 0));
             if (devices > 0) test_cross_device(first_t, 0, ALL_TYPES[i], id);
             else first_t = ALL_TYPES[i];
             devices++;
