@@ -9,13 +9,9 @@
 #ifndef UNIRT_INFINICORE_H
 #define UNIRT_INFINICORE_H
 
-#ifdef __cplusplus
-#include <cstddef>
-#include <cstdint>
-#else
+/* The C headers (not <cstdint>) so that C++98 code compiles too. */
 #include <stddef.h>
 #include <stdint.h>
-#endif
 
 /* Linkage / visibility macros under the names upstream headers (infiniop.h, infiniccl.h, …)
  * expect, for headers that include this one and declare their own functions. */
