@@ -87,17 +87,21 @@ pub fn device(t: c_int, id: c_int) -> Result<Device> {
             )))
         }
     };
+    // A vendor without devices is DEVICE_TYPE_NOT_SUPPORTED whatever the id, with discovery's
+    // reason (unavailable driver, or a probe that found nothing), as upstream reports a type it
+    // cannot drive; past that, a missing id is DEVICE_NOT_FOUND.
+    let discovery = unirt::discover();
+    if discovery.count(kind) == 0 {
+        return Err(match discovery.info(Device::new(kind, 0)) {
+            Err(Error::DeviceNotFound(m)) => Error::DeviceTypeNotSupported(m),
+            Err(e) => e,
+            Ok(_) => Error::Internal(format!("{kind} reports no devices yet has {kind}:0")),
+        });
+    }
     let index = usize::try_from(id)
         .map_err(|_| Error::DeviceNotFound(format!("{kind}:{id} (a negative device id)")))?;
     let device = Device::new(kind, index);
-    // Discovery decides between "vendor unavailable" (DEVICE_TYPE_NOT_SUPPORTED) and "no such
-    // index" (DEVICE_NOT_FOUND); a vendor that probed fine but has no device counts as absent,
-    // as upstream reports a type it cannot drive.
-    let discovery = unirt::discover();
-    discovery.info(device).map_err(|e| match e {
-        Error::DeviceNotFound(m) if discovery.count(kind) == 0 => Error::DeviceTypeNotSupported(m),
-        e => e,
-    })?;
+    discovery.info(device)?;
     Ok(device)
 }
 

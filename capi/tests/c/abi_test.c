@@ -66,9 +66,12 @@ static void test_discovery(void) {
     for (size_t i = 0; i < sizeof ALL_TYPES / sizeof ALL_TYPES[0]; i++) {
         int c = 0;
         OK(infinirtGetDeviceCount(ALL_TYPES[i], &c));
-        if (c == 0)
+        if (c == 0) {
             EXPECT(infinirtSetDevice(ALL_TYPES[i], 0), INFINI_STATUS_DEVICE_TYPE_NOT_SUPPORTED);
-        else
+            EXPECT(infinirtSetDevice(ALL_TYPES[i], -1), INFINI_STATUS_DEVICE_TYPE_NOT_SUPPORTED);
+            size_t f0 = 0, t0 = 0;
+            EXPECT(infinirtGetMemInfo(ALL_TYPES[i], 0, &f0, &t0), INFINI_STATUS_DEVICE_TYPE_NOT_SUPPORTED);
+        } else
             EXPECT(infinirtSetDevice(ALL_TYPES[i], c), INFINI_STATUS_DEVICE_NOT_FOUND);
     }
     OK(infinirtGetDevice(&d, &id));
