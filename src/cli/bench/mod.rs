@@ -1,5 +1,6 @@
 //! `unirt bench …`: each benchmark measures unirt and its baseline in the same run.
 
+mod cuda;
 mod dispatch;
 mod memcpy;
 pub mod stats;
@@ -20,6 +21,17 @@ pub enum Which {
         #[arg(long)]
         json: Option<PathBuf>,
         /// Largest size in MiB (256 by default).
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+    },
+    /// CUDA only: pinned and pageable H2D/D2H beside plain cudarc, and 100 tiny kernels
+    /// launched one by one vs one captured-graph replay.
+    Cuda {
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest copy in MiB (256 by default).
         #[arg(long, default_value_t = 256)]
         max_mib: usize,
     },
@@ -50,6 +62,11 @@ pub fn run(which: Which) -> CliResult<ExitCode> {
             json,
             max_mib,
         } => memcpy::run(&device, json.as_deref(), max_mib),
+        Which::Cuda {
+            device,
+            json,
+            max_mib,
+        } => cuda::run(&device, json.as_deref(), max_mib),
         Which::Dispatch { device, json, reps } => dispatch::run(&device, json.as_deref(), reps),
         Which::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
     }
