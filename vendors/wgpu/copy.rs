@@ -157,9 +157,10 @@ pub(crate) fn device_set(
     Ok(())
 }
 
-/// Commands for a host-to-device copy. Eagerly the host bytes are staged now; in a capture
-/// they are read at each replay (`Cmd::Upload`), as CUDA graph copies read host memory when
-/// they run.
+/// Commands for a host-to-device copy. Eagerly the aligned middle is staged now in a pooled
+/// mappable buffer (and copied word-wise), the at most 3-byte head and tail in small storage
+/// buffers (and copied by the byte kernel); in a capture the bytes are read at each replay
+/// (`Cmd::Upload`), as CUDA graph copies read host memory when they run.
 ///
 /// # Safety
 /// `host` must be readable for `n` bytes (now, or at every replay when `capturing`).
@@ -175,39 +176,72 @@ pub(crate) unsafe fn upload(
     if n == 0 {
         return Ok(());
     }
-    // The staged bytes take the destination's phase so the middle is a plain word copy.
-    let phase = doff % 4;
-    let size = ceil4(phase + n);
-    let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::STORAGE;
     let len = usize::try_from(n).map_err(|_| Error::BadParam("copy too large".into()))?;
-    let staging = if capturing {
-        let b = gpu.buffer(size, usage | wgpu::BufferUsages::COPY_DST)?;
-        // write_buffer wants 4-byte multiples: the upload covers whole words of staging, the
-        // host bytes start at `phase` within them.
+    if capturing {
+        // The staged bytes take the destination's phase so the middle is a plain word copy.
+        let phase = doff % 4;
+        let usage = wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST;
+        let b = gpu.buffer(ceil4(phase + n), usage)?;
         out.push(Cmd::Upload {
             host,
             staging: b.clone(),
             off: phase,
             len,
         });
-        b
-    } else {
-        let b = super::memory::create_buffer(&gpu.device, size, usage, true, &gpu.name)?;
+        let staging = DevBuf::new(b, true);
+        return device_copy(gpu, out, dst, doff, &staging, phase, n);
+    }
+    // SAFETY: the caller promised `host` is readable for `n` bytes now.
+    let src = unsafe { std::slice::from_raw_parts(host as usize as *const u8, len) };
+    let head = ((4 - doff % 4) % 4).min(n) as usize;
+    let mid = floor4(n - head as u64) as usize;
+    if mid > 0 {
+        let b = gpu.staging.upload(&gpu.device, mid as u64, &gpu.name)?;
+        {
+            let mut view = b
+                .slice(..mid as u64)
+                .get_mapped_range_mut()
+                .map_err(|e| Error::Internal(format!("staging buffer not mapped: {e}")))?;
+            view.copy_from_slice(&src[head..head + mid]);
+        }
+        b.unmap();
+        out.push(Cmd::Copy {
+            src: b.clone(),
+            src_off: 0,
+            dst: dst.buffer.clone(),
+            dst_off: doff + head as u64,
+            size: mid as u64,
+        });
+        out.push(Cmd::Recycle(b));
+    }
+    for (at, bytes) in [(0, &src[..head]), (head + mid, &src[head + mid..])] {
+        if bytes.is_empty() {
+            continue;
+        }
+        let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::STORAGE;
+        let b = super::memory::create_buffer(&gpu.device, 4, usage, true, &gpu.name)?;
         {
             let mut view = b
                 .slice(..)
                 .get_mapped_range_mut()
                 .map_err(|e| Error::Internal(format!("staging buffer not mapped: {e}")))?;
-            // SAFETY: the caller promised `host` is readable for `n` bytes.
-            let src = unsafe { std::slice::from_raw_parts(host as usize as *const u8, len) };
-            view.slice(phase as usize..phase as usize + len)
-                .copy_from_slice(src);
+            view.slice(..bytes.len()).copy_from_slice(bytes);
         }
         b.unmap();
-        b
-    };
-    let staging = DevBuf::new(staging, true);
-    device_copy(gpu, out, dst, doff, &staging, phase, n)
+        let staging = DevBuf::new(b, true);
+        device_copy(
+            gpu,
+            out,
+            dst,
+            doff + at as u64,
+            &staging,
+            0,
+            bytes.len() as u64,
+        )?;
+    }
+    Ok(())
 }
 
 /// Commands for a device-to-host copy: the covering words go to a mappable buffer, and the
@@ -219,15 +253,20 @@ pub(crate) fn download(
     src: &DevBuf,
     soff: u64,
     n: u64,
+    capturing: bool,
 ) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let (lo, hi) = (floor4(soff), ceil4(soff + n));
-    let staging = gpu.buffer(
-        hi - lo,
-        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-    )?;
+    let staging = if capturing {
+        gpu.buffer(
+            hi - lo,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?
+    } else {
+        gpu.staging.read(&gpu.device, hi - lo, &gpu.name)?
+    };
     out.push(Cmd::Copy {
         src: src.buffer.clone(),
         src_off: lo,
@@ -240,6 +279,7 @@ pub(crate) fn download(
         skip: soff - lo,
         host,
         len: usize::try_from(n).map_err(|_| Error::BadParam("copy too large".into()))?,
+        pooled: !capturing,
     });
     Ok(())
 }

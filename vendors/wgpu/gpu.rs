@@ -14,11 +14,27 @@ use parking_lot::Mutex;
 
 use super::event::{Slot, WEvent};
 use super::kernels::Kernels;
-use super::memory::{create_buffer, wgpu_error};
+use super::memory::{create_buffer, wgpu_error, StagingPool};
 use super::stream::Cmd;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::progress::Progress;
+
+/// How long the queue may sit empty with a submission's completion unreported before a wait
+/// gives up with an error.
+const LOST_CALLBACKS: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Between polls: yield at first, then sleep a little longer each round (up to 200 µs), so a
+/// waiter neither burns a core the device (lavapipe, llvmpipe) needs nor oversleeps.
+fn backoff(rounds: &mut u32) {
+    *rounds += 1;
+    if *rounds < 16 {
+        std::thread::yield_now();
+    } else {
+        let us = u64::from((*rounds - 15) * 10).min(200);
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
+}
 
 /// The longest one blocking poll lasts.
 const POLL_SLICE: std::time::Duration = std::time::Duration::from_millis(2);
@@ -44,6 +60,8 @@ pub(crate) struct Gpu {
     handed: Arc<Progress>,
     /// To the submitter thread.
     jobs: crossbeam_channel::Sender<Job>,
+    /// Reusable staging buffers for host copies.
+    pub staging: Arc<StagingPool>,
     /// The first error wgpu reported outside an error scope, reported once by a wait.
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost, if it was.
@@ -93,6 +111,7 @@ impl Gpu {
         let timing = super::adapter::device_timing(&device.features());
         let kernels = Kernels::new(&device);
         let completed = Arc::new(Completion::default());
+        let staging = Arc::new(StagingPool::default());
         let handed = Arc::new(Progress::new());
         let (jobs, rx) = crossbeam_channel::unbounded();
         let submitter = Submitter {
@@ -100,6 +119,7 @@ impl Gpu {
             completed: completed.clone(),
             handed: handed.clone(),
             errors: uncaptured.clone(),
+            staging: staging.clone(),
         };
         std::thread::Builder::new()
             .name("unirt-wgpu-submit".into())
@@ -115,6 +135,7 @@ impl Gpu {
             completed,
             handed,
             jobs,
+            staging,
             uncaptured,
             lost,
         })
@@ -158,6 +179,7 @@ impl Gpu {
         }
         let mut uploads = Vec::new();
         let mut readbacks = Vec::new();
+        let mut recycle = Vec::new();
         for c in cmds {
             match c {
                 Cmd::Upload {
@@ -171,7 +193,9 @@ impl Gpu {
                     skip,
                     host,
                     len,
-                } => readbacks.push((staging.clone(), *skip, *host, *len)),
+                    pooled,
+                } => readbacks.push((staging.clone(), *skip, *host, *len, *pooled)),
+                Cmd::Recycle(b) => recycle.push(b.clone()),
                 _ => {}
             }
         }
@@ -190,6 +214,7 @@ impl Gpu {
             cb,
             uploads,
             readbacks,
+            recycle,
             slots,
         };
         self.jobs.send(job).map_err(|_| {
@@ -274,7 +299,11 @@ impl Gpu {
                     };
                     records.push((e.clone(), read));
                 }
-                Cmd::Dispatch { .. } | Cmd::Upload { .. } | Cmd::Readback { .. } | Cmd::Wait => {}
+                Cmd::Dispatch { .. }
+                | Cmd::Upload { .. }
+                | Cmd::Readback { .. }
+                | Cmd::Recycle(_)
+                | Cmd::Wait => {}
             }
         }
         drop(pass);
@@ -299,13 +328,27 @@ impl Gpu {
     /// Blocks until the submission has completed; reports an error wgpu raised meanwhile.
     pub fn wait(&self, t: &Ticket) -> Result<()> {
         self.handed.wait_for(t.seq);
+        let mut idle_since: Option<std::time::Instant> = None;
+        let mut rounds = 0u32;
         while self.completed.done() < t.seq {
             self.alive()?;
-            self.poll_wait()?;
-            if self.completed.done() < t.seq {
-                // The completion callback runs on whichever thread polled first.
-                std::thread::yield_now();
+            let empty = self.poll_toward(t.seq)?;
+            if self.completed.done() >= t.seq {
+                break;
             }
+            if empty {
+                // The queue has run everything, yet this submission's completion callbacks
+                // have not: give callbacks running on another thread a moment, then report
+                // instead of hanging.
+                let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > LOST_CALLBACKS {
+                    return Err(Error::Internal(format!(
+                        "{}: submission {} finished but its completion was never reported",
+                        self.name, t.seq
+                    )));
+                }
+            }
+            backoff(&mut rounds);
         }
         match self.uncaptured.lock().take() {
             Some(msg) => Err(driver("(uncaptured)", msg)),
@@ -316,19 +359,29 @@ impl Gpu {
     /// One bounded blocking poll. The GL backend holds its context lock while it waits and
     /// panics in other threads that cannot get the lock within seconds, so no wait here is
     /// long: callers loop until their condition holds.
-    fn poll_wait(&self) -> Result<()> {
-        match self.device.poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: Some(POLL_SLICE),
-        }) {
-            Ok(_) | Err(wgpu::PollError::Timeout) => Ok(()),
-            Err(e) => Err(driver("device.poll", e)),
+    ///
+    /// The wait names a submission the submitter thread has already made (waiting for "the
+    /// latest" while another thread submits trips an assertion inside wgpu-core 30); when
+    /// none of ours is pending it only polls. Returns whether the queue is empty.
+    fn poll_toward(&self, seq: u64) -> Result<bool> {
+        let poll = match self.completed.index_upto(seq) {
+            Some(index) => wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: Some(POLL_SLICE),
+            },
+            None => wgpu::PollType::Poll,
+        };
+        match self.device.poll(poll) {
+            Ok(status) => Ok(status.is_queue_empty()),
+            // A timed-out slice, or an index wgpu does not know yet: poll again.
+            Err(_) => Ok(false),
         }
     }
 
     /// Maps a MAP_READ buffer whose writes were submitted, and copies its first `len` bytes.
     pub fn read_mappable(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut rounds = 0;
         buf.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
@@ -337,7 +390,10 @@ impl Gpu {
                 break r;
             }
             self.alive()?;
-            self.poll_wait()?;
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| driver("device.poll", e))?;
+            backoff(&mut rounds);
         };
         mapped.map_err(|e| driver("buffer.map_async", e))?;
         let out = {
@@ -359,12 +415,12 @@ fn readback(
     skip: u64,
     host: u64,
     len: usize,
-    done: impl FnOnce(std::result::Result<(), String>) + Send + 'static,
+    done: impl FnOnce(std::result::Result<(), String>, wgpu::Buffer) + Send + 'static,
 ) {
     let buf = staging.clone();
     staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
         if let Err(e) = r {
-            return done(Err(format!("read-back map failed: {e}")));
+            return done(Err(format!("read-back map failed: {e}")), buf);
         }
         let result = match buf.slice(..).get_mapped_range() {
             Ok(view) => {
@@ -390,7 +446,7 @@ fn readback(
             Err(e) => Err(format!("read-back view failed: {e}")),
         };
         buf.unmap();
-        done(result);
+        done(result, buf);
     });
 }
 
@@ -400,9 +456,20 @@ fn readback(
 struct Completion {
     progress: Progress,
     early: Mutex<std::collections::BTreeSet<u64>>,
+    /// wgpu's index of each submission not yet complete.
+    indices: Mutex<std::collections::BTreeMap<u64, wgpu::SubmissionIndex>>,
 }
 
 impl Completion {
+    /// The index of the latest pending submission at or before `seq`.
+    fn index_upto(&self, seq: u64) -> Option<wgpu::SubmissionIndex> {
+        self.indices
+            .lock()
+            .range(..=seq)
+            .next_back()
+            .map(|(_, i)| i.clone())
+    }
+
     fn done(&self) -> u64 {
         self.progress.get()
     }
@@ -414,6 +481,7 @@ impl Completion {
         while early.remove(&(upto + 1)) {
             upto += 1;
         }
+        self.indices.lock().remove(&seq);
         self.progress.advance(upto);
     }
 }
@@ -423,7 +491,8 @@ struct Job {
     seq: u64,
     cb: wgpu::CommandBuffer,
     uploads: Vec<(u64, wgpu::Buffer, u64, usize)>,
-    readbacks: Vec<(wgpu::Buffer, u64, u64, usize)>,
+    readbacks: Vec<(wgpu::Buffer, u64, u64, usize, bool)>,
+    recycle: Vec<wgpu::Buffer>,
     slots: Vec<Arc<Slot>>,
 }
 
@@ -437,6 +506,7 @@ struct Submitter {
     completed: Arc<Completion>,
     handed: Arc<Progress>,
     errors: Arc<Mutex<Option<String>>>,
+    staging: Arc<StagingPool>,
 }
 
 impl Submitter {
@@ -466,7 +536,11 @@ impl Submitter {
             words[start..start + *len].copy_from_slice(src);
             self.queue.write_buffer(staging, 0, &words);
         }
-        self.queue.submit([job.cb]);
+        let index = self.queue.submit([job.cb]);
+        self.completed.indices.lock().insert(job.seq, index);
+        for b in job.recycle {
+            self.staging.recycle_upload(b);
+        }
         // The submission counts as complete once the queue has run it and every read-back has
         // reached the host; wgpu does not promise an order between the two kinds of callback
         // when several threads poll, so each one checks in.
@@ -481,10 +555,14 @@ impl Submitter {
             }
         };
         let check_in = Arc::new(check_in);
-        for (staging, skip, host, len) in job.readbacks {
+        for (staging, skip, host, len, pooled) in job.readbacks {
             let done = check_in.clone();
             let errors = self.errors.clone();
-            readback(&staging, skip, host, len, move |r| {
+            let pool = self.staging.clone();
+            readback(&staging, skip, host, len, move |r, buf| {
+                if r.is_ok() && pooled {
+                    pool.recycle_read(buf);
+                }
                 if let Err(e) = r {
                     errors.lock().get_or_insert(e);
                 }

@@ -165,3 +165,91 @@ pub(crate) fn wgpu_error(call: &str, e: wgpu::Error) -> Error {
         },
     }
 }
+
+/// Reusable staging buffers, so large host copies do not allocate (and fault in) fresh
+/// memory each time: mappable upload buffers wait here *mapped*, ready to write; read-back
+/// buffers wait unmapped, ready to be copied into.
+#[derive(Default)]
+pub(crate) struct StagingPool {
+    uploads: parking_lot::Mutex<Vec<wgpu::Buffer>>,
+    reads: parking_lot::Mutex<Vec<wgpu::Buffer>>,
+}
+
+/// Bytes each pool keeps at most; larger buffers are never kept.
+const POOL_BYTES: u64 = 256 << 20;
+const POOL_MAX_BUFFER: u64 = 128 << 20;
+/// Staging sizes are rounded up to this, so nearby sizes share buffers.
+const POOL_GRAIN: u64 = 64 << 10;
+
+impl StagingPool {
+    fn take(list: &parking_lot::Mutex<Vec<wgpu::Buffer>>, size: u64) -> Option<wgpu::Buffer> {
+        let mut l = list.lock();
+        // Best fit, and never more than twice the need.
+        let i = l
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.size() >= size && b.size() <= 2 * size.max(POOL_GRAIN))
+            .min_by_key(|(_, b)| b.size())
+            .map(|(i, _)| i)?;
+        Some(l.swap_remove(i))
+    }
+
+    fn give(list: &parking_lot::Mutex<Vec<wgpu::Buffer>>, b: wgpu::Buffer) {
+        if b.size() > POOL_MAX_BUFFER {
+            return;
+        }
+        let mut l = list.lock();
+        let held: u64 = l.iter().map(|b| b.size()).sum();
+        if held + b.size() <= POOL_BYTES {
+            l.push(b);
+        }
+    }
+
+    fn grain(size: u64) -> u64 {
+        round_up(size, POOL_GRAIN).unwrap_or(size)
+    }
+
+    /// A mapped MAP_WRITE | COPY_SRC buffer of at least `size` bytes.
+    pub fn upload(&self, device: &wgpu::Device, size: u64, who: &str) -> Result<wgpu::Buffer> {
+        if let Some(b) = Self::take(&self.uploads, size) {
+            return Ok(b);
+        }
+        create_buffer(
+            device,
+            Self::grain(size),
+            wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            true,
+            who,
+        )
+    }
+
+    /// Maps an upload buffer again once the submission that reads it has run, then keeps it.
+    pub fn recycle_upload(self: &std::sync::Arc<Self>, b: wgpu::Buffer) {
+        let pool = self.clone();
+        let buf = b.clone();
+        b.slice(..).map_async(wgpu::MapMode::Write, move |r| {
+            if r.is_ok() {
+                Self::give(&pool.uploads, buf);
+            }
+        });
+    }
+
+    /// An unmapped MAP_READ | COPY_DST buffer of at least `size` bytes.
+    pub fn read(&self, device: &wgpu::Device, size: u64, who: &str) -> Result<wgpu::Buffer> {
+        if let Some(b) = Self::take(&self.reads, size) {
+            return Ok(b);
+        }
+        create_buffer(
+            device,
+            Self::grain(size),
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            false,
+            who,
+        )
+    }
+
+    /// Keeps a read-back buffer that has been read and unmapped.
+    pub fn recycle_read(&self, b: wgpu::Buffer) {
+        Self::give(&self.reads, b);
+    }
+}

@@ -423,7 +423,7 @@ impl Backend for WgpuBackend {
             }
             MemcpyKind::D2H => {
                 let (buf, off) = self.resolve(src, n)?;
-                copy::download(&self.gpu, &mut cmds, dst, &buf, off, n)?;
+                copy::download(&self.gpu, &mut cmds, dst, &buf, off, n, s.is_capturing())?;
                 (n, true)
             }
             MemcpyKind::D2D => {

@@ -54,6 +54,8 @@ pub(crate) enum Cmd {
         off: u64,
         len: usize,
     },
+    /// A pooled upload buffer this batch reads: mapped again for reuse after it has run.
+    Recycle(wgpu::Buffer),
     /// Device-to-host: after the submission, bytes `[skip, skip + len)` of `staging` go to
     /// `host`.
     Readback {
@@ -61,6 +63,9 @@ pub(crate) enum Cmd {
         skip: u64,
         host: u64,
         len: usize,
+        /// The staging buffer came from the pool and goes back after the read (a graph's own
+        /// staging buffers are reused by every replay instead).
+        pooled: bool,
     },
 }
 
