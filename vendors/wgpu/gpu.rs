@@ -36,9 +36,6 @@ fn backoff(rounds: &mut u32) {
     }
 }
 
-/// The longest one blocking poll lasts.
-const POLL_SLICE: std::time::Duration = std::time::Duration::from_millis(2);
-
 /// A submission, by its sequence number (0: nothing was ever submitted).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Ticket {
@@ -332,7 +329,7 @@ impl Gpu {
         let mut rounds = 0u32;
         while self.completed.done() < t.seq {
             self.alive()?;
-            let empty = self.poll_toward(t.seq)?;
+            let empty = self.poll_once()?;
             if self.completed.done() >= t.seq {
                 break;
             }
@@ -356,25 +353,16 @@ impl Gpu {
         }
     }
 
-    /// One bounded blocking poll. The GL backend holds its context lock while it waits and
-    /// panics in other threads that cannot get the lock within seconds, so no wait here is
-    /// long: callers loop until their condition holds.
+    /// One non-blocking poll; returns whether the queue is empty.
     ///
-    /// The wait names a submission the submitter thread has already made (waiting for "the
-    /// latest" while another thread submits trips an assertion inside wgpu-core 30); when
-    /// none of ours is pending it only polls. Returns whether the queue is empty.
-    fn poll_toward(&self, seq: u64) -> Result<bool> {
-        let poll = match self.completed.index_upto(seq) {
-            Some(index) => wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: Some(POLL_SLICE),
-            },
-            None => wgpu::PollType::Poll,
-        };
-        match self.device.poll(poll) {
+    /// Waits never block inside wgpu: two threads polling with `PollType::Wait` (or one waiting
+    /// while another submits) can trip an assertion in wgpu-core 30's `Device::maintain`, and
+    /// the GL backend holds its context lock for the whole of a blocking wait (other threads
+    /// panic after seconds without it). So every waiter polls and backs off on its own.
+    fn poll_once(&self) -> Result<bool> {
+        match self.device.poll(wgpu::PollType::Poll) {
             Ok(status) => Ok(status.is_queue_empty()),
-            // A timed-out slice, or an index wgpu does not know yet: poll again.
-            Err(_) => Ok(false),
+            Err(e) => Err(driver("device.poll", e)),
         }
     }
 
@@ -456,20 +444,9 @@ fn readback(
 struct Completion {
     progress: Progress,
     early: Mutex<std::collections::BTreeSet<u64>>,
-    /// wgpu's index of each submission not yet complete.
-    indices: Mutex<std::collections::BTreeMap<u64, wgpu::SubmissionIndex>>,
 }
 
 impl Completion {
-    /// The index of the latest pending submission at or before `seq`.
-    fn index_upto(&self, seq: u64) -> Option<wgpu::SubmissionIndex> {
-        self.indices
-            .lock()
-            .range(..=seq)
-            .next_back()
-            .map(|(_, i)| i.clone())
-    }
-
     fn done(&self) -> u64 {
         self.progress.get()
     }
@@ -481,7 +458,6 @@ impl Completion {
         while early.remove(&(upto + 1)) {
             upto += 1;
         }
-        self.indices.lock().remove(&seq);
         self.progress.advance(upto);
     }
 }
@@ -536,8 +512,7 @@ impl Submitter {
             words[start..start + *len].copy_from_slice(src);
             self.queue.write_buffer(staging, 0, &words);
         }
-        let index = self.queue.submit([job.cb]);
-        self.completed.indices.lock().insert(job.seq, index);
+        self.queue.submit([job.cb]);
         for b in job.recycle {
             self.staging.recycle_upload(b);
         }
