@@ -24,15 +24,29 @@ use crate::progress::Progress;
 /// gives up with an error.
 const LOST_CALLBACKS: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Between polls: yield at first, then sleep a little longer each round (up to 200 µs), so a
-/// waiter neither burns a core the device (lavapipe, llvmpipe) needs nor oversleeps.
-fn backoff(rounds: &mut u32) {
-    *rounds += 1;
-    if *rounds < 16 {
-        std::thread::yield_now();
-    } else {
-        let us = u64::from((*rounds - 15) * 10).min(200);
-        std::thread::sleep(std::time::Duration::from_micros(us));
+/// Between polls: yield for the first few milliseconds (most waits end there, and the
+/// device's own threads get the core), then sleep a little longer each round, up to 200 µs.
+struct Backoff {
+    start: std::time::Instant,
+    rounds: u32,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            start: std::time::Instant::now(),
+            rounds: 0,
+        }
+    }
+
+    fn pause(&mut self) {
+        if self.start.elapsed() < std::time::Duration::from_millis(5) {
+            std::thread::yield_now();
+        } else {
+            self.rounds += 1;
+            let us = u64::from(self.rounds.saturating_mul(10)).min(200);
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
     }
 }
 
@@ -326,7 +340,7 @@ impl Gpu {
     pub fn wait(&self, t: &Ticket) -> Result<()> {
         self.handed.wait_for(t.seq);
         let mut idle_since: Option<std::time::Instant> = None;
-        let mut rounds = 0u32;
+        let mut backoff = Backoff::new();
         while self.completed.done() < t.seq {
             self.alive()?;
             let empty = self.poll_once()?;
@@ -345,7 +359,7 @@ impl Gpu {
                     )));
                 }
             }
-            backoff(&mut rounds);
+            backoff.pause();
         }
         match self.uncaptured.lock().take() {
             Some(msg) => Err(driver("(uncaptured)", msg)),
@@ -369,7 +383,7 @@ impl Gpu {
     /// Maps a MAP_READ buffer whose writes were submitted, and copies its first `len` bytes.
     pub fn read_mappable(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let mut rounds = 0;
+        let mut backoff = Backoff::new();
         buf.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
@@ -381,7 +395,7 @@ impl Gpu {
             self.device
                 .poll(wgpu::PollType::Poll)
                 .map_err(|e| driver("device.poll", e))?;
-            backoff(&mut rounds);
+            backoff.pause();
         };
         mapped.map_err(|e| driver("buffer.map_async", e))?;
         let out = {

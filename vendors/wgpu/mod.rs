@@ -470,25 +470,54 @@ impl Backend for WgpuBackend {
             return Ok(());
         }
         let k = &self.gpu.kernels;
-        let mut windows = Vec::with_capacity(checked.buffers.len());
+        let len = u64::from(checked.n) * 4;
+        let mut resolved = Vec::with_capacity(checked.buffers.len());
+        for (p, _) in &checked.buffers {
+            resolved.push(self.resolve(p.0, len)?);
+        }
+        // Bound exactly at each pointer when alignment allows (the faster kernel variant),
+        // else windows with the element offsets passed as immediates.
+        let direct: Option<Vec<kernels::Window>> = resolved
+            .iter()
+            .map(|(buf, off)| k.direct_window(buf, *off, len))
+            .collect();
+        let is_direct = direct.is_some();
+        let mut windows = Vec::with_capacity(resolved.len());
+        let mut rels = Vec::with_capacity(resolved.len());
+        match direct {
+            Some(ws) => {
+                rels.resize(ws.len(), 0);
+                windows = ws;
+            }
+            None => {
+                for (buf, off) in &resolved {
+                    let (w, rel) = k.window(buf, *off, len)?;
+                    windows.push(w);
+                    rels.push(rel);
+                }
+            }
+        }
         let mut imm = [0u32; 4];
         let mut slot = 0;
+        let mut rels = rels.into_iter();
         for (i, a) in args.iter().enumerate() {
             match a {
-                KernelArg::Ptr(p) => {
-                    let len = u64::from(checked.n) * 4;
-                    let (buf, off) = self.resolve(p.0, len)?;
-                    let (w, rel) = k.window(&buf, off, len)?;
-                    windows.push(w);
-                    imm[slot] = (rel / 4) as u32;
+                KernelArg::Ptr(_) => {
+                    if let Some(x) = imm.get_mut(slot) {
+                        *x = (rels.next().unwrap_or(0) / 4) as u32;
+                    }
                     slot += 1;
                 }
                 KernelArg::U32(v) if i != checked.signature.count => {
-                    imm[slot] = *v;
+                    if let Some(x) = imm.get_mut(slot) {
+                        *x = *v;
+                    }
                     slot += 1;
                 }
                 KernelArg::F32(v) => {
-                    imm[slot] = v.to_bits();
+                    if let Some(x) = imm.get_mut(slot) {
+                        *x = v.to_bits();
+                    }
                     slot += 1;
                 }
                 KernelArg::U32(_) => {}
@@ -506,7 +535,7 @@ impl Backend for WgpuBackend {
             }
             w => w,
         };
-        let pipeline = k.pipeline(&self.gpu.device, which)?;
+        let pipeline = k.pipeline_variant(&self.gpu.device, which, is_direct)?;
         let group = k.bind_group(&self.gpu.device, which, &windows)?;
         let cmd = Cmd::Dispatch {
             pipeline,

@@ -117,3 +117,44 @@ fn addresses() {
         }
     }
 }
+
+/// Kernels on interior pointers, both bound exactly at the pointer (aligned) and through an
+/// element offset (unaligned to the binding alignment), with aliasing arguments.
+#[test]
+fn kernels_at_interior_pointers() {
+    for dev in devices() {
+        let b = open(dev).unwrap();
+        let s = b.default_stream();
+        let n = 1000u32;
+        let base = b.malloc(4 * 4096).unwrap();
+        let vals: Vec<f32> = (0..4096).map(|i| i as f32 * 0.25).collect();
+        b.copy_to_device(base, bytemuck::cast_slice(&vals)).unwrap();
+        // (a, b, out) element offsets: aligned, unaligned, and out aliasing a.
+        for (ea, eb, eo) in [(0u64, 1024, 2048), (1, 1029, 2051), (3, 1500, 3)] {
+            let mut want: Vec<f32> = b
+                .read_vec(base, 4 * 4096)
+                .unwrap()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let args = [
+                base.offset(4 * ea).into(),
+                base.offset(4 * eb).into(),
+                base.offset(4 * eo).into(),
+                KernelArg::U32(n),
+            ];
+            b.launch("add_f32", &args, s).unwrap();
+            b.stream_synchronize(s).unwrap();
+            let src = want.clone();
+            for i in 0..n as usize {
+                want[eo as usize + i] = src[ea as usize + i] + src[eb as usize + i];
+            }
+            let got = b.read_vec(base, 4 * 4096).unwrap();
+            assert!(
+                got == bytemuck::cast_slice::<f32, u8>(&want),
+                "{dev}: add_f32 at element offsets ({ea}, {eb}, {eo})"
+            );
+        }
+        b.free(base).unwrap();
+    }
+}
