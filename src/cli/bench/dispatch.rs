@@ -35,6 +35,13 @@ enum Row {
         workload: &'static str,
         eager_ms: f64,
         replay_ms: f64,
+        /// Issuing the 100 launches alone (no wait): unirt's own per-launch cost.
+        eager_issue_ms: f64,
+        /// `graph_launch` alone (no wait).
+        replay_issue_ms: f64,
+        /// The same 100 dispatches in hand-written wgpu (one pass, one prepared bind group,
+        /// one submit, then a wait): the floor this device allows.
+        plain_wgpu_ms: Option<f64>,
     },
 }
 
@@ -56,6 +63,29 @@ fn time_pair(
         sb.push(t.elapsed().as_secs_f64() * 1e3);
     }
     Ok((median(&mut sa), median(&mut sb)))
+}
+
+/// Median milliseconds of issuing the 100 launches, and of one `graph_launch`, each followed
+/// by an untimed wait.
+fn issue_only(
+    dev: &Arc<unirt::AnyBackend>,
+    s: StreamId,
+    exec: unirt::GraphExecId,
+    reps: usize,
+    issue: &dyn Fn(&Arc<unirt::AnyBackend>, StreamId) -> unirt::Result<()>,
+) -> CliResult<(f64, f64)> {
+    let (mut e, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        issue(dev, s)?;
+        e.push(t.elapsed().as_secs_f64() * 1e3);
+        dev.stream_synchronize(s)?;
+        let t = Instant::now();
+        dev.graph_launch(exec, s)?;
+        r.push(t.elapsed().as_secs_f64() * 1e3);
+        dev.stream_synchronize(s)?;
+    }
+    Ok((median(&mut e), median(&mut r)))
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -106,7 +136,7 @@ pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode
             Ok(())
         },
         || match &plain {
-            Some(p) => p.run(LAUNCHES, &mut plain_result),
+            Some(p) => p.run(LAUNCHES, &mut plain_result, true),
             None => Ok(()),
         },
     )?;
@@ -167,14 +197,31 @@ pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode
             Ok(())
         },
     )?;
+    let (eager_issue_ms, replay_issue_ms) = issue_only(&dev, s, exec, reps, &issue)?;
+    let small_plain = if device.kind == DeviceKind::Wgpu {
+        let zeros = vec![0f32; SMALL as usize];
+        let p = plain::Plain::new(&info.name, &info.api, &zeros, &zeros)?;
+        let mut out = vec![0f32; SMALL as usize];
+        let (ms, _) = time_pair(reps, || p.run(LAUNCHES, &mut out, false), || Ok(()))?;
+        Some(ms)
+    } else {
+        None
+    };
     println!(
         "add_f32_256_x100  eager {eager_ms:8.3} ms   replay {replay_ms:8.3} ms   eager/replay {:.2}",
         eager_ms / replay_ms
+    );
+    println!(
+        "                  issue only: eager {eager_issue_ms:.3} ms, replay {replay_issue_ms:.3} ms; plain wgpu (one pass, prepared bind group): {}",
+        small_plain.map(|m| format!("{m:.3} ms")).unwrap_or_else(|| "n/a".into())
     );
     rows.push(Row::Launch {
         workload: "add_f32_256_x100",
         eager_ms,
         replay_ms,
+        eager_issue_ms,
+        replay_issue_ms,
+        plain_wgpu_ms: small_plain,
     });
     dev.graph_exec_destroy(exec)?;
     dev.graph_destroy(graph)?;
@@ -343,8 +390,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
 
-        /// `launches` dispatches in one pass, one submit, then the result read back.
-        pub fn run(&self, launches: usize, result: &mut [f32]) -> CliResult<()> {
+        /// `launches` dispatches in one pass, one submit, then the result read back (`read`)
+        /// or just waited for.
+        pub fn run(&self, launches: usize, result: &mut [f32], read: bool) -> CliResult<()> {
             let mut enc = self
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -355,6 +403,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                 for _ in 0..launches {
                     pass.dispatch_workgroups(self.n.div_ceil(256), 1, 1);
                 }
+            }
+            if !read {
+                self.queue.submit([enc.finish()]);
+                self.device.poll(wgpu::PollType::wait_indefinitely())?;
+                return self.check();
             }
             enc.copy_buffer_to_buffer(&self.out, 0, &self.staging, 0, None);
             self.queue.submit([enc.finish()]);
