@@ -64,20 +64,25 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod alloc;
 pub mod conformance;
+pub mod context;
 pub mod device;
 pub mod discovery;
 pub mod error;
 pub mod hal;
 pub mod handles;
 pub mod kernel;
+pub mod memory;
 pub mod memtable;
 pub mod progress;
+pub mod runtime;
 pub mod stream;
 
 #[path = "../vendors/mod.rs"]
 pub mod vendors;
 
+pub use alloc::{CachingAllocator, MemoryStats};
 pub use device::{Capabilities, Device, DeviceInfo, DeviceKind, EventTiming, MemInfo};
 pub use discovery::{discover, open, BackendReport, Discovery};
 pub use error::{Error, Result, Status};
@@ -85,6 +90,8 @@ pub use hal::{
     AnyBackend, Backend, CaptureMode, DevicePtr, EventFlags, EventId, EventStatus, GraphExecId,
     GraphId, HostPtr, KernelArg, MemcpyKind, StreamId,
 };
+pub use memory::Memory;
+pub use runtime::{Graph, GraphExec, Runtime};
 pub use stream::{BackendExt, Event, Stream};
 
 impl From<DevicePtr> for KernelArg {
