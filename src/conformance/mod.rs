@@ -9,6 +9,7 @@
 //! device × case through libtest-mimic), the `unirt conformance` command (table, JSON, JUnit),
 //! and anyone adding a vendor.
 
+mod cases_alloc;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
@@ -116,6 +117,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_streams::CASES);
     all.extend_from_slice(cases_capture::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
+    all.extend_from_slice(cases_alloc::CASES);
     all
 }
 
