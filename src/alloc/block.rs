@@ -19,6 +19,12 @@ pub const LARGE_DIRECT: u64 = 10 << 20;
 /// Rounding of segments for large requests.
 pub const LARGE_ROUND: u64 = 2 << 20;
 
+/// Length of the quick list: the most recently freed blocks, kept unmerged so that freeing and
+/// allocating the same size again (the common pattern) costs no set operations — the idea of
+/// glibc's tcache. Any request the list cannot serve exactly flushes it (merging every block)
+/// before the best-fit search, so splitting and coalescing behave as without it.
+pub const QUICK: usize = 8;
+
 /// The "no neighbour" index.
 pub const NIL: u32 = u32::MAX;
 
@@ -70,6 +76,9 @@ pub enum BlockState {
     Allocated,
     /// Freed by its owner, waiting for events on the streams that used it.
     Pending,
+    /// Freed and parked unmerged in the quick list (see [`QUICK`]); neighbours do not merge
+    /// with it until it is flushed.
+    Quick,
     /// Freed while its private pool was recording after use on other streams: kept out of
     /// reuse until the pool is released (events recorded during capture mean nothing).
     Retired,

@@ -131,6 +131,14 @@ impl CachingAllocator {
             self.process_events(&mut st, false);
         }
         let pool = st.pool_for(size);
+        if let Some(a) = st.take_quick(pool, stream.0, size, requested) {
+            return Ok(DevicePtr(a));
+        }
+        if !st.quick.is_empty() {
+            let mut out = Released::new();
+            st.flush_quick(&mut out);
+            st.deferred_raw.extend(out);
+        }
         if let Some(a) = st.take_free(pool, stream.0, size, requested) {
             return Ok(DevicePtr(a));
         }
@@ -203,7 +211,7 @@ impl CachingAllocator {
         };
         let mut out = take_deferred_raw(&mut st);
         if uses.is_empty() {
-            st.release_block(idx, &mut out);
+            st.park(idx, &mut out);
         } else if st.in_recording_pool(idx) {
             // Events recorded now would be captured into the graph, not run; keep the block
             // out of reuse until its pool goes.

@@ -32,6 +32,17 @@ pub struct Pool {
     pub free: BTreeSet<FreeKey>,
 }
 
+impl Pool {
+    pub fn new(small: bool, owner: Owner) -> Self {
+        // A sentinel no query reaches (no stream is u64::MAX, no block has index NIL) keeps
+        // the set from ever becoming empty: an empty BTreeSet frees its root node, and the
+        // hot path would pay a malloc and a free for it on every hit.
+        let mut free = BTreeSet::new();
+        free.insert((u64::MAX, u64::MAX, u64::MAX, NIL));
+        Pool { small, owner, free }
+    }
+}
+
 /// Book-keeping of one graph-private pool.
 #[derive(Debug)]
 pub struct Private {
@@ -65,17 +76,13 @@ pub struct State {
     /// Raw frees found while the lock was needed for longer (processing events), done by the
     /// next caller that frees raw memory.
     pub deferred_raw: Released,
+    /// Recently freed blocks `(stream, size, pool, index)`, newest last.
+    pub quick: Vec<(u64, u64, u32, u32)>,
 }
 
 impl Default for State {
     fn default() -> Self {
-        let shared = |small| {
-            Some(Pool {
-                small,
-                owner: Owner::Shared,
-                free: BTreeSet::new(),
-            })
-        };
+        let shared = |small| Some(Pool::new(small, Owner::Shared));
         State {
             blocks: Arena::default(),
             live: HashMap::default(),
@@ -87,6 +94,7 @@ impl Default for State {
             stats: MemoryStats::default(),
             next_private: 1,
             deferred_raw: Released::new(),
+            quick: Vec::with_capacity(QUICK),
         }
     }
 }
@@ -103,6 +111,57 @@ impl State {
 
     fn pool_mut(&mut self, i: u32) -> Option<&mut Pool> {
         self.pools.get_mut(i as usize)?.as_mut()
+    }
+
+    /// An exact-size block of `pool` for `stream` from the quick list.
+    pub fn take_quick(&mut self, pool: u32, stream: u64, size: u64, requested: u64) -> Option<u64> {
+        let i = self
+            .quick
+            .iter()
+            .rposition(|q| q.0 == stream && q.1 == size && q.2 == pool)?;
+        let idx = self.quick.remove(i).3;
+        self.stats.cache_hits += 1;
+        Some(self.mark_allocated(idx, requested))
+    }
+
+    /// Parks a freed block in the quick list (flushing the oldest when full). Blocks of
+    /// released private pools go straight back instead, so their segments can be returned.
+    pub fn park(&mut self, idx: u32, out: &mut Released) {
+        let Some(b) = self.blocks.get(idx) else {
+            return;
+        };
+        let (stream, size, pool) = (b.stream, b.size, b.pool);
+        let released = match self
+            .pools
+            .get(pool as usize)
+            .and_then(|p| p.as_ref())
+            .map(|p| p.owner)
+        {
+            Some(Owner::Private(id)) => self.privates.get(&id).is_none_or(|p| p.released),
+            _ => false,
+        };
+        if released {
+            self.release_block(idx, out);
+            return;
+        }
+        if self.quick.len() >= QUICK {
+            let old = self.quick.remove(0).3;
+            self.merge_free(old, out);
+        }
+        if let Some(b) = self.blocks.get_mut(idx) {
+            b.state = BlockState::Quick;
+            b.uses.clear();
+        }
+        self.stats.active_bytes.sub(size);
+        self.stats.active_blocks.sub(1);
+        self.quick.push((stream, size, pool, idx));
+    }
+
+    /// Merges every parked block into the free sets.
+    pub fn flush_quick(&mut self, out: &mut Released) {
+        for (_, _, _, idx) in std::mem::take(&mut self.quick) {
+            self.merge_free(idx, out);
+        }
     }
 
     /// Best fit from the free set of `pool` for `stream`: the smallest free block of at least
@@ -175,9 +234,15 @@ impl State {
                 p.free.insert((stream, key_size, addr + size, r));
             }
         }
+        self.mark_allocated(idx, requested)
+    }
+
+    /// Marks a block allocated and accounts for it.
+    fn mark_allocated(&mut self, idx: u32, requested: u64) -> u64 {
         let Some(b) = self.blocks.get_mut(idx) else {
             return 0;
         };
+        let addr = b.addr;
         b.state = BlockState::Allocated;
         b.requested = requested;
         let size = b.size;
@@ -222,16 +287,26 @@ impl State {
 
     /// Returns a block to its pool's free set, merging it with free neighbours. A whole
     /// segment of a released private pool goes into `out` instead.
-    pub fn release_block(&mut self, mut idx: u32, out: &mut Released) {
+    pub fn release_block(&mut self, idx: u32, out: &mut Released) {
+        let Some(b) = self.blocks.get(idx) else {
+            return;
+        };
+        let size = b.size;
+        self.stats.active_bytes.sub(size);
+        self.stats.active_blocks.sub(1);
+        self.merge_free(idx, out);
+    }
+
+    /// Marks a block free and merges it into its pool (no statistics: the block has already
+    /// stopped counting as active).
+    fn merge_free(&mut self, mut idx: u32, out: &mut Released) {
         let Some(b) = self.blocks.get_mut(idx) else {
             return;
         };
         b.state = BlockState::Free;
         b.uses.clear();
         b.pending = 0;
-        let (size, prev, next, pool) = (b.size, b.prev, b.next, b.pool);
-        self.stats.active_bytes.sub(size);
-        self.stats.active_blocks.sub(1);
+        let (prev, next, pool) = (b.prev, b.next, b.pool);
         if self
             .blocks
             .get(prev)
@@ -326,6 +401,7 @@ impl State {
 
     /// Removes every whole free segment of the shared pools (and of released private pools).
     pub fn drain_cache(&mut self, out: &mut Released) {
+        self.flush_quick(out);
         for pi in 0..self.pools.len() as u32 {
             let reclaim = match self.pools[pi as usize].as_ref().map(|p| p.owner) {
                 Some(Owner::Shared) => true,
@@ -359,11 +435,7 @@ impl State {
         let id = self.next_private;
         self.next_private += 1;
         let mut slot = |small| {
-            let pool = Pool {
-                small,
-                owner: Owner::Private(id),
-                free: BTreeSet::new(),
-            };
+            let pool = Pool::new(small, Owner::Private(id));
             match self.pools.iter().position(|p| p.is_none()) {
                 Some(i) => {
                     self.pools[i] = Some(pool);
