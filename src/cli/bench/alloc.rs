@@ -3,7 +3,8 @@
 //!
 //! Each figure is the median over batches of the time per pair, with the batch long enough
 //! (≥ 20 µs) that the clock's own cost does not count. The cached figure is a cache hit: one
-//! warm-up pair reserves the segment first.
+//! warm-up pair reserves the segment first. A second column alternates two sizes so that
+//! every request takes the slow cached path (quick-list flush, best-fit search, split, merge).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -20,6 +21,9 @@ use crate::cli::CliResult;
 struct Row {
     bytes: usize,
     cached_ns: f64,
+    /// Alternating two sizes, so every request misses the quick list and goes through the
+    /// flush, the best-fit search, a split and a merge.
+    cached_best_fit_ns: f64,
     raw_ns: f64,
     system_malloc_ns: f64,
 }
@@ -60,8 +64,8 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         dev.info().name
     );
     println!(
-        "{:>11} {:>11} {:>13} {:>13} {:>9}",
-        "bytes", "cached ns", "raw ns", "malloc ns", "raw/cached"
+        "{:>11} {:>11} {:>13} {:>13} {:>13} {:>10}",
+        "bytes", "cached ns", "best-fit ns", "raw ns", "malloc ns", "raw/cached"
     );
     let max = max_mib.max(1) << 20;
     let sizes: Vec<usize> = std::iter::successors(Some(512usize), |s| Some(s * 2))
@@ -75,6 +79,21 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         alloc.free(p)?;
         let cached_ns = per_call_ns(Duration::from_millis(150), || {
             match alloc.malloc(n, stream) {
+                Ok(p) => {
+                    if let Err(e) = alloc.free(std::hint::black_box(p)) {
+                        err.get_or_insert(e);
+                    }
+                }
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        });
+        let mut flip = false;
+        let cached_best_fit_ns = per_call_ns(Duration::from_millis(150), || {
+            flip = !flip;
+            let len = if flip { n } else { n + 512 };
+            match alloc.malloc(len, stream) {
                 Ok(p) => {
                     if let Err(e) = alloc.free(std::hint::black_box(p)) {
                         err.get_or_insert(e);
@@ -105,12 +124,14 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
             drop(std::hint::black_box(v));
         });
         println!(
-            "{n:>11} {cached_ns:>11.1} {raw_ns:>13.1} {system_malloc_ns:>13.1} {:>9.1}",
+            "{n:>11} {cached_ns:>11.1} {cached_best_fit_ns:>13.1} {raw_ns:>13.1} \
+             {system_malloc_ns:>13.1} {:>10.1}",
             raw_ns / cached_ns
         );
         rows.push(Row {
             bytes: n,
             cached_ns,
+            cached_best_fit_ns,
             raw_ns,
             system_malloc_ns,
         });
