@@ -94,6 +94,11 @@ pub use memory::Memory;
 pub use runtime::{Graph, GraphExec, Runtime};
 pub use stream::{BackendExt, Event, Stream};
 
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 impl From<DevicePtr> for KernelArg {
     fn from(p: DevicePtr) -> Self {
         KernelArg::Ptr(p)

@@ -149,10 +149,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn interior_and_bounds() {
+    fn interior_and_bounds() -> Result<()> {
         let t: AllocTable = AllocTable::new("device");
-        t.insert(0x1000, 0x100, ()).unwrap();
-        t.insert(0x2000, 0x10, ()).unwrap();
+        t.insert(0x1000, 0x100, ())?;
+        t.insert(0x2000, 0x10, ())?;
         assert!(t.lookup(0x1000, 0x100).is_ok());
         assert!(t.lookup(0x10ff, 1).is_ok());
         assert!(matches!(
@@ -170,8 +170,9 @@ mod tests {
         ));
         assert!(matches!(t.remove(0x1001), Err(Error::BadParam(_))));
         assert!(t.insert(0x10f0, 0x20, ()).is_err());
-        t.remove(0x1000).unwrap();
+        t.remove(0x1000)?;
         assert!(matches!(t.remove(0x1000), Err(Error::InvalidHandle { .. })));
         assert_eq!(t.usage(), (1, 0x10));
+        Ok(())
     }
 }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use super::event::CpuEvent;
 use super::stream::Op;
-use crate::hal::CaptureMode;
 
 /// One recorded command.
 #[derive(Clone)]
@@ -21,22 +20,14 @@ pub(crate) enum Node {
     Wait(Arc<CpuEvent>),
 }
 
-/// The recording in progress on a stream.
+/// The recording in progress on a stream. Every capture mode records only the capturing
+/// stream's own commands; the modes differ only in which other threads' calls CUDA refuses,
+/// and nothing on the CPU backend is unsafe to call during a capture.
+#[derive(Default)]
 pub(crate) struct Capture {
-    pub mode: CaptureMode,
     pub nodes: Vec<Node>,
     /// Device ranges the nodes touch, for validation at instantiate and launch.
     pub ranges: Vec<(u64, u64)>,
-}
-
-impl Capture {
-    pub fn new(mode: CaptureMode) -> Self {
-        Capture {
-            mode,
-            nodes: Vec::new(),
-            ranges: Vec::new(),
-        }
-    }
 }
 
 /// A finished capture.

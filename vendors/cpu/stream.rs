@@ -5,7 +5,7 @@
 //! commands go into the capture list instead (see `graph.rs`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -86,6 +86,8 @@ struct Shared {
     done: Progress,
     /// The first failure of a command (a kernel that panicked); reported by synchronize.
     error: Mutex<Option<Error>>,
+    /// Set with `error`, so the common no-error synchronize takes no lock.
+    failed: AtomicBool,
 }
 
 pub(crate) struct CpuStream {
@@ -127,19 +129,25 @@ impl CpuStream {
         self.capture.lock().is_some()
     }
 
+    /// Whether everything enqueued so far has run (one atomic load each side).
+    pub fn is_idle(&self) -> bool {
+        self.shared.done.get() >= self.submitted.load(Ordering::SeqCst)
+    }
+
     /// Waits for everything enqueued so far; reports a command's failure once.
     pub fn synchronize(&self) -> Result<()> {
-        self.shared
-            .done
-            .wait_for(self.submitted.load(Ordering::SeqCst));
+        if !self.is_idle() {
+            self.shared
+                .done
+                .wait_for(self.submitted.load(Ordering::SeqCst));
+        }
+        if !self.shared.failed.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
         match self.shared.error.lock().take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    pub fn is_idle(&self) -> bool {
-        self.shared.done.get() >= self.submitted.load(Ordering::SeqCst)
     }
 }
 

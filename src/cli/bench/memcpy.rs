@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use unirt::{Backend, Device, EventFlags, MemcpyKind};
 
-use super::stats::{median, median_secs, reps_for};
+use super::stats::{median, reps_for};
 use crate::cli::CliResult;
 
 #[derive(Serialize)]
@@ -22,12 +22,23 @@ fn gbps(bytes: usize, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
 }
 
-/// Times `f` with enough repetitions for a stable median at this size.
-fn time(mut f: impl FnMut()) -> f64 {
+/// Median seconds of `a` and of `b`, sampled alternately (a, b, a, b, …) so that load from
+/// elsewhere on the machine hits both sides alike.
+fn time_pair(mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
     let t = Instant::now();
-    f();
-    let reps = reps_for(t.elapsed(), Duration::from_millis(300), 5, 2000);
-    median_secs(reps, f)
+    a();
+    b();
+    let reps = reps_for(t.elapsed(), Duration::from_millis(400), 5, 2000);
+    let (mut sa, mut sb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        let t = Instant::now();
+        a();
+        sa.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        b();
+        sb.push(t.elapsed().as_secs_f64());
+    }
+    (median(&mut sa), median(&mut sb))
 }
 
 pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitCode> {
@@ -69,19 +80,21 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
             };
             let mut err = None;
             // SAFETY: every range is a live allocation of n bytes.
-            let unirt_s = time(|| {
-                if let Err(e) = unsafe { dev.memcpy(dst, src, n, kind) } {
-                    err.get_or_insert(e);
-                }
-            });
+            let (unirt_s, base_s) = time_pair(
+                || {
+                    if let Err(e) = unsafe { dev.memcpy(dst, src, n, kind) } {
+                        err.get_or_insert(e);
+                    }
+                },
+                || {
+                    // SAFETY: two distinct vectors of n bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(b_src.as_ptr(), b_dst.as_mut_ptr(), n) };
+                    std::hint::black_box(&mut b_dst);
+                },
+            );
             if let Some(e) = err {
                 return Err(e.into());
             }
-            let base_s = time(|| {
-                // SAFETY: two distinct vectors of n bytes.
-                unsafe { std::ptr::copy_nonoverlapping(b_src.as_ptr(), b_dst.as_mut_ptr(), n) };
-                std::hint::black_box(&mut b_dst);
-            });
             let row = Row {
                 kind: kind.as_str(),
                 bytes: n,

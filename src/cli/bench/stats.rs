@@ -1,6 +1,6 @@
 //! Small statistics for benchmarks: medians of repeated timings.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The median of `samples` (sorted in place).
 pub fn median(samples: &mut [f64]) -> f64 {
@@ -14,19 +14,6 @@ pub fn median(samples: &mut [f64]) -> f64 {
     } else {
         (samples[m - 1] + samples[m]) / 2.0
     }
-}
-
-/// Runs `f` `reps` times after one warm-up and returns the median duration in seconds.
-pub fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut v: Vec<f64> = (0..reps.max(1))
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    median(&mut v)
 }
 
 /// How many repetitions fit in about `budget` given one run took `one`.
