@@ -220,6 +220,17 @@ pub fn start_graph_recording() -> Result<()> {
     rt.begin_capture(rt.stream()?, crate::CaptureMode::ThreadLocal)
 }
 
+/// Adds an operator to the graph being recorded: `op` enqueues its work on the recording
+/// stream it is given, and that work is captured. (InfiniCore records operator objects; here
+/// the device's own stream capture records whatever the operator enqueues.)
+/// [`Error::NotCapturing`](crate::Error::NotCapturing) when nothing is recording.
+pub fn add_graph_operator(op: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
+    let s = runtime()?
+        .capturing_stream()
+        .ok_or(crate::Error::NotCapturing)?;
+    op(s)
+}
+
 /// Stops recording and returns the graph (which keeps its private pool reserved).
 pub fn stop_graph_recording() -> Result<Graph> {
     runtime()?.end_capture()

@@ -275,6 +275,18 @@ impl Graph {
     }
 }
 
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({:?}, {:?})", self.id, self.pool)
+    }
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphExec({:?}, {:?})", self.id, self.pool)
+    }
+}
+
 impl Drop for Graph {
     fn drop(&mut self) {
         let _ = self.backend.graph_destroy(self.id);

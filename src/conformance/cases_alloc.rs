@@ -1,4 +1,5 @@
-//! Allocator, pinned pool, `Memory`, `Runtime` and context cases.
+//! Allocator and pinned-pool cases (the `Memory`, `Runtime` and context cases are in
+//! `cases_context.rs`).
 //!
 //! Every case builds its own allocator (or a standalone runtime) over the device so the
 //! statistics start at zero while other cases run in parallel, and checks real addresses and
@@ -9,7 +10,6 @@ use std::sync::Arc;
 
 use super::*;
 use crate::alloc::{CachingAllocator, FaultInjector, PinnedHostPool};
-use crate::device::Device;
 use crate::ensure;
 use crate::hal::{CaptureMode, DevicePtr, EventStatus, HostPtr, StreamId};
 use crate::runtime::Runtime;
@@ -22,7 +22,7 @@ fn fresh(ctx: &Ctx) -> Arc<CachingAllocator> {
 }
 
 /// Writes a pattern through the HAL and reads it back.
-fn roundtrip(ctx: &Ctx, p: DevicePtr, len: usize, seed: u32) -> Result<(), Failure> {
+pub(super) fn roundtrip(ctx: &Ctx, p: DevicePtr, len: usize, seed: u32) -> Result<(), Failure> {
     let data = pattern(len, seed);
     ctx.copy_to_device(p, &data)?;
     same(
@@ -188,7 +188,13 @@ fn stream_aware_reuse(ctx: &Ctx) -> Result<(), Failure> {
 }
 
 /// Enqueues `k` fills of `n` u32s at `big` on `s` (work that keeps the stream busy).
-fn keep_busy(ctx: &Ctx, s: StreamId, big: DevicePtr, n: u32, k: usize) -> Result<(), Failure> {
+pub(super) fn keep_busy(
+    ctx: &Ctx,
+    s: StreamId,
+    big: DevicePtr,
+    n: u32,
+    k: usize,
+) -> Result<(), Failure> {
     for i in 0..k {
         ctx.launch("fill", &[big.into(), (i as u32).into(), n.into()], s)?;
     }
@@ -569,71 +575,6 @@ fn concurrent_threads(ctx: &Ctx) -> Result<(), Failure> {
     Ok(())
 }
 
-fn context_thread_locality(ctx: &Ctx) -> Result<(), Failure> {
-    use crate::context;
-    let before = context::get_device();
-    context::set_device(ctx.device)?;
-    let main_stream = context::get_stream()?;
-    let bad = context::set_device(Device::new(ctx.device.kind, 999));
-    ensure!(bad.is_err(), "setting a nonexistent device succeeded");
-    ensure!(
-        context::get_device() == ctx.device,
-        "a failed set_device changed the device"
-    );
-    let device = ctx.device;
-    let (first, stream, after) = std::thread::spawn(move || -> Result<_, crate::Error> {
-        let first = context::get_device();
-        context::set_device(device)?;
-        let s = context::get_stream()?;
-        let m = context::allocate_memory(1000)?;
-        let m2 = context::allocate_memory(1000)?;
-        let data = pattern(1000, 11);
-        let mut back = vec![0u8; 1000];
-        // SAFETY: both host buffers outlive the copies (h2d is synchronous here, d2h always).
-        unsafe { context::memcpy_h2d(m.device_ptr(), data.as_ptr(), 1000, false)? };
-        context::memcpy_d2d(m2.device_ptr(), m.device_ptr(), 1000, true)?;
-        // SAFETY: as above.
-        unsafe { context::memcpy_d2h(back.as_mut_ptr(), m2.device_ptr(), 1000)? };
-        context::sync_stream()?;
-        if back != data {
-            return Err(crate::Error::Internal("context copies lost data".into()));
-        }
-        Ok((first, s, context::get_device()))
-    })
-    .join()
-    .map_err(|_| Failure::Failed("the thread panicked".into()))??;
-    ensure!(
-        first == Device::CPU,
-        "a new thread started on {first}, not cpu:0"
-    );
-    ensure!(
-        after == ctx.device,
-        "set_device in a thread did not stick there"
-    );
-    ensure!(
-        stream != main_stream,
-        "two threads share one current stream"
-    );
-    ensure!(
-        context::get_device() == ctx.device,
-        "another thread changed this thread's device"
-    );
-    // The thread's stream died with the thread.
-    let gone = ctx.stream_synchronize(stream);
-    ensure!(
-        gone.is_err(),
-        "the stream of a finished thread is still alive"
-    );
-    let host = context::allocate_host_memory(64)?;
-    let pinned = context::allocate_pinned_host_memory(64)?;
-    ensure!(
-        !host.is_pinned() && pinned.is_pinned(),
-        "host / pinned flags are wrong"
-    );
-    context::set_device(before)?;
-    Ok(())
-}
-
 fn pinned_pool_waits_for_streams(ctx: &Ctx) -> Result<(), Failure> {
     let pool = PinnedHostPool::new(ctx.backend.clone());
     let s2 = Stream::new(&ctx.backend)?;
@@ -685,37 +626,6 @@ fn pinned_pool_waits_for_streams(ctx: &Ctx) -> Result<(), Failure> {
     Err(Failure::Failed(
         "the stream never stayed busy long enough".into(),
     ))
-}
-
-fn memory_handle_raii(ctx: &Ctx) -> Result<(), Failure> {
-    let rt = Runtime::standalone(ctx.backend.clone());
-    let m = rt.allocate_memory(1000)?;
-    let m2 = m.clone();
-    ensure!(
-        m.is_device() && m.size() == 1000 && m.device() == ctx.device,
-        "{m:?}"
-    );
-    roundtrip(ctx, m.device_ptr(), 1000, 9)?;
-    drop(m);
-    ensure!(
-        rt.memory_stats().allocations.current == 1,
-        "the block was freed while a clone lived"
-    );
-    let addr = m2.device_ptr();
-    drop(m2);
-    let st = rt.memory_stats();
-    ensure!(
-        st.allocations.current == 0,
-        "dropping the last handle did not free: {st}"
-    );
-    let again = rt.allocate_memory(1000)?;
-    ensure!(
-        again.device_ptr() == addr,
-        "the dropped block was not reused"
-    );
-    let pinned = rt.allocate_pinned_host_memory(100)?;
-    ensure!(pinned.is_pinned() && pinned.size() == 100, "{pinned:?}");
-    Ok(())
 }
 
 pub(super) const CASES: &[Case] = &[
@@ -785,18 +695,8 @@ pub(super) const CASES: &[Case] = &[
         run: concurrent_threads,
     },
     Case {
-        name: "alloc::context_thread_locality",
-        needs: &[],
-        run: context_thread_locality,
-    },
-    Case {
         name: "alloc::pinned_pool_waits_for_streams",
         needs: &[Need::AsyncStreams],
         run: pinned_pool_waits_for_streams,
-    },
-    Case {
-        name: "alloc::memory_handle_raii",
-        needs: &[],
-        run: memory_handle_raii,
     },
 ];

@@ -13,6 +13,7 @@ mod cases_alloc;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
+mod cases_context;
 mod cases_memcpy;
 mod cases_streams;
 mod util;
@@ -118,6 +119,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_capture::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
     all.extend_from_slice(cases_alloc::CASES);
+    all.extend_from_slice(cases_context::CASES);
     all
 }
 
