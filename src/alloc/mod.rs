@@ -19,8 +19,13 @@
 //! - A failed raw allocation frees the cache and retries once; a second failure is
 //!   [`Error::OutOfMemory`] with the statistics in its message.
 //!
-//! The hot path is one mutex, a `BTreeSet` range query on `(stream, size, addr)` and a hash map
-//! keyed by address.
+//! One mutex per device allocator. Free blocks sit in one `BTreeSet` per pool keyed by
+//! `(stream, size, addr)` — a size-ordered set per (stream, pool) — and allocated blocks in a
+//! hash map keyed by address. In front of the sets, a quick list keeps the last
+//! [`QUICK`](block::QUICK) freed blocks unmerged (glibc's tcache idea): freeing a block and
+//! allocating the same size on the same stream again — the common pattern — is a hit there
+//! with no set operation. Any request the quick list cannot serve exactly flushes it, merging
+//! every parked block, before the best-fit search, so split and coalesce behave as without it.
 
 mod block;
 mod fault;
