@@ -22,7 +22,7 @@
 //! One mutex per device allocator. Free blocks sit in one `BTreeSet` per pool keyed by
 //! `(stream, size, addr)` — a size-ordered set per (stream, pool) — and allocated blocks in a
 //! hash map keyed by address. In front of the sets, a quick list keeps the last
-//! [`QUICK`](block::QUICK) freed blocks unmerged (glibc's tcache idea): freeing a block and
+//! [`QUICK`] freed blocks unmerged (glibc's tcache idea): freeing a block and
 //! allocating the same size on the same stream again — the common pattern — is a hit there
 //! with no set operation. Any request the quick list cannot serve exactly flushes it, merging
 //! every parked block, before the best-fit search, so split and coalesce behave as without it.
@@ -34,8 +34,8 @@ mod pool;
 mod stats;
 
 pub use block::{
-    round_size, segment_size, LARGE_DIRECT, LARGE_ROUND, LARGE_SEGMENT, MIN_BLOCK, SMALL_REQUEST,
-    SMALL_SEGMENT,
+    round_size, segment_size, LARGE_DIRECT, LARGE_ROUND, LARGE_SEGMENT, MIN_BLOCK, QUICK,
+    SMALL_REQUEST, SMALL_SEGMENT,
 };
 pub use fault::FaultInjector;
 pub use host::PinnedHostPool;
