@@ -84,3 +84,79 @@ fn private_pool_released_with_last_handle() {
     assert_eq!(a.stats().segments.current, 1);
     a.free(q).unwrap();
 }
+
+#[test]
+fn quick_list_parks_then_merges_on_a_miss() {
+    let (dev, a) = alloc();
+    let s = dev.default_stream();
+    let p = a.malloc(4096, s).unwrap();
+    let q = a.malloc(4096, s).unwrap();
+    a.free(p).unwrap();
+    // Parked, not merged: the same size comes straight back.
+    assert_eq!(a.malloc(4096, s).unwrap(), p);
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+    let st = a.stats();
+    assert_eq!(
+        (st.allocated_bytes.current, st.active_bytes.current),
+        (0, 0)
+    );
+    // A size the quick list cannot serve flushes it: p, q and the rest merge into one block.
+    let big = a.malloc(1 << 20, s).unwrap();
+    assert_eq!(big, p);
+    assert_eq!(a.stats().segments.current, 1);
+    a.free(big).unwrap();
+}
+
+#[test]
+fn quick_list_overflow_merges_the_oldest() {
+    let (dev, a) = alloc();
+    let s = dev.default_stream();
+    let ps: Vec<DevicePtr> = (0..QUICK + 2).map(|_| a.malloc(512, s).unwrap()).collect();
+    for &p in &ps {
+        a.free(p).unwrap();
+    }
+    let st = a.stats();
+    assert_eq!(st.allocations.current, 0);
+    assert_eq!(st.active_blocks.current, 0);
+    // Everything is free: after a flush the whole segment is one block again.
+    a.empty_cache().unwrap();
+    assert_eq!(a.stats().reserved_bytes.current, 0);
+}
+
+#[test]
+fn pinned_pool_classes_and_interior_addresses() {
+    let dev = crate::open(Device::CPU).unwrap();
+    let pool = PinnedHostPool::new(dev.clone());
+    assert_eq!(PinnedHostPool::class_of(1), Some(512));
+    assert_eq!(PinnedHostPool::class_of(5000), Some(8192));
+    let h = pool.malloc(5000).unwrap();
+    assert!(pool.contains(h.0 + 8191));
+    assert!(!pool.contains(h.0 + 8192));
+    assert!(pool.record_stream(h.0 + 100, dev.default_stream()));
+    assert!(!pool.record_stream(h.0 + 9000, dev.default_stream()));
+    pool.free(h).unwrap();
+    assert!(pool.free(h).is_err(), "double free");
+    dev.synchronize().unwrap();
+    assert_eq!(
+        pool.malloc(6000).unwrap(),
+        h,
+        "same class, reused after the stream finished"
+    );
+    let st = pool.stats();
+    assert_eq!((st.cache_misses, st.cache_hits), (1, 1));
+}
+
+#[test]
+fn fault_injector_counts() {
+    let dev = crate::open(Device::CPU).unwrap();
+    let f = Arc::new(FaultInjector::new(dev.clone(), 2, 1));
+    let a = CachingAllocator::new(f.clone());
+    let s = dev.default_stream();
+    let p = a.malloc(4096, s).unwrap(); // raw #1
+    let q = a.malloc(3 << 20, s).unwrap(); // raw #2 fails, #3 succeeds
+    assert_eq!((f.calls(), f.failed()), (3, 1));
+    assert_eq!(a.stats().retries, 1);
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+}
