@@ -44,6 +44,18 @@ enum Command {
         #[arg(long)]
         junit: Option<PathBuf>,
     },
+    /// Compiles kernels ahead of time (no GPU needed): every CUDA kernel to CUBIN with NVRTC.
+    Kernels {
+        /// The vendor whose kernels to compile (`cuda`).
+        #[arg(long)]
+        compile: String,
+        /// Comma-separated target architectures.
+        #[arg(long, default_value = "sm_70,sm_80,sm_90")]
+        arch: String,
+        /// Write the results as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Benchmarks, each against the baseline named in its row.
     Bench {
         #[command(subcommand)]
@@ -67,6 +79,11 @@ fn main() -> ExitCode {
             json.as_deref(),
             junit.as_deref(),
         ),
+        Some(Command::Kernels {
+            compile,
+            arch,
+            json,
+        }) => cli::kernels::run(&compile, &arch, json.as_deref()),
         Some(Command::Bench { which }) => cli::bench::run(which),
     };
     match result {

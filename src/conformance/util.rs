@@ -11,7 +11,8 @@ use crate::hal::{AnyBackend, Backend, DevicePtr};
 #[macro_export]
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
+        let holds: bool = $cond;
+        if !holds {
             return Err($crate::conformance::Failure::Failed(format!($($fmt)+)));
         }
     };

@@ -23,6 +23,7 @@ use enum_dispatch::enum_dispatch;
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::Result;
 use crate::vendors::cpu::CpuBackend;
+use crate::vendors::cuda::CudaBackend;
 
 /// The contract every vendor implements. All methods take `&self` and are thread-safe.
 ///
@@ -141,4 +142,5 @@ pub trait Backend: Send + Sync {
 #[enum_dispatch(Backend)]
 pub enum AnyBackend {
     Cpu(CpuBackend),
+    Cuda(CudaBackend),
 }

@@ -1,13 +1,360 @@
-//! NVIDIA CUDA through libcuda and NVRTC loaded at run time (being built: see issue 3).
+//! NVIDIA CUDA through libcuda and NVRTC, both loaded at run time.
+//!
+//! Layers, bottom up: [`loader`] finds the libraries (absolute paths only, env overrides);
+//! `driver.rs` / `driver_ops.rs` hold every unsafe libcuda call and [`nvrtc`] every NVRTC call,
+//! through symbols we resolve ourselves (cudarc supplies the handle types and constants; its
+//! own loaders panic on a missing library or symbol); [`kernels`] compiles and caches the CUDA
+//! C kernels; this file is the [`Backend`].
+//!
+//! Choices a reader of infinirt should know:
+//! - **Contexts**: each device uses its primary context (shared with the CUDA runtime and
+//!   cudarc), made current on the calling thread at the start of every call.
+//! - **The default stream** is a created *blocking* stream (`CU_STREAM_DEFAULT`), not CUDA's
+//!   legacy NULL stream itself: the legacy stream cannot be captured, but a blocking stream
+//!   synchronises with it, so work that upstream code puts on stream 0 (an infiniop kernel
+//!   given the C ABI's null stream) stays ordered with unirt's default stream. Streams from
+//!   `stream_create` are non-blocking. The synchronous calls (`memcpy`, `memset`) are
+//!   enqueued on the default stream and then waited for, which is the HAL's "wait for the
+//!   default stream, then complete" contract.
+//! - **Handles** are the native `CUstream` / `CUevent` / `CUgraph` / `CUgraphExec` values,
+//!   registered in live-handle tables so a destroyed or foreign handle is an error.
+//! - **Memory**: `cuMemAlloc`; stream-ordered `cuMemAllocAsync` where the device has memory
+//!   pools, else allocation after synchronising the stream (and free after it drains) — both
+//!   honour the stream-ordered contract. Pinned host memory is `cuMemAllocHost`. Every
+//!   allocation is in an [`AllocTable`], so copies, sets, launches and frees are checked.
+//! - **D2D between GPUs** uses `cuMemcpyPeerAsync` with peer access enabled where possible.
 
+mod driver;
+mod driver_ops;
+mod event;
+mod graph;
+pub mod kernels;
+pub mod loader;
+mod memory;
+pub mod nvrtc;
+mod ops;
+mod stream;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::device::{Capabilities, DeviceInfo, DeviceKind, EventTiming};
 use crate::discovery::Probe;
 use crate::error::{Error, Result};
-use crate::hal::AnyBackend;
+use crate::hal::*;
+use crate::handles::HandleTable;
+use crate::memtable::AllocTable;
+use driver::{version_string, Driver, NO_DEVICE, SUCCESS};
+use event::CuEvent;
+use graph::{CuGraph, CuGraphExec};
+use memory::{AllocKind, Shared};
+use stream::CuStream;
 
-pub fn probe() -> Probe {
-    Probe::Unavailable("this build of unirt has no CUDA backend yet".into())
+/// The NVRTC part of a probe's message.
+fn nvrtc_summary() -> std::result::Result<String, String> {
+    nvrtc::nvrtc().map(|n| format!("NVRTC {} at {}", n.version_string(), n.path.display()))
 }
 
+/// The loaded driver, or why CUDA is unavailable (libcuda and NVRTC both reported).
+fn usable_driver() -> std::result::Result<&'static Driver, String> {
+    let nv = nvrtc_summary();
+    let nv_part = match &nv {
+        Ok(s) | Err(s) => s.clone(),
+    };
+    let drv = driver::driver().map_err(|reason| format!("{reason}; {nv_part}"))?;
+    let ver = version_string(drv.version);
+    // "libcuda 12.2 loaded, no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE (…); /path)".
+    let path = drv.path.display();
+    if drv.init == NO_DEVICE {
+        return Err(format!(
+            "libcuda {ver} loaded, no CUDA device (cuInit: {}; {path}); {nv_part}",
+            drv.describe(drv.init)
+        ));
+    }
+    if drv.init != SUCCESS {
+        return Err(format!(
+            "libcuda {ver} loaded, cuInit failed: {} ({path}); {nv_part}",
+            drv.describe(drv.init)
+        ));
+    }
+    let count = drv
+        .device_count()
+        .map_err(|e| format!("libcuda {ver} loaded, {e} ({path}); {nv_part}"))?;
+    if count == 0 {
+        return Err(format!(
+            "libcuda {ver} loaded, no CUDA device (cuDeviceGetCount: 0; {path}); {nv_part}"
+        ));
+    }
+    if let Err(e) = nv {
+        return Err(format!(
+            "{e} (needed to compile kernels); libcuda {ver} sees {count} device(s)"
+        ));
+    }
+    Ok(drv)
+}
+
+/// Discovery for CUDA: every GPU, or why there are none. Never panics: the libraries are
+/// found by our own search and every symbol is resolved before use.
+pub fn probe() -> Probe {
+    let drv = match usable_driver() {
+        Ok(d) => d,
+        Err(reason) => return Probe::Unavailable(reason),
+    };
+    let count = drv.device_count().unwrap_or(0);
+    let mut devices = Vec::with_capacity(count);
+    for i in 0..count {
+        match device_info(drv, i) {
+            Ok(info) => devices.push(info),
+            Err(e) => return Probe::Unavailable(format!("cuda:{i} could not be queried: {e}")),
+        }
+    }
+    Probe::Available(devices)
+}
+
+/// Compute capability as XY (8.0 → 80).
+fn compute_capability(drv: &Driver, dev: i32) -> Result<u32> {
+    let major = drv.attribute(dev, driver::attr::CC_MAJOR)?;
+    let minor = drv.attribute(dev, driver::attr::CC_MINOR)?;
+    Ok((major.max(0) * 10 + minor.max(0)) as u32)
+}
+
+fn device_info(drv: &Driver, index: usize) -> Result<DeviceInfo> {
+    use driver::attr;
+    let dev = drv.device(index)?;
+    let name = drv.device_name(dev)?;
+    let cc = compute_capability(drv, dev)?;
+    let total = drv.total_mem(dev)?;
+    let pools = drv.attribute(dev, attr::MEMORY_POOLS).unwrap_or(0) != 0;
+    let sms = drv.attribute(dev, attr::SM_COUNT).unwrap_or(0);
+    let pci = format!(
+        "{:04x}:{:02x}:{:02x}.0",
+        drv.attribute(dev, attr::PCI_DOMAIN).unwrap_or(0),
+        drv.attribute(dev, attr::PCI_BUS).unwrap_or(0),
+        drv.attribute(dev, attr::PCI_DEVICE).unwrap_or(0)
+    );
+    let nv = nvrtc::require()?;
+    let target = nv.target_for(cc);
+    Ok(DeviceInfo {
+        index,
+        name,
+        vendor: "NVIDIA".into(),
+        driver: format!(
+            "CUDA {} driver, NVRTC {}",
+            version_string(drv.version),
+            nv.version_string()
+        ),
+        api: "cuda".into(),
+        memory_total: total,
+        max_allocation: total,
+        details: vec![
+            (
+                "compute_capability".into(),
+                format!("{}.{}", cc / 10, cc % 10),
+            ),
+            ("multiprocessors".into(), sms.to_string()),
+            ("pci_bus_id".into(), pci),
+            ("memory_pools".into(), pools.to_string()),
+            ("kernel_target".into(), target.arch()),
+            ("cuda_driver".into(), version_string(drv.version)),
+            ("libcuda".into(), drv.path.display().to_string()),
+            ("nvrtc".into(), nv.version_string()),
+            ("libnvrtc".into(), nv.path.display().to_string()),
+        ],
+        capabilities: Capabilities {
+            async_streams: true,
+            capture: true,
+            stream_ordered_memory: true,
+            pinned_host_memory: true,
+            unified_addressing: false,
+            event_timing: EventTiming::Device,
+        },
+    })
+}
+
+/// Opens `cuda:index` as an [`AnyBackend`].
 pub fn open(index: usize) -> Result<AnyBackend> {
-    Err(Error::DeviceNotFound(format!("cuda:{index}")))
+    Ok(CudaBackend::open(index)?.into())
+}
+
+/// One opened CUDA device.
+pub struct CudaBackend {
+    drv: &'static Driver,
+    info: DeviceInfo,
+    name: String,
+    cc: u32,
+    pools: bool,
+    shared: Arc<Shared>,
+    host_mem: AllocTable<()>,
+    streams: HandleTable<CuStream>,
+    events: HandleTable<CuEvent>,
+    graphs: HandleTable<CuGraph>,
+    execs: HandleTable<CuGraphExec>,
+    default_stream: u64,
+    /// Kernel name → (CUmodule, CUfunction), loaded at first launch.
+    functions: Mutex<HashMap<&'static str, (u64, u64)>>,
+}
+
+impl CudaBackend {
+    /// Opens `cuda:index`: retains its primary context and creates the default stream.
+    pub fn open(index: usize) -> Result<Self> {
+        let drv = usable_driver().map_err(|reason| Error::Unavailable {
+            backend: DeviceKind::Cuda,
+            reason,
+        })?;
+        let count = drv.device_count()?;
+        if index >= count {
+            return Err(Error::DeviceNotFound(format!(
+                "cuda:{index} (cuda has {count} device(s))"
+            )));
+        }
+        let info = device_info(drv, index)?;
+        let dev = drv.device(index)?;
+        let cc = compute_capability(drv, dev)?;
+        let pools = drv.attribute(dev, driver::attr::MEMORY_POOLS).unwrap_or(0) != 0;
+        let ctx = drv.primary_ctx_retain(dev)?;
+        let default_stream = match drv
+            .set_current(ctx)
+            .and_then(|_| drv.stream_create_blocking())
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = drv.primary_ctx_release(dev);
+                return Err(e);
+            }
+        };
+        let streams = HandleTable::new(StreamId::KIND);
+        streams.insert_with(default_stream, CuStream::new(default_stream));
+        let shared = Arc::new(Shared {
+            index,
+            device: dev,
+            ctx,
+            mem: AllocTable::new("device"),
+        });
+        for peer in memory::register(&shared) {
+            enable_peer(drv, &shared, &peer);
+        }
+        Ok(CudaBackend {
+            drv,
+            info,
+            name: format!("cuda:{index}"),
+            cc,
+            pools,
+            shared,
+            host_mem: AllocTable::new("pinned host"),
+            streams,
+            events: HandleTable::new(EventId::KIND),
+            graphs: HandleTable::new(GraphId::KIND),
+            execs: HandleTable::new(GraphExecId::KIND),
+            default_stream,
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Makes this device's context current on the calling thread.
+    fn bind(&self) -> Result<()> {
+        self.drv.set_current(self.shared.ctx)
+    }
+
+    fn stream(&self, s: StreamId) -> Result<Arc<CuStream>> {
+        self.streams.get(s.0)
+    }
+
+    fn event(&self, e: EventId) -> Result<Arc<CuEvent>> {
+        self.events.get(e.0)
+    }
+
+    /// The loaded kernel function, compiling (or reading the cache) at first use.
+    fn function(&self, name: &str) -> Result<u64> {
+        let k = kernels::source(name)?;
+        if let Some(&(_, f)) = self.functions.lock().get(k.name) {
+            return Ok(f);
+        }
+        let nv = nvrtc::require()?;
+        let target = nv.target_for(self.cc);
+        let img = kernels::image(nv, k, target, false)?;
+        let module = match self.drv.module_load(&img) {
+            Ok(m) => m,
+            // A stale or damaged cache entry: compile afresh once.
+            Err(_) => self
+                .drv
+                .module_load(&kernels::image(nv, k, target, true)?)?,
+        };
+        let f = match self.drv.module_function(module, k.name) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = self.drv.module_unload(module);
+                return Err(e);
+            }
+        };
+        let mut fns = self.functions.lock();
+        if let Some(&(_, f)) = fns.get(k.name) {
+            // Another thread won the race; keep its module.
+            let _ = self.drv.module_unload(module);
+            return Ok(f);
+        }
+        fns.insert(k.name, (module, f));
+        Ok(f)
+    }
+
+    /// Loads every kernel now (before a capture, where loading modules is not allowed).
+    fn preload_kernels(&self) {
+        for k in kernels::SOURCES {
+            if let Err(e) = self.function(k.name) {
+                tracing::debug!("{}: kernel {} not preloaded: {e}", self.name, k.name);
+            }
+        }
+    }
+}
+
+/// Lets two open devices reach each other's memory directly where the hardware allows;
+/// peer copies work without it (the driver stages them), only slower.
+fn enable_peer(drv: &Driver, a: &Shared, b: &Shared) {
+    for (from, to) in [(a, b), (b, a)] {
+        let ok = drv.can_access_peer(from.device, to.device).unwrap_or(false)
+            && drv.set_current(from.ctx).is_ok()
+            && drv.enable_peer_access(to.ctx).is_ok();
+        tracing::debug!(
+            "peer access cuda:{} -> cuda:{}: {}",
+            from.index,
+            to.index,
+            if ok { "enabled" } else { "not available" }
+        );
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if self.bind().is_err() {
+            return;
+        }
+        let _ = self.synchronize();
+        for x in self.execs.values() {
+            let _ = self.drv.graph_exec_destroy(x.raw);
+        }
+        for g in self.graphs.values() {
+            let _ = self.drv.graph_destroy(g.raw);
+        }
+        for e in self.events.values() {
+            let _ = self.drv.event_destroy(e.raw);
+        }
+        for a in self.shared.mem.drain() {
+            let _ = match a.payload {
+                AllocKind::Plain => self.drv.mem_free(a.base),
+                AllocKind::Pool => self.drv.mem_free_async(a.base, self.default_stream),
+            };
+        }
+        let _ = self.drv.stream_synchronize(self.default_stream);
+        for a in self.host_mem.drain() {
+            let _ = self.drv.mem_free_host(a.base);
+        }
+        for s in self.streams.values() {
+            let _ = self.drv.stream_destroy(s.raw);
+        }
+        for (_, (module, _)) in self.functions.lock().drain() {
+            let _ = self.drv.module_unload(module);
+        }
+        let _ = self.drv.primary_ctx_release(self.shared.device);
+    }
 }

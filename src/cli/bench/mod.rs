@@ -1,6 +1,7 @@
 //! `unirt bench …`: each benchmark measures unirt and its baseline in the same run.
 
 mod alloc;
+mod cuda;
 mod memcpy;
 pub mod stats;
 
@@ -34,6 +35,17 @@ pub enum Which {
         #[arg(long, default_value_t = 64)]
         max_mib: usize,
     },
+    /// CUDA only: pinned and pageable H2D/D2H beside plain cudarc, and 100 tiny kernels
+    /// launched one by one vs one captured-graph replay.
+    Cuda {
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest copy in MiB (256 by default).
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+    },
     /// Enqueue latency of an async command on an idle stream, and event record + query.
     Latency {
         #[arg(long, default_value = "cpu:0")]
@@ -55,6 +67,11 @@ pub fn run(which: Which) -> CliResult<ExitCode> {
             json,
             max_mib,
         } => alloc::run(&device, json.as_deref(), max_mib),
+        Which::Cuda {
+            device,
+            json,
+            max_mib,
+        } => cuda::run(&device, json.as_deref(), max_mib),
         Which::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
     }
 }

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs the C tests of the infinirt C ABI (capi/) under valgrind: any invalid access or definite
+# leak fails. Builds libinfinirt (debug), compiles the C programs, runs each under memcheck.
+#
+#   ci/capi-valgrind.sh
+#
+# Skips (exit 0, with a message) when valgrind or a C compiler is missing.
+# UNIRT_VALGRIND_BACKENDS picks the vendors probed (default: cpu). The wgpu software drivers
+# (lavapipe / llvmpipe JIT code) and libcuda are not ours to check, and are far too slow
+# under valgrind; set UNIRT_VALGRIND_BACKENDS=cpu,wgpu to include them anyway.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+cc="${CC:-cc}"
+if ! command -v valgrind >/dev/null 2>&1; then
+  echo "capi-valgrind: SKIPPED: valgrind not installed (apt-get install valgrind)"
+  exit 0
+fi
+if ! command -v "$cc" >/dev/null 2>&1; then
+  echo "capi-valgrind: SKIPPED: no C compiler ($cc)"
+  exit 0
+fi
+
+target="${CARGO_TARGET_DIR:-$root/target}"
+cargo build -p unirt-capi
+lib="$target/debug"
+if [ ! -f "$lib/libinfinirt.so" ]; then
+  echo "capi-valgrind: $lib/libinfinirt.so was not built" >&2
+  exit 1
+fi
+
+out="$target/capi-valgrind"
+mkdir -p "$out"
+programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c examples/c/capture_replay.c)
+for src in "${programs[@]}"; do
+  exe="$out/$(basename "$src" .c)"
+  "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \
+    -L "$lib" -linfinirt -Wl,-rpath,"$lib" -lpthread
+done
+
+export UNIRT_BACKENDS="${UNIRT_VALGRIND_BACKENDS:-cpu}"
+status=0
+for src in "${programs[@]}"; do
+  exe="$out/$(basename "$src" .c)"
+  echo "capi-valgrind: $exe (UNIRT_BACKENDS=$UNIRT_BACKENDS)"
+  # Definite leaks and invalid accesses fail; the process-wide device table and the stream
+  # worker threads live until exit by design ("still reachable" / "possibly lost").
+  if ! valgrind --quiet --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+      --show-leak-kinds=definite --track-origins=yes "$exe"; then
+    echo "capi-valgrind: FAILED: $exe" >&2
+    status=1
+  fi
+done
+if [ "$status" = 0 ]; then
+  echo "capi-valgrind: all ${#programs[@]} programs clean"
+fi
+exit "$status"

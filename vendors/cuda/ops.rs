@@ -1,0 +1,580 @@
+//! The [`Backend`] implementation of [`CudaBackend`]: validation against the handle and
+//! allocation tables, then one driver call each.
+
+use std::sync::Arc;
+
+use super::driver_ops::{host_copy, ArgValue};
+use super::event::{cu_flags, CuEvent};
+use super::graph::{CuGraph, CuGraphExec};
+use super::memory::{self, AllocKind, Shared};
+use super::stream::{CaptureRec, CuStream};
+use super::CudaBackend;
+use crate::device::{DeviceInfo, DeviceKind, MemInfo};
+use crate::error::{Error, Result};
+use crate::hal::*;
+use crate::kernel::check_launch;
+
+/// Threads per block for the element-wise kernels.
+const BLOCK: u32 = 256;
+/// Grid cap; the kernels' grid-stride loops cover the rest.
+const MAX_GRID: u32 = 1 << 20;
+
+/// Which device owns the device side(s) of a copy: `None` is this one.
+struct CopyPlan {
+    ranges: Vec<(u64, u64)>,
+    dst_peer: Option<Arc<Shared>>,
+    src_peer: Option<Arc<Shared>>,
+}
+
+impl CudaBackend {
+    /// Checks a device range of this device (empty ranges are fine anywhere).
+    fn check_device(&self, addr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if addr == 0 {
+            return Err(Error::NullPointer("device address".into()));
+        }
+        self.shared.mem.lookup(addr, len).map(|_| ())
+    }
+
+    /// Checks a host range: non-null, and in bounds when it lies in a pinned allocation.
+    fn check_host(&self, addr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if addr == 0 {
+            return Err(Error::NullPointer("host address".into()));
+        }
+        if self.host_mem.find(addr).is_some() {
+            self.host_mem.lookup(addr, len)?;
+        }
+        Ok(())
+    }
+
+    /// A device range of this device or, for D2D, of another open CUDA device.
+    fn device_side(&self, addr: u64, len: u64, peer_ok: bool) -> Result<Option<Arc<Shared>>> {
+        match self.check_device(addr, len) {
+            Ok(()) => Ok(None),
+            Err(e @ Error::OutOfBounds { .. }) if peer_ok => {
+                memory::peer_owner(self.shared.index, addr, len)
+                    .map(Some)
+                    .ok_or(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn check_copy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<CopyPlan> {
+        let len = bytes as u64;
+        let peer_ok = kind == MemcpyKind::D2D;
+        let mut plan = CopyPlan {
+            ranges: Vec::with_capacity(2),
+            dst_peer: None,
+            src_peer: None,
+        };
+        if kind.dst_on_device() {
+            plan.dst_peer = self.device_side(dst, len, peer_ok)?;
+            if plan.dst_peer.is_none() {
+                plan.ranges.push((dst, len));
+            }
+        } else {
+            self.check_host(dst, len)?;
+        }
+        if kind.src_on_device() {
+            plan.src_peer = self.device_side(src, len, peer_ok)?;
+            if plan.src_peer.is_none() {
+                plan.ranges.push((src, len));
+            }
+        } else {
+            self.check_host(src, len)?;
+        }
+        Ok(plan)
+    }
+
+    /// Enqueues a validated copy on `stream`.
+    ///
+    /// # Safety
+    /// Host ranges as [`Backend::memcpy_async`] requires.
+    unsafe fn enqueue_copy(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        kind: MemcpyKind,
+        plan: &CopyPlan,
+        stream: u64,
+    ) -> Result<()> {
+        let d = self.drv;
+        match kind {
+            // SAFETY: host ranges are the caller's contract; device ranges were checked.
+            MemcpyKind::H2D => unsafe { d.copy_h2d(dst, src, bytes, stream) },
+            // SAFETY: as above.
+            MemcpyKind::D2H => unsafe { d.copy_d2h(dst, src, bytes, stream) },
+            // SAFETY: as above.
+            MemcpyKind::H2H => unsafe { d.copy_h2h(dst, src, bytes, stream) },
+            MemcpyKind::D2D => match (&plan.dst_peer, &plan.src_peer) {
+                (None, None) => d.copy_d2d(dst, src, bytes, stream),
+                (dp, sp) => {
+                    let ctx =
+                        |p: &Option<Arc<Shared>>| p.as_ref().map_or(self.shared.ctx, |s| s.ctx);
+                    d.copy_peer(dst, ctx(dp), src, ctx(sp), bytes, stream)
+                }
+            },
+        }
+    }
+
+    /// Checks what a graph uses is still live: its device ranges (a replay must not write
+    /// freed memory) and its recorded events (CUDA would record a destroyed event).
+    fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CuEvent>]) -> Result<()> {
+        for &(addr, len) in ranges {
+            self.check_device(addr, len)?;
+        }
+        for e in events {
+            match self.events.get(e.raw) {
+                Ok(live) if Arc::ptr_eq(&live, e) => {}
+                _ => return Err(Error::invalid(EventId::KIND, e.raw)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a device allocation larger than the device's memory before asking the driver.
+    fn check_size(&self, bytes: usize) -> Result<()> {
+        let limit = self.info.memory_total;
+        if bytes as u64 > limit {
+            return Err(Error::TooLarge {
+                device: self.name.clone(),
+                requested: bytes as u64,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// The default stream, refused while it is capturing (synchronous calls use it).
+    fn sync_stream(&self) -> Result<Arc<CuStream>> {
+        let s = self.stream(self.default_stream())?;
+        if s.is_capturing() {
+            return Err(Error::Capturing(
+                "a synchronous call while the default stream is capturing".into(),
+            ));
+        }
+        Ok(s)
+    }
+
+    fn refuse_capturing(&self, s: &CuStream, what: &str) -> Result<()> {
+        if s.is_capturing() {
+            return Err(Error::unsupported(
+                format!("{what} during capture"),
+                &self.name,
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_info(&self) -> Result<MemInfo> {
+        self.bind()?;
+        let (free, total) = self.drv.mem_get_info()?;
+        Ok(MemInfo { free, total })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        let streams = self.streams.values();
+        if !streams.iter().any(|s| s.is_capturing()) {
+            return self.drv.ctx_synchronize();
+        }
+        // cuCtxSynchronize during a capture would invalidate it: wait stream by stream.
+        let mut first = Ok(());
+        for s in streams.iter().filter(|s| !s.is_capturing()) {
+            if let Err(e) = self.drv.stream_synchronize(s.raw) {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    fn default_stream(&self) -> StreamId {
+        StreamId(self.default_stream)
+    }
+
+    fn stream_create(&self) -> Result<StreamId> {
+        self.bind()?;
+        let raw = self.drv.stream_create()?;
+        self.streams.insert_with(raw, CuStream::new(raw));
+        Ok(StreamId(raw))
+    }
+
+    fn stream_destroy(&self, stream: StreamId) -> Result<()> {
+        if stream.0 == self.default_stream {
+            return Err(Error::BadParam(
+                "the default stream cannot be destroyed".into(),
+            ));
+        }
+        if self.stream(stream)?.is_capturing() {
+            return Err(Error::Capturing(
+                "stream_destroy on a capturing stream (end the capture first)".into(),
+            ));
+        }
+        self.bind()?;
+        let s = self.streams.remove(stream.0)?;
+        // cuStreamDestroy returns at once; work already enqueued still completes.
+        self.drv.stream_destroy(s.raw)
+    }
+
+    fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
+        let s = self.stream(stream)?;
+        if s.is_capturing() {
+            return Err(Error::Capturing(
+                "stream_synchronize on a capturing stream".into(),
+            ));
+        }
+        self.bind()?;
+        self.drv.stream_synchronize(s.raw)
+    }
+
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+        let (s, e) = (self.stream(stream)?, self.event(event)?);
+        self.bind()?;
+        self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing())
+    }
+
+    fn event_create(&self, flags: EventFlags) -> Result<EventId> {
+        let flags = EventFlags::new(flags.0)?;
+        self.bind()?;
+        let raw = self.drv.event_create(cu_flags(flags))?;
+        self.events.insert_with(raw, CuEvent::new(raw, flags));
+        Ok(EventId(raw))
+    }
+
+    fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
+        let (s, e) = (self.stream(stream)?, self.event(event)?);
+        self.bind()?;
+        let capturing = s.is_capturing();
+        self.drv.event_record(e.raw, s.raw, capturing)?;
+        // A record inside a capture happens at each replay (graph_launch marks it then).
+        if !s.note_event(&e) {
+            e.mark_recorded();
+        }
+        Ok(())
+    }
+
+    fn event_query(&self, event: EventId) -> Result<EventStatus> {
+        let e = self.event(event)?;
+        self.bind()?;
+        Ok(if self.drv.event_query(e.raw)? {
+            EventStatus::Complete
+        } else {
+            EventStatus::NotReady
+        })
+    }
+
+    fn event_synchronize(&self, event: EventId) -> Result<()> {
+        let e = self.event(event)?;
+        self.bind()?;
+        self.drv.event_synchronize(e.raw)
+    }
+
+    fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
+        let (a, b) = (self.event(start)?, self.event(end)?);
+        for e in [&a, &b] {
+            if !e.flags.timing() {
+                return Err(Error::BadParam(format!(
+                    "event {:#x} was created with DISABLE_TIMING",
+                    e.raw
+                )));
+            }
+            if !e.was_recorded() {
+                return Err(Error::BadParam(format!(
+                    "event {:#x} was never recorded",
+                    e.raw
+                )));
+            }
+        }
+        self.bind()?;
+        // A pending event is CUDA_ERROR_NOT_READY, which driver.rs maps to Error::NotReady.
+        self.drv.event_elapsed(a.raw, b.raw)
+    }
+
+    fn event_destroy(&self, event: EventId) -> Result<()> {
+        self.bind()?;
+        let e = self.events.remove(event.0)?;
+        self.drv.event_destroy(e.raw)
+    }
+
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.check_size(bytes)?;
+        self.bind()?;
+        let p = self.drv.mem_alloc(bytes, &self.name)?;
+        if let Err(e) = self.shared.mem.insert(p, bytes as u64, AllocKind::Plain) {
+            let _ = self.drv.mem_free(p);
+            return Err(e);
+        }
+        Ok(DevicePtr(p))
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.shared.mem.get_start(ptr.0)?;
+        // As cudaFree: pending work that may use the memory finishes first.
+        self.synchronize()?;
+        let a = self.shared.mem.remove(ptr.0)?;
+        match a.payload {
+            AllocKind::Plain => self.drv.mem_free(a.base),
+            AllocKind::Pool => {
+                let s = self.sync_stream()?;
+                self.drv.mem_free_async(a.base, s.raw)?;
+                self.drv.stream_synchronize(s.raw)
+            }
+        }
+    }
+
+    fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
+        if bytes == 0 {
+            return Ok(HostPtr::NULL);
+        }
+        self.bind()?;
+        let p = self.drv.mem_alloc_host(bytes, &self.name)?;
+        if let Err(e) = self.host_mem.insert(p, bytes as u64, ()) {
+            let _ = self.drv.mem_free_host(p);
+            return Err(e);
+        }
+        Ok(HostPtr(p))
+    }
+
+    fn free_host(&self, ptr: HostPtr) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.host_mem.get_start(ptr.0)?;
+        self.synchronize()?;
+        let a = self.host_mem.remove(ptr.0)?;
+        self.drv.mem_free_host(a.base)
+    }
+
+    fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
+        let s = self.stream(stream)?;
+        self.refuse_capturing(&s, "stream-ordered allocation")?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.check_size(bytes)?;
+        self.bind()?;
+        let (p, kind) = if self.pools {
+            (
+                self.drv.mem_alloc_async(bytes, s.raw, &self.name)?,
+                AllocKind::Pool,
+            )
+        } else {
+            // No memory pools: memory allocated now is usable by every later point of the
+            // stream; waiting first keeps the stream's earlier frees ahead of this allocation.
+            self.drv.stream_synchronize(s.raw)?;
+            (self.drv.mem_alloc(bytes, &self.name)?, AllocKind::Plain)
+        };
+        if let Err(e) = self.shared.mem.insert(p, bytes as u64, kind) {
+            let _ = match kind {
+                AllocKind::Pool => self.drv.mem_free_async(p, s.raw),
+                AllocKind::Plain => self.drv.mem_free(p),
+            };
+            return Err(e);
+        }
+        Ok(DevicePtr(p))
+    }
+
+    fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+        let s = self.stream(stream)?;
+        self.refuse_capturing(&s, "stream-ordered free")?;
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.bind()?;
+        // Dead for new work at once; released when the stream gets here.
+        let a = self.shared.mem.remove(ptr.0)?;
+        match a.payload {
+            AllocKind::Pool => self.drv.mem_free_async(a.base, s.raw),
+            AllocKind::Plain => {
+                // Without a pool, "when the stream gets here" is after the stream drains.
+                self.drv.stream_synchronize(s.raw)?;
+                self.drv.mem_free(a.base)
+            }
+        }
+    }
+
+    unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
+        let plan = self.check_copy(dst, src, bytes, kind)?;
+        let s = self.sync_stream()?;
+        self.bind()?;
+        if bytes == 0 {
+            return self.drv.stream_synchronize(s.raw);
+        }
+        if kind == MemcpyKind::H2H {
+            self.drv.stream_synchronize(s.raw)?;
+            // SAFETY: host ranges are the caller's contract (pinned ones were bounds-checked).
+            unsafe { host_copy(dst, src, bytes) };
+            return Ok(());
+        }
+        // SAFETY: the caller's contract for host ranges; device ranges checked in `plan`.
+        unsafe { self.enqueue_copy(dst, src, bytes, kind, &plan, s.raw)? };
+        self.drv.stream_synchronize(s.raw)
+    }
+
+    unsafe fn memcpy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        kind: MemcpyKind,
+        stream: StreamId,
+    ) -> Result<()> {
+        let s = self.stream(stream)?;
+        let plan = self.check_copy(dst, src, bytes, kind)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        s.note_ranges(&plan.ranges);
+        // SAFETY: the caller's contract for host ranges; device ranges checked in `plan`.
+        unsafe { self.enqueue_copy(dst, src, bytes, kind, &plan, s.raw) }
+    }
+
+    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        self.check_device(dst.0, bytes as u64)?;
+        let s = self.sync_stream()?;
+        self.bind()?;
+        if bytes > 0 {
+            self.drv.memset_d8(dst.0, value, bytes, s.raw)?;
+        }
+        self.drv.stream_synchronize(s.raw)
+    }
+
+    fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        let s = self.stream(stream)?;
+        self.check_device(dst.0, bytes as u64)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        s.note_ranges(&[(dst.0, bytes as u64)]);
+        self.drv.memset_d8(dst.0, value, bytes, s.raw)
+    }
+
+    fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
+        let s = self.stream(stream)?;
+        let checked = check_launch(kernel, args, |p, len| self.check_device(p.0, len))?;
+        self.bind()?;
+        let f = self.function(kernel)?;
+        if checked.n == 0 {
+            return Ok(());
+        }
+        let values: Vec<ArgValue> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => ArgValue::U64(p.0),
+                KernelArg::U32(v) => ArgValue::U32(v),
+                KernelArg::F32(v) => ArgValue::F32(v),
+            })
+            .collect();
+        let grid = checked.n.div_ceil(BLOCK).clamp(1, MAX_GRID);
+        let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
+        s.note_ranges(&ranges);
+        self.drv.launch(f, grid, BLOCK, &values, s.raw)
+    }
+
+    fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
+        let s = self.stream(stream)?;
+        if s.is_capturing() {
+            return Err(Error::Capturing(
+                "begin_capture on a stream that is already capturing".into(),
+            ));
+        }
+        self.bind()?;
+        // Module loading is not allowed inside a global-mode capture: load the kernels first.
+        self.preload_kernels();
+        let mut cap = s.capture.lock();
+        // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
+        self.drv.begin_capture(s.raw, mode as i32)?;
+        *cap = Some(CaptureRec::default());
+        Ok(())
+    }
+
+    fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
+        let s = self.stream(stream)?;
+        let rec = s.capture.lock().take().ok_or(Error::NotCapturing)?;
+        self.bind()?;
+        let raw = self.drv.end_capture(s.raw)?;
+        self.graphs.insert_with(
+            raw,
+            CuGraph {
+                raw,
+                ranges: rec.ranges.into(),
+                events: rec.events.into(),
+            },
+        );
+        Ok(GraphId(raw))
+    }
+
+    fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
+        let g = self.graphs.get(graph.0)?;
+        self.check_graph(&g.ranges, &g.events)?;
+        self.bind()?;
+        let raw = self.drv.graph_instantiate(g.raw)?;
+        self.execs.insert_with(
+            raw,
+            CuGraphExec {
+                raw,
+                ranges: g.ranges.clone(),
+                events: g.events.clone(),
+            },
+        );
+        Ok(GraphExecId(raw))
+    }
+
+    fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
+        let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
+        // A replay must not touch memory freed (or events destroyed) since the capture.
+        self.check_graph(&x.ranges, &x.events)?;
+        self.bind()?;
+        s.note_ranges(&x.ranges);
+        self.drv.graph_launch(x.raw, s.raw)?;
+        for e in x.events.iter() {
+            if !s.note_event(e) {
+                e.mark_recorded();
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_destroy(&self, graph: GraphId) -> Result<()> {
+        self.bind()?;
+        let g = self.graphs.remove(graph.0)?;
+        self.drv.graph_destroy(g.raw)
+    }
+
+    fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
+        self.bind()?;
+        let x = self.execs.remove(exec.0)?;
+        self.drv.graph_exec_destroy(x.raw)
+    }
+}

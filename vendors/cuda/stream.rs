@@ -1,0 +1,54 @@
+//! Streams: native non-blocking `CUstream`s, plus what unirt tracks about a capture.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::event::CuEvent;
+
+/// What a capturing stream has recorded so far, beyond what CUDA keeps: the device ranges its
+/// work touches, so instantiate and every replay can refuse a graph whose memory was freed.
+#[derive(Debug, Default)]
+pub(super) struct CaptureRec {
+    pub ranges: Vec<(u64, u64)>,
+    /// Events recorded inside the capture: each replay records them.
+    pub events: Vec<Arc<CuEvent>>,
+}
+
+/// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
+#[derive(Debug)]
+pub(super) struct CuStream {
+    pub raw: u64,
+    pub capture: Mutex<Option<CaptureRec>>,
+}
+
+impl CuStream {
+    pub fn new(raw: u64) -> Self {
+        CuStream {
+            raw,
+            capture: Mutex::new(None),
+        }
+    }
+
+    pub fn is_capturing(&self) -> bool {
+        self.capture.lock().is_some()
+    }
+
+    /// Notes an event recorded by work enqueued now; `false` when not capturing.
+    pub fn note_event(&self, e: &Arc<CuEvent>) -> bool {
+        match self.capture.lock().as_mut() {
+            Some(c) => {
+                c.events.push(e.clone());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Notes device ranges used by work enqueued now, when capturing.
+    pub fn note_ranges(&self, ranges: &[(u64, u64)]) {
+        if let Some(c) = self.capture.lock().as_mut() {
+            c.ranges.extend_from_slice(ranges);
+        }
+    }
+}
