@@ -137,7 +137,7 @@ impl CachingAllocator {
         }
         let pool = st.pool_for(size);
         if let Some(a) = st.take_quick(pool, stream.0, size, requested) {
-            return Ok(DevicePtr(a));
+            return self.checked(a);
         }
         if !st.quick.is_empty() {
             let mut out = Released::new();
@@ -145,15 +145,13 @@ impl CachingAllocator {
             st.deferred_raw.extend(out);
         }
         if let Some(a) = st.take_free(pool, stream.0, size, requested) {
-            return Ok(DevicePtr(a));
+            return self.checked(a);
         }
         let seg = segment_size(size).ok_or_else(|| self.too_large(requested))?;
         let seg_usize = usize::try_from(seg).map_err(|_| self.too_large(requested))?;
         let first = match self.raw.raw_malloc(seg_usize) {
             Ok(p) => {
-                return Ok(DevicePtr(
-                    st.add_segment(pool, stream.0, p.0, seg, size, requested),
-                ))
+                return self.checked(st.add_segment(pool, stream.0, p.0, seg, size, requested))
             }
             Err(e @ Error::OutOfMemory { .. }) => e,
             Err(e) => return Err(e),
@@ -169,12 +167,10 @@ impl CachingAllocator {
         let mut st = self.state.lock();
         let pool = st.pool_for(size);
         if let Some(a) = st.take_free(pool, stream.0, size, requested) {
-            return Ok(DevicePtr(a));
+            return self.checked(a);
         }
         match self.raw.raw_malloc(seg_usize) {
-            Ok(p) => Ok(DevicePtr(
-                st.add_segment(pool, stream.0, p.0, seg, size, requested),
-            )),
+            Ok(p) => self.checked(st.add_segment(pool, stream.0, p.0, seg, size, requested)),
             Err(Error::OutOfMemory { detail, .. }) => {
                 st.stats.ooms += 1;
                 Err(Error::OutOfMemory {
@@ -189,6 +185,18 @@ impl CachingAllocator {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// A block address from the state; zero would mean broken book-keeping, reported instead
+    /// of handed out as a null pointer.
+    fn checked(&self, addr: u64) -> Result<DevicePtr> {
+        if addr == 0 {
+            return Err(Error::Internal(format!(
+                "{}: the caching allocator lost track of a block",
+                self.device
+            )));
+        }
+        Ok(DevicePtr(addr))
     }
 
     fn too_large(&self, requested: u64) -> Error {

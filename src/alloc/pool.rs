@@ -173,6 +173,9 @@ impl State {
             .free
             .range((stream, size, 0, 0)..=(stream, u64::MAX, u64::MAX, u32::MAX))
             .next()?;
+        if key.3 == NIL {
+            return None; // the sentinel (only reachable for a stream handle of u64::MAX)
+        }
         p.free.remove(&key);
         self.stats.cache_hits += 1;
         Some(self.hand_out(key.3, size, requested))
@@ -408,25 +411,31 @@ impl State {
                 Some(Owner::Private(id)) => self.privates.get(&id).is_some_and(|p| p.released),
                 None => false,
             };
-            if !reclaim {
-                continue;
+            if reclaim {
+                self.drain_pool(pi, out);
             }
-            let whole: Vec<FreeKey> = self.pools[pi as usize]
-                .as_ref()
-                .map(|p| {
-                    p.free
-                        .iter()
-                        .filter(|k| self.blocks.get(k.3).is_some_and(|b| b.is_whole_segment()))
-                        .copied()
-                        .collect()
-                })
-                .unwrap_or_default();
-            for k in whole {
-                if let Some(p) = self.pool_mut(pi) {
-                    p.free.remove(&k);
-                }
-                self.drop_segment(k.3, out);
+        }
+    }
+
+    /// Removes every whole free segment of pool `pi`.
+    fn drain_pool(&mut self, pi: u32, out: &mut Released) {
+        let whole: Vec<FreeKey> = self
+            .pools
+            .get(pi as usize)
+            .and_then(|p| p.as_ref())
+            .map(|p| {
+                p.free
+                    .iter()
+                    .filter(|k| self.blocks.get(k.3).is_some_and(|b| b.is_whole_segment()))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for k in whole {
+            if let Some(p) = self.pool_mut(pi) {
+                p.free.remove(&k);
             }
+            self.drop_segment(k.3, out);
         }
     }
 
@@ -479,7 +488,11 @@ impl State {
         for i in retired {
             self.release_block(i, out);
         }
-        self.drain_cache(out);
+        // Only this pool's segments go back; the shared cache stays warm.
+        self.flush_quick(out);
+        for pi in pools {
+            self.drain_pool(pi, out);
+        }
         if self.privates.get(&id).is_some_and(|p| p.segments == 0) {
             self.forget_private(id);
         }

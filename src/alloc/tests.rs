@@ -160,3 +160,27 @@ fn fault_injector_counts() {
     a.free(p).unwrap();
     a.free(q).unwrap();
 }
+
+#[test]
+fn dropping_a_private_pool_keeps_the_shared_cache() {
+    let (dev, a) = alloc();
+    let s = dev.default_stream();
+    let p = a.malloc(4096, s).unwrap();
+    a.free(p).unwrap();
+    let pool = a.begin_private().unwrap();
+    let q = a.malloc(4096, s).unwrap();
+    a.free(q).unwrap();
+    a.end_private(&pool);
+    assert_eq!(a.stats().segments.current, 2);
+    drop(pool);
+    let st = a.stats();
+    assert_eq!(
+        (st.segments.current, st.reserved_bytes.current),
+        (1, 2 << 20)
+    );
+    assert_eq!(
+        a.malloc(4096, s).unwrap(),
+        p,
+        "the shared cache is still warm"
+    );
+}
