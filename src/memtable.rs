@@ -68,6 +68,29 @@ impl<T: Clone> AllocTable<T> {
         Ok(())
     }
 
+    /// Registers memory the backend has just acquired. If registration fails, `release` hands
+    /// the memory back, so a failed allocation call leaks nothing.
+    pub fn adopt<R>(
+        &self,
+        base: u64,
+        size: u64,
+        payload: T,
+        release: impl FnOnce(u64) -> R,
+    ) -> Result<()> {
+        self.insert(base, size, payload).inspect_err(|_| {
+            release(base);
+        })
+    }
+
+    /// Unregisters the allocation that starts at `base` once `drain` has succeeded: the wait
+    /// for pending work that a synchronous free owes (as `cudaFree` does). The pointer is
+    /// checked first, so a bad free waits for nothing. The caller releases the memory.
+    pub fn retire(&self, base: u64, drain: impl FnOnce() -> Result<()>) -> Result<Allocation<T>> {
+        self.get_start(base)?;
+        drain()?;
+        self.remove(base)
+    }
+
     /// Unregisters the allocation that starts at `base`.
     pub fn remove(&self, base: u64) -> Result<Allocation<T>> {
         let mut map = self.map.write();

@@ -9,9 +9,11 @@
 //! device × case through libtest-mimic), the `unirt conformance` command (table, JSON, JUnit),
 //! and anyone adding a vendor.
 
+mod cases_alloc;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
+mod cases_context;
 mod cases_memcpy;
 mod cases_streams;
 mod util;
@@ -116,6 +118,8 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_streams::CASES);
     all.extend_from_slice(cases_capture::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
+    all.extend_from_slice(cases_alloc::CASES);
+    all.extend_from_slice(cases_context::CASES);
     all
 }
 

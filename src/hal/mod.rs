@@ -8,7 +8,7 @@
 //! they are the native `CUstream` / `CUevent` / `CUgraph` / `CUgraphExec` values, so the C ABI
 //! can hand them to code that casts them to CUDA types; elsewhere they are keys of the backend's
 //! live-handle table. Either way a backend validates every handle it is given: a destroyed or
-//! foreign handle is [`Error::InvalidHandle`], never undefined behaviour.
+//! foreign handle is [`Error::InvalidHandle`](crate::Error::InvalidHandle), never undefined behaviour.
 //!
 //! Device addresses ([`DevicePtr`]) are `u64`s in the device's address space; interior pointers
 //! are valid and every copy, set and free is checked against the backend's

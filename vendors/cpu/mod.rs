@@ -314,10 +314,9 @@ impl Backend for CpuBackend {
             return Ok(DevicePtr::NULL);
         }
         let p = memory::acquire(bytes as u64, memory::DEVICE_ALIGN, self.name())?;
-        if let Err(e) = self.device_mem.insert(p, bytes as u64, ()) {
-            memory::release(p, bytes as u64, memory::DEVICE_ALIGN);
-            return Err(e);
-        }
+        self.device_mem.adopt(p, bytes as u64, (), |p| {
+            memory::release(p, bytes as u64, memory::DEVICE_ALIGN)
+        })?;
         Ok(DevicePtr(p))
     }
 
@@ -325,10 +324,7 @@ impl Backend for CpuBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        self.device_mem.get_start(ptr.0)?;
-        // As cudaFree: pending work that may use the memory finishes first.
-        self.synchronize()?;
-        let a = self.device_mem.remove(ptr.0)?;
+        let a = self.device_mem.retire(ptr.0, || self.synchronize())?;
         memory::release(a.base, a.size, memory::DEVICE_ALIGN);
         Ok(())
     }
@@ -338,10 +334,9 @@ impl Backend for CpuBackend {
             return Ok(HostPtr::NULL);
         }
         let p = memory::acquire(bytes as u64, memory::HOST_ALIGN, self.name())?;
-        if let Err(e) = self.host_mem.insert(p, bytes as u64, ()) {
-            memory::release(p, bytes as u64, memory::HOST_ALIGN);
-            return Err(e);
-        }
+        self.host_mem.adopt(p, bytes as u64, (), |p| {
+            memory::release(p, bytes as u64, memory::HOST_ALIGN)
+        })?;
         Ok(HostPtr(p))
     }
 
@@ -349,9 +344,7 @@ impl Backend for CpuBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        self.host_mem.get_start(ptr.0)?;
-        self.synchronize()?;
-        let a = self.host_mem.remove(ptr.0)?;
+        let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
         memory::release(a.base, a.size, memory::HOST_ALIGN);
         Ok(())
     }

@@ -2,7 +2,7 @@
 //!
 //! cudarc's NVRTC loader cannot be pointed at a path and panics when its name list misses the
 //! installed soname (Debian ships `libnvrtc.so.11.2`), so the library is found by
-//! [`loader::find_nvrtc`](super::loader::find_nvrtc) and the few entry points unirt needs are
+//! [`super::loader::find_nvrtc`] and the few entry points unirt needs are
 //! declared here. Results are plain `i32` for the same reason as in `driver.rs`. NVRTC runs on
 //! the host: compiling needs no GPU and no libcuda.
 

@@ -320,10 +320,9 @@ impl Backend for CudaBackend {
         self.check_size(bytes)?;
         self.bind()?;
         let p = self.drv.mem_alloc(bytes, &self.name)?;
-        if let Err(e) = self.shared.mem.insert(p, bytes as u64, AllocKind::Plain) {
-            let _ = self.drv.mem_free(p);
-            return Err(e);
-        }
+        self.shared
+            .mem
+            .adopt(p, bytes as u64, AllocKind::Plain, |p| self.drv.mem_free(p))?;
         Ok(DevicePtr(p))
     }
 
@@ -331,10 +330,8 @@ impl Backend for CudaBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        self.shared.mem.get_start(ptr.0)?;
         // As cudaFree: pending work that may use the memory finishes first.
-        self.synchronize()?;
-        let a = self.shared.mem.remove(ptr.0)?;
+        let a = self.shared.mem.retire(ptr.0, || self.synchronize())?;
         match a.payload {
             AllocKind::Plain => self.drv.mem_free(a.base),
             AllocKind::Pool => {
@@ -351,10 +348,8 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         let p = self.drv.mem_alloc_host(bytes, &self.name)?;
-        if let Err(e) = self.host_mem.insert(p, bytes as u64, ()) {
-            let _ = self.drv.mem_free_host(p);
-            return Err(e);
-        }
+        self.host_mem
+            .adopt(p, bytes as u64, (), |p| self.drv.mem_free_host(p))?;
         Ok(HostPtr(p))
     }
 
@@ -362,9 +357,7 @@ impl Backend for CudaBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        self.host_mem.get_start(ptr.0)?;
-        self.synchronize()?;
-        let a = self.host_mem.remove(ptr.0)?;
+        let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
         self.drv.mem_free_host(a.base)
     }
 
@@ -387,13 +380,12 @@ impl Backend for CudaBackend {
             self.drv.stream_synchronize(s.raw)?;
             (self.drv.mem_alloc(bytes, &self.name)?, AllocKind::Plain)
         };
-        if let Err(e) = self.shared.mem.insert(p, bytes as u64, kind) {
-            let _ = match kind {
+        self.shared
+            .mem
+            .adopt(p, bytes as u64, kind, |p| match kind {
                 AllocKind::Pool => self.drv.mem_free_async(p, s.raw),
                 AllocKind::Plain => self.drv.mem_free(p),
-            };
-            return Err(e);
-        }
+            })?;
         Ok(DevicePtr(p))
     }
 

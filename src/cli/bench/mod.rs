@@ -1,5 +1,6 @@
 //! `unirt bench …`: each benchmark measures unirt and its baseline in the same run.
 
+mod alloc;
 mod cuda;
 mod dispatch;
 mod memcpy;
@@ -22,6 +23,17 @@ pub enum Which {
         json: Option<PathBuf>,
         /// Largest size in MiB (256 by default).
         #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+    },
+    /// Alloc + free pairs from 512 B to 64 MiB: the caching allocator (cache hits) beside the
+    /// backend's raw allocation and the system malloc.
+    Alloc {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest size in MiB (64 by default).
+        #[arg(long, default_value_t = 64)]
         max_mib: usize,
     },
     /// CUDA only: pinned and pageable H2D/D2H beside plain cudarc, and 100 tiny kernels
@@ -62,6 +74,11 @@ pub fn run(which: Which) -> CliResult<ExitCode> {
             json,
             max_mib,
         } => memcpy::run(&device, json.as_deref(), max_mib),
+        Which::Alloc {
+            device,
+            json,
+            max_mib,
+        } => alloc::run(&device, json.as_deref(), max_mib),
         Which::Cuda {
             device,
             json,

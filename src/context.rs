@@ -1,0 +1,260 @@
+//! The thread-local context: InfiniCore's `infinicore::context` free functions in Rust.
+//!
+//! Every thread has a current device (a new thread starts on `cpu:0`) and, per device, its own
+//! stream, created on first use and destroyed when the thread exits. The functions act on the
+//! current device's [`Runtime`], in the order of InfiniCore's `context.hpp`: device selection,
+//! streams, memory, copies, events, graph recording — then the allocator extras (statistics,
+//! trimming, pin mode).
+//!
+//! ```
+//! use unirt::{context, Device};
+//! context::set_device(Device::CPU)?;
+//! let m = context::allocate_memory(256)?;
+//! let data = [7u8; 256];
+//! let mut back = [0u8; 256];
+//! // SAFETY: both host buffers outlive the synchronous copies.
+//! unsafe {
+//!     context::memcpy_h2d(m.device_ptr(), data.as_ptr(), 256, false)?;
+//!     context::memcpy_d2h(back.as_mut_ptr(), m.device_ptr(), 256)?;
+//! }
+//! assert_eq!(back, data);
+//! # Ok::<(), unirt::Error>(())
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::alloc::{MemoryStats, PrivatePool};
+use crate::device::{Device, DeviceKind};
+use crate::error::Result;
+use crate::hal::{AnyBackend, Backend, EventFlags, EventId, EventStatus, MemcpyKind, StreamId};
+use crate::memory::Memory;
+use crate::runtime::{Graph, Runtime};
+use crate::stream::Stream;
+
+thread_local! {
+    static CURRENT: Cell<Device> = const { Cell::new(Device::CPU) };
+    static STREAMS: RefCell<HashMap<Device, Stream>> = RefCell::new(HashMap::new());
+}
+
+pub(crate) fn set_current_device(device: Device) {
+    CURRENT.with(|c| c.set(device));
+}
+
+/// The calling thread's stream on `device`, created on first use.
+pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
+    STREAMS.with(|s| {
+        let mut map = s.borrow_mut();
+        if let Some(st) = map.get(&device) {
+            return Ok(st.id());
+        }
+        let st = Stream::new(backend)?;
+        let id = st.id();
+        map.insert(device, st);
+        Ok(id)
+    })
+}
+
+fn runtime() -> Result<Arc<Runtime>> {
+    Runtime::get(get_device())
+}
+
+/// Makes `device` the calling thread's current device (opening it, and creating its runtime,
+/// on first use). An unknown or unavailable device is an error and changes nothing.
+pub fn set_device(device: Device) -> Result<()> {
+    Runtime::get(device)?;
+    set_current_device(device);
+    Ok(())
+}
+
+/// The calling thread's current device (`cpu:0` until [`set_device`]).
+pub fn get_device() -> Device {
+    CURRENT.with(|c| c.get())
+}
+
+/// How many devices of a kind this machine has (0 when the vendor is unavailable).
+pub fn get_device_count(kind: DeviceKind) -> usize {
+    crate::discover().count(kind)
+}
+
+/// The calling thread's stream on the current device.
+pub fn get_stream() -> Result<StreamId> {
+    runtime()?.stream()
+}
+
+/// Waits for the calling thread's stream on the current device.
+pub fn sync_stream() -> Result<()> {
+    runtime()?.sync_stream()
+}
+
+/// Waits for every stream of the current device.
+pub fn sync_device() -> Result<()> {
+    runtime()?.sync_device()
+}
+
+/// Device memory on the current device, for work on the thread's stream.
+pub fn allocate_memory(bytes: usize) -> Result<Memory> {
+    runtime()?.allocate_memory(bytes)
+}
+
+/// Plain (pageable) host memory.
+pub fn allocate_host_memory(bytes: usize) -> Result<Memory> {
+    Ok(Memory::host(bytes))
+}
+
+/// Pinned host memory from the current device's pool.
+pub fn allocate_pinned_host_memory(bytes: usize) -> Result<Memory> {
+    runtime()?.allocate_pinned_host_memory(bytes)
+}
+
+/// Host to device on the thread's stream; asynchronous unless `asynchronous` is false.
+///
+/// # Safety
+/// `src` must be readable for `bytes` bytes until the copy has run.
+pub unsafe fn memcpy_h2d(
+    dst: crate::DevicePtr,
+    src: *const u8,
+    bytes: usize,
+    asynchronous: bool,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { runtime()?.memcpy_h2d(dst, src, bytes, asynchronous) }
+}
+
+/// Device to host, after the thread's stream's earlier work; always synchronous (as upstream).
+///
+/// # Safety
+/// `dst` must be writable for `bytes` bytes.
+pub unsafe fn memcpy_d2h(dst: *mut u8, src: crate::DevicePtr, bytes: usize) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { runtime()?.memcpy_d2h(dst, src, bytes) }
+}
+
+/// Device to device on the thread's stream; asynchronous unless `asynchronous` is false.
+pub fn memcpy_d2d(
+    dst: crate::DevicePtr,
+    src: crate::DevicePtr,
+    bytes: usize,
+    asynchronous: bool,
+) -> Result<()> {
+    runtime()?.memcpy_d2d(dst, src, bytes, asynchronous)
+}
+
+/// Host to host, synchronous (done by the host backend).
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `bytes` bytes.
+pub unsafe fn memcpy_h2h(dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
+    let host = crate::open(Device::CPU)?;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        host.memcpy(
+            dst as usize as u64,
+            src as usize as u64,
+            bytes,
+            MemcpyKind::H2H,
+        )
+    }
+}
+
+/// A timing event on the current device. Destroy it with [`destroy_event`].
+pub fn create_event() -> Result<EventId> {
+    runtime()?.backend().event_create(EventFlags::DEFAULT)
+}
+
+/// An event with infinirt's flags (`0x1` disable timing, `0x2` blocking sync).
+pub fn create_event_with_flags(flags: u32) -> Result<EventId> {
+    runtime()?.backend().event_create(EventFlags::new(flags)?)
+}
+
+/// Records `event` on `stream`, or on the thread's stream when `None`.
+pub fn record_event(event: EventId, stream: Option<StreamId>) -> Result<()> {
+    let rt = runtime()?;
+    let s = match stream {
+        Some(s) => s,
+        None => rt.stream()?,
+    };
+    rt.backend().event_record(event, s)
+}
+
+/// True when the work `event` recorded has completed (or it was never recorded).
+pub fn query_event(event: EventId) -> Result<bool> {
+    Ok(runtime()?.backend().event_query(event)? == EventStatus::Complete)
+}
+
+/// Blocks until the work `event` recorded has completed.
+pub fn synchronize_event(event: EventId) -> Result<()> {
+    runtime()?.backend().event_synchronize(event)
+}
+
+/// Destroys an event of the current device.
+pub fn destroy_event(event: EventId) -> Result<()> {
+    runtime()?.backend().event_destroy(event)
+}
+
+/// Milliseconds between two completed timing events.
+pub fn elapsed_time(start: EventId, end: EventId) -> Result<f32> {
+    runtime()?.backend().event_elapsed_ms(start, end)
+}
+
+/// Makes later work on `stream` (the thread's stream when `None`) wait for `event`.
+pub fn stream_wait_event(stream: Option<StreamId>, event: EventId) -> Result<()> {
+    let rt = runtime()?;
+    let s = match stream {
+        Some(s) => s,
+        None => rt.stream()?,
+    };
+    rt.backend().stream_wait_event(s, event)
+}
+
+/// Whether the current device is recording a graph.
+pub fn is_graph_recording() -> bool {
+    runtime().is_ok_and(|rt| rt.is_capturing())
+}
+
+/// Starts recording the thread's stream on the current device into a graph; allocations on
+/// the device come from a graph-private pool until [`stop_graph_recording`].
+pub fn start_graph_recording() -> Result<()> {
+    let rt = runtime()?;
+    rt.begin_capture(rt.stream()?, crate::CaptureMode::ThreadLocal)
+}
+
+/// Adds an operator to the graph being recorded: `op` enqueues its work on the recording
+/// stream it is given, and that work is captured. (InfiniCore records operator objects; here
+/// the device's own stream capture records whatever the operator enqueues.)
+/// [`Error::NotCapturing`](crate::Error::NotCapturing) when nothing is recording.
+pub fn add_graph_operator(op: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
+    let s = runtime()?
+        .capturing_stream()
+        .ok_or(crate::Error::NotCapturing)?;
+    op(s)
+}
+
+/// Stops recording and returns the graph (which keeps its private pool reserved).
+pub fn stop_graph_recording() -> Result<Graph> {
+    runtime()?.end_capture()
+}
+
+/// The current device's allocator statistics.
+pub fn memory_stats() -> Result<MemoryStats> {
+    Ok(runtime()?.memory_stats())
+}
+
+/// Sets the current device's peak statistics to their current values.
+pub fn reset_peak_memory_stats() -> Result<()> {
+    runtime()?.allocator().reset_peak();
+    Ok(())
+}
+
+/// Waits for the device, then returns idle cached blocks to the backend (InfiniCore's
+/// `trimDeviceMemory`).
+pub fn trim_device_memory() -> Result<()> {
+    runtime()?.empty_cache()
+}
+
+/// InfiniCore's pin mode on the current device; see
+/// [`CachingAllocator::set_pin_mode`](crate::alloc::CachingAllocator::set_pin_mode).
+pub fn set_pin_mode(pinned: bool) -> Result<Option<Arc<PrivatePool>>> {
+    runtime()?.set_pin_mode(pinned)
+}

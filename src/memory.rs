@@ -1,0 +1,175 @@
+//! [`Memory`]: a shared, self-freeing handle to device, pinned-host or plain host memory.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::alloc::{CachingAllocator, PinnedHostPool};
+use crate::device::Device;
+use crate::hal::{DevicePtr, HostPtr, StreamId};
+
+/// Who takes the memory back.
+enum Owner {
+    Device(Arc<CachingAllocator>),
+    Pinned(Arc<PinnedHostPool>),
+    /// Plain (pageable) host memory, owned here. `u128` elements give 16-byte alignment.
+    Host(#[allow(dead_code)] Box<[u128]>),
+}
+
+struct Inner {
+    device: Device,
+    addr: u64,
+    size: usize,
+    owner: Owner,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Errors are dropped on purpose: a drop must not panic, and after a device failure
+        // there is nobody to report to. The allocator never panics either.
+        match &self.owner {
+            Owner::Device(a) => {
+                let _ = a.free(DevicePtr(self.addr));
+            }
+            Owner::Pinned(p) => {
+                let _ = p.free(HostPtr(self.addr));
+            }
+            Owner::Host(_) => {}
+        }
+    }
+}
+
+/// A block of memory, freed (returned to its allocator) when the last clone drops.
+///
+/// Cloning is cheap (an `Arc`); the address stays valid while any clone lives.
+///
+/// ```
+/// use unirt::{Device, Runtime};
+/// let rt = Runtime::get(Device::CPU)?;
+/// let m = rt.allocate_memory(1000)?;
+/// assert_eq!(m.size(), 1000);
+/// assert!(!m.is_pinned() && m.is_device());
+/// let before = rt.allocator().stats().allocations.current;
+/// drop(m.clone());
+/// assert_eq!(rt.allocator().stats().allocations.current, before); // a clone still lives
+/// drop(m);
+/// assert_eq!(rt.allocator().stats().allocations.current, before - 1);
+/// # Ok::<(), unirt::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Memory(Arc<Inner>);
+
+impl Memory {
+    /// Device memory from a caching allocator.
+    pub fn from_allocator(
+        alloc: &Arc<CachingAllocator>,
+        bytes: usize,
+        stream: StreamId,
+    ) -> crate::Result<Self> {
+        let p = alloc.malloc(bytes, stream)?;
+        Ok(Memory(Arc::new(Inner {
+            device: alloc.device(),
+            addr: p.0,
+            size: bytes,
+            owner: Owner::Device(alloc.clone()),
+        })))
+    }
+
+    /// Pinned host memory from a pinned pool of `device`.
+    pub fn from_pinned_pool(
+        pool: &Arc<PinnedHostPool>,
+        device: Device,
+        bytes: usize,
+    ) -> crate::Result<Self> {
+        let p = pool.malloc(bytes)?;
+        Ok(Memory(Arc::new(Inner {
+            device,
+            addr: p.0,
+            size: bytes,
+            owner: Owner::Pinned(pool.clone()),
+        })))
+    }
+
+    /// Plain host memory, zeroed, 16-byte aligned, on the host device (`cpu:0`).
+    pub fn host(bytes: usize) -> Self {
+        let mut buf = vec![0u128; bytes.div_ceil(16)].into_boxed_slice();
+        let addr = if bytes == 0 {
+            0
+        } else {
+            buf.as_mut_ptr() as usize as u64
+        };
+        Memory(Arc::new(Inner {
+            device: Device::CPU,
+            addr,
+            size: bytes,
+            owner: Owner::Host(buf),
+        }))
+    }
+
+    /// The address: a device address for device memory, a host address otherwise.
+    pub fn addr(&self) -> u64 {
+        self.0.addr
+    }
+
+    /// The address as a device pointer (meaningful for device memory).
+    pub fn device_ptr(&self) -> DevicePtr {
+        DevicePtr(self.0.addr)
+    }
+
+    /// The address as a host pointer (meaningful for host and pinned memory).
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.0.addr as usize as *mut u8
+    }
+
+    /// The size the caller asked for.
+    pub fn size(&self) -> usize {
+        self.0.size
+    }
+
+    /// The device the memory belongs to (`cpu:0` for plain host memory).
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    /// True for pinned host memory.
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.0.owner, Owner::Pinned(_))
+    }
+
+    /// True for device memory.
+    pub fn is_device(&self) -> bool {
+        matches!(self.0.owner, Owner::Device(_))
+    }
+
+    /// Marks the memory as used by work on `stream`, so its reuse after the last drop waits
+    /// for that work. A no-op for plain host memory.
+    pub fn record_stream(&self, stream: StreamId) -> crate::Result<()> {
+        match &self.0.owner {
+            Owner::Device(a) => a.record_stream(DevicePtr(self.0.addr), stream),
+            Owner::Pinned(p) => {
+                p.record_stream(self.0.addr, stream);
+                Ok(())
+            }
+            Owner::Host(_) => Ok(()),
+        }
+    }
+
+    /// How many handles share this memory.
+    pub fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+}
+
+impl fmt::Debug for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.0.owner {
+            Owner::Device(_) => "device",
+            Owner::Pinned(_) => "pinned host",
+            Owner::Host(_) => "host",
+        };
+        write!(
+            f,
+            "Memory({kind}, {}, {:#x}, {} B)",
+            self.0.device, self.0.addr, self.0.size
+        )
+    }
+}

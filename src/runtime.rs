@@ -1,0 +1,322 @@
+//! [`Runtime`]: one per device, created lazily in a process-wide table — the device's caching
+//! allocator, its pinned-host pool, per-thread streams, and graph recording that switches the
+//! allocator into a graph-private pool.
+//!
+//! InfiniCore keeps one runtime per device per thread and, in places, assumes device 0; here
+//! every device gets its runtime on first use ([`Runtime::get`]) and threads share it (the
+//! allocator is thread-safe), while each thread still gets its own stream per device.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::alloc::{CachingAllocator, MemoryStats, PinnedHostPool, PrivatePool};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::hal::{
+    AnyBackend, Backend, CaptureMode, DevicePtr, GraphExecId, GraphId, MemcpyKind, StreamId,
+};
+use crate::memory::Memory;
+
+/// A recording in progress.
+struct Recording {
+    stream: StreamId,
+    pool: Arc<PrivatePool>,
+}
+
+/// The runtime of one device.
+pub struct Runtime {
+    device: Device,
+    backend: Arc<AnyBackend>,
+    allocator: Arc<CachingAllocator>,
+    pinned: Arc<PinnedHostPool>,
+    recording: Mutex<Option<Recording>>,
+}
+
+impl Runtime {
+    /// The runtime of `device`, created (and the device opened) on first use.
+    ///
+    /// ```
+    /// use unirt::{Device, Runtime};
+    /// let a = Runtime::get(Device::CPU)?;
+    /// let b = Runtime::get("cpu:0".parse()?)?;
+    /// assert!(std::sync::Arc::ptr_eq(&a, &b));
+    /// # Ok::<(), unirt::Error>(())
+    /// ```
+    pub fn get(device: Device) -> Result<Arc<Runtime>> {
+        static TABLE: OnceLock<Mutex<HashMap<Device, Arc<Runtime>>>> = OnceLock::new();
+        let table = TABLE.get_or_init(|| Mutex::new(HashMap::new()));
+        if let Some(rt) = table.lock().get(&device) {
+            return Ok(rt.clone());
+        }
+        // Opening may take a while; do it outside the table's lock and keep the first winner.
+        let rt = Runtime::standalone(crate::open(device)?);
+        Ok(table.lock().entry(device).or_insert(rt).clone())
+    }
+
+    /// A runtime that is not in the process-wide table: its own allocator, pinned pool and
+    /// statistics over an opened device. Tests and benchmarks use it to start from zero.
+    pub fn standalone(backend: Arc<AnyBackend>) -> Arc<Runtime> {
+        let device = crate::alloc::device_of(&backend);
+        Arc::new(Runtime {
+            device,
+            allocator: CachingAllocator::new(backend.clone()),
+            pinned: PinnedHostPool::new(backend.clone()),
+            backend,
+            recording: Mutex::new(None),
+        })
+    }
+
+    /// Makes this runtime's device the calling thread's current device, and returns it.
+    pub fn activate(self: &Arc<Self>) -> Arc<Self> {
+        crate::context::set_current_device(self.device);
+        self.clone()
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn backend(&self) -> &Arc<AnyBackend> {
+        &self.backend
+    }
+
+    /// The device's caching allocator.
+    pub fn allocator(&self) -> &Arc<CachingAllocator> {
+        &self.allocator
+    }
+
+    /// The device's pinned-host pool.
+    pub fn pinned_host_pool(&self) -> &Arc<PinnedHostPool> {
+        &self.pinned
+    }
+
+    /// The calling thread's stream on this device (created on first use, destroyed when the
+    /// thread exits).
+    pub fn stream(&self) -> Result<StreamId> {
+        crate::context::thread_stream(self.device, &self.backend)
+    }
+
+    /// Waits for the calling thread's stream.
+    pub fn sync_stream(&self) -> Result<()> {
+        self.backend.stream_synchronize(self.stream()?)
+    }
+
+    /// Waits for every stream of the device.
+    pub fn sync_device(&self) -> Result<()> {
+        self.backend.synchronize()
+    }
+
+    /// Device memory for work on the calling thread's stream.
+    pub fn allocate_memory(&self, bytes: usize) -> Result<Memory> {
+        Memory::from_allocator(&self.allocator, bytes, self.stream()?)
+    }
+
+    /// Pinned host memory from the device's pool.
+    pub fn allocate_pinned_host_memory(&self, bytes: usize) -> Result<Memory> {
+        Memory::from_pinned_pool(&self.pinned, self.device, bytes)
+    }
+
+    /// Copies host to device on the thread's stream; waits unless `asynchronous`. A pinned
+    /// source is recorded as used by the stream, so the pool does not reuse it early.
+    ///
+    /// # Safety
+    /// `src` must be readable for `bytes` bytes until the copy has run (until this returns when
+    /// not `asynchronous`; until the stream is synchronised otherwise).
+    pub unsafe fn memcpy_h2d(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        asynchronous: bool,
+    ) -> Result<()> {
+        let s = self.stream()?;
+        let src = src as usize as u64;
+        // SAFETY: the caller's promise above is the HAL's.
+        unsafe {
+            self.backend
+                .memcpy_async(dst.0, src, bytes, MemcpyKind::H2D, s)?
+        };
+        self.pinned.record_stream(src, s);
+        if !asynchronous {
+            self.backend.stream_synchronize(s)?;
+        }
+        Ok(())
+    }
+
+    /// Copies device to host after the thread's stream's earlier work; always synchronous.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `bytes` bytes.
+    pub unsafe fn memcpy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: usize) -> Result<()> {
+        let s = self.stream()?;
+        // SAFETY: the caller's promise; the copy completes before this returns.
+        unsafe {
+            self.backend
+                .memcpy_async(dst as usize as u64, src.0, bytes, MemcpyKind::D2H, s)?
+        };
+        self.backend.stream_synchronize(s)
+    }
+
+    /// Copies device to device on the thread's stream; waits unless `asynchronous`.
+    pub fn memcpy_d2d(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        asynchronous: bool,
+    ) -> Result<()> {
+        let s = self.stream()?;
+        // SAFETY: both ranges are device ranges, bounds-checked by the backend.
+        unsafe {
+            self.backend
+                .memcpy_async(dst.0, src.0, bytes, MemcpyKind::D2D, s)?
+        };
+        if !asynchronous {
+            self.backend.stream_synchronize(s)?;
+        }
+        Ok(())
+    }
+
+    /// Starts recording `stream`: its async work goes into a graph, and every allocation on
+    /// this device comes from a new graph-private pool until [`end_capture`](Self::end_capture).
+    /// One recording per device at a time.
+    pub fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
+        let mut rec = self.recording.lock();
+        if rec.is_some() {
+            return Err(Error::Capturing(format!(
+                "{} is already recording a graph",
+                self.device
+            )));
+        }
+        let pool = self.allocator.begin_private()?;
+        if let Err(e) = self.backend.begin_capture(stream, mode) {
+            self.allocator.end_private(&pool);
+            return Err(e);
+        }
+        *rec = Some(Recording { stream, pool });
+        Ok(())
+    }
+
+    /// Stops recording and returns the graph, which keeps the private pool reserved.
+    pub fn end_capture(&self) -> Result<Graph> {
+        let rec = self.recording.lock().take().ok_or(Error::NotCapturing)?;
+        self.allocator.end_private(&rec.pool);
+        let id = self.backend.end_capture(rec.stream)?;
+        Ok(Graph {
+            backend: self.backend.clone(),
+            id,
+            pool: rec.pool,
+        })
+    }
+
+    /// Whether a graph is being recorded on this device.
+    pub fn is_capturing(&self) -> bool {
+        self.recording.lock().is_some()
+    }
+
+    /// The stream being recorded, if any.
+    pub fn capturing_stream(&self) -> Option<StreamId> {
+        self.recording.lock().as_ref().map(|r| r.stream)
+    }
+
+    /// InfiniCore's pin mode, mapped onto graph-private pools: see
+    /// [`CachingAllocator::set_pin_mode`].
+    pub fn set_pin_mode(&self, pinned: bool) -> Result<Option<Arc<PrivatePool>>> {
+        self.allocator.set_pin_mode(pinned)
+    }
+
+    /// The device allocator's statistics.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.allocator.stats()
+    }
+
+    /// Waits for the device, then returns idle cached memory (device and pinned) to the
+    /// backend.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.backend.synchronize()?;
+        self.allocator.empty_cache()?;
+        self.pinned.empty_cache()
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Runtime({})", self.device)
+    }
+}
+
+/// A recorded graph. It holds its graph-private pool, so memory allocated while recording
+/// stays reserved as long as the graph or an executable made from it lives.
+pub struct Graph {
+    backend: Arc<AnyBackend>,
+    id: GraphId,
+    pool: Arc<PrivatePool>,
+}
+
+impl Graph {
+    pub fn id(&self) -> GraphId {
+        self.id
+    }
+
+    /// The private pool the recording allocated from.
+    pub fn pool(&self) -> &Arc<PrivatePool> {
+        &self.pool
+    }
+
+    /// Prepares the graph for replay.
+    pub fn instantiate(&self) -> Result<GraphExec> {
+        Ok(GraphExec {
+            id: self.backend.graph_instantiate(self.id)?,
+            backend: self.backend.clone(),
+            pool: self.pool.clone(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({:?}, {:?})", self.id, self.pool)
+    }
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphExec({:?}, {:?})", self.id, self.pool)
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = self.backend.graph_destroy(self.id);
+    }
+}
+
+/// A launchable graph; it too keeps the private pool reserved.
+pub struct GraphExec {
+    backend: Arc<AnyBackend>,
+    id: GraphExecId,
+    pool: Arc<PrivatePool>,
+}
+
+impl GraphExec {
+    pub fn id(&self) -> GraphExecId {
+        self.id
+    }
+
+    pub fn pool(&self) -> &Arc<PrivatePool> {
+        &self.pool
+    }
+
+    /// Enqueues one replay on `stream`.
+    pub fn launch(&self, stream: StreamId) -> Result<()> {
+        self.backend.graph_launch(self.id, stream)
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        let _ = self.backend.graph_exec_destroy(self.id);
+    }
+}
