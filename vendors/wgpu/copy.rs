@@ -15,7 +15,11 @@ use crate::error::{Error, Result};
 
 /// The largest piece one byte-kernel dispatch handles.
 fn chunk(gpu: &Gpu) -> u64 {
-    (gpu.kernels.max_binding - 2 * gpu.kernels.binding_align) & !3
+    (gpu.kernels
+        .max_binding
+        .saturating_sub(2 * gpu.kernels.binding_align)
+        & !3)
+        .max(4)
 }
 
 fn u32_of(v: u64) -> Result<u32> {
@@ -129,7 +133,7 @@ pub(crate) fn device_set(
     if n == 0 {
         return Ok(());
     }
-    if value == 0 && off % 4 == 0 && n % 4 == 0 {
+    if value == 0 && (off | n) & 3 == 0 {
         out.push(Cmd::Clear {
             buf: dst.buffer.clone(),
             off,

@@ -264,7 +264,7 @@ impl Kernels {
             return Err(Error::TooLarge {
                 device: "wgpu".into(),
                 requested: len,
-                limit: self.max_binding - self.binding_align,
+                limit: self.max_binding.saturating_sub(self.binding_align),
             });
         }
         let w = Window {
@@ -279,7 +279,8 @@ impl Kernels {
     /// offset meets the binding alignment and the range fits one binding.
     pub fn direct_window(&self, buf: &DevBuf, off: u64, len: u64) -> Option<Window> {
         let size = buf.buffer.size();
-        if off % self.binding_align != 0 || off >= size {
+        // The alignment is a power of two (a WebGPU rule for this limit).
+        if off & (self.binding_align - 1) != 0 || off >= size {
             return None;
         }
         let span = (size - off).min(self.max_binding) & !3;
