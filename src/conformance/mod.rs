@@ -10,6 +10,7 @@
 //! and anyone adding a vendor.
 
 mod cases_alloc;
+mod cases_alloc_pools;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
@@ -119,6 +120,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_capture::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
     all.extend_from_slice(cases_alloc::CASES);
+    all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
     all
 }
