@@ -243,8 +243,10 @@ fn enumerate() -> Enumerated {
         Ok(b) => b,
         Err(reason) => return Enumerated::None(reason),
     };
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    // Only the wanted backends are initialised: a GL-less filter then never starts EGL.
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends &= backends;
+    let instance = wgpu::Instance::new(desc);
     let all = pollster::block_on(instance.enumerate_adapters(backends));
     let seen = all.len();
     let mut skipped = Vec::new();
