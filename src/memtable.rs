@@ -148,6 +148,22 @@ impl<T: Clone> AllocTable<T> {
         }
     }
 
+    /// Checks the host side of a copy: non-null, and in bounds when it starts inside one of this
+    /// table's allocations (a backend's pinned-host memory). Other host memory cannot be
+    /// checked; it is the caller's promise (`memcpy` is unsafe). Empty ranges are fine.
+    pub fn check_host(&self, addr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if addr == 0 {
+            return Err(Error::NullPointer("host address".into()));
+        }
+        if self.find(addr).is_some() {
+            self.lookup(addr, len)?;
+        }
+        Ok(())
+    }
+
     /// The allocation containing `addr`, if any.
     pub fn find(&self, addr: u64) -> Option<Allocation<T>> {
         Self::containing(&self.map.read(), addr).cloned()

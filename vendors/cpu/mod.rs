@@ -122,20 +122,6 @@ impl CpuBackend {
         self.device_mem.lookup(addr, len).map(|_| ())
     }
 
-    /// Checks a host range: non-null, and in bounds when it lies in a pinned allocation.
-    fn check_host(&self, addr: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        if addr == 0 {
-            return Err(Error::NullPointer("host address".into()));
-        }
-        if self.host_mem.find(addr).is_some() {
-            self.host_mem.lookup(addr, len)?;
-        }
-        Ok(())
-    }
-
     /// Validates a copy; returns the device ranges it touches.
     fn check_copy(
         &self,
@@ -151,7 +137,7 @@ impl CpuBackend {
                 self.check_device(addr, len)?;
                 ranges.push((addr, len));
             } else {
-                self.check_host(addr, len)?;
+                self.host_mem.check_host(addr, len)?;
             }
         }
         Ok(ranges)

@@ -38,20 +38,6 @@ impl CudaBackend {
         self.shared.mem.lookup(addr, len).map(|_| ())
     }
 
-    /// Checks a host range: non-null, and in bounds when it lies in a pinned allocation.
-    fn check_host(&self, addr: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        if addr == 0 {
-            return Err(Error::NullPointer("host address".into()));
-        }
-        if self.host_mem.find(addr).is_some() {
-            self.host_mem.lookup(addr, len)?;
-        }
-        Ok(())
-    }
-
     /// A device range of this device or, for D2D, of another open CUDA device.
     fn device_side(&self, addr: u64, len: u64, peer_ok: bool) -> Result<Option<Arc<Shared>>> {
         match self.check_device(addr, len) {
@@ -79,7 +65,7 @@ impl CudaBackend {
                 plan.ranges.push((dst, len));
             }
         } else {
-            self.check_host(dst, len)?;
+            self.host_mem.check_host(dst, len)?;
         }
         if kind.src_on_device() {
             plan.src_peer = self.device_side(src, len, peer_ok)?;
@@ -87,7 +73,7 @@ impl CudaBackend {
                 plan.ranges.push((src, len));
             }
         } else {
-            self.check_host(src, len)?;
+            self.host_mem.check_host(src, len)?;
         }
         Ok(plan)
     }

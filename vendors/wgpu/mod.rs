@@ -115,19 +115,6 @@ impl WgpuBackend {
         self.resolve(addr, len).map(|_| ())
     }
 
-    fn check_host(&self, addr: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        if addr == 0 {
-            return Err(Error::NullPointer("host address".into()));
-        }
-        if self.host_mem.find(addr).is_some() {
-            self.host_mem.lookup(addr, len)?;
-        }
-        Ok(())
-    }
-
     fn check_copy(
         &self,
         dst: u64,
@@ -143,7 +130,7 @@ impl WgpuBackend {
                     ranges.push((addr, len));
                 }
             } else {
-                self.check_host(addr, len)?;
+                self.host_mem.check_host(addr, len)?;
             }
         }
         Ok(ranges)
