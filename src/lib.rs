@@ -84,6 +84,7 @@ pub mod discovery;
 pub mod error;
 pub mod hal;
 pub mod handles;
+pub mod hostmem;
 pub mod kernel;
 pub mod memory;
 pub mod memtable;

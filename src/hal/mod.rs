@@ -140,6 +140,8 @@ pub trait Backend: Send + Sync {
 }
 
 /// One opened device of any vendor.
+// One value per opened device, kept behind an `Arc`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[enum_dispatch(Backend)]
 pub enum AnyBackend {
     Cpu(CpuBackend),

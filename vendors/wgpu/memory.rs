@@ -12,7 +12,6 @@
 //! `malloc_host` returns page-aligned host memory that this backend bounds-checks; copies from
 //! and to it still stage through wgpu buffers. `Capabilities::pinned_host_memory` says false.
 
-use std::alloc::Layout;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
@@ -22,7 +21,7 @@ pub(crate) const DEVICE_ALIGN: u64 = 256;
 /// Unmapped addresses left after each allocation.
 const GAP: u64 = 64 << 10;
 /// Host allocations are page-aligned.
-pub(crate) const HOST_ALIGN: u64 = 4096;
+pub(crate) const HOST_ALIGN: u64 = crate::hostmem::PAGE_ALIGN;
 
 /// The payload of one device allocation: its buffer and padded size.
 #[derive(Clone, Debug)]
@@ -118,36 +117,6 @@ pub(crate) fn create_buffer(
         });
     }
     Ok(buffer)
-}
-
-/// Allocates `size` (> 0) bytes of host memory aligned to `align`.
-pub(crate) fn host_acquire(size: u64, align: u64, device: &str) -> Result<u64> {
-    let oom = |detail: &str| Error::OutOfMemory {
-        device: device.to_string(),
-        requested: size,
-        detail: detail.to_string(),
-    };
-    let size_usize = usize::try_from(size).map_err(|_| oom("larger than the address space"))?;
-    let layout = Layout::from_size_align(size_usize, align as usize)
-        .map_err(|_| oom("larger than the address space"))?;
-    // SAFETY: the layout has a non-zero size (callers map zero to NULL before calling).
-    let p = unsafe { std::alloc::alloc(layout) };
-    if p.is_null() {
-        return Err(oom("the host allocator refused"));
-    }
-    Ok(p as usize as u64)
-}
-
-/// Frees memory from [`host_acquire`] with the same size and alignment.
-pub(crate) fn host_release(ptr: u64, size: u64, align: u64) {
-    if ptr == 0 || size == 0 {
-        return;
-    }
-    if let Ok(layout) = Layout::from_size_align(size as usize, align as usize) {
-        // SAFETY: ptr came from host_acquire(size, align) and was removed from the allocation
-        // table, so it is freed exactly once.
-        unsafe { std::alloc::dealloc(ptr as usize as *mut u8, layout) }
-    }
 }
 
 /// A wgpu error caught in an error scope, as a unirt error.

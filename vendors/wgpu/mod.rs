@@ -40,6 +40,7 @@ use crate::discovery::Probe;
 use crate::error::{Error, Result};
 use crate::hal::*;
 use crate::handles::HandleTable;
+use crate::hostmem;
 use crate::kernel::check_launch;
 use crate::memtable::AllocTable;
 
@@ -158,7 +159,7 @@ impl Drop for WgpuBackend {
     fn drop(&mut self) {
         let _ = self.synchronize();
         for a in self.host_mem.drain() {
-            memory::host_release(a.base, a.size, memory::HOST_ALIGN);
+            hostmem::release(a.base, a.size, memory::HOST_ALIGN);
         }
     }
 }
@@ -315,11 +316,10 @@ impl Backend for WgpuBackend {
         if bytes == 0 {
             return Ok(HostPtr::NULL);
         }
-        let p = memory::host_acquire(bytes as u64, memory::HOST_ALIGN, &self.name)?;
-        if let Err(e) = self.host_mem.insert(p, bytes as u64, ()) {
-            memory::host_release(p, bytes as u64, memory::HOST_ALIGN);
-            return Err(e);
-        }
+        let p = hostmem::acquire(bytes as u64, memory::HOST_ALIGN, &self.name)?;
+        self.host_mem.adopt(p, bytes as u64, (), |p| {
+            hostmem::release(p, bytes as u64, memory::HOST_ALIGN)
+        })?;
         Ok(HostPtr(p))
     }
 
@@ -327,11 +327,9 @@ impl Backend for WgpuBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        self.host_mem.get_start(ptr.0)?;
         // Pending device-to-host copies may still write into it.
-        self.synchronize()?;
-        let a = self.host_mem.remove(ptr.0)?;
-        memory::host_release(a.base, a.size, memory::HOST_ALIGN);
+        let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
+        hostmem::release(a.base, a.size, memory::HOST_ALIGN);
         Ok(())
     }
 
