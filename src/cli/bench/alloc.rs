@@ -14,7 +14,7 @@ use serde::Serialize;
 use unirt::alloc::CachingAllocator;
 use unirt::{Backend, Device, DeviceKind};
 
-use super::stats::median;
+use super::stats::{median, write_rows};
 use crate::cli::CliResult;
 
 #[derive(Serialize)]
@@ -163,11 +163,6 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
             r.system_malloc_ns
         );
     }
-    if let Some(p) = json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({ "rows": rows }))?,
-        )?;
-    }
+    write_rows(json, &rows)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::Serialize;
 use unirt::{Backend, BackendExt, CaptureMode, Device, DeviceKind, KernelArg, StreamId};
 
-use super::stats::median;
+use super::stats::{median, write_rows};
 use crate::cli::CliResult;
 
 const LAUNCHES: usize = 100;
@@ -229,12 +229,7 @@ pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode
     dev.free(b)?;
     dev.free(out)?;
     dev.stream_destroy(s)?;
-    if let Some(p) = json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({ "rows": rows }))?,
-        )?;
-    }
+    write_rows(json, &rows)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use unirt::{Backend, Device, EventFlags, MemcpyKind};
 
-use super::stats::{median, reps_for};
+use super::stats::{median, reps_for, write_rows};
 use crate::cli::CliResult;
 
 #[derive(Serialize)]
@@ -116,12 +116,7 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         dev.free_host(h_src)?;
         dev.free_host(h_dst)?;
     }
-    if let Some(p) = json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({ "rows": rows }))?,
-        )?;
-    }
+    write_rows(json, &rows)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -179,11 +174,6 @@ pub fn latency(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     dev.event_destroy(ev)?;
     dev.free(buf)?;
     dev.stream_destroy(s)?;
-    if let Some(p) = json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({ "rows": rows }))?,
-        )?;
-    }
+    write_rows(json, &rows)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -21,3 +21,17 @@ pub fn reps_for(one: Duration, budget: Duration, min: usize, max: usize) -> usiz
     let n = budget.as_secs_f64() / one.as_secs_f64().max(1e-9);
     (n as usize).clamp(min, max)
 }
+
+/// Writes `{"rows": rows}` as pretty JSON when a path was given (every bench's `--json`).
+pub fn write_rows<R: serde::Serialize>(
+    path: Option<&std::path::Path>,
+    rows: &[R],
+) -> crate::cli::CliResult<()> {
+    if let Some(p) = path {
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&serde_json::json!({ "rows": rows }))?,
+        )?;
+    }
+    Ok(())
+}
