@@ -4,6 +4,8 @@
 use std::alloc::Layout;
 
 use crate::error::{Error, Result};
+use crate::hal::HostPtr;
+use crate::memtable::AllocTable;
 
 /// Host allocations that stand in for pinned memory are page-aligned.
 pub const PAGE_ALIGN: u64 = 4096;
@@ -36,5 +38,60 @@ pub fn release(ptr: u64, size: u64, align: u64) {
         // SAFETY: ptr came from acquire(size, align) and was removed from the allocation table,
         // so it is freed exactly once.
         unsafe { std::alloc::dealloc(ptr as usize as *mut u8, layout) }
+    }
+}
+
+/// Page-aligned host memory that a backend with no page-locking of its own (CPU, wgpu) hands
+/// out as its "pinned" memory, registered so that frees and copies through it are checked.
+/// Everything still allocated is released when the heap drops.
+#[derive(Debug)]
+pub struct HostHeap {
+    table: AllocTable,
+    device: String,
+}
+
+impl HostHeap {
+    /// `device` names the owner in out-of-memory errors.
+    pub fn new(device: impl Into<String>) -> Self {
+        HostHeap {
+            table: AllocTable::new("pinned host"),
+            device: device.into(),
+        }
+    }
+
+    /// `bytes` of page-aligned memory; zero bytes is null.
+    pub fn alloc(&self, bytes: usize) -> Result<HostPtr> {
+        if bytes == 0 {
+            return Ok(HostPtr::NULL);
+        }
+        let p = acquire(bytes as u64, PAGE_ALIGN, &self.device)?;
+        self.table.adopt(p, bytes as u64, (), |p| {
+            release(p, bytes as u64, PAGE_ALIGN)
+        })?;
+        Ok(HostPtr(p))
+    }
+
+    /// Frees memory from [`alloc`](Self::alloc) once `drain` — the device-wide wait, since
+    /// pending device-to-host copies may still write into it — has succeeded. Null is a no-op.
+    pub fn free(&self, ptr: HostPtr, drain: impl FnOnce() -> Result<()>) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let a = self.table.retire(ptr.0, drain)?;
+        release(a.base, a.size, PAGE_ALIGN);
+        Ok(())
+    }
+
+    /// See [`AllocTable::check_host`].
+    pub fn check_host(&self, addr: u64, len: u64) -> Result<()> {
+        self.table.check_host(addr, len)
+    }
+}
+
+impl Drop for HostHeap {
+    fn drop(&mut self) {
+        for a in self.table.drain() {
+            release(a.base, a.size, PAGE_ALIGN);
+        }
     }
 }

@@ -5,8 +5,6 @@ use crate::error::{Error, Result};
 
 /// Device allocations are aligned like CUDA's (256 bytes) so code tuned for GPUs sees the same.
 pub(crate) const DEVICE_ALIGN: u64 = 256;
-/// Pinned-host allocations are page-aligned.
-pub(crate) const HOST_ALIGN: u64 = crate::hostmem::PAGE_ALIGN;
 
 pub(crate) use crate::hostmem::{acquire, release};
 

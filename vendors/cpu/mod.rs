@@ -24,6 +24,7 @@ use crate::discovery::Probe;
 use crate::error::{Error, Result};
 use crate::hal::*;
 use crate::handles::HandleTable;
+use crate::hostmem::HostHeap;
 use crate::kernel::check_launch;
 use crate::memtable::AllocTable;
 
@@ -66,7 +67,7 @@ fn device_info() -> DeviceInfo {
 pub struct CpuBackend {
     info: DeviceInfo,
     device_mem: AllocTable,
-    host_mem: AllocTable,
+    host_mem: HostHeap,
     streams: HandleTable<CpuStream>,
     events: HandleTable<CpuEvent>,
     graphs: HandleTable<CpuGraph>,
@@ -89,7 +90,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             info: device_info(),
             device_mem: AllocTable::new("device"),
-            host_mem: AllocTable::new("pinned host"),
+            host_mem: HostHeap::new("cpu:0"),
             streams,
             events: HandleTable::new(EventId::KIND),
             graphs: HandleTable::new(GraphId::KIND),
@@ -173,9 +174,6 @@ impl Drop for CpuBackend {
         let _ = self.synchronize();
         for a in self.device_mem.drain() {
             memory::release(a.base, a.size, memory::DEVICE_ALIGN);
-        }
-        for a in self.host_mem.drain() {
-            memory::release(a.base, a.size, memory::HOST_ALIGN);
         }
     }
 }
@@ -316,23 +314,11 @@ impl Backend for CpuBackend {
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
-        if bytes == 0 {
-            return Ok(HostPtr::NULL);
-        }
-        let p = memory::acquire(bytes as u64, memory::HOST_ALIGN, self.name())?;
-        self.host_mem.adopt(p, bytes as u64, (), |p| {
-            memory::release(p, bytes as u64, memory::HOST_ALIGN)
-        })?;
-        Ok(HostPtr(p))
+        self.host_mem.alloc(bytes)
     }
 
     fn free_host(&self, ptr: HostPtr) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
-        memory::release(a.base, a.size, memory::HOST_ALIGN);
-        Ok(())
+        self.host_mem.free(ptr, || self.synchronize())
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {

@@ -20,8 +20,6 @@ use crate::error::{Error, Result};
 pub(crate) const DEVICE_ALIGN: u64 = 256;
 /// Unmapped addresses left after each allocation.
 const GAP: u64 = 64 << 10;
-/// Host allocations are page-aligned.
-pub(crate) const HOST_ALIGN: u64 = crate::hostmem::PAGE_ALIGN;
 
 /// The payload of one device allocation: its buffer and padded size.
 #[derive(Clone, Debug)]

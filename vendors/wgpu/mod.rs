@@ -40,7 +40,7 @@ use crate::discovery::Probe;
 use crate::error::{Error, Result};
 use crate::hal::*;
 use crate::handles::HandleTable;
-use crate::hostmem;
+use crate::hostmem::HostHeap;
 use crate::kernel::check_launch;
 use crate::memtable::AllocTable;
 
@@ -61,7 +61,7 @@ pub struct WgpuBackend {
     gpu: Gpu,
     vas: AddressSpace,
     device_mem: AllocTable<DevBuf>,
-    host_mem: AllocTable,
+    host_mem: HostHeap,
     streams: HandleTable<WStream>,
     events: HandleTable<WEvent>,
     graphs: HandleTable<WGraph>,
@@ -83,7 +83,7 @@ impl WgpuBackend {
             gpu,
             vas: AddressSpace::new(),
             device_mem: AllocTable::new("device"),
-            host_mem: AllocTable::new("pinned host"),
+            host_mem: HostHeap::new(format!("wgpu:{index}")),
             streams,
             events: HandleTable::new(EventId::KIND),
             graphs: HandleTable::new(GraphId::KIND),
@@ -158,9 +158,6 @@ impl WgpuBackend {
 impl Drop for WgpuBackend {
     fn drop(&mut self) {
         let _ = self.synchronize();
-        for a in self.host_mem.drain() {
-            hostmem::release(a.base, a.size, memory::HOST_ALIGN);
-        }
     }
 }
 
@@ -313,24 +310,11 @@ impl Backend for WgpuBackend {
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
-        if bytes == 0 {
-            return Ok(HostPtr::NULL);
-        }
-        let p = hostmem::acquire(bytes as u64, memory::HOST_ALIGN, &self.name)?;
-        self.host_mem.adopt(p, bytes as u64, (), |p| {
-            hostmem::release(p, bytes as u64, memory::HOST_ALIGN)
-        })?;
-        Ok(HostPtr(p))
+        self.host_mem.alloc(bytes)
     }
 
     fn free_host(&self, ptr: HostPtr) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        // Pending device-to-host copies may still write into it.
-        let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
-        hostmem::release(a.base, a.size, memory::HOST_ALIGN);
-        Ok(())
+        self.host_mem.free(ptr, || self.synchronize())
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
