@@ -163,23 +163,36 @@ fn large(ctx: &Ctx, r#async: bool) -> Result<(), Failure> {
     } else {
         None
     };
-    let data = pattern(n, 99);
-    let (a, b) = (Buf::new(&ctx.backend, n)?, Buf::new(&ctx.backend, n)?);
-    let mut out = vec![0u8; n];
-    // SAFETY: `data` and `out` outlive the copies (synchronised before they are read).
+    // Odd offsets on every side: the aligned bulk and the unaligned head and tail all move.
+    let data = pattern(n + 1, 99);
+    let (a, b) = (
+        Buf::new(&ctx.backend, n + 8)?,
+        Buf::new(&ctx.backend, n + 8)?,
+    );
+    let mut out = vec![0u8; n + 3];
+    // SAFETY: `data` and `out` outlive the copies (synchronised before they are read), and
+    // every range lies inside them.
     unsafe {
         let copy = |d: u64, s: u64, k| match &stream {
             Some(st) => ctx.memcpy_async(d, s, n, k, st.id()),
             None => ctx.memcpy(d, s, n, k),
         };
-        copy(a.ptr.0, data.as_ptr() as u64, MemcpyKind::H2D)?;
-        copy(b.ptr.0, a.ptr.0, MemcpyKind::D2D)?;
-        copy(out.as_mut_ptr() as u64, b.ptr.0, MemcpyKind::D2H)?;
+        copy(a.at(1).0, data.as_ptr() as u64 + 1, MemcpyKind::H2D)?;
+        copy(b.at(3).0, a.at(1).0, MemcpyKind::D2D)?;
+        copy(out.as_mut_ptr() as u64 + 3, b.at(3).0, MemcpyKind::D2H)?;
     }
     if let Some(st) = &stream {
         st.synchronize()?;
     }
-    same(&out, &data, "64 MiB through H2D, D2D, D2H")
+    ensure!(
+        out[..3] == [0, 0, 0],
+        "D2H wrote before its destination offset"
+    );
+    same(
+        &out[3..],
+        &data[1..],
+        "64 MiB through H2D, D2D, D2H at offsets 1 and 3",
+    )
 }
 
 fn zero_bytes(ctx: &Ctx) -> Result<(), Failure> {
