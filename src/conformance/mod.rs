@@ -14,6 +14,7 @@ mod cases_alloc_pools;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
+mod cases_chaos;
 mod cases_context;
 mod cases_memcpy;
 mod cases_streams;
@@ -119,6 +120,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_streams::CASES);
     all.extend_from_slice(cases_capture::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
+    all.extend_from_slice(cases_chaos::CASES);
     all.extend_from_slice(cases_alloc::CASES);
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
