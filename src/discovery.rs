@@ -177,6 +177,14 @@ pub fn open(device: Device) -> Result<Arc<AnyBackend>> {
     Ok(table.lock().entry(device).or_insert(backend).clone())
 }
 
+/// Opens a fresh instance of a device, not shared with [`open`]: its own streams, events and
+/// allocation table, released when the last `Arc` drops. For isolation — a test that must not
+/// see, or disturb, what other code does on the shared instance.
+pub fn open_private(device: Device) -> Result<Arc<AnyBackend>> {
+    discover().info(device)?;
+    Ok(Arc::new(open_uncached(device)?))
+}
+
 fn open_uncached(device: Device) -> Result<AnyBackend> {
     let opened = catch_unwind(AssertUnwindSafe(|| -> Result<AnyBackend> {
         Ok(match device.kind {

@@ -1,6 +1,10 @@
 //! Seeded random call sequences mixing valid and invalid arguments: whatever the order, every
 //! call returns `Ok` or a typed error — never a panic, a hang or memory corruption — and the
 //! device still works afterwards.
+//!
+//! The sequence runs on a private instance of the device ([`crate::discovery::open_private`]):
+//! it captures the default stream and reuses freed addresses on purpose, which must not reach
+//! the cases running beside it on the shared instance.
 
 use super::*;
 use crate::hal::{
@@ -104,7 +108,11 @@ fn len(r: &mut Rng) -> usize {
     }
 }
 
-fn chaos(ctx: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
+fn chaos(shared: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
+    let ctx = &Ctx {
+        device: shared.device,
+        backend: crate::discovery::open_private(shared.device)?,
+    };
     let mut r = Rng(seed);
     let mut w = World::default();
     // Host memory the copies may touch: 64 KiB, and every host-side length stays inside it.
