@@ -101,10 +101,21 @@ fn enabled(kind: DeviceKind) -> bool {
 
 fn probe_one(kind: DeviceKind) -> Probe {
     if !enabled(kind) {
-        return Probe::Unavailable(format!(
-            "disabled by UNIRT_BACKENDS={}",
-            std::env::var("UNIRT_BACKENDS").unwrap_or_default()
-        ));
+        let list = std::env::var("UNIRT_BACKENDS").unwrap_or_default();
+        let unknown: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && s.parse::<DeviceKind>().is_err())
+            .collect();
+        let hint = if unknown.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (unknown names there: {}; known: cpu, cuda, wgpu)",
+                unknown.join(", ")
+            )
+        };
+        return Probe::Unavailable(format!("disabled by UNIRT_BACKENDS={list}{hint}"));
     }
     let probe = match kind {
         DeviceKind::Cpu => vendors::cpu::probe,

@@ -79,6 +79,12 @@ fn unirt_backends_restricts_probing() {
             );
         }
     }
+    let typo = json_of(&unirt(
+        &["devices", "--json"],
+        &[("UNIRT_BACKENDS", "cpu,vulkan")],
+    ));
+    let reason = typo["backends"][2]["reason"].as_str().unwrap();
+    assert!(reason.contains("unknown names there: vulkan"), "{reason}");
     let table = unirt(&["devices"], &[("UNIRT_BACKENDS", "cpu")]);
     assert!(table.status.success());
     assert!(String::from_utf8_lossy(&table.stdout).contains("cpu   available"));
@@ -177,6 +183,7 @@ fn bench_memcpy_json_shape() {
 fn bad_arguments_are_errors_not_panics() {
     for args in [
         &["conformance", "--device", "tpu:0"][..],
+        &["conformance", "--device", "cpu:3"],
         &["bench", "memcpy", "--device", "cpu:7"],
         &["bench", "latency", "--device", "cpu:x"],
         &["nonsense"],

@@ -16,7 +16,21 @@ pub fn select_devices(arg: Option<&str>) -> CliResult<Vec<Device>> {
     let d = unirt::discover();
     Ok(match arg {
         None => d.devices(),
-        Some(s) if s.contains(':') => vec![s.parse::<Device>()?],
+        Some(s) if s.contains(':') => {
+            let dev = s.parse::<Device>()?;
+            // A vendor that is available but has no such index is a typo, not a skip.
+            if let Some(b) = d.backend(dev.kind) {
+                if b.available() && dev.index >= b.devices.len() {
+                    return Err(unirt::Error::DeviceNotFound(format!(
+                        "{dev} ({} has {} device(s))",
+                        dev.kind,
+                        b.devices.len()
+                    ))
+                    .into());
+                }
+            }
+            vec![dev]
+        }
         Some(s) => {
             let kind: DeviceKind = s.parse()?;
             let all: Vec<Device> = d.devices().into_iter().filter(|x| x.kind == kind).collect();
