@@ -301,10 +301,8 @@ impl Backend for WgpuBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        self.device_mem.get_start(ptr.0)?;
         // As cudaFree: pending work that may use the memory finishes first.
-        self.synchronize()?;
-        let a = self.device_mem.remove(ptr.0)?;
+        let a = self.device_mem.retire(ptr.0, || self.synchronize())?;
         self.gpu.kernels.forget_buffer(a.payload.id);
         Ok(())
     }
