@@ -46,20 +46,18 @@ pub fn trials() -> Vec<Trial> {
     for (device, unavailable) in devices() {
         for case in conformance::cases() {
             let name = format!("{device}::{}", case.name);
-            match &unavailable {
-                Some(reason) => trials.push(
+            // Known before the run: the vendor is unavailable, or the case is declared unsupported.
+            let skip = match &unavailable {
+                Some(reason) => Some(format!("unavailable: {reason}")),
+                None => conformance::declared_unsupported(&case, device)
+                    .map(|why| format!("unsupported: {why}")),
+            };
+            match skip {
+                Some(kind) => trials.push(
                     Trial::test(name, || Ok(()))
                         .with_ignored_flag(true)
-                        .with_kind(format!("unavailable: {reason}")),
+                        .with_kind(kind),
                 ),
-                None if conformance::declared_unsupported(&case, device).is_some() => {
-                    let why = conformance::declared_unsupported(&case, device).unwrap_or_default();
-                    trials.push(
-                        Trial::test(name, || Ok(()))
-                            .with_ignored_flag(true)
-                            .with_kind(format!("unsupported: {why}")),
-                    )
-                }
                 None => trials.push(Trial::test(name, move || {
                     let r = conformance::run_case(&case, device);
                     match r.status {
