@@ -21,40 +21,17 @@
 //! # Ok::<(), unirt::Error>(())
 //! ```
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::alloc::{MemoryStats, PrivatePool};
 use crate::device::{Device, DeviceKind};
 use crate::error::Result;
-use crate::hal::{AnyBackend, Backend, EventFlags, EventId, EventStatus, MemcpyKind, StreamId};
+use crate::graph::Graph;
+use crate::hal::{Backend, EventFlags, EventId, EventStatus, MemcpyKind, StreamId};
 use crate::memory::Memory;
-use crate::runtime::{Graph, Runtime};
+use crate::runtime::Runtime;
 use crate::stream::Stream;
-
-thread_local! {
-    static CURRENT: Cell<Device> = const { Cell::new(Device::CPU) };
-    static STREAMS: RefCell<HashMap<Device, Stream>> = RefCell::new(HashMap::new());
-}
-
-pub(crate) fn set_current_device(device: Device) {
-    CURRENT.with(|c| c.set(device));
-}
-
-/// The calling thread's stream on `device`, created on first use.
-pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
-    STREAMS.with(|s| {
-        let mut map = s.borrow_mut();
-        if let Some(st) = map.get(&device) {
-            return Ok(st.id());
-        }
-        let st = Stream::new(backend)?;
-        let id = st.id();
-        map.insert(device, st);
-        Ok(id)
-    })
-}
+use crate::thread_state;
 
 fn runtime() -> Result<Arc<Runtime>> {
     Runtime::get(get_device())
@@ -64,13 +41,13 @@ fn runtime() -> Result<Arc<Runtime>> {
 /// on first use). An unknown or unavailable device is an error and changes nothing.
 pub fn set_device(device: Device) -> Result<()> {
     Runtime::get(device)?;
-    set_current_device(device);
+    thread_state::set_current_device(device);
     Ok(())
 }
 
 /// The calling thread's current device (`cpu:0` until [`set_device`]).
 pub fn get_device() -> Device {
-    CURRENT.with(|c| c.get())
+    thread_state::current_device()
 }
 
 /// How many devices of a kind this machine has (0 when the vendor is unavailable).
@@ -81,6 +58,12 @@ pub fn get_device_count(kind: DeviceKind) -> usize {
 /// The calling thread's stream on the current device.
 pub fn get_stream() -> Result<StreamId> {
     runtime()?.stream()
+}
+
+/// The calling thread's stream on the current device as a [`Stream`] handle, for typed copies
+/// ([`Stream::copy_from_slice`], [`Stream::copy_to_vec`]) and launches.
+pub fn current_stream() -> Result<Stream> {
+    runtime()?.current_stream()
 }
 
 /// Waits for the calling thread's stream on the current device.

@@ -141,6 +141,42 @@ pub struct Capabilities {
     pub event_timing: EventTiming,
 }
 
+/// What kind of processor runs a device's work — the hardware / software flag device picking
+/// needs. A GPU API implemented in software on the host cores (Mesa's lavapipe and llvmpipe,
+/// SwiftShader, WARP) is [`Software`](DeviceClass::Software): it works, but it is the slowest
+/// way to use the CPU (GL on llvmpipe runs unirt's kernels about 12× slower than the CPU
+/// backend), so [`DeviceInfo::rank`] puts it last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceClass {
+    /// A GPU with its own memory.
+    DiscreteGpu,
+    /// A GPU sharing memory with the host.
+    IntegratedGpu,
+    /// A GPU seen through a hypervisor.
+    VirtualGpu,
+    /// The host processor running native code (the CPU backend).
+    Host,
+    /// A GPU API emulated in software on the host processor.
+    Software,
+    /// The driver did not say.
+    Unknown,
+}
+
+impl DeviceClass {
+    /// Larger is preferred: hardware accelerators, then the host, then emulation.
+    fn preference(self) -> u32 {
+        match self {
+            DeviceClass::DiscreteGpu => 5,
+            DeviceClass::IntegratedGpu => 4,
+            DeviceClass::VirtualGpu => 3,
+            DeviceClass::Host => 2,
+            DeviceClass::Unknown => 1,
+            DeviceClass::Software => 0,
+        }
+    }
+}
+
 /// A description of one device, as discovery reports it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceInfo {
@@ -154,6 +190,8 @@ pub struct DeviceInfo {
     pub driver: String,
     /// The API the device is driven through ("host", "cuda", "vulkan", "gl", …).
     pub api: String,
+    /// What runs the device's work: a hardware GPU, the host, or a software emulation.
+    pub class: DeviceClass,
     /// Total memory usable by the device, in bytes.
     pub memory_total: u64,
     /// Largest single allocation, in bytes.
@@ -168,11 +206,118 @@ impl DeviceInfo {
     pub fn device(&self, kind: DeviceKind) -> Device {
         Device::new(kind, self.index)
     }
+
+    /// True when a GPU API is emulated on the host processor (lavapipe, llvmpipe): correct,
+    /// but slower than the CPU backend on the same cores.
+    pub fn is_software(&self) -> bool {
+        self.class == DeviceClass::Software
+    }
+
+    /// True for a hardware GPU (discrete, integrated or virtual).
+    pub fn is_gpu(&self) -> bool {
+        matches!(
+            self.class,
+            DeviceClass::DiscreteGpu | DeviceClass::IntegratedGpu | DeviceClass::VirtualGpu
+        )
+    }
+
+    /// A sort key for picking a device of vendor `kind`: larger is preferred. The order is
+    /// the device class (discrete GPU, integrated, virtual, the host, unknown, software
+    /// emulation last), then a native compute API over a graphics API (CUDA, then Vulkan /
+    /// Metal / DX12, then GL), then more memory, then the lower index. `max_by_key` over it
+    /// never picks an emulated GPU while the CPU backend is there.
+    ///
+    /// ```
+    /// let d = unirt::discover();
+    /// let best = d.devices().into_iter().max_by_key(|dev| d.info(*dev).unwrap().rank(dev.kind));
+    /// assert_eq!(best, unirt::best_device());
+    /// ```
+    pub fn rank(&self, kind: DeviceKind) -> DeviceRank {
+        let api = match (kind, self.api.as_str()) {
+            (DeviceKind::Cuda, _) => 3,
+            (_, "vulkan" | "metal" | "dx12") => 2,
+            (_, "gl") => 0,
+            _ => 1,
+        };
+        DeviceRank((
+            self.class.preference(),
+            api,
+            self.memory_total,
+            std::cmp::Reverse(self.index),
+        ))
+    }
 }
+
+/// The preference order of devices, from [`DeviceInfo::rank`]; compare with `<` / `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeviceRank((u32, u32, u64, std::cmp::Reverse<usize>));
 
 /// Free and total memory of a device, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct MemInfo {
     pub free: u64,
     pub total: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(index: usize, api: &str, class: DeviceClass, memory_total: u64) -> DeviceInfo {
+        DeviceInfo {
+            index,
+            name: format!("{api} {class:?}"),
+            vendor: String::new(),
+            driver: String::new(),
+            api: api.into(),
+            class,
+            memory_total,
+            max_allocation: memory_total,
+            details: Vec::new(),
+            capabilities: Capabilities {
+                async_streams: true,
+                capture: true,
+                stream_ordered_memory: true,
+                pinned_host_memory: false,
+                unified_addressing: false,
+                event_timing: EventTiming::Host,
+            },
+        }
+    }
+
+    #[test]
+    fn ranking_puts_hardware_first_the_host_next_and_emulation_last() {
+        use DeviceClass::*;
+        use DeviceKind::*;
+        // This machine's shape: cpu:0, lavapipe (Vulkan), llvmpipe (GL) — plus GPUs elsewhere.
+        let devices = [
+            (Wgpu, info(1, "gl", Software, 64 << 30)),
+            (Cpu, info(0, "host", Host, 8 << 30)),
+            (Wgpu, info(0, "vulkan", Software, 64 << 30)),
+            (Wgpu, info(2, "vulkan", IntegratedGpu, 8 << 30)),
+            (Cuda, info(0, "cuda", DiscreteGpu, 80 << 30)),
+            (Wgpu, info(3, "vulkan", DiscreteGpu, 80 << 30)),
+            (Cuda, info(1, "cuda", DiscreteGpu, 24 << 30)),
+        ];
+        let mut order: Vec<String> = devices
+            .iter()
+            .map(|(k, d)| d.device(*k).to_string())
+            .collect();
+        order.sort_by_key(|name| {
+            let (k, d) = devices
+                .iter()
+                .find(|(k, d)| d.device(*k).to_string() == *name)
+                .unwrap();
+            std::cmp::Reverse(d.rank(*k))
+        });
+        assert_eq!(
+            order,
+            ["cuda:0", "cuda:1", "wgpu:3", "wgpu:2", "cpu:0", "wgpu:0", "wgpu:1"]
+        );
+        // Without the GPUs, a natural max_by_key picks the CPU backend, not llvmpipe or lavapipe.
+        let best = devices[..3].iter().max_by_key(|(k, d)| d.rank(*k)).unwrap();
+        assert_eq!(best.1.device(best.0), Device::CPU);
+        assert!(devices[0].1.is_software() && !devices[1].1.is_software());
+        assert!(devices[4].1.is_gpu() && !devices[1].1.is_gpu());
+    }
 }

@@ -17,15 +17,8 @@ use serde::Serialize;
 
 use crate::device::{Device, DeviceInfo, DeviceKind};
 use crate::error::{Error, Result};
-use crate::hal::AnyBackend;
-use crate::vendors;
-
-/// What a vendor's probe found.
-#[derive(Debug, Clone)]
-pub enum Probe {
-    Available(Vec<DeviceInfo>),
-    Unavailable(String),
-}
+use crate::hal::Probe;
+use crate::vendors::{self, AnyBackend};
 
 /// One vendor's line in the discovery report.
 #[derive(Debug, Clone, Serialize)]
@@ -44,7 +37,7 @@ impl BackendReport {
     }
 }
 
-/// Every vendor, probed.
+/// Every vendor of the table, probed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Discovery {
     pub backends: Vec<BackendReport>,
@@ -83,6 +76,30 @@ impl Discovery {
         })
     }
 
+    /// Every available device, best first by [`DeviceInfo::rank`]: hardware GPUs, then the
+    /// host, then GPU APIs emulated on the host (lavapipe, llvmpipe).
+    pub fn ranked(&self) -> Vec<Device> {
+        let mut all: Vec<(Device, crate::device::DeviceRank)> = self
+            .backends
+            .iter()
+            .flat_map(|b| {
+                b.devices
+                    .iter()
+                    .map(move |d| (Device::new(b.kind, d.index), d.rank(b.kind)))
+            })
+            .collect();
+        // Stable: equal ranks keep discovery order (vendor, then index).
+        all.sort_by(|a, b| b.1.cmp(&a.1));
+        all.into_iter().map(|(d, _)| d).collect()
+    }
+
+    /// The device to use when the caller has no preference: the first of [`ranked`](Self::ranked).
+    /// `None` only when every vendor is unavailable (e.g. `UNIRT_BACKENDS` names none that
+    /// works here).
+    pub fn best_device(&self) -> Option<Device> {
+        self.ranked().into_iter().next()
+    }
+
     /// How many devices of a kind are available (0 when the vendor is unavailable).
     pub fn count(&self, kind: DeviceKind) -> usize {
         self.backend(kind).map(|b| b.devices.len()).unwrap_or(0)
@@ -117,10 +134,9 @@ fn probe_one(kind: DeviceKind) -> Probe {
         };
         return Probe::Unavailable(format!("disabled by UNIRT_BACKENDS={list}{hint}"));
     }
-    let probe = match kind {
-        DeviceKind::Cpu => vendors::cpu::probe,
-        DeviceKind::Cuda => vendors::cuda::probe,
-        DeviceKind::Wgpu => vendors::wgpu::probe,
+    let probe = match vendors::vendor(kind) {
+        Ok(v) => v.probe,
+        Err(e) => return Probe::Unavailable(e.to_string()),
     };
     // Probes are written not to panic; this is the last line of defence against a driver
     // library that does.
@@ -136,9 +152,10 @@ fn probe_one(kind: DeviceKind) -> Probe {
 
 /// Probes every vendor now, without the cache.
 pub fn probe_all() -> Discovery {
-    let backends = DeviceKind::ALL
+    let backends = vendors::VENDORS
         .iter()
-        .map(|&kind| match probe_one(kind) {
+        .map(|v| (v.kind, probe_one(v.kind)))
+        .map(|(kind, probe)| match probe {
             Probe::Available(devices) => BackendReport {
                 kind,
                 status: "available",
@@ -165,6 +182,20 @@ pub fn probe_all() -> Discovery {
 pub fn discover() -> &'static Discovery {
     static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
     DISCOVERY.get_or_init(probe_all)
+}
+
+/// The best device of this machine ([`Discovery::best_device`] of [`discover`]): a hardware
+/// GPU when there is one, else the CPU backend — never an emulated GPU while the CPU backend
+/// is enabled.
+///
+/// ```
+/// let dev = unirt::best_device().expect("cpu:0 is always there unless UNIRT_BACKENDS hides it");
+/// let info = unirt::discover().info(dev)?;
+/// assert!(!info.is_software() || unirt::discover().count(unirt::DeviceKind::Cpu) == 0);
+/// # Ok::<(), unirt::Error>(())
+/// ```
+pub fn best_device() -> Option<Device> {
+    discover().best_device()
 }
 
 /// Opens a device (once per process; later calls return the same backend).
@@ -198,15 +229,34 @@ pub fn open_private(device: Device) -> Result<Arc<AnyBackend>> {
 
 fn open_uncached(device: Device) -> Result<AnyBackend> {
     let opened = catch_unwind(AssertUnwindSafe(|| -> Result<AnyBackend> {
-        Ok(match device.kind {
-            DeviceKind::Cpu => vendors::cpu::CpuBackend::open(device.index)?.into(),
-            DeviceKind::Cuda => vendors::cuda::open(device.index)?,
-            DeviceKind::Wgpu => vendors::wgpu::open(device.index)?,
-        })
+        (vendors::vendor(device.kind)?.open)(device.index)
     }));
     opened.unwrap_or_else(|_| {
         Err(Error::DeviceNotInitialized(format!(
             "{device}: the driver panicked while opening"
         )))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn best_device_is_first_of_ranked_and_never_emulated_while_the_cpu_is_there() {
+        let d = super::discover();
+        let ranked = d.ranked();
+        assert_eq!(ranked.len(), d.devices().len());
+        assert_eq!(d.best_device(), ranked.first().copied());
+        let ranks: Vec<_> = ranked
+            .iter()
+            .map(|dev| d.info(*dev).unwrap().rank(dev.kind))
+            .collect();
+        assert!(
+            ranks.windows(2).all(|w| w[0] >= w[1]),
+            "not sorted: {ranked:?}"
+        );
+        if d.count(crate::DeviceKind::Cpu) > 0 {
+            let best = d.best_device().unwrap();
+            assert!(!d.info(best).unwrap().is_software(), "picked {best}");
+        }
+    }
 }

@@ -56,6 +56,9 @@ pub enum Error {
     /// The device (or host) is out of memory for this request.
     #[error("out of memory: {requested} bytes requested on {device}: {detail}")]
     OutOfMemory {
+        /// The vendor whose allocation failed.
+        backend: DeviceKind,
+        /// Which memory of it, for people: `"cuda:0"`, `"wgpu:1 pinned host"`.
         device: String,
         requested: u64,
         detail: String,
@@ -84,12 +87,17 @@ pub enum Error {
     NotReady(String),
     /// The backend cannot do this at all; `what` names the operation.
     #[error("{what} is not supported on {backend}")]
-    Unsupported { what: String, backend: String },
+    Unsupported { what: String, backend: DeviceKind },
     /// A driver call failed.
     #[error("{backend} driver call {call} failed: {message}")]
     Driver {
         backend: DeviceKind,
+        /// The entry point that failed, e.g. `"cuMemAlloc"`.
         call: String,
+        /// The driver's own status code (a `CUresult`, an `nvrtcResult`), when it has one;
+        /// `None` for drivers that report errors as values (wgpu).
+        code: Option<i32>,
+        /// The driver's name and description of the code.
         message: String,
     },
     /// A kernel failed to compile; `log` is the compiler's output.
@@ -97,10 +105,10 @@ pub enum Error {
     KernelCompile { kernel: String, log: String },
 }
 
-/// `infiniStatus_t` values, as InfiniCore's `infinicore.h` defines them.
+/// `infiniStatus_t` values (the C ABI's status codes), as InfiniCore's `infinicore.h` defines them.
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Status {
+pub enum InfiniStatus {
     Success = 0,
     InternalError = 1,
     NotImplemented = 2,
@@ -118,30 +126,30 @@ pub enum Status {
 
 impl Error {
     /// The `infiniStatus_t` a C caller sees for this error.
-    pub fn status(&self) -> Status {
+    pub fn status(&self) -> InfiniStatus {
         use Error::*;
         match self {
-            Internal(_) | Driver { .. } | KernelCompile { .. } => Status::InternalError,
-            NotImplemented(_) | Unsupported { .. } => Status::NotImplemented,
+            Internal(_) | Driver { .. } | KernelCompile { .. } => InfiniStatus::InternalError,
+            NotImplemented(_) | Unsupported { .. } => InfiniStatus::NotImplemented,
             BadParam(_)
             | OutOfBounds { .. }
             | InvalidHandle { .. }
             | NotCapturing
             | Capturing(_)
             | NotReady(_)
-            | TooLarge { .. } => Status::BadParam,
-            NullPointer(_) => Status::NullPointer,
-            DeviceTypeNotSupported(_) | Unavailable { .. } => Status::DeviceTypeNotSupported,
-            DeviceNotFound(_) => Status::DeviceNotFound,
-            DeviceNotInitialized(_) => Status::DeviceNotInitialized,
-            ArchitectureNotSupported(_) => Status::DeviceArchitectureNotSupported,
-            BadTensorDtype(_) => Status::BadTensorDtype,
-            BadTensorShape(_) => Status::BadTensorShape,
-            BadTensorStrides(_) => Status::BadTensorStrides,
-            InsufficientWorkspace { .. } => Status::InsufficientWorkspace,
+            | TooLarge { .. } => InfiniStatus::BadParam,
+            NullPointer(_) => InfiniStatus::NullPointer,
+            DeviceTypeNotSupported(_) | Unavailable { .. } => InfiniStatus::DeviceTypeNotSupported,
+            DeviceNotFound(_) => InfiniStatus::DeviceNotFound,
+            DeviceNotInitialized(_) => InfiniStatus::DeviceNotInitialized,
+            ArchitectureNotSupported(_) => InfiniStatus::DeviceArchitectureNotSupported,
+            BadTensorDtype(_) => InfiniStatus::BadTensorDtype,
+            BadTensorShape(_) => InfiniStatus::BadTensorShape,
+            BadTensorStrides(_) => InfiniStatus::BadTensorStrides,
+            InsufficientWorkspace { .. } => InfiniStatus::InsufficientWorkspace,
             // Upstream has no OOM status; CUDA's cudaErrorMemoryAllocation surfaces as
             // INTERNAL_ERROR through infinirt, so C callers see the same code here.
-            OutOfMemory { .. } => Status::InternalError,
+            OutOfMemory { .. } => InfiniStatus::InternalError,
         }
     }
 
@@ -175,10 +183,19 @@ impl Error {
         }
     }
 
-    pub(crate) fn unsupported(what: impl Into<String>, backend: impl Into<String>) -> Self {
+    pub(crate) fn unsupported(what: impl Into<String>, backend: DeviceKind) -> Self {
         Error::Unsupported {
             what: what.into(),
-            backend: backend.into(),
+            backend,
+        }
+    }
+
+    /// The driver's status code for a failed driver call (`CUresult`, `nvrtcResult`), if
+    /// the error is one and the driver has codes.
+    pub fn driver_code(&self) -> Option<i32> {
+        match self {
+            Error::Driver { code, .. } => *code,
+            _ => None,
         }
     }
 

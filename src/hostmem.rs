@@ -3,6 +3,7 @@
 
 use std::alloc::Layout;
 
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::hal::HostPtr;
 use crate::memtable::AllocTable;
@@ -12,8 +13,9 @@ pub const PAGE_ALIGN: u64 = 4096;
 
 /// Allocates `size` (> 0) bytes aligned to `align`. Never panics: an impossible layout or a
 /// refused allocation is `OutOfMemory`.
-pub fn acquire(size: u64, align: u64, device: &str) -> Result<u64> {
+pub fn acquire(size: u64, align: u64, backend: DeviceKind, device: &str) -> Result<u64> {
     let oom = |detail: &str| Error::OutOfMemory {
+        backend,
         device: device.to_string(),
         requested: size,
         detail: detail.to_string(),
@@ -47,14 +49,16 @@ pub fn release(ptr: u64, size: u64, align: u64) {
 #[derive(Debug)]
 pub struct HostHeap {
     table: AllocTable,
+    backend: DeviceKind,
     device: String,
 }
 
 impl HostHeap {
     /// `device` names the owner in out-of-memory errors.
-    pub fn new(device: impl Into<String>) -> Self {
+    pub fn new(backend: DeviceKind, device: impl Into<String>) -> Self {
         HostHeap {
             table: AllocTable::new("pinned host"),
+            backend,
             device: device.into(),
         }
     }
@@ -64,7 +68,7 @@ impl HostHeap {
         if bytes == 0 {
             return Ok(HostPtr::NULL);
         }
-        let p = acquire(bytes as u64, PAGE_ALIGN, &self.device)?;
+        let p = acquire(bytes as u64, PAGE_ALIGN, self.backend, &self.device)?;
         self.table.adopt(p, bytes as u64, (), |p| {
             release(p, bytes as u64, PAGE_ALIGN)
         })?;

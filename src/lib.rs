@@ -77,35 +77,47 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
+pub mod completion;
 pub mod conformance;
 pub mod context;
 pub mod device;
 pub mod discovery;
 pub mod error;
+pub mod graph;
 pub mod hal;
+#[doc(hidden)]
 pub mod handles;
+#[doc(hidden)]
 pub mod hostmem;
 pub mod kernel;
 pub mod memory;
+#[doc(hidden)]
 pub mod memtable;
+#[doc(hidden)]
 pub mod progress;
 pub mod runtime;
 pub mod stream;
+mod thread_state;
 
 #[path = "../vendors/mod.rs"]
 pub mod vendors;
 
 pub use alloc::{CachingAllocator, MemoryStats};
-pub use device::{Capabilities, Device, DeviceInfo, DeviceKind, EventTiming, MemInfo};
-pub use discovery::{discover, open, BackendReport, Discovery};
-pub use error::{Error, Result, Status};
+pub use completion::Completion;
+pub use device::{
+    Capabilities, Device, DeviceClass, DeviceInfo, DeviceKind, DeviceRank, EventTiming, MemInfo,
+};
+pub use discovery::{best_device, discover, open, BackendReport, Discovery};
+pub use error::{Error, InfiniStatus, Result};
+pub use graph::{Graph, GraphExec};
 pub use hal::{
-    AnyBackend, Backend, CaptureMode, DevicePtr, EventFlags, EventId, EventStatus, GraphExecId,
-    GraphId, HostPtr, KernelArg, MemcpyKind, StreamId,
+    Backend, CaptureMode, DevicePtr, EventFlags, EventId, EventStatus, GraphExecId, GraphId,
+    HostPtr, KernelArg, MemcpyKind, StreamId,
 };
 pub use memory::Memory;
-pub use runtime::{Graph, GraphExec, Runtime};
-pub use stream::{BackendExt, Event, Stream};
+pub use runtime::Runtime;
+pub use stream::{BackendExt, DeviceRange, Event, Stream};
+pub use vendors::AnyBackend;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
@@ -115,6 +127,13 @@ pub struct ReadmeDoctests;
 impl From<DevicePtr> for KernelArg {
     fn from(p: DevicePtr) -> Self {
         KernelArg::Ptr(p)
+    }
+}
+
+impl From<&Memory> for KernelArg {
+    /// The memory's device address (a buffer argument).
+    fn from(m: &Memory) -> Self {
+        KernelArg::Ptr(m.device_ptr())
     }
 }
 

@@ -7,8 +7,8 @@ use crate::alloc::{CachingAllocator, PinnedHostPool};
 use crate::device::Device;
 use crate::hal::{DevicePtr, HostPtr, StreamId};
 
-/// Who takes the memory back.
-enum Owner {
+/// Where the memory came from, and so who takes it back.
+enum Backing {
     Device(Arc<CachingAllocator>),
     Pinned(Arc<PinnedHostPool>),
     /// Plain (pageable) host memory, owned here. `u128` elements give 16-byte alignment.
@@ -19,21 +19,21 @@ struct Inner {
     device: Device,
     addr: u64,
     size: usize,
-    owner: Owner,
+    backing: Backing,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Errors are dropped on purpose: a drop must not panic, and after a device failure
         // there is nobody to report to. The allocator never panics either.
-        match &self.owner {
-            Owner::Device(a) => {
+        match &self.backing {
+            Backing::Device(a) => {
                 let _ = a.free(DevicePtr(self.addr));
             }
-            Owner::Pinned(p) => {
+            Backing::Pinned(p) => {
                 let _ = p.free(HostPtr(self.addr));
             }
-            Owner::Host(_) => {}
+            Backing::Host(_) => {}
         }
     }
 }
@@ -70,7 +70,7 @@ impl Memory {
             device: alloc.device(),
             addr: p.0,
             size: bytes,
-            owner: Owner::Device(alloc.clone()),
+            backing: Backing::Device(alloc.clone()),
         })))
     }
 
@@ -85,7 +85,7 @@ impl Memory {
             device,
             addr: p.0,
             size: bytes,
-            owner: Owner::Pinned(pool.clone()),
+            backing: Backing::Pinned(pool.clone()),
         })))
     }
 
@@ -101,7 +101,7 @@ impl Memory {
             device: Device::CPU,
             addr,
             size: bytes,
-            owner: Owner::Host(buf),
+            backing: Backing::Host(buf),
         }))
     }
 
@@ -132,24 +132,24 @@ impl Memory {
 
     /// True for pinned host memory.
     pub fn is_pinned(&self) -> bool {
-        matches!(self.0.owner, Owner::Pinned(_))
+        matches!(self.0.backing, Backing::Pinned(_))
     }
 
     /// True for device memory.
     pub fn is_device(&self) -> bool {
-        matches!(self.0.owner, Owner::Device(_))
+        matches!(self.0.backing, Backing::Device(_))
     }
 
     /// Marks the memory as used by work on `stream`, so its reuse after the last drop waits
     /// for that work. A no-op for plain host memory.
     pub fn record_stream(&self, stream: StreamId) -> crate::Result<()> {
-        match &self.0.owner {
-            Owner::Device(a) => a.record_stream(DevicePtr(self.0.addr), stream),
-            Owner::Pinned(p) => {
+        match &self.0.backing {
+            Backing::Device(a) => a.record_stream(DevicePtr(self.0.addr), stream),
+            Backing::Pinned(p) => {
                 p.record_stream(self.0.addr, stream);
                 Ok(())
             }
-            Owner::Host(_) => Ok(()),
+            Backing::Host(_) => Ok(()),
         }
     }
 
@@ -161,10 +161,10 @@ impl Memory {
 
 impl fmt::Debug for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.0.owner {
-            Owner::Device(_) => "device",
-            Owner::Pinned(_) => "pinned host",
-            Owner::Host(_) => "host",
+        let kind = match self.0.backing {
+            Backing::Device(_) => "device",
+            Backing::Pinned(_) => "pinned host",
+            Backing::Host(_) => "host",
         };
         write!(
             f,

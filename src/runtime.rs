@@ -1,6 +1,6 @@
 //! [`Runtime`]: one per device, created lazily in a process-wide table — the device's caching
 //! allocator, its pinned-host pool, per-thread streams, and graph recording that switches the
-//! allocator into a graph-private pool.
+//! allocator into a graph-private pool (the recorded [`Graph`] lives in [`crate::graph`]).
 //!
 //! InfiniCore keeps one runtime per device per thread and, in places, assumes device 0; here
 //! every device gets its runtime on first use ([`Runtime::get`]) and threads share it (the
@@ -14,10 +14,11 @@ use parking_lot::Mutex;
 use crate::alloc::{CachingAllocator, MemoryStats, PinnedHostPool, PrivatePool};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::hal::{
-    AnyBackend, Backend, CaptureMode, DevicePtr, GraphExecId, GraphId, MemcpyKind, StreamId,
-};
+use crate::graph::Graph;
+use crate::hal::{Backend, CaptureMode, DevicePtr, MemcpyKind, StreamId};
 use crate::memory::Memory;
+use crate::stream::Stream;
+use crate::vendors::AnyBackend;
 
 /// A recording in progress.
 struct Recording {
@@ -70,7 +71,7 @@ impl Runtime {
 
     /// Makes this runtime's device the calling thread's current device, and returns it.
     pub fn activate(self: &Arc<Self>) -> Arc<Self> {
-        crate::context::set_current_device(self.device);
+        crate::thread_state::set_current_device(self.device);
         self.clone()
     }
 
@@ -95,7 +96,19 @@ impl Runtime {
     /// The calling thread's stream on this device (created on first use, destroyed when the
     /// thread exits).
     pub fn stream(&self) -> Result<StreamId> {
-        crate::context::thread_stream(self.device, &self.backend)
+        crate::thread_state::thread_stream(self.device, &self.backend)
+    }
+
+    /// The calling thread's stream on this device as a [`Stream`] handle (for typed copies and
+    /// launches). The handle does not own the stream: it stays the thread's until the thread
+    /// exits, after which the handle's calls fail with `InvalidHandle`.
+    pub fn current_stream(&self) -> Result<Stream> {
+        Ok(Stream::borrowed(&self.backend, self.stream()?))
+    }
+
+    /// A new stream of this device, destroyed when the handle drops.
+    pub fn create_stream(&self) -> Result<Stream> {
+        Stream::new(&self.backend)
     }
 
     /// Waits for the calling thread's stream.
@@ -204,11 +217,7 @@ impl Runtime {
         let rec = self.recording.lock().take().ok_or(Error::NotCapturing)?;
         self.allocator.end_private(&rec.pool);
         let id = self.backend.end_capture(rec.stream)?;
-        Ok(Graph {
-            backend: self.backend.clone(),
-            id,
-            pool: rec.pool,
-        })
+        Ok(Graph::from_capture(self.backend.clone(), id, rec.pool))
     }
 
     /// Whether a graph is being recorded on this device.
@@ -244,79 +253,5 @@ impl Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Runtime({})", self.device)
-    }
-}
-
-/// A recorded graph. It holds its graph-private pool, so memory allocated while recording
-/// stays reserved as long as the graph or an executable made from it lives.
-pub struct Graph {
-    backend: Arc<AnyBackend>,
-    id: GraphId,
-    pool: Arc<PrivatePool>,
-}
-
-impl Graph {
-    pub fn id(&self) -> GraphId {
-        self.id
-    }
-
-    /// The private pool the recording allocated from.
-    pub fn pool(&self) -> &Arc<PrivatePool> {
-        &self.pool
-    }
-
-    /// Prepares the graph for replay.
-    pub fn instantiate(&self) -> Result<GraphExec> {
-        Ok(GraphExec {
-            id: self.backend.graph_instantiate(self.id)?,
-            backend: self.backend.clone(),
-            pool: self.pool.clone(),
-        })
-    }
-}
-
-impl std::fmt::Debug for Graph {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Graph({:?}, {:?})", self.id, self.pool)
-    }
-}
-
-impl std::fmt::Debug for GraphExec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GraphExec({:?}, {:?})", self.id, self.pool)
-    }
-}
-
-impl Drop for Graph {
-    fn drop(&mut self) {
-        let _ = self.backend.graph_destroy(self.id);
-    }
-}
-
-/// A launchable graph; it too keeps the private pool reserved.
-pub struct GraphExec {
-    backend: Arc<AnyBackend>,
-    id: GraphExecId,
-    pool: Arc<PrivatePool>,
-}
-
-impl GraphExec {
-    pub fn id(&self) -> GraphExecId {
-        self.id
-    }
-
-    pub fn pool(&self) -> &Arc<PrivatePool> {
-        &self.pool
-    }
-
-    /// Enqueues one replay on `stream`.
-    pub fn launch(&self, stream: StreamId) -> Result<()> {
-        self.backend.graph_launch(self.id, stream)
-    }
-}
-
-impl Drop for GraphExec {
-    fn drop(&mut self) {
-        let _ = self.backend.graph_exec_destroy(self.id);
     }
 }

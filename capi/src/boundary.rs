@@ -178,14 +178,14 @@ mod tests {
         assert_eq!(guard(|| Ok(())), SUCCESS);
         assert_eq!(
             guard(|| Err(Error::NullPointer("x".into()))),
-            unirt::Status::NullPointer as Status
+            unirt::InfiniStatus::NullPointer as Status
         );
         assert_eq!(
             guard(|| Err(Error::InvalidHandle {
                 kind: "stream",
                 handle: 16
             })),
-            unirt::Status::BadParam as Status
+            unirt::InfiniStatus::BadParam as Status
         );
         assert!(last().contains("stream"));
     }

@@ -48,10 +48,13 @@ pub enum DeviceType {
 
 /// Decodes an `infiniDevice_t`; an unknown value is DEVICE_TYPE_NOT_SUPPORTED (as upstream).
 pub fn device_type(t: c_int) -> Result<DeviceType> {
+    if let Some(v) = unirt::vendors::VENDORS
+        .iter()
+        .find(|v| v.c_device_type == t)
+    {
+        return Ok(DeviceType::Unirt(v.kind));
+    }
     match t {
-        DEVICE_CPU => Ok(DeviceType::Unirt(DeviceKind::Cpu)),
-        DEVICE_NVIDIA => Ok(DeviceType::Unirt(DeviceKind::Cuda)),
-        DEVICE_UNIRT_WGPU => Ok(DeviceType::Unirt(DeviceKind::Wgpu)),
         2..=10 => Ok(DeviceType::Absent(UPSTREAM_NAMES[t as usize])),
         _ => Err(Error::DeviceTypeNotSupported(format!(
             "unknown infiniDevice_t value {t}"
@@ -59,13 +62,11 @@ pub fn device_type(t: c_int) -> Result<DeviceType> {
     }
 }
 
-/// The `infiniDevice_t` of a unirt vendor.
+/// The `infiniDevice_t` of a unirt vendor, from unirt's vendor table.
 pub fn type_value(kind: DeviceKind) -> c_int {
-    match kind {
-        DeviceKind::Cpu => DEVICE_CPU,
-        DeviceKind::Cuda => DEVICE_NVIDIA,
-        DeviceKind::Wgpu => DEVICE_UNIRT_WGPU,
-    }
+    unirt::vendors::vendor(kind)
+        .map(|v| v.c_device_type)
+        .unwrap_or(-1)
 }
 
 /// The number of devices of a type (0 for vendors unirt lacks or finds unavailable).

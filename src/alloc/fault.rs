@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::RawAllocator;
 use crate::error::{Error, Result};
-use crate::hal::{AnyBackend, Backend, DevicePtr};
+use crate::hal::{Backend, DevicePtr};
+use crate::vendors::AnyBackend;
 
 /// Fails raw allocations number `first ..= first + count - 1` (counting from 1) with
 /// [`Error::OutOfMemory`]; every other call goes to the backend.
@@ -66,6 +67,7 @@ impl RawAllocator for FaultInjector {
         if n >= self.first && n - self.first < self.count {
             self.failed.fetch_add(1, Ordering::Relaxed);
             return Err(Error::OutOfMemory {
+                backend: super::device_of(&self.inner).kind,
                 device: format!("{} (fault injection)", super::device_of(&self.inner)),
                 requested: bytes as u64,
                 detail: format!("raw allocation #{n} failed on purpose"),

@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 
 use super::stats::HostStats;
 use crate::error::{Error, Result};
-use crate::hal::{AnyBackend, Backend, EventFlags, EventId, EventStatus, HostPtr, StreamId};
+use crate::hal::{Backend, EventFlags, EventId, EventStatus, HostPtr, StreamId};
+use crate::vendors::AnyBackend;
 
 #[derive(Debug)]
 struct HostBlock {

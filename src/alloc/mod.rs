@@ -47,7 +47,8 @@ use parking_lot::Mutex;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::hal::{AnyBackend, Backend, DevicePtr, EventFlags, EventStatus, StreamId};
+use crate::hal::{Backend, DevicePtr, EventFlags, EventStatus, StreamId};
+use crate::vendors::AnyBackend;
 use block::BlockState;
 use pool::{Released, State};
 
@@ -174,6 +175,7 @@ impl CachingAllocator {
             Err(Error::OutOfMemory { detail, .. }) => {
                 st.stats.ooms += 1;
                 Err(Error::OutOfMemory {
+                    backend: self.device.kind,
                     device: self.device.to_string(),
                     requested,
                     detail: format!(
@@ -351,7 +353,7 @@ impl CachingAllocator {
                 .get(b.pool as usize)
                 .and_then(|p| p.as_ref())
                 .map(|p| p.owner),
-            Some(pool::Owner::Private(_))
+            Some(pool::PoolOwner::Private(_))
         );
         Some(BlockInfo {
             addr: DevicePtr(b.addr),

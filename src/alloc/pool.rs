@@ -17,9 +17,9 @@ pub type Released = Vec<(u64, u64)>;
 
 /// Who a pool belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
+pub enum PoolOwner {
     /// The device-wide cache.
-    Shared,
+    DeviceCache,
     /// A graph-private pool, by id.
     Private(u64),
 }
@@ -28,12 +28,12 @@ pub enum Owner {
 #[derive(Debug)]
 pub struct Pool {
     pub small: bool,
-    pub owner: Owner,
+    pub owner: PoolOwner,
     pub free: BTreeSet<FreeKey>,
 }
 
 impl Pool {
-    pub fn new(small: bool, owner: Owner) -> Self {
+    pub fn new(small: bool, owner: PoolOwner) -> Self {
         // A sentinel no query reaches (no stream is u64::MAX, no block has index NIL) keeps
         // the set from ever becoming empty: an empty BTreeSet frees its root node, and the
         // hot path would pay a malloc and a free for it on every hit.
@@ -82,7 +82,7 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        let shared = |small| Some(Pool::new(small, Owner::Shared));
+        let shared = |small| Some(Pool::new(small, PoolOwner::DeviceCache));
         State {
             blocks: Arena::default(),
             live: HashMap::default(),
@@ -137,7 +137,7 @@ impl State {
             .and_then(|p| p.as_ref())
             .map(|p| p.owner)
         {
-            Some(Owner::Private(id)) => self.privates.get(&id).is_none_or(|p| p.released),
+            Some(PoolOwner::Private(id)) => self.privates.get(&id).is_none_or(|p| p.released),
             _ => false,
         };
         if released {
@@ -194,7 +194,7 @@ impl State {
         self.stats.cache_misses += 1;
         self.stats.reserved_bytes.add(seg);
         self.stats.segments.add(1);
-        if let Some(Owner::Private(id)) = self
+        if let Some(PoolOwner::Private(id)) = self
             .pools
             .get(pool as usize)
             .and_then(|p| p.as_ref())
@@ -283,7 +283,7 @@ impl State {
             .and_then(|p| p.as_ref())
             .map(|p| p.owner)
         {
-            Some(Owner::Private(id)) => self.recording == Some(id),
+            Some(PoolOwner::Private(id)) => self.recording == Some(id),
             _ => false,
         }
     }
@@ -336,7 +336,7 @@ impl State {
             .and_then(|p| p.as_ref())
             .map(|p| p.owner)
         {
-            Some(Owner::Private(id)) => self.privates.get(&id).is_some_and(|p| p.released),
+            Some(PoolOwner::Private(id)) => self.privates.get(&id).is_some_and(|p| p.released),
             _ => false,
         };
         if whole && released {
@@ -383,7 +383,7 @@ impl State {
         self.stats.segments.sub(1);
         self.stats.raw_frees += 1;
         out.push((b.addr, b.size));
-        if let Some(Owner::Private(id)) = self
+        if let Some(PoolOwner::Private(id)) = self
             .pools
             .get(b.pool as usize)
             .and_then(|p| p.as_ref())
@@ -407,8 +407,8 @@ impl State {
         self.flush_quick(out);
         for pi in 0..self.pools.len() as u32 {
             let reclaim = match self.pools[pi as usize].as_ref().map(|p| p.owner) {
-                Some(Owner::Shared) => true,
-                Some(Owner::Private(id)) => self.privates.get(&id).is_some_and(|p| p.released),
+                Some(PoolOwner::DeviceCache) => true,
+                Some(PoolOwner::Private(id)) => self.privates.get(&id).is_some_and(|p| p.released),
                 None => false,
             };
             if reclaim {
@@ -444,7 +444,7 @@ impl State {
         let id = self.next_private;
         self.next_private += 1;
         let mut slot = |small| {
-            let pool = Pool::new(small, Owner::Private(id));
+            let pool = Pool::new(small, PoolOwner::Private(id));
             match self.pools.iter().position(|p| p.is_none()) {
                 Some(i) => {
                     self.pools[i] = Some(pool);

@@ -5,17 +5,9 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use serde::Serialize;
-use unirt::vendors::cuda::{kernels, nvrtc};
+use unirt::vendors::cuda;
 
 use super::CliResult;
-
-#[derive(Serialize)]
-struct Report<'a> {
-    nvrtc: String,
-    nvrtc_path: String,
-    compiled: &'a [kernels::CompileRow],
-}
 
 pub fn run(compile: &str, arch: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     if !compile.eq_ignore_ascii_case("cuda") {
@@ -23,20 +15,19 @@ pub fn run(compile: &str, arch: &str, json: Option<&Path>) -> CliResult<ExitCode
             format!("--compile {compile}: only cuda kernels are compiled ahead of time").into(),
         );
     }
-    let archs = kernels::parse_archs(arch)?;
+    let archs = cuda::parse_archs(arch)?;
     if archs.is_empty() {
         return Err("--arch needs at least one architecture (sm_70,sm_80,…)".into());
     }
-    let nv = nvrtc::require()?;
-    let rows = kernels::compile_all(nv, &archs);
+    let build = cuda::compile_kernels(&archs)?;
     println!(
         "NVRTC {} ({}): {} kernel(s) × {} arch(s)",
-        nv.version_string(),
-        nv.path.display(),
-        kernels::SOURCES.len(),
+        build.nvrtc,
+        build.nvrtc_path,
+        build.kernel_count,
         archs.len()
     );
-    for r in &rows {
+    for r in &build.compiled {
         let status = if r.ok { "ok" } else { "FAILED" };
         println!(
             "  {:<8} {:<10} {:<6} {:>7} B",
@@ -49,16 +40,14 @@ pub fn run(compile: &str, arch: &str, json: Option<&Path>) -> CliResult<ExitCode
         }
     }
     if let Some(path) = json {
-        let report = Report {
-            nvrtc: nv.version_string(),
-            nvrtc_path: nv.path.display().to_string(),
-            compiled: &rows,
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(path, serde_json::to_string_pretty(&build)?)?;
     }
-    let failed = rows.iter().filter(|r| !r.ok).count();
+    let failed = build.failures().count();
     if failed > 0 {
-        eprintln!("unirt: {failed} of {} compilations failed", rows.len());
+        eprintln!(
+            "unirt: {failed} of {} compilations failed",
+            build.compiled.len()
+        );
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)

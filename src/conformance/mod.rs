@@ -11,6 +11,7 @@
 
 mod cases_alloc;
 mod cases_alloc_pools;
+mod cases_api;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
@@ -28,7 +29,8 @@ use serde::Serialize;
 
 use crate::device::{Device, DeviceKind};
 use crate::error::Error;
-use crate::hal::{AnyBackend, Backend};
+use crate::hal::Backend;
+use crate::vendors::AnyBackend;
 
 pub use util::*;
 
@@ -124,6 +126,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc::CASES);
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
+    all.extend_from_slice(cases_api::CASES);
     all
 }
 

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use super::Failure;
 use crate::error::Error;
-use crate::hal::{AnyBackend, Backend, DevicePtr};
+use crate::hal::{Backend, DevicePtr};
+use crate::vendors::AnyBackend;
 
 /// Fails the case with a message unless the condition holds.
 #[macro_export]

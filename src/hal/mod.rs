@@ -1,8 +1,10 @@
 //! The hardware abstraction layer: one small trait every vendor implements.
 //!
-//! [`Backend`] is implemented once per vendor directory under `vendors/`; [`AnyBackend`] is
-//! the closed set of them, dispatched statically by `enum_dispatch` (no vtable, and a match the
-//! optimiser can see through). One `AnyBackend` value is one opened device.
+//! [`Backend`] is implemented once per vendor directory under `vendors/`;
+//! [`AnyBackend`](crate::vendors::AnyBackend), in the vendor table, is the closed set of them,
+//! dispatched statically by `enum_dispatch` (no vtable, and a match the optimiser can see
+//! through). One `AnyBackend` value is one opened device. This module names no vendor: the
+//! vendors depend on it, never the other way round.
 //!
 //! Handles ([`StreamId`], [`EventId`], [`GraphId`], [`GraphExecId`]) are plain `u64`s. On CUDA
 //! they are the native `CUstream` / `CUevent` / `CUgraph` / `CUgraphExec` values, so the C ABI
@@ -22,9 +24,16 @@ use enum_dispatch::enum_dispatch;
 
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::Result;
-use crate::vendors::cpu::CpuBackend;
-use crate::vendors::cuda::CudaBackend;
-use crate::vendors::wgpu::WgpuBackend;
+
+/// What a vendor's probe found: its devices, or why it has none ("libcuda not found
+/// (searched …)"). Unavailability is a status, not an error.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// The vendor works here; one description per device, index order.
+    Available(Vec<DeviceInfo>),
+    /// The vendor cannot be used here, and why, in words a person can act on.
+    Unavailable(String),
+}
 
 /// The contract every vendor implements. All methods take `&self` and are thread-safe.
 ///
@@ -137,14 +146,4 @@ pub trait Backend: Send + Sync {
     fn graph_destroy(&self, graph: GraphId) -> Result<()>;
     /// Destroys an executable graph; a pending launch still completes.
     fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()>;
-}
-
-/// One opened device of any vendor.
-// One value per opened device, kept behind an `Arc`: the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-#[enum_dispatch(Backend)]
-pub enum AnyBackend {
-    Cpu(CpuBackend),
-    Cuda(CudaBackend),
-    Wgpu(WgpuBackend),
 }

@@ -19,9 +19,9 @@ use event::CpuEvent;
 use graph::{Capture, CpuGraph, CpuGraphExec, Node};
 use stream::{CpuStream, Op};
 
-use crate::device::{Capabilities, DeviceInfo, DeviceKind, EventTiming, MemInfo};
-use crate::discovery::Probe;
+use crate::device::{Capabilities, DeviceClass, DeviceInfo, DeviceKind, EventTiming, MemInfo};
 use crate::error::{Error, Result};
+use crate::hal::Probe;
 use crate::hal::*;
 use crate::handles::HandleTable;
 use crate::hostmem::HostHeap;
@@ -49,6 +49,7 @@ fn device_info() -> DeviceInfo {
             std::env::consts::ARCH
         ),
         api: "host".into(),
+        class: DeviceClass::Host,
         memory_total: total,
         max_allocation: isize::MAX as u64,
         details: vec![("threads".into(), threads.to_string())],
@@ -90,7 +91,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             info: device_info(),
             device_mem: AllocTable::new("device"),
-            host_mem: HostHeap::new("cpu:0"),
+            host_mem: HostHeap::new(DeviceKind::Cpu, "cpu:0"),
             streams,
             events: HandleTable::new(EventId::KIND),
             graphs: HandleTable::new(GraphId::KIND),
@@ -297,7 +298,12 @@ impl Backend for CpuBackend {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let p = memory::acquire(bytes as u64, memory::DEVICE_ALIGN, self.name())?;
+        let p = memory::acquire(
+            bytes as u64,
+            memory::DEVICE_ALIGN,
+            DeviceKind::Cpu,
+            self.name(),
+        )?;
         self.device_mem.adopt(p, bytes as u64, (), |p| {
             memory::release(p, bytes as u64, memory::DEVICE_ALIGN)
         })?;
@@ -326,7 +332,7 @@ impl Backend for CpuBackend {
         if s.is_capturing() {
             return Err(Error::unsupported(
                 "stream-ordered allocation during capture",
-                self.name(),
+                DeviceKind::Cpu,
             ));
         }
         // Host memory is usable at once, which satisfies every later point of the stream.
@@ -338,7 +344,7 @@ impl Backend for CpuBackend {
         if s.is_capturing() {
             return Err(Error::unsupported(
                 "stream-ordered free during capture",
-                self.name(),
+                DeviceKind::Cpu,
             ));
         }
         if ptr.is_null() {

@@ -177,6 +177,7 @@ pub mod attr {
     pub const CC_MAJOR: i32 = A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as i32;
     pub const CC_MINOR: i32 = A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as i32;
     pub const SM_COUNT: i32 = A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as i32;
+    pub const INTEGRATED: i32 = A::CU_DEVICE_ATTRIBUTE_INTEGRATED as i32;
     pub const MEMORY_POOLS: i32 = A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED as i32;
     pub const PCI_BUS: i32 = A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID as i32;
     pub const PCI_DEVICE: i32 = A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID as i32;
@@ -215,6 +216,7 @@ impl Driver {
             Error::Driver {
                 backend: DeviceKind::Cuda,
                 call: call.into(),
+                code: Some(r),
                 message,
             }
         }
@@ -467,5 +469,47 @@ impl Driver {
             unsafe { (self.api.cuEventDestroy_v2)(e as sys::CUevent) },
             "cuEventDestroy",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_call_keeps_the_cuda_result_code() {
+        let Ok(drv) = driver() else {
+            eprintln!("libcuda cannot be loaded here: only the code-less paths are checked");
+            assert_eq!(Error::NotCapturing.driver_code(), None);
+            return;
+        };
+        let e = drv.error(INVALID_VALUE, "cuMemAlloc");
+        assert_eq!(e.driver_code(), Some(INVALID_VALUE));
+        match &e {
+            Error::Driver {
+                backend,
+                call,
+                code,
+                message,
+            } => {
+                assert_eq!(*backend, DeviceKind::Cuda);
+                assert_eq!(call, "cuMemAlloc");
+                assert_eq!(*code, Some(1));
+                assert!(message.contains("CUDA_ERROR_INVALID_VALUE"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Codes with a meaning of their own keep their own variants.
+        assert_eq!(
+            drv.error(NOT_READY, "cuEventQuery").kind_name(),
+            "not_ready"
+        );
+        let capture = sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED as i32;
+        assert_eq!(
+            drv.error(capture, "cuLaunchKernel").kind_name(),
+            "capturing"
+        );
+        // A code no header lists still travels.
+        assert_eq!(drv.error(987_654, "cuFoo").driver_code(), Some(987_654));
     }
 }

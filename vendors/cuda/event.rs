@@ -8,16 +8,16 @@ use crate::hal::EventFlags;
 
 /// One event. `raw` is the `CUevent` and also the HAL handle.
 #[derive(Debug)]
-pub(super) struct CuEvent {
+pub(super) struct CudaEvent {
     pub raw: u64,
     pub flags: EventFlags,
     /// Recorded outside a capture at least once (elapsed time needs it).
     pub recorded: AtomicBool,
 }
 
-impl CuEvent {
+impl CudaEvent {
     pub fn new(raw: u64, flags: EventFlags) -> Self {
-        CuEvent {
+        CudaEvent {
             raw,
             flags,
             recorded: AtomicBool::new(false),

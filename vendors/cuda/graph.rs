@@ -2,26 +2,26 @@
 
 use std::sync::Arc;
 
-use super::event::CuEvent;
+use super::event::CudaEvent;
 
 /// A captured graph. `raw` is the `CUgraph` and also the HAL handle.
 #[derive(Debug)]
-pub(super) struct CuGraph {
+pub(super) struct CudaGraph {
     pub raw: u64,
     /// Device ranges the captured work touches.
     pub ranges: Arc<[(u64, u64)]>,
     /// Events recorded inside the capture.
-    pub events: Arc<[Arc<CuEvent>]>,
+    pub events: Arc<[Arc<CudaEvent>]>,
 }
 
 /// An instantiated graph. `raw` is the `CUgraphExec` and also the HAL handle. `ranges` are
 /// re-checked against the allocation table before every launch, so a replay never writes
 /// memory freed since the capture (CUDA itself would not notice).
 #[derive(Debug)]
-pub(super) struct CuGraphExec {
+pub(super) struct CudaGraphExec {
     pub raw: u64,
     pub ranges: Arc<[(u64, u64)]>,
     /// Events the graph records: counted as recorded (for elapsed time) once a launch is
     /// enqueued.
-    pub events: Arc<[Arc<CuEvent>]>,
+    pub events: Arc<[Arc<CudaEvent>]>,
 }

@@ -1,7 +1,9 @@
 //! The kernels of [`crate::kernel::KERNELS`] in CUDA C, compiled by NVRTC at first use.
 //!
-//! Each kernel is one file under `kernels/` holding one `extern "C" __global__` function of
-//! the same name, built into the binary with `include_str!`. A compiled image is cached in
+//! Kernels live one op family per file under `kernels/` (`elementwise.cu`, …, the same names
+//! as the other vendors' kernel files), each kernel an `extern "C" __global__` function named
+//! as in [`crate::kernel::KERNELS`], built into the binary with `include_str!`. A kernel is
+//! compiled from its family's file and fetched by name. A compiled image is cached in
 //! memory (per process) and on disk under `$XDG_CACHE_HOME/unirt/cuda` (or
 //! `~/.cache/unirt/cuda`), keyed by a SHA-256 of the source, the target architecture, the
 //! NVRTC version and the options, so a second process skips the ~0.1 s compile. The cache
@@ -28,17 +30,20 @@ pub struct KernelSource {
     pub source: &'static str,
 }
 
+/// The elementwise op family.
+const ELEMENTWISE: &str = include_str!("kernels/elementwise.cu");
+
 /// Every CUDA kernel, in the order of [`crate::kernel::KERNELS`].
 pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "fill",
-        file: "fill.cu",
-        source: include_str!("kernels/fill.cu"),
+        file: "elementwise.cu",
+        source: ELEMENTWISE,
     },
     KernelSource {
         name: "add_f32",
-        file: "add_f32.cu",
-        source: include_str!("kernels/add_f32.cu"),
+        file: "elementwise.cu",
+        source: ELEMENTWISE,
     },
 ];
 
@@ -196,41 +201,57 @@ fn image_in(
     Ok(img)
 }
 
-/// One row of `unirt kernels --compile cuda`.
+/// One kernel compiled for one architecture ahead of time.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct CompileRow {
+pub struct CompiledKernel {
+    /// The kernel's name, as in [`crate::kernel::KERNELS`].
     pub kernel: String,
+    /// `sm_XY`.
     pub arch: String,
+    /// The source file under `vendors/cuda/kernels/` it was compiled from.
+    pub file: String,
+    /// Whether NVRTC produced a CUBIN holding this kernel.
     pub ok: bool,
+    /// NVRTC's log (empty when it had nothing to say).
     pub log: String,
     /// Size of the CUBIN in bytes (0 on failure).
     pub bytes: usize,
 }
 
-/// Compiles every kernel to CUBIN for each `sm_XY` in `archs`, without a GPU and without
+/// Compiles every kernel file to CUBIN for each `sm_XY` in `archs`, without a GPU and without
 /// any cache: this is the check that the sources are valid CUDA C for those architectures.
-pub fn compile_all(nv: &Nvrtc, archs: &[u32]) -> Vec<CompileRow> {
+/// Each file is compiled once per architecture; each of its kernels gets a row, which fails
+/// when the image does not hold the kernel's symbol.
+pub(crate) fn compile_all(nv: &Nvrtc, archs: &[u32]) -> Vec<CompiledKernel> {
     let mut rows = Vec::new();
     for &arch in archs {
+        let target = Target::Cubin(arch);
+        let mut by_file: HashMap<&str, std::result::Result<(Vec<u8>, String), String>> =
+            HashMap::new();
         for k in SOURCES {
-            let target = Target::Cubin(arch);
-            let row = match nv.compile(k.file, k.source, target) {
-                Ok((img, log)) => CompileRow {
+            let compiled = by_file.entry(k.file).or_insert_with(|| {
+                nv.compile(k.file, k.source, target).map_err(|e| match e {
+                    Error::KernelCompile { log, .. } => log,
+                    other => other.to_string(),
+                })
+            });
+            let row = match compiled {
+                Ok((img, log)) => CompiledKernel {
                     kernel: k.name.into(),
                     arch: target.arch(),
-                    // A CUBIN is an ELF image; anything else is not what was asked for.
-                    ok: img.starts_with(b"\x7fELF"),
-                    log,
+                    file: k.file.into(),
+                    // A CUBIN is an ELF image whose symbol table names its kernels.
+                    ok: img.starts_with(b"\x7fELF")
+                        && img.windows(k.name.len()).any(|w| w == k.name.as_bytes()),
+                    log: log.clone(),
                     bytes: img.len(),
                 },
-                Err(e) => CompileRow {
+                Err(log) => CompiledKernel {
                     kernel: k.name.into(),
                     arch: target.arch(),
+                    file: k.file.into(),
                     ok: false,
-                    log: match e {
-                        Error::KernelCompile { log, .. } => log,
-                        other => other.to_string(),
-                    },
+                    log: log.clone(),
                     bytes: 0,
                 },
             };

@@ -19,20 +19,20 @@ pub(super) enum AllocKind {
 /// What other devices of this process need to know about one open device: its context (for
 /// `cuMemcpyPeerAsync`) and its allocations (to bounds-check the peer side of a copy).
 #[derive(Debug)]
-pub(super) struct Shared {
+pub(super) struct PeerInfo {
     pub index: usize,
     pub device: i32,
     pub ctx: u64,
     pub mem: AllocTable<AllocKind>,
 }
 
-fn registry() -> &'static Mutex<Vec<Weak<Shared>>> {
-    static REG: OnceLock<Mutex<Vec<Weak<Shared>>>> = OnceLock::new();
+fn registry() -> &'static Mutex<Vec<Weak<PeerInfo>>> {
+    static REG: OnceLock<Mutex<Vec<Weak<PeerInfo>>>> = OnceLock::new();
     REG.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 /// Adds an open device; returns the other open devices.
-pub(super) fn register(me: &Arc<Shared>) -> Vec<Arc<Shared>> {
+pub(super) fn register(me: &Arc<PeerInfo>) -> Vec<Arc<PeerInfo>> {
     let mut reg = registry().lock();
     reg.retain(|w| w.strong_count() > 0);
     let others = reg.iter().filter_map(Weak::upgrade).collect();
@@ -41,8 +41,8 @@ pub(super) fn register(me: &Arc<Shared>) -> Vec<Arc<Shared>> {
 }
 
 /// The other open device whose allocation holds `[addr, addr + len)`.
-pub(super) fn peer_owner(me: usize, addr: u64, len: u64) -> Option<Arc<Shared>> {
-    let peers: Vec<Arc<Shared>> = registry().lock().iter().filter_map(Weak::upgrade).collect();
+pub(super) fn peer_owner(me: usize, addr: u64, len: u64) -> Option<Arc<PeerInfo>> {
+    let peers: Vec<Arc<PeerInfo>> = registry().lock().iter().filter_map(Weak::upgrade).collect();
     peers
         .into_iter()
         .find(|p| p.index != me && p.mem.lookup(addr, len).is_ok())

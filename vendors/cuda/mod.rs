@@ -1,10 +1,12 @@
 //! NVIDIA CUDA through libcuda and NVRTC, both loaded at run time.
 //!
 //! Layers, bottom up: [`loader`] finds the libraries (absolute paths only, env overrides);
-//! `driver.rs` / `driver_ops.rs` hold every unsafe libcuda call and [`nvrtc`] every NVRTC call,
+//! `driver.rs` (devices, contexts, streams, events), `driver_memory.rs` and `driver_launch.rs`
+//! (modules, launches, capture, graphs) hold every unsafe libcuda call and [`nvrtc`] every NVRTC call,
 //! through symbols we resolve ourselves (cudarc supplies the handle types and constants; its
 //! own loaders panic on a missing library or symbol); [`kernels`] compiles and caches the CUDA
-//! C kernels; this file is the [`Backend`].
+//! C kernels; `backend.rs` is the
+//! [`Backend`] impl; this file holds the backend type, `probe()` and `open()`.
 //!
 //! Choices a reader of infinirt should know:
 //! - **Contexts**: each device uses its primary context (shared with the CUDA runtime and
@@ -24,15 +26,16 @@
 //!   allocation is in an [`AllocTable`], so copies, sets, launches and frees are checked.
 //! - **D2D between GPUs** uses `cuMemcpyPeerAsync` with peer access enabled where possible.
 
+mod backend;
 mod driver;
-mod driver_ops;
+mod driver_launch;
+mod driver_memory;
 mod event;
 mod graph;
-pub mod kernels;
-pub mod loader;
+mod kernels;
+mod loader;
 mod memory;
-pub mod nvrtc;
-mod ops;
+mod nvrtc;
 mod stream;
 
 use std::collections::HashMap;
@@ -40,17 +43,72 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::device::{Capabilities, DeviceInfo, DeviceKind, EventTiming};
-use crate::discovery::Probe;
+use crate::device::{Capabilities, DeviceClass, DeviceInfo, DeviceKind, EventTiming};
 use crate::error::{Error, Result};
+use crate::hal::Probe;
 use crate::hal::*;
 use crate::handles::HandleTable;
 use crate::memtable::AllocTable;
+use crate::vendors::AnyBackend;
 use driver::{version_string, Driver, NO_DEVICE, SUCCESS};
-use event::CuEvent;
-use graph::{CuGraph, CuGraphExec};
-use memory::{AllocKind, Shared};
-use stream::CuStream;
+use event::CudaEvent;
+use graph::{CudaGraph, CudaGraphExec};
+use memory::{AllocKind, PeerInfo};
+use stream::CudaStream;
+
+pub use kernels::CompiledKernel;
+
+/// Every CUDA kernel compiled ahead of time for a list of architectures, as `unirt kernels
+/// --compile cuda` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AheadOfTimeBuild {
+    /// NVRTC's version, e.g. `"11.8"`.
+    pub nvrtc: String,
+    /// Where NVRTC was loaded from.
+    pub nvrtc_path: String,
+    /// How many kernels there are (each compiled once per architecture).
+    pub kernel_count: usize,
+    /// One row per kernel and architecture.
+    pub compiled: Vec<CompiledKernel>,
+}
+
+impl AheadOfTimeBuild {
+    /// The rows that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &CompiledKernel> {
+        self.compiled.iter().filter(|r| !r.ok)
+    }
+}
+
+/// Compiles every CUDA kernel to CUBIN for each `sm_XY` in `archs` with NVRTC, without a GPU,
+/// a libcuda or any cache — the check CI runs on the kernel sources. `Err` only when NVRTC
+/// cannot be loaded or `archs` is empty; a kernel that fails to compile is a row with
+/// `ok: false` and NVRTC's log.
+///
+/// ```
+/// match unirt::vendors::cuda::compile_kernels(&[80]) {
+///     Ok(build) => assert_eq!(build.compiled.len(), build.kernel_count),
+///     Err(e) => println!("no NVRTC here: {e}"),
+/// }
+/// ```
+pub fn compile_kernels(archs: &[u32]) -> Result<AheadOfTimeBuild> {
+    if archs.is_empty() {
+        return Err(Error::BadParam(
+            "at least one architecture (sm_70, sm_80, …) is needed".into(),
+        ));
+    }
+    let nv = nvrtc::require()?;
+    Ok(AheadOfTimeBuild {
+        nvrtc: nv.version_string(),
+        nvrtc_path: nv.path.display().to_string(),
+        kernel_count: kernels::SOURCES.len(),
+        compiled: kernels::compile_all(nv, archs),
+    })
+}
+
+/// Parses an architecture list such as `sm_70,sm_80,90` into `[70, 80, 90]`.
+pub fn parse_archs(list: &str) -> Result<Vec<u32>> {
+    kernels::parse_archs(list)
+}
 
 /// The NVRTC part of a probe's message.
 fn nvrtc_summary() -> std::result::Result<String, String> {
@@ -128,6 +186,7 @@ fn device_info(drv: &Driver, index: usize) -> Result<DeviceInfo> {
     let total = drv.total_mem(dev)?;
     let pools = drv.attribute(dev, attr::MEMORY_POOLS).unwrap_or(0) != 0;
     let sms = drv.attribute(dev, attr::SM_COUNT).unwrap_or(0);
+    let integrated = drv.attribute(dev, attr::INTEGRATED).unwrap_or(0) != 0;
     let pci = format!(
         "{:04x}:{:02x}:{:02x}.0",
         drv.attribute(dev, attr::PCI_DOMAIN).unwrap_or(0),
@@ -146,6 +205,11 @@ fn device_info(drv: &Driver, index: usize) -> Result<DeviceInfo> {
             nv.version_string()
         ),
         api: "cuda".into(),
+        class: if integrated {
+            DeviceClass::IntegratedGpu
+        } else {
+            DeviceClass::DiscreteGpu
+        },
         memory_total: total,
         max_allocation: total,
         details: vec![
@@ -185,12 +249,12 @@ pub struct CudaBackend {
     name: String,
     cc: u32,
     pools: bool,
-    shared: Arc<Shared>,
+    shared: Arc<PeerInfo>,
     host_mem: AllocTable<()>,
-    streams: HandleTable<CuStream>,
-    events: HandleTable<CuEvent>,
-    graphs: HandleTable<CuGraph>,
-    execs: HandleTable<CuGraphExec>,
+    streams: HandleTable<CudaStream>,
+    events: HandleTable<CudaEvent>,
+    graphs: HandleTable<CudaGraph>,
+    execs: HandleTable<CudaGraphExec>,
     default_stream: u64,
     /// Kernel name → (CUmodule, CUfunction), loaded at first launch.
     functions: Mutex<HashMap<&'static str, (u64, u64)>>,
@@ -225,8 +289,8 @@ impl CudaBackend {
             }
         };
         let streams = HandleTable::new(StreamId::KIND);
-        streams.insert_with(default_stream, CuStream::new(default_stream));
-        let shared = Arc::new(Shared {
+        streams.insert_with(default_stream, CudaStream::new(default_stream));
+        let shared = Arc::new(PeerInfo {
             index,
             device: dev,
             ctx,
@@ -257,11 +321,11 @@ impl CudaBackend {
         self.drv.set_current(self.shared.ctx)
     }
 
-    fn stream(&self, s: StreamId) -> Result<Arc<CuStream>> {
+    fn stream(&self, s: StreamId) -> Result<Arc<CudaStream>> {
         self.streams.get(s.0)
     }
 
-    fn event(&self, e: EventId) -> Result<Arc<CuEvent>> {
+    fn event(&self, e: EventId) -> Result<Arc<CudaEvent>> {
         self.events.get(e.0)
     }
 
@@ -310,7 +374,7 @@ impl CudaBackend {
 
 /// Lets two open devices reach each other's memory directly where the hardware allows;
 /// peer copies work without it (the driver stages them), only slower.
-fn enable_peer(drv: &Driver, a: &Shared, b: &Shared) {
+fn enable_peer(drv: &Driver, a: &PeerInfo, b: &PeerInfo) {
     for (from, to) in [(a, b), (b, a)] {
         let ok = drv.can_access_peer(from.device, to.device).unwrap_or(false)
             && drv.set_current(from.ctx).is_ok()

@@ -166,6 +166,7 @@ impl Nvrtc {
         Error::Driver {
             backend: DeviceKind::Cuda,
             call: call.into(),
+            code: Some(r),
             message: self.describe(r),
         }
     }
@@ -251,7 +252,7 @@ impl Nvrtc {
                 _ => {
                     return Err(Error::unsupported(
                         format!("CUBIN output (NVRTC {})", self.version_string()),
-                        "cuda",
+                        DeviceKind::Cuda,
                     ))
                 }
             },
@@ -327,7 +328,7 @@ mod tests {
         assert_eq!(Target::Ptx(90).arch(), "compute_90");
         let (ptx, _) = nv
             .compile(
-                "fill.cu",
+                "elementwise.cu",
                 super::super::kernels::SOURCES[0].source,
                 Target::Ptx(newest),
             )

@@ -4,27 +4,27 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::event::CuEvent;
+use super::event::CudaEvent;
 
 /// What a capturing stream has recorded so far, beyond what CUDA keeps: the device ranges its
 /// work touches, so instantiate and every replay can refuse a graph whose memory was freed.
 #[derive(Debug, Default)]
-pub(super) struct CaptureRec {
+pub(super) struct CaptureLog {
     pub ranges: Vec<(u64, u64)>,
     /// Events recorded inside the capture: each replay records them.
-    pub events: Vec<Arc<CuEvent>>,
+    pub events: Vec<Arc<CudaEvent>>,
 }
 
 /// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
 #[derive(Debug)]
-pub(super) struct CuStream {
+pub(super) struct CudaStream {
     pub raw: u64,
-    pub capture: Mutex<Option<CaptureRec>>,
+    pub capture: Mutex<Option<CaptureLog>>,
 }
 
-impl CuStream {
+impl CudaStream {
     pub fn new(raw: u64) -> Self {
-        CuStream {
+        CudaStream {
             raw,
             capture: Mutex::new(None),
         }
@@ -35,7 +35,7 @@ impl CuStream {
     }
 
     /// Notes an event recorded by work enqueued now; `false` when not capturing.
-    pub fn note_event(&self, e: &Arc<CuEvent>) -> bool {
+    pub fn note_event(&self, e: &Arc<CudaEvent>) -> bool {
         match self.capture.lock().as_mut() {
             Some(c) => {
                 c.events.push(e.clone());

@@ -8,9 +8,9 @@
 
 use std::sync::OnceLock;
 
-use crate::device::{Capabilities, DeviceInfo, EventTiming};
-use crate::discovery::Probe;
+use crate::device::{Capabilities, DeviceClass, DeviceInfo, EventTiming};
 use crate::error::{Error, Result};
+use crate::hal::Probe;
 
 /// One usable adapter and what discovery reported for it.
 pub(crate) struct Found {
@@ -220,6 +220,13 @@ fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
         vendor: vendor_name(i.vendor),
         driver,
         api: backend_name(i.backend).into(),
+        class: match i.device_type {
+            wgpu::DeviceType::DiscreteGpu => DeviceClass::DiscreteGpu,
+            wgpu::DeviceType::IntegratedGpu => DeviceClass::IntegratedGpu,
+            wgpu::DeviceType::VirtualGpu => DeviceClass::VirtualGpu,
+            wgpu::DeviceType::Cpu => DeviceClass::Software,
+            wgpu::DeviceType::Other => DeviceClass::Unknown,
+        },
         memory_total: total,
         max_allocation: l.max_buffer_size,
         details,

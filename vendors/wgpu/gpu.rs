@@ -83,6 +83,7 @@ fn driver(call: &str, message: impl std::fmt::Display) -> Error {
     Error::Driver {
         backend: DeviceKind::Wgpu,
         call: call.into(),
+        code: None,
         message: message.to_string(),
     }
 }

@@ -1,5 +1,6 @@
-//! The kernels of [`crate::kernel::KERNELS`] in WGSL (`kernels/*.wgsl`), plus the two internal
-//! kernels behind byte-granular memset and memcpy, compiled once per device.
+//! The kernels of [`crate::kernel::KERNELS`] in WGSL (`kernels/<op family>.wgsl`, one section
+//! per kernel), plus the two built-in kernels behind byte-granular memset and memcpy
+//! (`builtin/`), compiled once per device.
 //!
 //! Every kernel takes its buffers as read_write storage bindings of group 0 (so an argument
 //! bound twice, as in an in-place add, is one compatible usage) and its scalars as 16 bytes of
@@ -18,10 +19,26 @@ use parking_lot::Mutex;
 use super::memory::{ceil4, wgpu_error, DevBuf};
 use crate::error::{Error, Result};
 
-/// Work items per workgroup, as in every `kernels/*.wgsl`.
+/// Work items per workgroup, as in every WGSL kernel here.
 pub(crate) const WORKGROUP: u32 = 256;
 /// Bytes of immediates every kernel takes.
 pub(crate) const IMMEDIATE_BYTES: u32 = 16;
+
+/// The elementwise op family: one `// ==== kernel: NAME ====` section per kernel.
+const ELEMENTWISE: &str = include_str!("kernels/elementwise.wgsl");
+
+/// The section of an op-family file that holds kernel `name`: from its marker line to the next
+/// marker (or the end). Empty when the file has no such section, which the shader compiler
+/// then reports (no entry point) as a `KernelCompile` error.
+fn section(family: &'static str, name: &str) -> &'static str {
+    let marker = format!("// ==== kernel: {name} ====");
+    let Some(start) = family.find(&marker) else {
+        return "";
+    };
+    let body = &family[start + marker.len()..];
+    let end = body.find("// ==== kernel: ").unwrap_or(body.len());
+    &body[..end]
+}
 
 /// A compiled kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,14 +81,14 @@ impl Which {
 
     fn source_with_offsets(self) -> std::borrow::Cow<'static, str> {
         match self {
-            Which::Fill => include_str!("kernels/fill.wgsl").into(),
-            Which::AddF32 => include_str!("kernels/add_f32.wgsl").into(),
-            Which::AddF32NoAlias => include_str!("kernels/add_f32.wgsl")
+            Which::Fill => section(ELEMENTWISE, "fill").into(),
+            Which::AddF32 => section(ELEMENTWISE, "add_f32").into(),
+            Which::AddF32NoAlias => section(ELEMENTWISE, "add_f32")
                 .replace("var<storage, read_write> a:", "var<storage, read> a:")
                 .replace("var<storage, read_write> b:", "var<storage, read> b:")
                 .into(),
-            Which::Memset => include_str!("kernels/memset.wgsl").into(),
-            Which::CopyBytes => include_str!("kernels/copy_bytes.wgsl").into(),
+            Which::Memset => include_str!("builtin/memset.wgsl").into(),
+            Which::CopyBytes => include_str!("builtin/copy_bytes.wgsl").into(),
         }
     }
 
@@ -210,7 +227,7 @@ impl Kernels {
         if let Some(why) = &self.unavailable {
             return Err(Error::unsupported(
                 format!("kernel {} ({why})", which.name()),
-                "wgpu",
+                crate::device::DeviceKind::Wgpu,
             ));
         }
         self.pipelines[which.index() * 2 + usize::from(direct)]

@@ -102,6 +102,7 @@ pub(crate) fn create_buffer(
     let oom = pollster::block_on(scope_oom.pop());
     if let Some(e) = oom {
         return Err(Error::OutOfMemory {
+            backend: crate::device::DeviceKind::Wgpu,
             device: who.to_string(),
             requested: size,
             detail: e.to_string(),
@@ -111,6 +112,7 @@ pub(crate) fn create_buffer(
         return Err(Error::Driver {
             backend: crate::device::DeviceKind::Wgpu,
             call: "create_buffer".into(),
+            code: None,
             message: e.to_string(),
         });
     }
@@ -121,6 +123,7 @@ pub(crate) fn create_buffer(
 pub(crate) fn wgpu_error(call: &str, e: wgpu::Error) -> Error {
     match e {
         wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory {
+            backend: crate::device::DeviceKind::Wgpu,
             device: "wgpu".into(),
             requested: 0,
             detail: format!("{call}: {e}"),
@@ -128,6 +131,7 @@ pub(crate) fn wgpu_error(call: &str, e: wgpu::Error) -> Error {
         e => Error::Driver {
             backend: crate::device::DeviceKind::Wgpu,
             call: call.into(),
+            code: None,
             message: e.to_string(),
         },
     }

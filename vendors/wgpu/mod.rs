@@ -36,13 +36,14 @@ use memory::{AddressSpace, DevBuf};
 use stream::{enqueue, flush_locked, Cmd, WStream};
 
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
-use crate::discovery::Probe;
 use crate::error::{Error, Result};
+use crate::hal::Probe;
 use crate::hal::*;
 use crate::handles::HandleTable;
 use crate::hostmem::HostHeap;
 use crate::kernel::check_launch;
 use crate::memtable::AllocTable;
+use crate::vendors::AnyBackend;
 
 /// Discovery for the wgpu vendor (enumerates once per process; never panics).
 pub fn probe() -> Probe {
@@ -83,7 +84,7 @@ impl WgpuBackend {
             gpu,
             vas: AddressSpace::new(),
             device_mem: AllocTable::new("device"),
-            host_mem: HostHeap::new(format!("wgpu:{index}")),
+            host_mem: HostHeap::new(DeviceKind::Wgpu, format!("wgpu:{index}")),
             streams,
             events: HandleTable::new(EventId::KIND),
             graphs: HandleTable::new(GraphId::KIND),
@@ -280,6 +281,7 @@ impl Backend for WgpuBackend {
         let free = self.mem_info().map(|m| m.free).unwrap_or(u64::MAX);
         if size > free {
             return Err(Error::OutOfMemory {
+                backend: DeviceKind::Wgpu,
                 device: self.name.clone(),
                 requested: size,
                 detail: format!("{free} bytes free"),
@@ -319,7 +321,7 @@ impl Backend for WgpuBackend {
         if self.stream(stream)?.is_capturing() {
             return Err(Error::unsupported(
                 "stream-ordered allocation during capture",
-                &self.name,
+                DeviceKind::Wgpu,
             ));
         }
         // A new buffer is usable by any later submission.
@@ -330,7 +332,7 @@ impl Backend for WgpuBackend {
         if self.stream(stream)?.is_capturing() {
             return Err(Error::unsupported(
                 "stream-ordered free during capture",
-                &self.name,
+                DeviceKind::Wgpu,
             ));
         }
         if ptr.is_null() {
@@ -370,7 +372,7 @@ impl Backend for WgpuBackend {
                 if s.is_capturing() {
                     return Err(Error::unsupported(
                         "a host-to-host copy inside a capture",
-                        &self.name,
+                        DeviceKind::Wgpu,
                     ));
                 }
                 // Ordered after the stream's work by waiting for it.

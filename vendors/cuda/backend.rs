@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use super::driver_ops::{host_copy, ArgValue};
-use super::event::{cu_flags, CuEvent};
-use super::graph::{CuGraph, CuGraphExec};
-use super::memory::{self, AllocKind, Shared};
-use super::stream::{CaptureRec, CuStream};
+use super::driver_launch::ArgValue;
+use super::driver_memory::host_copy;
+use super::event::{cu_flags, CudaEvent};
+use super::graph::{CudaGraph, CudaGraphExec};
+use super::memory::{self, AllocKind, PeerInfo};
+use super::stream::{CaptureLog, CudaStream};
 use super::CudaBackend;
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::{Error, Result};
@@ -22,8 +23,8 @@ const MAX_GRID: u32 = 1 << 20;
 /// Which device owns the device side(s) of a copy: `None` is this one.
 struct CopyPlan {
     ranges: Vec<(u64, u64)>,
-    dst_peer: Option<Arc<Shared>>,
-    src_peer: Option<Arc<Shared>>,
+    dst_peer: Option<Arc<PeerInfo>>,
+    src_peer: Option<Arc<PeerInfo>>,
 }
 
 impl CudaBackend {
@@ -39,7 +40,7 @@ impl CudaBackend {
     }
 
     /// A device range of this device or, for D2D, of another open CUDA device.
-    fn device_side(&self, addr: u64, len: u64, peer_ok: bool) -> Result<Option<Arc<Shared>>> {
+    fn device_side(&self, addr: u64, len: u64, peer_ok: bool) -> Result<Option<Arc<PeerInfo>>> {
         match self.check_device(addr, len) {
             Ok(()) => Ok(None),
             Err(e @ Error::OutOfBounds { .. }) if peer_ok => {
@@ -103,7 +104,7 @@ impl CudaBackend {
                 (None, None) => d.copy_d2d(dst, src, bytes, stream),
                 (dp, sp) => {
                     let ctx =
-                        |p: &Option<Arc<Shared>>| p.as_ref().map_or(self.shared.ctx, |s| s.ctx);
+                        |p: &Option<Arc<PeerInfo>>| p.as_ref().map_or(self.shared.ctx, |s| s.ctx);
                     d.copy_peer(dst, ctx(dp), src, ctx(sp), bytes, stream)
                 }
             },
@@ -112,7 +113,7 @@ impl CudaBackend {
 
     /// Checks what a graph uses is still live: its device ranges (a replay must not write
     /// freed memory) and its recorded events (CUDA would record a destroyed event).
-    fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CuEvent>]) -> Result<()> {
+    fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CudaEvent>]) -> Result<()> {
         for &(addr, len) in ranges {
             self.check_device(addr, len)?;
         }
@@ -139,7 +140,7 @@ impl CudaBackend {
     }
 
     /// The default stream, refused while it is capturing (synchronous calls use it).
-    fn sync_stream(&self) -> Result<Arc<CuStream>> {
+    fn sync_stream(&self) -> Result<Arc<CudaStream>> {
         let s = self.stream(self.default_stream())?;
         if s.is_capturing() {
             return Err(Error::Capturing(
@@ -149,11 +150,11 @@ impl CudaBackend {
         Ok(s)
     }
 
-    fn refuse_capturing(&self, s: &CuStream, what: &str) -> Result<()> {
+    fn refuse_capturing(&self, s: &CudaStream, what: &str) -> Result<()> {
         if s.is_capturing() {
             return Err(Error::unsupported(
                 format!("{what} during capture"),
-                &self.name,
+                DeviceKind::Cuda,
             ));
         }
         Ok(())
@@ -198,7 +199,7 @@ impl Backend for CudaBackend {
     fn stream_create(&self) -> Result<StreamId> {
         self.bind()?;
         let raw = self.drv.stream_create()?;
-        self.streams.insert_with(raw, CuStream::new(raw));
+        self.streams.insert_with(raw, CudaStream::new(raw));
         Ok(StreamId(raw))
     }
 
@@ -240,7 +241,7 @@ impl Backend for CudaBackend {
         let flags = EventFlags::new(flags.0)?;
         self.bind()?;
         let raw = self.drv.event_create(cu_flags(flags))?;
-        self.events.insert_with(raw, CuEvent::new(raw, flags));
+        self.events.insert_with(raw, CudaEvent::new(raw, flags));
         Ok(EventId(raw))
     }
 
@@ -493,7 +494,7 @@ impl Backend for CudaBackend {
         let mut cap = s.capture.lock();
         // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
         self.drv.begin_capture(s.raw, mode as i32)?;
-        *cap = Some(CaptureRec::default());
+        *cap = Some(CaptureLog::default());
         Ok(())
     }
 
@@ -504,7 +505,7 @@ impl Backend for CudaBackend {
         let raw = self.drv.end_capture(s.raw)?;
         self.graphs.insert_with(
             raw,
-            CuGraph {
+            CudaGraph {
                 raw,
                 ranges: rec.ranges.into(),
                 events: rec.events.into(),
@@ -520,7 +521,7 @@ impl Backend for CudaBackend {
         let raw = self.drv.graph_instantiate(g.raw)?;
         self.execs.insert_with(
             raw,
-            CuGraphExec {
+            CudaGraphExec {
                 raw,
                 ranges: g.ranges.clone(),
                 events: g.events.clone(),

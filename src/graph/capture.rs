@@ -1,0 +1,103 @@
+//! Stream capture's RAII handles: [`Graph`] (what a recording captured) and [`GraphExec`] (the
+//! instantiated, replayable form). Both keep the recording's graph-private pool reserved, so a
+//! replay never touches memory the allocator has handed to someone else.
+
+use std::sync::Arc;
+
+use crate::alloc::PrivatePool;
+use crate::error::Result;
+use crate::hal::{Backend, GraphExecId, GraphId, StreamId};
+use crate::stream::Stream;
+use crate::vendors::AnyBackend;
+
+/// A recorded graph. It holds its graph-private pool, so memory allocated while recording
+/// stays reserved as long as the graph or an executable made from it lives.
+pub struct Graph {
+    backend: Arc<AnyBackend>,
+    id: GraphId,
+    pool: Arc<PrivatePool>,
+}
+
+impl Graph {
+    /// Wraps a graph the backend returned from `end_capture`; `pool` is the private pool the
+    /// recording allocated from.
+    pub(crate) fn from_capture(
+        backend: Arc<AnyBackend>,
+        id: GraphId,
+        pool: Arc<PrivatePool>,
+    ) -> Self {
+        Graph { backend, id, pool }
+    }
+
+    /// The backend's handle.
+    pub fn id(&self) -> GraphId {
+        self.id
+    }
+
+    /// The private pool the recording allocated from.
+    pub fn pool(&self) -> &Arc<PrivatePool> {
+        &self.pool
+    }
+
+    /// Prepares the graph for replay.
+    pub fn instantiate(&self) -> Result<GraphExec> {
+        Ok(GraphExec {
+            id: self.backend.graph_instantiate(self.id)?,
+            backend: self.backend.clone(),
+            pool: self.pool.clone(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({:?}, {:?})", self.id, self.pool)
+    }
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphExec({:?}, {:?})", self.id, self.pool)
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = self.backend.graph_destroy(self.id);
+    }
+}
+
+/// A launchable graph; it too keeps the private pool reserved.
+pub struct GraphExec {
+    backend: Arc<AnyBackend>,
+    id: GraphExecId,
+    pool: Arc<PrivatePool>,
+}
+
+impl GraphExec {
+    /// The backend's handle.
+    pub fn id(&self) -> GraphExecId {
+        self.id
+    }
+
+    /// The private pool the recording allocated from (kept reserved while this lives).
+    pub fn pool(&self) -> &Arc<PrivatePool> {
+        &self.pool
+    }
+
+    /// Enqueues one replay on the stream with id `stream`.
+    pub fn launch(&self, stream: StreamId) -> Result<()> {
+        self.backend.graph_launch(self.id, stream)
+    }
+
+    /// Enqueues one replay on `stream` (which must belong to the same device).
+    pub fn launch_on(&self, stream: &Stream) -> Result<()> {
+        self.backend.graph_launch(self.id, stream.id())
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        let _ = self.backend.graph_exec_destroy(self.id);
+    }
+}
