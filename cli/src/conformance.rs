@@ -13,36 +13,37 @@ use crate::CliResult;
 
 /// The devices a `--device` argument names: `cpu:0` one device, `wgpu` every wgpu device,
 /// nothing every available device.
+///
+/// Naming a device or vendor that this machine does not have is an error with the vendor's
+/// reason, never an empty run that passes: a GPU CI job that silently finds no GPU must fail.
 pub fn select_devices(arg: Option<&str>) -> CliResult<Vec<Device>> {
     let d = unirt::discover();
-    Ok(match arg {
-        None => d.devices(),
-        Some(s) if s.contains(':') => {
-            let dev = s.parse::<Device>()?;
-            // A vendor that is available but has no such index is a typo, not a skip.
-            if let Some(b) = d.backend(dev.kind) {
-                if b.available() && dev.index >= b.devices.len() {
-                    return Err(unirt::Error::DeviceNotFound(format!(
-                        "{dev} ({} has {} device(s))",
-                        dev.kind,
-                        b.devices.len()
-                    ))
-                    .into());
-                }
-            }
-            vec![dev]
+    let Some(s) = arg else {
+        return Ok(d.devices());
+    };
+    let (kind, index) = if s.contains(':') {
+        let dev = s.parse::<Device>()?;
+        (dev.kind, Some(dev.index))
+    } else {
+        (s.parse::<DeviceKind>()?, None)
+    };
+    let not_here = |why: String| -> CliResult<Vec<Device>> {
+        Err(unirt::Error::DeviceNotFound(format!("{s}: {why}")).into())
+    };
+    let Some(b) = d.backend(kind) else {
+        return not_here(format!("vendor {kind} was not probed (UNIRT_BACKENDS)"));
+    };
+    if let Some(reason) = &b.reason {
+        return not_here(format!("{kind} is unavailable on this machine: {reason}"));
+    }
+    match index {
+        Some(i) if i >= b.devices.len() => {
+            not_here(format!("{kind} has {} device(s)", b.devices.len()))
         }
-        Some(s) => {
-            let kind: DeviceKind = s.parse()?;
-            let all: Vec<Device> = d.devices().into_iter().filter(|x| x.kind == kind).collect();
-            if all.is_empty() {
-                // Keep one entry so the report says why the vendor was skipped.
-                vec![Device::new(kind, 0)]
-            } else {
-                all
-            }
-        }
-    })
+        Some(i) => Ok(vec![Device::new(kind, i)]),
+        None if b.devices.is_empty() => not_here(format!("{kind} lists no device")),
+        None => Ok(b.devices.iter().map(|i| Device::new(kind, i.index)).collect()),
+    }
 }
 
 /// Runs every case on every device, with a progress bar on a terminal.
@@ -72,6 +73,8 @@ pub fn run(
     junit: Option<&Path>,
 ) -> CliResult<ExitCode> {
     let devices = select_devices(device)?;
+    // A filter that matches nothing is a typo, not a green run.
+    conformance::filtered_cases(filter)?;
     let results = run_all(&devices, filter);
     print_table(&results);
     print_summary(&results);
