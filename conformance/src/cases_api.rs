@@ -1,5 +1,5 @@
 //! The safe public API over the HAL: typed stream-ordered copies on [`Stream`] with RAII
-//! [`Memory`](crate::Memory), typed copies on raw device pointers, completion futures, and the
+//! [`Memory`](unirt::Memory), typed copies on raw device pointers, completion futures, and the
 //! error of a safe copy that would leave its buffer.
 
 use std::future::Future;
@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use super::*;
-use crate::{ensure, BackendExt, Event, KernelArg, Runtime, Stream};
+use crate::ensure;
+use unirt::{BackendExt, Event, KernelArg, Runtime, Stream};
 
 pub(super) const CASES: &[Case] = &[
     Case {
@@ -195,7 +196,7 @@ fn block_on<F: Future>(fut: F) -> (F::Output, usize) {
 
 /// Enqueues enough work that a completion is usually still pending at its first poll: a
 /// 32 MiB fill, then the copies the case checks.
-fn busy_work(rt: &Runtime, s: &Stream) -> Result<crate::Memory, Failure> {
+fn busy_work(rt: &Runtime, s: &Stream) -> Result<unirt::Memory, Failure> {
     let n = 8 << 20;
     let m = rt.allocate_memory(n * 4)?;
     s.launch(
@@ -221,7 +222,7 @@ fn event_future(ctx: &Ctx) -> Result<(), Failure> {
     let (r, polls) = block_on(fut);
     r?;
     // The fill has run: read its last element without waiting on anything else first.
-    let last: Vec<u32> = crate::BackendExt::read_to_vec(
+    let last: Vec<u32> = unirt::BackendExt::read_to_vec(
         &*ctx.backend,
         m.device_ptr().offset((m.size() - 4) as u64),
         1,
@@ -249,7 +250,7 @@ fn stream_future(ctx: &Ctx) -> Result<(), Failure> {
     s.copy_device(&dst, &m, m.size())?;
     let (r, polls) = block_on(s.completion()?);
     r?;
-    let last: Vec<u32> = crate::BackendExt::read_to_vec(
+    let last: Vec<u32> = unirt::BackendExt::read_to_vec(
         &*ctx.backend,
         dst.device_ptr().offset((dst.size() - 4) as u64),
         1,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use unirt::vendors::cuda;
 
-use super::CliResult;
+use crate::CliResult;
 
 pub fn run(compile: &str, arch: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     if !compile.eq_ignore_ascii_case("cuda") {
