@@ -1,76 +1,106 @@
 //! # unirt — one runtime for every accelerator on a machine
 //!
-//! One binary, built with no cargo features, finds at run time which vendor drivers the
+//! One library, built with no cargo features, finds at run time which vendor drivers the
 //! machine has and gives every device the same API: streams, events with timing, device /
 //! pinned-host / stream-ordered memory, the four kinds of copy, kernels, and stream capture
 //! with replay.
 //!
 //! ```
-//! use unirt::{Backend, BackendExt, Device};
-//! let dev = unirt::open(Device::CPU)?;           // or "cuda:0".parse()?, "wgpu:1".parse()?
-//! let n = 1024u32;
-//! let (a, out) = (dev.malloc(4 * n as usize)?, dev.malloc(4 * n as usize)?);
-//! let s = dev.default_stream();
-//! dev.launch("fill", &[a.into(), 0x3f80_0000u32.into(), n.into()], s)?;      // 1.0f32
-//! dev.launch("add_f32", &[a.into(), a.into(), out.into(), n.into()], s)?;
-//! dev.stream_synchronize(s)?;
-//! let bytes = dev.read_vec(out, 4)?;
-//! assert_eq!(f32::from_le_bytes(bytes.try_into().unwrap()), 2.0);
+//! use unirt::{KernelArg, Runtime};
+//! let dev = unirt::best_device().unwrap_or(unirt::Device::CPU); // never an emulated GPU over the CPU
+//! let rt = Runtime::get(dev)?;
+//! let (a, out) = (rt.allocate_memory(4 * 1024)?, rt.allocate_memory(4 * 1024)?);
+//! let s = rt.create_stream()?;
+//! s.copy_from_slice(&a, &[1.0f32; 1024])?;                        // typed, safe, stream-ordered
+//! s.launch("add_f32", &[(&a).into(), (&a).into(), (&out).into(), KernelArg::U32(1024)])?;
+//! pollster::block_on(s.completion()?)?;                           // or s.synchronize()
+//! assert_eq!(s.copy_to_vec::<f32>(&out, 1024)?, vec![2.0; 1024]);
 //! # Ok::<(), unirt::Error>(())
 //! ```
 //!
-//! ## Architecture
+//! ## Layers
 //!
 //! ```text
-//!  apps (Rust API)     C ABI (capi/, libinfinirt.so)      CLI `unirt` (devices | conformance | bench)
-//!  context    thread-local current device, per-thread streams        (src/context.rs)
-//!  Runtime    one per device, lazily: allocator, pinned pool, capture (src/runtime.rs)
-//!  alloc      CachingAllocator + graph-private pools + pinned host pool (src/alloc/)
-//!  discovery  probe every vendor once; open devices lazily            (src/discovery.rs)
-//!  hal        trait Backend + enum AnyBackend (enum_dispatch)          (src/hal/)
-//!  vendors/   cpu/   cuda/   wgpu/   — one directory each, same shape
+//!  apps (Rust API)          C ABI (capi/: libinfinirt.so)     CLI (cli/)   conformance kit (conformance/)
+//!  ───────────────────────────────────────────────────────────────────────────────────────────────
+//!  graph/        Graph / GraphExec: stream capture's RAII handles, keeping the private pool alive;
+//!                next the operator graph (Graph -> CapturePlan -> GraphExec, see [`graph`])
+//!  context       thread-local current device + per-thread stream, InfiniCore's free functions
+//!  Runtime       one per device, lazily: caching allocator, pinned pool, capture + private pools
+//!  memory        Memory (RAII, from the allocator or the pinned pool); alloc/ the allocators
+//!  stream        Stream / Event (RAII), typed safe copies, Completion futures; BackendExt
+//!  discovery     probe every vendor of the table once; open devices lazily; rank them
+//!  hal           trait Backend (the contract), handle / pointer types, Probe
+//!  vendors/      VENDORS (the one table) + AnyBackend; cpu/ cuda/ wgpu/ (+ noop/, the template)
+//!  ───────────────────────────────────────────────────────────────────────────────────────────────
+//!  shared below: device (DeviceKind, Device, DeviceInfo, DeviceClass), error (Error), kernel
+//!  (KERNELS: names + signatures), and the hidden bookkeeping (memtable, handles, hostmem, progress)
 //! ```
 //!
-//! Data flows down, errors flow up as [`Error`]. Nothing above [`hal`] names a vendor type;
-//! nothing in `vendors/` knows about the layers above the HAL.
+//! | layer | owns | module |
+//! |---|---|---|
+//! | vendors | driver loading, native handles, the kernels in the vendor's language, its checks | `vendors/<name>/` |
+//! | hal | the [`Backend`] contract every vendor implements, the handle and pointer types | [`hal`] |
+//! | discovery | which vendors work here and why not, the device ranking, one open backend per device | [`discovery`] |
+//! | stream | RAII streams and events; copies that need no `unsafe`; completion futures | [`stream`], [`completion`] |
+//! | memory / alloc | [`Memory`] handles; the caching block allocator, graph-private pools, the pinned pool | [`memory`], [`alloc`] |
+//! | Runtime | one allocator + pinned pool + capture state per device | [`runtime`] |
+//! | context | the calling thread's device and stream (InfiniCore's `context`) | [`context`] |
+//! | graph | recorded graphs and their replay | [`graph`] |
 //!
-//! ## Design choices, and why
+//! **Dependencies point down.** `vendors` depend on `hal`, `device`, `error` and the hidden
+//! bookkeeping modules, never on discovery, the allocator, `context` or anything above;
+//! `hal` names no vendor (the enum of backends, [`AnyBackend`], lives with the vendor table);
+//! `discovery` reaches the vendors only through [`vendors::VENDORS`]; `runtime` and
+//! `context` share the thread state through a private module below both instead of importing
+//! each other. Tensors, operators and the operator graph go above `Runtime` and reach the
+//! vendors only through the HAL and each vendor's kernel registration.
 //!
-//! - **Vendors are discovered, not compiled in.** Every vendor is always built; its probe
-//!   loads the driver at run time and answers *available* with devices or *unavailable* with a
-//!   reason a person can act on. A missing or broken driver is a status, never a panic — the
-//!   probes guard every entry into libraries (cudarc panics when a library is missing; wgpu
-//!   panics on validation errors) and discovery catches unwinds as a last line of defence.
-//! - **Static dispatch over a closed set.** `AnyBackend` is an enum dispatched by
-//!   `enum_dispatch`: no vtables, and adding a vendor is one variant plus one directory. The
-//!   trait is small and documented method by method; the conformance suite is its executable
-//!   specification.
-//! - **Device pointers are addresses.** [`DevicePtr`] is a `u64` in the device's address space on
-//!   every backend (a host address on CPU, a `CUdeviceptr` on CUDA, a virtual address mapped to
-//!   (buffer, offset) on wgpu), so pointer arithmetic and interior pointers work everywhere and
-//!   the C ABI can pass them as `void *`.
-//! - **Everything is checked.** Each backend keeps an allocation table
-//!   ([`memtable::AllocTable`]) and live-handle tables ([`handles::HandleTable`]): an
-//!   out-of-bounds copy, a double free, a destroyed stream are typed errors, and a graph replay
-//!   re-checks its buffers instead of writing freed memory.
-//! - **Streams are real queues everywhere.** The CPU backend runs each stream on a worker
-//!   thread, so events report NOT_READY while work is pending and time the work — the same
-//!   observable behaviour as CUDA, which is what makes one conformance suite possible.
-//! - **One allocator for every vendor.** [`CachingAllocator`] sits above the HAL's raw
-//!   alloc/free (PyTorch's block-allocator design: 512 B rounding, small and large pools, split
-//!   and coalesce, stream-aware reuse). Allocations made while a graph records come from a
-//!   private pool that lives as long as the graph, so a replay never reads a freed address.
-//! - **The library carries only the runtime.** The conformance cases, their harness and reports
-//!   live in crate `unirt-conformance` (`conformance/`), the `unirt` command in crate
-//!   `unirt-cli` (`cli/`): an app that embeds `unirt` compiles neither, nor their dependencies.
-//! - **Kernels are described once** ([`kernel::KERNELS`]) and written per vendor in its own
-//!   language (Rust, CUDA C compiled by NVRTC, WGSL), so argument checking is shared.
+//! ## Where things go
 //!
-//! ## Adding a vendor
+//! - **A new vendor**: a directory `vendors/<name>/` with the same files as the others, a row
+//!   in [`vendors::VENDORS`], a variant of [`AnyBackend`] and of [`DeviceKind`].
+//!   `docs/ADDING_A_VENDOR.md` walks through it, starting from [`vendors::noop`], the smallest
+//!   backend that compiles; then crate `unirt-conformance` runs every case on it.
+//! - **A new operator**: its name and signature in [`kernel::KERNELS`] (checked once for every
+//!   vendor), and its kernel in the op family's file of each vendor — `kernels/<family>.rs` on
+//!   the CPU, `kernels/<family>.cu` on CUDA, `kernels/<family>.wgsl` on wgpu (the same family
+//!   names everywhere: `elementwise`, `cast`, `rearrange`, `reduce`, `softmax`, `norm`,
+//!   `matmul`, `embedding`, `rope`, `attention`, `sample`).
+//! - **A rule every backend shares** (handle checks, capture state, copy ranges, allocation
+//!   lifetimes): the checked layer between the public API and the vendors, not each vendor.
 //!
-//! Add `vendors/<name>/` with the same files as `vendors/cpu/`, implement [`Backend`], add a
-//! variant to [`AnyBackend`] and a [`DeviceKind`], and hook its `probe`/`open` into
-//! [`discovery`]. The conformance suite (crate `unirt-conformance`) then runs every case on it.
+//! ## Invariants
+//!
+//! - **Errors, never panics.** Bad input, a missing or broken driver, out of memory: a typed
+//!   [`Error`] (the C ABI's status code via [`Error::status`]); a failed driver call keeps the
+//!   driver's own code ([`Error::driver_code`]). Discovery and the C ABI also catch unwinds as
+//!   a last line of defence. An unavailable vendor is a status with a reason, not an error.
+//! - **Device pointers are addresses.** [`DevicePtr`] is a `u64` in the device's address space
+//!   on every backend (a host address on CPU, a `CUdeviceptr` on CUDA, a virtual address mapped
+//!   to (buffer, offset) on wgpu): pointer arithmetic and interior pointers work everywhere,
+//!   and every copy, set, launch and free is checked against the backend's allocation table.
+//! - **Unsafe stays at the bottom.** `unsafe` code lives in the vendors' lowest layers (driver
+//!   wrappers whose soundness depends on validated arguments are `unsafe fn`, as in cudarc's
+//!   `result` layer), each block with a `// SAFETY:` line. Above the HAL only the raw copies
+//!   of host memory ([`Backend::memcpy`] and the C-style context functions) are `unsafe`;
+//!   every copy that reads and writes only device memory, or Rust slices, is safe.
+//! - **Streams are real queues everywhere**: events report NOT_READY while work is pending,
+//!   on the CPU backend too, which is what lets one conformance suite judge every backend.
+//! - **A replay never reads freed memory**: allocations made while recording come from a
+//!   private pool that lives as long as the graph and its executables.
+//!
+//! ## Using unirt from an application
+//!
+//! unirt's CPU kernels and its wgpu dependency crawl in an unoptimised build (20–30× slower);
+//! a debug build of an app should still optimise them:
+//!
+//! ```toml
+//! [profile.dev.package."*"]
+//! opt-level = 2
+//! [profile.dev.package.unirt]
+//! opt-level = 3
+//! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

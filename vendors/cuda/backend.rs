@@ -101,11 +101,15 @@ impl CudaBackend {
             // SAFETY: as above.
             MemcpyKind::H2H => unsafe { d.copy_h2h(dst, src, bytes, stream) },
             MemcpyKind::D2D => match (&plan.dst_peer, &plan.src_peer) {
-                (None, None) => d.copy_d2d(dst, src, bytes, stream),
+                // SAFETY: both ranges were bounds-checked against the allocation table above and
+                // the stream is live.
+                (None, None) => unsafe { d.copy_d2d(dst, src, bytes, stream) },
                 (dp, sp) => {
                     let ctx =
                         |p: &Option<Arc<PeerInfo>>| p.as_ref().map_or(self.shared.ctx, |s| s.ctx);
-                    d.copy_peer(dst, ctx(dp), src, ctx(sp), bytes, stream)
+                    // SAFETY: both ranges were bounds-checked against their devices' allocation
+                    // tables, both contexts are retained, the stream is live.
+                    unsafe { d.copy_peer(dst, ctx(dp), src, ctx(sp), bytes, stream) }
                 }
             },
         }
@@ -185,7 +189,9 @@ impl Backend for CudaBackend {
         // cuCtxSynchronize during a capture would invalidate it: wait stream by stream.
         let mut first = Ok(());
         for s in streams.iter().filter(|s| !s.is_capturing()) {
-            if let Err(e) = self.drv.stream_synchronize(s.raw) {
+            // SAFETY: the stream is live: it came from the stream table or is the backend's
+            // default stream.
+            if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
                 first = first.and(Err(e));
             }
         }
@@ -217,7 +223,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         let s = self.streams.remove(stream.0)?;
         // cuStreamDestroy returns at once; work already enqueued still completes.
-        self.drv.stream_destroy(s.raw)
+        // SAFETY: the stream came out of the stream table, which no longer lists it: live, and
+        // destroyed once.
+        unsafe { self.drv.stream_destroy(s.raw) }
     }
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
@@ -228,13 +236,16 @@ impl Backend for CudaBackend {
             ));
         }
         self.bind()?;
-        self.drv.stream_synchronize(s.raw)
+        // SAFETY: the stream is live: it came from the stream table or is the backend's default
+        // stream.
+        unsafe { self.drv.stream_synchronize(s.raw) }
     }
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         self.bind()?;
-        self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing())
+        // SAFETY: both handles came from their live-handle tables.
+        unsafe { self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing()) }
     }
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
@@ -249,7 +260,8 @@ impl Backend for CudaBackend {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         self.bind()?;
         let capturing = s.is_capturing();
-        self.drv.event_record(e.raw, s.raw, capturing)?;
+        // SAFETY: the event and the stream came from their live-handle tables.
+        unsafe { self.drv.event_record(e.raw, s.raw, capturing) }?;
         // A record inside a capture happens at each replay (graph_launch marks it then).
         if !s.note_event(&e) {
             e.mark_recorded();
@@ -260,7 +272,8 @@ impl Backend for CudaBackend {
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
         let e = self.event(event)?;
         self.bind()?;
-        Ok(if self.drv.event_query(e.raw)? {
+        // SAFETY: the event came from the live event table.
+        Ok(if unsafe { self.drv.event_query(e.raw) }? {
             EventStatus::Complete
         } else {
             EventStatus::NotReady
@@ -270,7 +283,8 @@ impl Backend for CudaBackend {
     fn event_synchronize(&self, event: EventId) -> Result<()> {
         let e = self.event(event)?;
         self.bind()?;
-        self.drv.event_synchronize(e.raw)
+        // SAFETY: the event came from the live event table.
+        unsafe { self.drv.event_synchronize(e.raw) }
     }
 
     fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
@@ -291,13 +305,16 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         // A pending event is CUDA_ERROR_NOT_READY, which driver.rs maps to Error::NotReady.
-        self.drv.event_elapsed(a.raw, b.raw)
+        // SAFETY: both events came from the live event table.
+        unsafe { self.drv.event_elapsed(a.raw, b.raw) }
     }
 
     fn event_destroy(&self, event: EventId) -> Result<()> {
         self.bind()?;
         let e = self.events.remove(event.0)?;
-        self.drv.event_destroy(e.raw)
+        // SAFETY: the event came out of the event table, which no longer lists it: destroyed
+        // once.
+        unsafe { self.drv.event_destroy(e.raw) }
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
@@ -309,7 +326,11 @@ impl Backend for CudaBackend {
         let p = self.drv.mem_alloc(bytes, &self.name)?;
         self.shared
             .mem
-            .adopt(p, bytes as u64, AllocKind::Plain, |p| self.drv.mem_free(p))?;
+            // SAFETY: the allocation left the allocation table here (or was never admitted to
+            // it), so it is live and freed once; the table has waited for the work that used it.
+            .adopt(p, bytes as u64, AllocKind::Plain, |p| unsafe {
+                self.drv.mem_free(p)
+            })?;
         Ok(DevicePtr(p))
     }
 
@@ -320,11 +341,17 @@ impl Backend for CudaBackend {
         // As cudaFree: pending work that may use the memory finishes first.
         let a = self.shared.mem.retire(ptr.0, || self.synchronize())?;
         match a.payload {
-            AllocKind::Plain => self.drv.mem_free(a.base),
+            // SAFETY: the allocation left the allocation table here (or was never admitted to
+            // it), so it is live and freed once; the table has waited for the work that used it.
+            AllocKind::Plain => unsafe { self.drv.mem_free(a.base) },
             AllocKind::Pool => {
                 let s = self.sync_stream()?;
-                self.drv.mem_free_async(a.base, s.raw)?;
-                self.drv.stream_synchronize(s.raw)
+                // SAFETY: the allocation left the allocation table here, so it is freed once; the
+                // stream is live.
+                unsafe { self.drv.mem_free_async(a.base, s.raw) }?;
+                // SAFETY: the stream is live: it came from the stream table or is the backend's
+                // default stream.
+                unsafe { self.drv.stream_synchronize(s.raw) }
             }
         }
     }
@@ -336,7 +363,11 @@ impl Backend for CudaBackend {
         self.bind()?;
         let p = self.drv.mem_alloc_host(bytes, &self.name)?;
         self.host_mem
-            .adopt(p, bytes as u64, (), |p| self.drv.mem_free_host(p))?;
+            // SAFETY: the pinned allocation left the pinned table here (or was never admitted),
+            // so it is freed once.
+            .adopt(p, bytes as u64, (), |p| unsafe {
+                self.drv.mem_free_host(p)
+            })?;
         Ok(HostPtr(p))
     }
 
@@ -345,7 +376,9 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
-        self.drv.mem_free_host(a.base)
+        // SAFETY: the pinned allocation left the pinned table here (or was never admitted), so it
+        // is freed once.
+        unsafe { self.drv.mem_free_host(a.base) }
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
@@ -358,20 +391,28 @@ impl Backend for CudaBackend {
         self.bind()?;
         let (p, kind) = if self.pools {
             (
-                self.drv.mem_alloc_async(bytes, s.raw, &self.name)?,
+                // SAFETY: the stream came from the live stream table.
+                unsafe { self.drv.mem_alloc_async(bytes, s.raw, &self.name) }?,
                 AllocKind::Pool,
             )
         } else {
             // No memory pools: memory allocated now is usable by every later point of the
             // stream; waiting first keeps the stream's earlier frees ahead of this allocation.
-            self.drv.stream_synchronize(s.raw)?;
+            // SAFETY: the stream is live: it came from the stream table or is the backend's
+            // default stream.
+            unsafe { self.drv.stream_synchronize(s.raw) }?;
             (self.drv.mem_alloc(bytes, &self.name)?, AllocKind::Plain)
         };
         self.shared
             .mem
             .adopt(p, bytes as u64, kind, |p| match kind {
-                AllocKind::Pool => self.drv.mem_free_async(p, s.raw),
-                AllocKind::Plain => self.drv.mem_free(p),
+                // SAFETY: the allocation left the allocation table here, so it is freed once; the
+                // stream is live.
+                AllocKind::Pool => unsafe { self.drv.mem_free_async(p, s.raw) },
+                // SAFETY: the allocation left the allocation table here (or was never admitted to
+                // it), so it is live and freed once; the table has waited for the work that used
+                // it.
+                AllocKind::Plain => unsafe { self.drv.mem_free(p) },
             })?;
         Ok(DevicePtr(p))
     }
@@ -386,11 +427,18 @@ impl Backend for CudaBackend {
         // Dead for new work at once; released when the stream gets here.
         let a = self.shared.mem.remove(ptr.0)?;
         match a.payload {
-            AllocKind::Pool => self.drv.mem_free_async(a.base, s.raw),
+            // SAFETY: the allocation left the allocation table here, so it is freed once; the
+            // stream is live.
+            AllocKind::Pool => unsafe { self.drv.mem_free_async(a.base, s.raw) },
             AllocKind::Plain => {
                 // Without a pool, "when the stream gets here" is after the stream drains.
-                self.drv.stream_synchronize(s.raw)?;
-                self.drv.mem_free(a.base)
+                // SAFETY: the stream is live: it came from the stream table or is the backend's
+                // default stream.
+                unsafe { self.drv.stream_synchronize(s.raw) }?;
+                // SAFETY: the allocation left the allocation table here (or was never admitted to
+                // it), so it is live and freed once; the table has waited for the work that used
+                // it.
+                unsafe { self.drv.mem_free(a.base) }
             }
         }
     }
@@ -400,17 +448,23 @@ impl Backend for CudaBackend {
         let s = self.sync_stream()?;
         self.bind()?;
         if bytes == 0 {
-            return self.drv.stream_synchronize(s.raw);
+            // SAFETY: the stream is live: it came from the stream table or is the backend's
+            // default stream.
+            return unsafe { self.drv.stream_synchronize(s.raw) };
         }
         if kind == MemcpyKind::H2H {
-            self.drv.stream_synchronize(s.raw)?;
+            // SAFETY: the stream is live: it came from the stream table or is the backend's
+            // default stream.
+            unsafe { self.drv.stream_synchronize(s.raw) }?;
             // SAFETY: host ranges are the caller's contract (pinned ones were bounds-checked).
             unsafe { host_copy(dst, src, bytes) };
             return Ok(());
         }
         // SAFETY: the caller's contract for host ranges; device ranges checked in `plan`.
         unsafe { self.enqueue_copy(dst, src, bytes, kind, &plan, s.raw)? };
-        self.drv.stream_synchronize(s.raw)
+        // SAFETY: the stream is live: it came from the stream table or is the backend's default
+        // stream.
+        unsafe { self.drv.stream_synchronize(s.raw) }
     }
 
     unsafe fn memcpy_async(
@@ -437,9 +491,13 @@ impl Backend for CudaBackend {
         let s = self.sync_stream()?;
         self.bind()?;
         if bytes > 0 {
-            self.drv.memset_d8(dst.0, value, bytes, s.raw)?;
+            // SAFETY: the range was bounds-checked against the allocation table above and the
+            // stream is live.
+            unsafe { self.drv.memset_d8(dst.0, value, bytes, s.raw) }?;
         }
-        self.drv.stream_synchronize(s.raw)
+        // SAFETY: the stream is live: it came from the stream table or is the backend's default
+        // stream.
+        unsafe { self.drv.stream_synchronize(s.raw) }
     }
 
     fn memset_async(
@@ -456,7 +514,9 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         s.note_ranges(&[(dst.0, bytes as u64)]);
-        self.drv.memset_d8(dst.0, value, bytes, s.raw)
+        // SAFETY: the range was bounds-checked against the allocation table above and the stream
+        // is live.
+        unsafe { self.drv.memset_d8(dst.0, value, bytes, s.raw) }
     }
 
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
@@ -478,7 +538,10 @@ impl Backend for CudaBackend {
         let grid = checked.n.div_ceil(BLOCK).clamp(1, MAX_GRID);
         let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
         s.note_ranges(&ranges);
-        self.drv.launch(f, grid, BLOCK, &values, s.raw)
+        // SAFETY: check_launch validated the arguments against the kernel's signature and every
+        // pointer against the allocation table; the function's module stays loaded; the stream is
+        // live.
+        unsafe { self.drv.launch(f, grid, BLOCK, &values, s.raw) }
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
@@ -493,7 +556,8 @@ impl Backend for CudaBackend {
         self.preload_kernels();
         let mut cap = s.capture.lock();
         // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
-        self.drv.begin_capture(s.raw, mode as i32)?;
+        // SAFETY: the stream came from the stream table and is not capturing (checked above).
+        unsafe { self.drv.begin_capture(s.raw, mode as i32) }?;
         *cap = Some(CaptureLog::default());
         Ok(())
     }
@@ -502,7 +566,8 @@ impl Backend for CudaBackend {
         let s = self.stream(stream)?;
         let rec = s.capture.lock().take().ok_or(Error::NotCapturing)?;
         self.bind()?;
-        let raw = self.drv.end_capture(s.raw)?;
+        // SAFETY: the stream came from the stream table and is capturing (checked above).
+        let raw = unsafe { self.drv.end_capture(s.raw) }?;
         self.graphs.insert_with(
             raw,
             CudaGraph {
@@ -518,7 +583,8 @@ impl Backend for CudaBackend {
         let g = self.graphs.get(graph.0)?;
         self.check_graph(&g.ranges, &g.events)?;
         self.bind()?;
-        let raw = self.drv.graph_instantiate(g.raw)?;
+        // SAFETY: the graph came from the live graph table.
+        let raw = unsafe { self.drv.graph_instantiate(g.raw) }?;
         self.execs.insert_with(
             raw,
             CudaGraphExec {
@@ -536,7 +602,9 @@ impl Backend for CudaBackend {
         self.check_graph(&x.ranges, &x.events)?;
         self.bind()?;
         s.note_ranges(&x.ranges);
-        self.drv.graph_launch(x.raw, s.raw)?;
+        // SAFETY: the exec and the stream came from their tables and the graph's ranges were
+        // re-checked above.
+        unsafe { self.drv.graph_launch(x.raw, s.raw) }?;
         for e in x.events.iter() {
             if !s.note_event(e) {
                 e.mark_recorded();
@@ -548,12 +616,15 @@ impl Backend for CudaBackend {
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {
         self.bind()?;
         let g = self.graphs.remove(graph.0)?;
-        self.drv.graph_destroy(g.raw)
+        // SAFETY: the graph came out of the graph table, which no longer lists it: destroyed
+        // once.
+        unsafe { self.drv.graph_destroy(g.raw) }
     }
 
     fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
         self.bind()?;
         let x = self.execs.remove(exec.0)?;
-        self.drv.graph_exec_destroy(x.raw)
+        // SAFETY: the exec came out of the exec table, which no longer lists it: destroyed once.
+        unsafe { self.drv.graph_exec_destroy(x.raw) }
     }
 }

@@ -306,7 +306,9 @@ impl Driver {
         Ok(c as u64)
     }
 
-    pub fn primary_ctx_release(&self, d: sys::CUdevice) -> Result<()> {
+    /// # Safety
+    /// Balanced with one earlier successful `primary_ctx_retain` of `d` by the caller.
+    pub unsafe fn primary_ctx_release(&self, d: sys::CUdevice) -> Result<()> {
         // SAFETY: balanced with one successful retain by the caller.
         self.check(
             unsafe { (self.api.cuDevicePrimaryCtxRelease_v2)(d) },
@@ -315,7 +317,10 @@ impl Driver {
     }
 
     /// Makes `ctx` current on the calling thread (cheap: a thread-local store in the driver).
-    pub fn set_current(&self, ctx: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ctx` is a primary context this process retained and has not released.
+    pub unsafe fn set_current(&self, ctx: u64) -> Result<()> {
         // SAFETY: ctx is a primary context this process retained and has not released.
         self.check(
             unsafe { (self.api.cuCtxSetCurrent)(ctx as sys::CUcontext) },
@@ -330,7 +335,10 @@ impl Driver {
     }
 
     /// Lets the current context access `peer`'s memory directly (already enabled is fine).
-    pub fn enable_peer_access(&self, peer: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `peer` is a live, retained context of another device.
+    pub unsafe fn enable_peer_access(&self, peer: u64) -> Result<()> {
         // SAFETY: peer is a live retained context; flags must be 0.
         let r = unsafe { (self.api.cuCtxEnablePeerAccess)(peer as sys::CUcontext, 0) };
         if r == PEER_ALREADY_ENABLED {
@@ -372,7 +380,10 @@ impl Driver {
         Ok(s as u64)
     }
 
-    pub fn stream_destroy(&self, s: u64) -> Result<()> {
+    /// # Safety
+    /// `s` is a live stream from `stream_create*`, already removed from the backend's handle
+    /// table (so it is destroyed once).
+    pub unsafe fn stream_destroy(&self, s: u64) -> Result<()> {
         // SAFETY: s is a live stream created by stream_create; the caller drops it from its
         // handle table first, so it is destroyed once.
         self.check(
@@ -381,7 +392,9 @@ impl Driver {
         )
     }
 
-    pub fn stream_synchronize(&self, s: u64) -> Result<()> {
+    /// # Safety
+    /// `s` is a live stream of the current context (validated through the handle table).
+    pub unsafe fn stream_synchronize(&self, s: u64) -> Result<()> {
         // SAFETY: s is a live stream (validated through the handle table).
         self.check(
             unsafe { (self.api.cuStreamSynchronize)(s as sys::CUstream) },
@@ -392,7 +405,11 @@ impl Driver {
     /// Makes `s` wait for `e`'s latest record. Inside a capture the wait becomes an
     /// event-wait node (`CU_EVENT_WAIT_EXTERNAL`): each replay waits for the event's record
     /// at that time, matching how captured records are external nodes too.
-    pub fn stream_wait_event(&self, s: u64, e: u64, capturing: bool) -> Result<()> {
+    ///
+    /// # Safety
+    /// `s` and `e` are live handles of the current context (validated through the handle
+    /// tables).
+    pub unsafe fn stream_wait_event(&self, s: u64, e: u64, capturing: bool) -> Result<()> {
         let flags = if capturing {
             sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as c_uint
         } else {
@@ -420,7 +437,11 @@ impl Driver {
     /// graph (`CU_EVENT_RECORD_EXTERNAL`), so each replay records the event, as unirt's
     /// capture semantics say; a plain record would only mark a point inside the capture and
     /// leave the event unusable outside it.
-    pub fn event_record(&self, e: u64, s: u64, capturing: bool) -> Result<()> {
+    ///
+    /// # Safety
+    /// `e` and `s` are live handles of the current context (validated through the handle
+    /// tables).
+    pub unsafe fn event_record(&self, e: u64, s: u64, capturing: bool) -> Result<()> {
         let r = if capturing {
             let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as c_uint;
             // SAFETY: both handles are live (validated by the caller).
@@ -435,7 +456,10 @@ impl Driver {
     }
 
     /// `true` when complete.
-    pub fn event_query(&self, e: u64) -> Result<bool> {
+    ///
+    /// # Safety
+    /// `e` is a live event (validated through the handle table).
+    pub unsafe fn event_query(&self, e: u64) -> Result<bool> {
         // SAFETY: e is a live event.
         let r = unsafe { (self.api.cuEventQuery)(e as sys::CUevent) };
         match r {
@@ -445,7 +469,9 @@ impl Driver {
         }
     }
 
-    pub fn event_synchronize(&self, e: u64) -> Result<()> {
+    /// # Safety
+    /// `e` is a live event (validated through the handle table).
+    pub unsafe fn event_synchronize(&self, e: u64) -> Result<()> {
         // SAFETY: e is a live event.
         self.check(
             unsafe { (self.api.cuEventSynchronize)(e as sys::CUevent) },
@@ -453,7 +479,9 @@ impl Driver {
         )
     }
 
-    pub fn event_elapsed(&self, a: u64, b: u64) -> Result<f32> {
+    /// # Safety
+    /// `a` and `b` are live events (validated through the handle table).
+    pub unsafe fn event_elapsed(&self, a: u64, b: u64) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: both events are live; writes one float.
         self.check(
@@ -463,7 +491,9 @@ impl Driver {
         Ok(ms)
     }
 
-    pub fn event_destroy(&self, e: u64) -> Result<()> {
+    /// # Safety
+    /// `e` is a live event, already removed from the handle table (destroyed once).
+    pub unsafe fn event_destroy(&self, e: u64) -> Result<()> {
         // SAFETY: e is live and removed from the handle table before this call (destroyed once).
         self.check(
             unsafe { (self.api.cuEventDestroy_v2)(e as sys::CUevent) },

@@ -40,7 +40,9 @@ impl Driver {
         Ok(m as u64)
     }
 
-    pub fn module_function(&self, module: u64, name: &str) -> Result<u64> {
+    /// # Safety
+    /// `module` is a loaded module of the current context that has not been unloaded.
+    pub unsafe fn module_function(&self, module: u64, name: &str) -> Result<u64> {
         let cname = CString::new(name).map_err(|_| Error::BadParam(format!("{name:?}")))?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: module is loaded and live; cname is NUL-terminated.
@@ -55,7 +57,9 @@ impl Driver {
         Ok(f as u64)
     }
 
-    pub fn module_unload(&self, module: u64) -> Result<()> {
+    /// # Safety
+    /// `module` is loaded and unloaded only once, after its last launch has completed.
+    pub unsafe fn module_unload(&self, module: u64) -> Result<()> {
         // SAFETY: module is live and unloaded once (at backend teardown).
         self.check(
             unsafe { (self.api.cuModuleUnload)(module as sys::CUmodule) },
@@ -64,7 +68,12 @@ impl Driver {
     }
 
     /// Enqueues `f` on `stream` with a 1-D grid.
-    pub fn launch(
+    ///
+    /// # Safety
+    /// `f` is a function of a loaded module; `args` match its C signature (checked against the
+    /// kernel table); every pointer argument is a bounds-checked device range that stays
+    /// allocated until the kernel has run; `stream` is live.
+    pub unsafe fn launch(
         &self,
         f: u64,
         grid: u32,
@@ -107,7 +116,10 @@ impl Driver {
     // ---- capture and graphs -------------------------------------------------------------
 
     /// Starts capturing `stream`; `mode` is a `CUstreamCaptureMode` value.
-    pub fn begin_capture(&self, stream: u64, mode: i32) -> Result<()> {
+    ///
+    /// # Safety
+    /// `stream` is a live created stream (not the legacy NULL stream) that is not capturing.
+    pub unsafe fn begin_capture(&self, stream: u64, mode: i32) -> Result<()> {
         // SAFETY: stream is live and not the legacy NULL stream (created streams only).
         self.check(
             unsafe { (self.api.cuStreamBeginCapture_v2)(stream as sys::CUstream, mode) },
@@ -115,7 +127,9 @@ impl Driver {
         )
     }
 
-    pub fn end_capture(&self, stream: u64) -> Result<u64> {
+    /// # Safety
+    /// `stream` is a live stream that this backend put into capture.
+    pub unsafe fn end_capture(&self, stream: u64) -> Result<u64> {
         let mut g: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: stream is live and capturing (tracked by the backend); writes one handle.
         self.check(
@@ -125,7 +139,9 @@ impl Driver {
         Ok(g as u64)
     }
 
-    pub fn graph_instantiate(&self, graph: u64) -> Result<u64> {
+    /// # Safety
+    /// `graph` is a live graph (validated through the handle table).
+    pub unsafe fn graph_instantiate(&self, graph: u64) -> Result<u64> {
         let mut x: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: graph is live (handle table); writes one handle; flags 0.
         self.check(
@@ -135,7 +151,10 @@ impl Driver {
         Ok(x as u64)
     }
 
-    pub fn graph_launch(&self, exec: u64, stream: u64) -> Result<()> {
+    /// # Safety
+    /// `exec` and `stream` are live (validated through the handle tables), and every range the
+    /// graph touches is still allocated.
+    pub unsafe fn graph_launch(&self, exec: u64, stream: u64) -> Result<()> {
         // SAFETY: both handles are live (handle tables).
         self.check(
             unsafe { (self.api.cuGraphLaunch)(exec as sys::CUgraphExec, stream as sys::CUstream) },
@@ -143,7 +162,9 @@ impl Driver {
         )
     }
 
-    pub fn graph_destroy(&self, graph: u64) -> Result<()> {
+    /// # Safety
+    /// `graph` is live and already removed from its handle table (destroyed once).
+    pub unsafe fn graph_destroy(&self, graph: u64) -> Result<()> {
         // SAFETY: graph is live and removed from its table first (destroyed once).
         self.check(
             unsafe { (self.api.cuGraphDestroy)(graph as sys::CUgraph) },
@@ -151,7 +172,9 @@ impl Driver {
         )
     }
 
-    pub fn graph_exec_destroy(&self, exec: u64) -> Result<()> {
+    /// # Safety
+    /// `exec` is live and already removed from its handle table (destroyed once).
+    pub unsafe fn graph_exec_destroy(&self, exec: u64) -> Result<()> {
         // SAFETY: exec is live and removed from its table first (destroyed once).
         self.check(
             unsafe { (self.api.cuGraphExecDestroy)(exec as sys::CUgraphExec) },

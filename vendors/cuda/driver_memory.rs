@@ -35,14 +35,20 @@ impl Driver {
         Ok(p)
     }
 
-    pub fn mem_free(&self, p: u64) -> Result<()> {
+    /// # Safety
+    /// `p` is the start of a live `cuMemAlloc` allocation, already removed from the allocation
+    /// table (freed once), and no queued work still uses it.
+    pub unsafe fn mem_free(&self, p: u64) -> Result<()> {
         // SAFETY: p is the start of a live cuMemAlloc allocation, removed from the allocation
         // table before this call (freed once).
         self.check(unsafe { (self.api.cuMemFree_v2)(p) }, "cuMemFree")
     }
 
     /// Stream-ordered device memory from the device's default memory pool.
-    pub fn mem_alloc_async(&self, bytes: usize, stream: u64, device: &str) -> Result<u64> {
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context.
+    pub unsafe fn mem_alloc_async(&self, bytes: usize, stream: u64, device: &str) -> Result<u64> {
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: stream is live (validated); writes one pointer through a valid out-pointer.
         let r = unsafe { (self.api.cuMemAllocAsync)(&mut p, bytes, stream as sys::CUstream) };
@@ -50,7 +56,10 @@ impl Driver {
         Ok(p)
     }
 
-    pub fn mem_free_async(&self, p: u64, stream: u64) -> Result<()> {
+    /// # Safety
+    /// `p` is the start of a live `cuMemAllocAsync` allocation, already removed from the
+    /// allocation table; `stream` is live.
+    pub unsafe fn mem_free_async(&self, p: u64, stream: u64) -> Result<()> {
         // SAFETY: p is the start of a live cuMemAllocAsync allocation removed from the table
         // before this call; stream is live.
         self.check(
@@ -69,7 +78,10 @@ impl Driver {
         Ok(p as u64)
     }
 
-    pub fn mem_free_host(&self, p: u64) -> Result<()> {
+    /// # Safety
+    /// `p` is the start of a live `cuMemAllocHost` allocation, already removed from the pinned
+    /// table (freed once), and no queued copy still uses it.
+    pub unsafe fn mem_free_host(&self, p: u64) -> Result<()> {
         // SAFETY: p is the start of a live cuMemAllocHost allocation removed from the pinned
         // table before this call.
         self.check(
@@ -109,7 +121,11 @@ impl Driver {
     }
 
     /// Enqueues a copy within the current context's device memory.
-    pub fn copy_d2d(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// Both ranges lie in live allocations of the current context (bounds-checked against the
+    /// allocation table) and stay allocated until the copy has run; `stream` is live.
+    pub unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: both ranges were bounds-checked against the allocation table; stream is live.
         let r =
             unsafe { (self.api.cuMemcpyDtoDAsync_v2)(dst, src, bytes, stream as sys::CUstream) };
@@ -117,7 +133,12 @@ impl Driver {
     }
 
     /// Enqueues a copy between the memories of two contexts (two GPUs).
-    pub fn copy_peer(
+    ///
+    /// # Safety
+    /// Each range lies in a live allocation of its context (bounds-checked against that
+    /// device's allocation table) and stays allocated until the copy has run; both contexts are
+    /// retained; `stream` is live.
+    pub unsafe fn copy_peer(
         &self,
         dst: u64,
         dst_ctx: u64,
@@ -151,7 +172,10 @@ impl Driver {
         self.check(r, "cuMemcpyAsync")
     }
 
-    pub fn memset_d8(&self, dst: u64, value: u8, bytes: usize, stream: u64) -> Result<()> {
+    /// # Safety
+    /// The range lies in a live allocation of the current context (bounds-checked) and stays
+    /// allocated until the memset has run; `stream` is live.
+    pub unsafe fn memset_d8(&self, dst: u64, value: u8, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the range was bounds-checked against the allocation table; stream is live.
         let r = unsafe { (self.api.cuMemsetD8Async)(dst, value, bytes, stream as sys::CUstream) };
         self.check(r, "cuMemsetD8Async")

@@ -278,13 +278,14 @@ impl CudaBackend {
         let cc = compute_capability(drv, dev)?;
         let pools = drv.attribute(dev, driver::attr::MEMORY_POOLS).unwrap_or(0) != 0;
         let ctx = drv.primary_ctx_retain(dev)?;
-        let default_stream = match drv
-            .set_current(ctx)
-            .and_then(|_| drv.stream_create_blocking())
-        {
+        // SAFETY: ctx was retained just above and is released only on the failure path below
+        // or when the backend drops.
+        let current = unsafe { drv.set_current(ctx) };
+        let default_stream = match current.and_then(|_| drv.stream_create_blocking()) {
             Ok(s) => s,
             Err(e) => {
-                let _ = drv.primary_ctx_release(dev);
+                // SAFETY: balances the retain just above; the backend was never built.
+                let _ = unsafe { drv.primary_ctx_release(dev) };
                 return Err(e);
             }
         };
@@ -318,7 +319,9 @@ impl CudaBackend {
 
     /// Makes this device's context current on the calling thread.
     fn bind(&self) -> Result<()> {
-        self.drv.set_current(self.shared.ctx)
+        // SAFETY: the primary context was retained when the device was opened and is released
+        // only when it is dropped.
+        unsafe { self.drv.set_current(self.shared.ctx) }
     }
 
     fn stream(&self, s: StreamId) -> Result<Arc<CudaStream>> {
@@ -345,17 +348,22 @@ impl CudaBackend {
                 .drv
                 .module_load(&kernels::image(nv, k, target, true)?)?,
         };
-        let f = match self.drv.module_function(module, k.name) {
+        // SAFETY: the module was loaded just above and is unloaded only on failure here or when
+        // the device drops.
+        let f = match unsafe { self.drv.module_function(module, k.name) } {
             Ok(f) => f,
             Err(e) => {
-                let _ = self.drv.module_unload(module);
+                // SAFETY: the module is loaded and unloaded once: it is dropped from the cache
+                // here.
+                let _ = unsafe { self.drv.module_unload(module) };
                 return Err(e);
             }
         };
         let mut fns = self.functions.lock();
         if let Some(&(_, f)) = fns.get(k.name) {
             // Another thread won the race; keep its module.
-            let _ = self.drv.module_unload(module);
+            // SAFETY: the module is loaded and unloaded once: it is dropped from the cache here.
+            let _ = unsafe { self.drv.module_unload(module) };
             return Ok(f);
         }
         fns.insert(k.name, (module, f));
@@ -377,8 +385,11 @@ impl CudaBackend {
 fn enable_peer(drv: &Driver, a: &PeerInfo, b: &PeerInfo) {
     for (from, to) in [(a, b), (b, a)] {
         let ok = drv.can_access_peer(from.device, to.device).unwrap_or(false)
-            && drv.set_current(from.ctx).is_ok()
-            && drv.enable_peer_access(to.ctx).is_ok();
+            // SAFETY: the primary context was retained when the device was opened and is released
+            // only when it is dropped.
+            && unsafe { drv.set_current(from.ctx) }.is_ok()
+            // SAFETY: both primary contexts are retained by open backends.
+            && unsafe { drv.enable_peer_access(to.ctx) }.is_ok();
         tracing::debug!(
             "peer access cuda:{} -> cuda:{}: {}",
             from.index,
@@ -395,30 +406,49 @@ impl Drop for CudaBackend {
         }
         let _ = self.synchronize();
         for x in self.execs.values() {
-            let _ = self.drv.graph_exec_destroy(x.raw);
+            // SAFETY: the exec came out of the exec table, which no longer lists it: destroyed
+            // once.
+            let _ = unsafe { self.drv.graph_exec_destroy(x.raw) };
         }
         for g in self.graphs.values() {
-            let _ = self.drv.graph_destroy(g.raw);
+            // SAFETY: the graph came out of the graph table, which no longer lists it: destroyed
+            // once.
+            let _ = unsafe { self.drv.graph_destroy(g.raw) };
         }
         for e in self.events.values() {
-            let _ = self.drv.event_destroy(e.raw);
+            // SAFETY: the event came out of the event table, which no longer lists it: destroyed
+            // once.
+            let _ = unsafe { self.drv.event_destroy(e.raw) };
         }
         for a in self.shared.mem.drain() {
             let _ = match a.payload {
-                AllocKind::Plain => self.drv.mem_free(a.base),
-                AllocKind::Pool => self.drv.mem_free_async(a.base, self.default_stream),
+                // SAFETY: the allocation left the allocation table here (or was never admitted to
+                // it), so it is live and freed once; the table has waited for the work that used
+                // it.
+                AllocKind::Plain => unsafe { self.drv.mem_free(a.base) },
+                // SAFETY: the allocation left the allocation table here, so it is freed once; the
+                // stream is live.
+                AllocKind::Pool => unsafe { self.drv.mem_free_async(a.base, self.default_stream) },
             };
         }
-        let _ = self.drv.stream_synchronize(self.default_stream);
+        // SAFETY: the stream is live: it came from the stream table or is the backend's default
+        // stream.
+        let _ = unsafe { self.drv.stream_synchronize(self.default_stream) };
         for a in self.host_mem.drain() {
-            let _ = self.drv.mem_free_host(a.base);
+            // SAFETY: the pinned allocation left the pinned table here (or was never admitted),
+            // so it is freed once.
+            let _ = unsafe { self.drv.mem_free_host(a.base) };
         }
         for s in self.streams.values() {
-            let _ = self.drv.stream_destroy(s.raw);
+            // SAFETY: the stream came out of the stream table, which no longer lists it: live,
+            // and destroyed once.
+            let _ = unsafe { self.drv.stream_destroy(s.raw) };
         }
         for (_, (module, _)) in self.functions.lock().drain() {
-            let _ = self.drv.module_unload(module);
+            // SAFETY: the module is loaded and unloaded once: it is dropped from the cache here.
+            let _ = unsafe { self.drv.module_unload(module) };
         }
-        let _ = self.drv.primary_ctx_release(self.shared.device);
+        // SAFETY: balances the one retain made when the device was opened.
+        let _ = unsafe { self.drv.primary_ctx_release(self.shared.device) };
     }
 }
