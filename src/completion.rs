@@ -19,7 +19,20 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::hal::{Backend, EventStatus};
-use crate::stream::EventInner;
+use crate::vendors::AnyBackend;
+
+/// An event of the HAL, shared by its [`Event`](crate::Event) handle and pending completions,
+/// so that dropping the handle while a future waits destroys the event only after the wait.
+pub(crate) struct EventInner {
+    pub(crate) backend: Arc<AnyBackend>,
+    pub(crate) id: crate::hal::EventId,
+}
+
+impl Drop for EventInner {
+    fn drop(&mut self) {
+        let _ = self.backend.event_destroy(self.id);
+    }
+}
 
 /// What the helper thread and the polling task share.
 #[derive(Default)]

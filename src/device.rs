@@ -5,7 +5,18 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::error::Error;
+/// A device or vendor name that does not parse (`"tpu:0"`, `"cpu:x"`). It converts into
+/// [`Error::BadParam`](crate::Error::BadParam) with `?`; this module stays below `error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseDeviceError(pub String);
+
+impl fmt::Display for ParseDeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ParseDeviceError {}
 
 /// A vendor family. Each kind is one directory under `vendors/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -40,13 +51,13 @@ impl fmt::Display for DeviceKind {
 }
 
 impl FromStr for DeviceKind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
+    type Err = ParseDeviceError;
+    fn from_str(s: &str) -> Result<Self, ParseDeviceError> {
         match s.trim().to_ascii_lowercase().as_str() {
             "cpu" => Ok(DeviceKind::Cpu),
             "cuda" | "nvidia" => Ok(DeviceKind::Cuda),
             "wgpu" => Ok(DeviceKind::Wgpu),
-            other => Err(Error::BadParam(format!(
+            other => Err(ParseDeviceError(format!(
                 "unknown device kind {other:?} (expected cpu, cuda or wgpu)"
             ))),
         }
@@ -87,15 +98,15 @@ impl fmt::Display for Device {
 }
 
 impl FromStr for Device {
-    type Err = Error;
+    type Err = ParseDeviceError;
     /// `kind` or `kind:index`; a bare kind means index 0.
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, ParseDeviceError> {
         let (kind, index) = match s.split_once(':') {
             Some((k, i)) => {
                 let index = i
                     .trim()
                     .parse::<usize>()
-                    .map_err(|_| Error::BadParam(format!("bad device index {i:?} in {s:?}")))?;
+                    .map_err(|_| ParseDeviceError(format!("bad device index {i:?} in {s:?}")))?;
                 (k, index)
             }
             None => (s, 0),

@@ -89,7 +89,7 @@ impl Discovery {
             })
             .collect();
         // Stable: equal ranks keep discovery order (vendor, then index).
-        all.sort_by(|a, b| b.1.cmp(&a.1));
+        all.sort_by_key(|d| std::cmp::Reverse(d.1));
         all.into_iter().map(|(d, _)| d).collect()
     }
 

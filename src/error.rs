@@ -4,7 +4,7 @@
 //! carry what a Rust caller needs to act on a failure (which backend, which handle, how many
 //! bytes). The C ABI turns every variant into a status code; nothing panics across it.
 
-use crate::device::DeviceKind;
+use crate::device::{DeviceKind, ParseDeviceError};
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -201,5 +201,12 @@ impl Error {
 
     pub(crate) fn invalid(kind: &'static str, handle: u64) -> Self {
         Error::InvalidHandle { kind, handle }
+    }
+}
+
+impl From<ParseDeviceError> for Error {
+    /// A bad device or vendor name is a bad parameter.
+    fn from(e: ParseDeviceError) -> Self {
+        Error::BadParam(e.0)
     }
 }

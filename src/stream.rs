@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use crate::completion::Completion;
+use crate::completion::{Completion, EventInner};
 use crate::error::{Error, Result};
 use crate::hal::*;
 use crate::memory::Memory;
@@ -249,19 +249,6 @@ impl Drop for Stream {
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Stream({:?}, {:#x})", self.backend.kind(), self.id.0)
-    }
-}
-
-/// The event itself; shared with pending completion futures so that dropping the [`Event`]
-/// while a future waits on it destroys it only after the wait.
-pub(crate) struct EventInner {
-    pub(crate) backend: Arc<AnyBackend>,
-    pub(crate) id: EventId,
-}
-
-impl Drop for EventInner {
-    fn drop(&mut self) {
-        let _ = self.backend.event_destroy(self.id);
     }
 }
 

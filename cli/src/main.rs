@@ -63,7 +63,7 @@ enum Command {
     /// Benchmarks, each against the baseline named in its row.
     Bench {
         #[command(subcommand)]
-        which: bench::Which,
+        which: bench::BenchCommand,
     },
 }
 

@@ -13,8 +13,9 @@ use clap::Subcommand;
 
 use crate::CliResult;
 
+/// `unirt bench <what>`: which benchmark to run.
 #[derive(Subcommand)]
-pub enum Which {
+pub enum BenchCommand {
     /// H2D, D2H and D2D copies from 4 KiB to 256 MiB beside libc memcpy between host buffers.
     Memcpy {
         #[arg(long, default_value = "cpu:0")]
@@ -67,24 +68,26 @@ pub enum Which {
     },
 }
 
-pub fn run(which: Which) -> CliResult<ExitCode> {
+pub fn run(which: BenchCommand) -> CliResult<ExitCode> {
     match which {
-        Which::Memcpy {
+        BenchCommand::Memcpy {
             device,
             json,
             max_mib,
         } => memcpy::run(&device, json.as_deref(), max_mib),
-        Which::Alloc {
+        BenchCommand::Alloc {
             device,
             json,
             max_mib,
         } => alloc::run(&device, json.as_deref(), max_mib),
-        Which::Cuda {
+        BenchCommand::Cuda {
             device,
             json,
             max_mib,
         } => cuda::run(&device, json.as_deref(), max_mib),
-        Which::Dispatch { device, json, reps } => dispatch::run(&device, json.as_deref(), reps),
-        Which::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
+        BenchCommand::Dispatch { device, json, reps } => {
+            dispatch::run(&device, json.as_deref(), reps)
+        }
+        BenchCommand::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
     }
 }
