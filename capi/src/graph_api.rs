@@ -72,7 +72,11 @@ pub unsafe extern "C" fn infinirtGraphInstantiate(
             .and_then(|()| required(graph, "graph"))
             .and_then(|g| with_current(|c| c.backend.graph_instantiate(GraphId(g))));
         if !log_buffer.is_null() {
-            let log = result.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+            let log = result
+                .as_ref()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             // SAFETY: writable for buffer_size bytes by the caller's contract.
             unsafe { write_c_string(log_buffer, buffer_size, &log) };
         }
