@@ -5,11 +5,15 @@ use std::sync::Arc;
 
 use crate::alloc::{CachingAllocator, PinnedHostPool};
 use crate::device::Device;
-use crate::hal::{DevicePtr, HostPtr, StreamId};
+use crate::hal::{Backend, DevicePtr, HostPtr, StreamId};
+use crate::vendors::AnyBackend;
 
 /// Where the memory came from, and so who takes it back.
 enum Backing {
     Device(Arc<CachingAllocator>),
+    /// Straight from the backend's `malloc`, freed with its `free` (which waits for the work
+    /// that may still use it).
+    Raw(Arc<AnyBackend>),
     Pinned(Arc<PinnedHostPool>),
     /// Plain (pageable) host memory, owned here. `u128` elements give 16-byte alignment.
     Host(#[allow(dead_code)] Box<[u128]>),
@@ -29,6 +33,9 @@ impl Drop for Inner {
         match &self.backing {
             Backing::Device(a) => {
                 let _ = a.free(DevicePtr(self.addr));
+            }
+            Backing::Raw(b) => {
+                let _ = b.free(DevicePtr(self.addr));
             }
             Backing::Pinned(p) => {
                 let _ = p.free(HostPtr(self.addr));
@@ -71,6 +78,29 @@ impl Memory {
             addr: p.0,
             size: bytes,
             backing: Backing::Device(alloc.clone()),
+        })))
+    }
+
+    /// Device memory straight from an opened backend — no caching allocator, no `Runtime` —
+    /// freed with [`Backend::free`] when the last handle drops. The RAII buffer of the HAL
+    /// level: typed copies and launches on [`Stream`](crate::Stream) take it like any other.
+    ///
+    /// ```
+    /// use unirt::{Device, Memory, Stream};
+    /// let dev = unirt::open(Device::CPU)?;
+    /// let m = Memory::allocate(&dev, 64)?;
+    /// let s = Stream::new(&dev)?;
+    /// s.copy_from_slice(&m, &[7u16; 32])?;
+    /// assert_eq!(s.copy_to_vec::<u16>(&m, 32)?, vec![7; 32]);
+    /// # Ok::<(), unirt::Error>(())
+    /// ```
+    pub fn allocate(backend: &Arc<AnyBackend>, bytes: usize) -> crate::Result<Self> {
+        let p = backend.malloc(bytes)?;
+        Ok(Memory(Arc::new(Inner {
+            device: Device::new(backend.kind(), backend.info().index),
+            addr: p.0,
+            size: bytes,
+            backing: Backing::Raw(backend.clone()),
         })))
     }
 
@@ -137,7 +167,7 @@ impl Memory {
 
     /// True for device memory.
     pub fn is_device(&self) -> bool {
-        matches!(self.0.backing, Backing::Device(_))
+        matches!(self.0.backing, Backing::Device(_) | Backing::Raw(_))
     }
 
     /// Marks the memory as used by work on `stream`, so its reuse after the last drop waits
@@ -145,6 +175,8 @@ impl Memory {
     pub fn record_stream(&self, stream: StreamId) -> crate::Result<()> {
         match &self.0.backing {
             Backing::Device(a) => a.record_stream(DevicePtr(self.0.addr), stream),
+            // The backend's free waits for every stream's work on the memory.
+            Backing::Raw(_) => Ok(()),
             Backing::Pinned(p) => {
                 p.record_stream(self.0.addr, stream);
                 Ok(())
@@ -162,7 +194,7 @@ impl Memory {
 impl fmt::Debug for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.0.backing {
-            Backing::Device(_) => "device",
+            Backing::Device(_) | Backing::Raw(_) => "device",
             Backing::Pinned(_) => "pinned host",
             Backing::Host(_) => "host",
         };

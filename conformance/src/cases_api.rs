@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use super::*;
 use crate::ensure;
-use unirt::{BackendExt, Event, KernelArg, Runtime, Stream};
+use unirt::{BackendExt, Event, KernelArg, Memory, Runtime, Stream};
 
 pub(super) const CASES: &[Case] = &[
     Case {
@@ -146,6 +146,28 @@ fn raw_pointer_copies(ctx: &Ctx) -> Result<(), Failure> {
         s.copy_to_vec::<u64>(buf.at(8 * (LEN - 3)), 4),
         &["out_of_bounds"],
         "a read past the end of a raw allocation",
+    )?;
+
+    // The HAL level's RAII buffer: Memory::allocate straight from a backend, freed on drop.
+    // A private instance, so no other case's allocation can reuse the freed address.
+    let private = unirt::discovery::open_private(ctx.device)?;
+    let m = Memory::allocate(&private, 24)?;
+    ensure!(
+        m.is_device() && m.size() == 24,
+        "Memory::allocate gave {m:?}"
+    );
+    let ps = Stream::new(&private)?;
+    ps.copy_from_slice(&m, &[3u64, 5, 7])?;
+    ensure!(
+        ps.copy_to_vec::<u64>(&m, 3)? == [3, 5, 7],
+        "a round trip through Memory::allocate differs"
+    );
+    let addr = m.device_ptr();
+    drop(m);
+    expect_err(
+        private.write_slice(addr, &[1u64]),
+        &["out_of_bounds", "invalid_handle"],
+        "a write to a dropped Memory::allocate buffer",
     )?;
     Ok(())
 }
