@@ -6,7 +6,7 @@
 //! The raw HAL copy, [`Backend::memcpy`], is `unsafe` because it takes host addresses it
 //! cannot check. Nothing here is: host memory comes in as Rust slices, is borrowed only while
 //! the copy runs, and is viewed as bytes through `bytemuck` (so `T` must be
-//! [`Pod`](bytemuck::Pod)); device memory comes in as a [`DeviceRange`] — a [`Memory`] (whose
+//! [`bytemuck::Pod`]); device memory comes in as a [`DeviceRange`] — a [`Memory`] (whose
 //! size bounds the copy) or a raw [`DevicePtr`] (bounded by the backend's allocation table).
 
 use std::sync::Arc;

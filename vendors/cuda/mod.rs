@@ -1,12 +1,14 @@
 //! NVIDIA CUDA through libcuda and NVRTC, both loaded at run time.
 //!
-//! Layers, bottom up: [`loader`] finds the libraries (absolute paths only, env overrides);
-//! `driver.rs` (devices, contexts, streams, events), `driver_memory.rs` and `driver_launch.rs`
-//! (modules, launches, capture, graphs) hold every unsafe libcuda call and [`nvrtc`] every NVRTC call,
-//! through symbols we resolve ourselves (cudarc supplies the handle types and constants; its
-//! own loaders panic on a missing library or symbol); [`kernels`] compiles and caches the CUDA
-//! C kernels; `backend.rs` is the
-//! [`Backend`] impl; this file holds the backend type, `probe()` and `open()`.
+//! Layers, bottom up: `loader.rs` finds the libraries (absolute paths only, env overrides);
+//! `driver.rs` (devices, contexts, streams, events), `driver_memory.rs` (allocation, copies,
+//! memset) and `driver_launch.rs` (modules, launches, capture, graphs) hold every unsafe
+//! libcuda call, `nvrtc.rs` every NVRTC call — through symbols we resolve ourselves (cudarc
+//! supplies the handle types and constants; its own loaders panic on a missing library or
+//! symbol). Wrappers whose soundness rests on validated handles or ranges are `unsafe fn`.
+//! `kernels.rs` compiles and caches the CUDA C kernels (`kernels/<op family>.cu`);
+//! `backend.rs` is the [`Backend`] impl; this file holds the backend type, `probe()`, `open()`
+//! and the CLI's ahead-of-time compile ([`compile_kernels`]).
 //!
 //! Choices a reader of infinirt should know:
 //! - **Contexts**: each device uses its primary context (shared with the CUDA runtime and
