@@ -127,9 +127,11 @@ fn probe_one(kind: DeviceKind) -> Probe {
         let hint = if unknown.is_empty() {
             String::new()
         } else {
+            let known: Vec<&str> = vendors::VENDORS.iter().map(|v| v.kind.as_str()).collect();
             format!(
-                " (unknown names there: {}; known: cpu, cuda, wgpu)",
-                unknown.join(", ")
+                " (unknown names there: {}; known: {})",
+                unknown.join(", "),
+                known.join(", ")
             )
         };
         return Probe::Unavailable(format!("disabled by UNIRT_BACKENDS={list}{hint}"));

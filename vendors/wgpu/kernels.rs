@@ -371,3 +371,25 @@ impl Kernels {
         [x as u32, y as u32]
     }
 }
+
+#[cfg(test)]
+mod section_tests {
+    use super::*;
+
+    #[test]
+    fn each_kernel_is_its_own_section_of_the_family_file() {
+        let fill = section(ELEMENTWISE, "fill");
+        let add = section(ELEMENTWISE, "add_f32");
+        assert!(fill.contains("fn main") && fill.contains("dst[p.off + i] = p.value"));
+        assert!(
+            !fill.contains("a_off"),
+            "fill's section runs into add_f32's"
+        );
+        assert!(add.contains("fn main") && add.contains("a[p.a_off + i] + b[p.b_off + i]"));
+        assert!(
+            !add.contains("p.value"),
+            "add_f32's section holds fill's code"
+        );
+        assert_eq!(section(ELEMENTWISE, "no_such_kernel"), "");
+    }
+}
