@@ -77,6 +77,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
+pub mod checked;
 pub mod conformance;
 pub mod context;
 pub mod device;

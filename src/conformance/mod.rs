@@ -16,6 +16,7 @@ mod cases_basic;
 mod cases_capture;
 mod cases_chaos;
 mod cases_context;
+mod cases_lifetime;
 mod cases_memcpy;
 mod cases_streams;
 mod util;
@@ -124,6 +125,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc::CASES);
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
+    all.extend_from_slice(cases_lifetime::CASES);
     all
 }
 
