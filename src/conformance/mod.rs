@@ -19,6 +19,7 @@ mod cases_context;
 mod cases_lifetime;
 mod cases_memcpy;
 mod cases_streams;
+mod cases_stress;
 mod util;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -126,6 +127,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_lifetime::CASES);
+    all.extend_from_slice(cases_stress::CASES);
     all
 }
 
