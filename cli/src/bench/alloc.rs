@@ -1,0 +1,168 @@
+//! `unirt bench alloc`: alloc + free pairs through the caching allocator, beside the backend's
+//! raw allocation and the system malloc, per size, in one run.
+//!
+//! Each figure is the median over batches of the time per pair, with the batch long enough
+//! (≥ 20 µs) that the clock's own cost does not count. The cached figure is a cache hit: one
+//! warm-up pair reserves the segment first. A second column alternates two sizes so that
+//! every request takes the slow cached path (quick-list flush, best-fit search, split, merge).
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use unirt::alloc::CachingAllocator;
+use unirt::{Backend, Device, DeviceKind};
+
+use super::stats::{median, write_rows};
+use crate::CliResult;
+
+#[derive(Serialize)]
+struct Row {
+    bytes: usize,
+    cached_ns: f64,
+    /// Alternating two sizes, so every request misses the quick list and goes through the
+    /// flush, the best-fit search, a split and a merge.
+    cached_best_fit_ns: f64,
+    raw_ns: f64,
+    system_malloc_ns: f64,
+}
+
+/// Median nanoseconds per call of `f`, over batches of calls.
+fn per_call_ns(budget: Duration, mut f: impl FnMut()) -> f64 {
+    let mut batch = 1usize;
+    loop {
+        let t = Instant::now();
+        for _ in 0..batch {
+            f();
+        }
+        if t.elapsed() >= Duration::from_micros(20) || batch >= 1 << 16 {
+            break;
+        }
+        batch *= 2;
+    }
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while samples.len() < 5 || (start.elapsed() < budget && samples.len() < 400) {
+        let t = Instant::now();
+        for _ in 0..batch {
+            f();
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / batch as f64);
+    }
+    median(&mut samples)
+}
+
+pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitCode> {
+    let device: Device = device.parse()?;
+    let dev = unirt::open(device)?;
+    let alloc = CachingAllocator::new(dev.clone());
+    let stream = dev.default_stream();
+    println!(
+        "alloc + free pairs on {device} ({}): caching allocator (cache hit), raw backend \
+         allocation, system malloc",
+        dev.info().name
+    );
+    println!(
+        "{:>11} {:>11} {:>13} {:>13} {:>13} {:>10}",
+        "bytes", "cached ns", "best-fit ns", "raw ns", "malloc ns", "raw/cached"
+    );
+    let max = max_mib.max(1) << 20;
+    let sizes: Vec<usize> = std::iter::successors(Some(512usize), |s| Some(s * 2))
+        .take_while(|&s| s <= max)
+        .collect();
+    let mut rows = Vec::new();
+    let mut err: Option<unirt::Error> = None;
+    for &n in &sizes {
+        // Warm-up: reserves the segment, so every timed pair is a cache hit.
+        let p = alloc.malloc(n, stream)?;
+        alloc.free(p)?;
+        let cached_ns = per_call_ns(Duration::from_millis(150), || {
+            match alloc.malloc(n, stream) {
+                Ok(p) => {
+                    if let Err(e) = alloc.free(std::hint::black_box(p)) {
+                        err.get_or_insert(e);
+                    }
+                }
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        });
+        let mut flip = false;
+        let cached_best_fit_ns = per_call_ns(Duration::from_millis(150), || {
+            flip = !flip;
+            let len = if flip { n } else { n + 512 };
+            match alloc.malloc(len, stream) {
+                Ok(p) => {
+                    if let Err(e) = alloc.free(std::hint::black_box(p)) {
+                        err.get_or_insert(e);
+                    }
+                }
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        });
+        let raw_ns = per_call_ns(Duration::from_millis(300), || match dev.malloc(n) {
+            Ok(p) => {
+                if let Err(e) = dev.free(std::hint::black_box(p)) {
+                    err.get_or_insert(e);
+                }
+            }
+            Err(e) => {
+                err.get_or_insert(e);
+            }
+        });
+        if let Some(e) = err.take() {
+            return Err(e.into());
+        }
+        // `Vec::with_capacity` + drop is one malloc and one free through the global
+        // allocator (the system malloc); black_box keeps the pair from being optimised out.
+        let system_malloc_ns = per_call_ns(Duration::from_millis(100), || {
+            let v: Vec<u8> = Vec::with_capacity(n);
+            drop(std::hint::black_box(v));
+        });
+        println!(
+            "{n:>11} {cached_ns:>11.1} {cached_best_fit_ns:>13.1} {raw_ns:>13.1} \
+             {system_malloc_ns:>13.1} {:>10.1}",
+            raw_ns / cached_ns
+        );
+        rows.push(Row {
+            bytes: n,
+            cached_ns,
+            cached_best_fit_ns,
+            raw_ns,
+            system_malloc_ns,
+        });
+        // Give each size's segments back so the next size starts from the backend.
+        alloc.empty_cache()?;
+    }
+    let st = alloc.stats();
+    println!(
+        "allocator: {} cache hits, {} misses (one warm-up per size)",
+        st.cache_hits, st.cache_misses
+    );
+    if let Some(r) = rows.iter().find(|r| r.bytes == 1 << 20) {
+        let goal = if r.cached_ns <= 100.0 {
+            "met"
+        } else {
+            "missed"
+        };
+        let ratio = r.raw_ns / r.cached_ns;
+        println!(
+            "1 MiB: cache hit {:.1} ns (goal <= 100 ns: {goal}); raw {:.1} ns = {ratio:.1}x the \
+             cached pair{}; system malloc {:.1} ns",
+            r.cached_ns,
+            r.raw_ns,
+            if dev.kind() == DeviceKind::Cpu {
+                " (the raw CPU backend is itself malloc plus bookkeeping)"
+            } else {
+                " (goal >= 10x)"
+            },
+            r.system_malloc_ns
+        );
+    }
+    write_rows(json, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}

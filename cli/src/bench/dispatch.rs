@@ -1,0 +1,425 @@
+//! `unirt bench dispatch`: kernel launch throughput on a wgpu (or any) device.
+//!
+//! Two workloads, every figure from the same run, medians of alternating samples:
+//! - bandwidth-bound: 100 × `add_f32` on 1 Mi floats plus one read-back of the result,
+//!   through unirt and through a hand-written plain-wgpu program doing the same on the same
+//!   adapter (one bind group made ahead, 100 dispatches in one compute pass, one submit, a
+//!   mapped read-back) — the best a direct wgpu user writes;
+//! - launch-bound: 100 × `add_f32` on 256 floats issued eagerly, against the same 100
+//!   captured once and replayed.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use unirt::{Backend, BackendExt, CaptureMode, Device, DeviceKind, KernelArg, StreamId};
+
+use super::stats::{median, write_rows};
+use crate::CliResult;
+
+const LAUNCHES: usize = 100;
+const BIG: u32 = 1 << 20;
+const SMALL: u32 = 256;
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Row {
+    Bandwidth {
+        workload: &'static str,
+        unirt_ms: f64,
+        plain_wgpu_ms: f64,
+    },
+    Launch {
+        workload: &'static str,
+        eager_ms: f64,
+        replay_ms: f64,
+        /// Issuing the 100 launches alone (no wait): unirt's own per-launch cost.
+        eager_issue_ms: f64,
+        /// `graph_launch` alone (no wait).
+        replay_issue_ms: f64,
+        /// The same 100 dispatches in hand-written wgpu (one pass, one prepared bind group,
+        /// one submit, then a wait): the floor this device allows.
+        plain_wgpu_ms: Option<f64>,
+    },
+}
+
+/// Median milliseconds of `a` and `b`, sampled alternately after one warm-up of each.
+fn time_pair(
+    reps: usize,
+    mut a: impl FnMut() -> CliResult<()>,
+    mut b: impl FnMut() -> CliResult<()>,
+) -> CliResult<(f64, f64)> {
+    a()?;
+    b()?;
+    let (mut sa, mut sb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        let t = Instant::now();
+        a()?;
+        sa.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        b()?;
+        sb.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((median(&mut sa), median(&mut sb)))
+}
+
+/// Median milliseconds of issuing the 100 launches, and of one `graph_launch`, each followed
+/// by an untimed wait.
+fn issue_only(
+    dev: &Arc<unirt::AnyBackend>,
+    s: StreamId,
+    exec: unirt::GraphExecId,
+    reps: usize,
+    issue: &dyn Fn(&Arc<unirt::AnyBackend>, StreamId) -> unirt::Result<()>,
+) -> CliResult<(f64, f64)> {
+    let (mut e, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        issue(dev, s)?;
+        e.push(t.elapsed().as_secs_f64() * 1e3);
+        dev.stream_synchronize(s)?;
+        let t = Instant::now();
+        dev.graph_launch(exec, s)?;
+        r.push(t.elapsed().as_secs_f64() * 1e3);
+        dev.stream_synchronize(s)?;
+    }
+    Ok((median(&mut e), median(&mut r)))
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Runs the benchmark on `device` and prints (and optionally writes) the rows.
+pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode> {
+    let device: Device = device.parse()?;
+    let dev = unirt::open(device)?;
+    let info = dev.info().clone();
+    println!("dispatch on {device} ({}, {})", info.name, info.api);
+    let s = dev.stream_create()?;
+    let mut rows = Vec::new();
+
+    // Bandwidth-bound: unirt beside plain wgpu.
+    let n = BIG as usize;
+    let a_host: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b_host: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+    let (a, b, out) = (dev.malloc(4 * n)?, dev.malloc(4 * n)?, dev.malloc(4 * n)?);
+    dev.copy_to_device(a, &f32_bytes(&a_host))?;
+    dev.copy_to_device(b, &f32_bytes(&b_host))?;
+    let mut result = vec![0u8; 4 * n];
+    let args = [a.into(), b.into(), out.into(), KernelArg::U32(BIG)];
+    let plain = if device.kind == DeviceKind::Wgpu {
+        Some(plain::Plain::new(&info.name, &info.api, &a_host, &b_host)?)
+    } else {
+        None
+    };
+    let mut plain_result = vec![0f32; n];
+    let (unirt_ms, plain_ms) = time_pair(
+        reps,
+        || {
+            for _ in 0..LAUNCHES {
+                dev.launch("add_f32", &args, s)?;
+            }
+            // SAFETY: `result` is a live vector of 4n bytes; the copy completes on return.
+            unsafe {
+                dev.memcpy_async(
+                    result.as_mut_ptr() as usize as u64,
+                    out.0,
+                    4 * n,
+                    unirt::MemcpyKind::D2H,
+                    s,
+                )?
+            };
+            dev.stream_synchronize(s)?;
+            Ok(())
+        },
+        || match &plain {
+            Some(p) => p.run(LAUNCHES, &mut plain_result, true),
+            None => Ok(()),
+        },
+    )?;
+    let want = a_host[n - 1] + b_host[n - 1];
+    let got = f32::from_le_bytes([
+        result[4 * n - 4],
+        result[4 * n - 3],
+        result[4 * n - 2],
+        result[4 * n - 1],
+    ]);
+    if got != want || (plain.is_some() && plain_result[n - 1] != want) {
+        return Err(format!(
+            "wrong result: unirt {got}, plain {}, want {want}",
+            plain_result[n - 1]
+        )
+        .into());
+    }
+    println!(
+        "add_f32_1Mi_x100  unirt {unirt_ms:8.2} ms   plain wgpu {plain_ms:8.2} ms   unirt/plain throughput {:.2}",
+        plain_ms / unirt_ms
+    );
+    rows.push(Row::Bandwidth {
+        workload: "add_f32_1Mi_x100",
+        unirt_ms,
+        plain_wgpu_ms: plain_ms,
+    });
+    dev.free(a)?;
+    dev.free(b)?;
+    dev.free(out)?;
+
+    // Launch-bound: eager against replay.
+    let small = 4 * SMALL as usize;
+    let (a, b, out) = (dev.malloc(small)?, dev.malloc(small)?, dev.malloc(small)?);
+    dev.memset(a, 0, small)?;
+    dev.memset(b, 0, small)?;
+    let args = [a.into(), b.into(), out.into(), KernelArg::U32(SMALL)];
+    let issue = |dev: &Arc<unirt::AnyBackend>, s: StreamId| -> unirt::Result<()> {
+        for _ in 0..LAUNCHES {
+            dev.launch("add_f32", &args, s)?;
+        }
+        Ok(())
+    };
+    dev.begin_capture(s, CaptureMode::Global)?;
+    let captured = issue(&dev, s);
+    let graph = dev.end_capture(s)?;
+    captured?;
+    let exec = dev.graph_instantiate(graph)?;
+    let (eager_ms, replay_ms) = time_pair(
+        reps,
+        || {
+            issue(&dev, s)?;
+            dev.stream_synchronize(s)?;
+            Ok(())
+        },
+        || {
+            dev.graph_launch(exec, s)?;
+            dev.stream_synchronize(s)?;
+            Ok(())
+        },
+    )?;
+    let (eager_issue_ms, replay_issue_ms) = issue_only(&dev, s, exec, reps, &issue)?;
+    let small_plain = if device.kind == DeviceKind::Wgpu {
+        let zeros = vec![0f32; SMALL as usize];
+        let p = plain::Plain::new(&info.name, &info.api, &zeros, &zeros)?;
+        let mut out = vec![0f32; SMALL as usize];
+        let (ms, _) = time_pair(reps, || p.run(LAUNCHES, &mut out, false), || Ok(()))?;
+        Some(ms)
+    } else {
+        None
+    };
+    println!(
+        "add_f32_256_x100  eager {eager_ms:8.3} ms   replay {replay_ms:8.3} ms   eager/replay {:.2}",
+        eager_ms / replay_ms
+    );
+    println!(
+        "                  issue only: eager {eager_issue_ms:.3} ms, replay {replay_issue_ms:.3} ms; plain wgpu (one pass, prepared bind group): {}",
+        small_plain.map(|m| format!("{m:.3} ms")).unwrap_or_else(|| "n/a".into())
+    );
+    rows.push(Row::Launch {
+        workload: "add_f32_256_x100",
+        eager_ms,
+        replay_ms,
+        eager_issue_ms,
+        replay_issue_ms,
+        plain_wgpu_ms: small_plain,
+    });
+    dev.graph_exec_destroy(exec)?;
+    dev.graph_destroy(graph)?;
+    dev.free(a)?;
+    dev.free(b)?;
+    dev.free(out)?;
+    dev.stream_destroy(s)?;
+    write_rows(json, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plain-wgpu baseline: what a direct wgpu user writes for the same work.
+mod plain {
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use crate::CliResult;
+
+    const SHADER: &str = r#"
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&out)) {
+        out[i] = a[i] + b[i];
+    }
+}
+"#;
+
+    pub struct Plain {
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        pipeline: wgpu::ComputePipeline,
+        group: wgpu::BindGroup,
+        out: wgpu::Buffer,
+        staging: wgpu::Buffer,
+        n: u32,
+        errors: Arc<Mutex<Option<String>>>,
+    }
+
+    fn backend_name(b: wgpu::Backend) -> &'static str {
+        match b {
+            wgpu::Backend::Vulkan => "vulkan",
+            wgpu::Backend::Metal => "metal",
+            wgpu::Backend::Dx12 => "dx12",
+            wgpu::Backend::Gl => "gl",
+            _ => "other",
+        }
+    }
+
+    impl Plain {
+        /// Opens the adapter with this name and API, and prepares everything ahead.
+        pub fn new(name: &str, api: &str, a: &[f32], b: &[f32]) -> CliResult<Self> {
+            let instance = wgpu::Instance::new(
+                wgpu::InstanceDescriptor::new_without_display_handle_from_env(),
+            );
+            let adapter = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+                .into_iter()
+                .find(|ad| {
+                    let i = ad.get_info();
+                    i.name == name && backend_name(i.backend) == api
+                })
+                .ok_or_else(|| format!("plain wgpu: no adapter {name} ({api})"))?;
+            let (device, queue) =
+                pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                    label: None,
+                    required_features: wgpu::Features::empty(),
+                    required_limits: adapter.limits(),
+                    experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                    memory_hints: wgpu::MemoryHints::Performance,
+                    trace: wgpu::Trace::Off,
+                }))?;
+            let errors = Arc::new(Mutex::new(None));
+            let sink = errors.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                sink.lock().get_or_insert_with(|| e.to_string());
+            }));
+            let bytes = (a.len() * 4) as u64;
+            let storage = |data: &[f32], usage| {
+                let buf = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size: bytes,
+                    usage,
+                    mapped_at_creation: false,
+                });
+                queue.write_buffer(&buf, 0, bytemuck::cast_slice(data));
+                buf
+            };
+            let ua = storage(
+                a,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            );
+            let ub = storage(
+                b,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            );
+            let out = device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(SHADER.into()),
+            });
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: None,
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: ua.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: ub.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: out.as_entire_binding(),
+                    },
+                ],
+            });
+            let p = Plain {
+                device,
+                queue,
+                pipeline,
+                group,
+                out,
+                staging,
+                n: a.len() as u32,
+                errors,
+            };
+            p.check()?;
+            Ok(p)
+        }
+
+        fn check(&self) -> CliResult<()> {
+            match self.errors.lock().take() {
+                Some(e) => Err(format!("plain wgpu: {e}").into()),
+                None => Ok(()),
+            }
+        }
+
+        /// `launches` dispatches in one pass, one submit, then the result read back (`read`)
+        /// or just waited for.
+        pub fn run(&self, launches: usize, result: &mut [f32], read: bool) -> CliResult<()> {
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&self.pipeline);
+                pass.set_bind_group(0, &self.group, &[]);
+                for _ in 0..launches {
+                    pass.dispatch_workgroups(self.n.div_ceil(256), 1, 1);
+                }
+            }
+            if !read {
+                self.queue.submit([enc.finish()]);
+                self.device.poll(wgpu::PollType::wait_indefinitely())?;
+                return self.check();
+            }
+            enc.copy_buffer_to_buffer(&self.out, 0, &self.staging, 0, None);
+            self.queue.submit([enc.finish()]);
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            self.staging
+                .slice(..)
+                .map_async(wgpu::MapMode::Read, move |r| {
+                    let _ = tx.send(r);
+                });
+            self.device.poll(wgpu::PollType::wait_indefinitely())?;
+            rx.recv()??;
+            {
+                let view = self.staging.slice(..).get_mapped_range()?;
+                result.copy_from_slice(bytemuck::cast_slice(&view));
+            }
+            self.staging.unmap();
+            self.check()
+        }
+    }
+}

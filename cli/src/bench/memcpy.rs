@@ -1,0 +1,179 @@
+//! `unirt bench memcpy` and `unirt bench latency`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use unirt::{Backend, Device, EventFlags, MemcpyKind};
+
+use super::stats::{median, reps_for, write_rows};
+use crate::CliResult;
+
+#[derive(Serialize)]
+struct Row {
+    kind: &'static str,
+    bytes: usize,
+    unirt_gbps: f64,
+    baseline_gbps: f64,
+}
+
+fn gbps(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+/// Median seconds of `a` and of `b`, sampled alternately (a, b, a, b, …) so that load from
+/// elsewhere on the machine hits both sides alike.
+fn time_pair(mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    let t = Instant::now();
+    a();
+    b();
+    let reps = reps_for(t.elapsed(), Duration::from_millis(400), 5, 2000);
+    let (mut sa, mut sb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        let t = Instant::now();
+        a();
+        sa.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        b();
+        sb.push(t.elapsed().as_secs_f64());
+    }
+    (median(&mut sa), median(&mut sb))
+}
+
+pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitCode> {
+    let device: Device = device.parse()?;
+    let dev = unirt::open(device)?;
+    println!(
+        "memcpy on {device} ({}) beside libc memcpy between host buffers",
+        dev.info().name
+    );
+    println!(
+        "{:<4} {:>11} {:>11} {:>13} {:>7}",
+        "kind", "bytes", "unirt GB/s", "libc GB/s", "ratio"
+    );
+    let max = max_mib << 20;
+    let sizes: Vec<usize> = std::iter::successors(Some(4096usize), |s| Some(s * 4))
+        .take_while(|&s| s <= max)
+        .collect();
+    let mut rows = Vec::new();
+    for &n in &sizes {
+        // Pinned host buffers on the unirt side, ordinary vectors for the baseline; every page
+        // touched before timing so neither side pays first-touch faults.
+        let h_src = dev.malloc_host(n)?;
+        let h_dst = dev.malloc_host(n)?;
+        let (d_a, d_b) = (dev.malloc(n)?, dev.malloc(n)?);
+        // SAFETY: both host buffers are live allocations of n bytes.
+        unsafe {
+            std::ptr::write_bytes(h_src.as_mut_ptr(), 1, n);
+            std::ptr::write_bytes(h_dst.as_mut_ptr(), 2, n);
+        }
+        dev.memset(d_a, 3, n)?;
+        dev.memset(d_b, 4, n)?;
+        let b_src = vec![5u8; n];
+        let mut b_dst = vec![6u8; n];
+        for kind in [MemcpyKind::H2D, MemcpyKind::D2H, MemcpyKind::D2D] {
+            let (dst, src) = match kind {
+                MemcpyKind::H2D => (d_a.0, h_src.0),
+                MemcpyKind::D2H => (h_dst.0, d_a.0),
+                _ => (d_b.0, d_a.0),
+            };
+            let mut err = None;
+            // SAFETY: every range is a live allocation of n bytes.
+            let (unirt_s, base_s) = time_pair(
+                || {
+                    if let Err(e) = unsafe { dev.memcpy(dst, src, n, kind) } {
+                        err.get_or_insert(e);
+                    }
+                },
+                || {
+                    // SAFETY: two distinct vectors of n bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(b_src.as_ptr(), b_dst.as_mut_ptr(), n) };
+                    std::hint::black_box(&mut b_dst);
+                },
+            );
+            if let Some(e) = err {
+                return Err(e.into());
+            }
+            let row = Row {
+                kind: kind.as_str(),
+                bytes: n,
+                unirt_gbps: gbps(n, unirt_s),
+                baseline_gbps: gbps(n, base_s),
+            };
+            println!(
+                "{:<4} {:>11} {:>11.2} {:>13.2} {:>7.2}",
+                row.kind,
+                n,
+                row.unirt_gbps,
+                row.baseline_gbps,
+                row.unirt_gbps / row.baseline_gbps
+            );
+            rows.push(row);
+        }
+        dev.free(d_a)?;
+        dev.free(d_b)?;
+        dev.free_host(h_src)?;
+        dev.free_host(h_dst)?;
+    }
+    write_rows(json, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Serialize)]
+struct LatencyRow {
+    what: &'static str,
+    median_ns: f64,
+    p90_ns: f64,
+    samples: usize,
+}
+
+pub fn latency(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
+    let device: Device = device.parse()?;
+    let dev = unirt::open(device)?;
+    let s = dev.stream_create()?;
+    let buf = dev.malloc(64)?;
+    let ev = dev.event_create(EventFlags::DEFAULT)?;
+    const N: usize = 2000;
+    let mut rows = Vec::new();
+    let mut measure =
+        |what: &'static str, f: &mut dyn FnMut() -> unirt::Result<()>| -> CliResult<()> {
+            let mut v = Vec::with_capacity(N);
+            for i in 0..N + 50 {
+                dev.stream_synchronize(s)?;
+                let t = Instant::now();
+                f()?;
+                let ns = t.elapsed().as_nanos() as f64;
+                if i >= 50 {
+                    v.push(ns);
+                }
+            }
+            let med = median(&mut v);
+            let p90 = v[(v.len() * 9) / 10];
+            println!("{what:<40} median {med:>8.0} ns   p90 {p90:>8.0} ns");
+            rows.push(LatencyRow {
+                what,
+                median_ns: med,
+                p90_ns: p90,
+                samples: v.len(),
+            });
+            Ok(())
+        };
+    println!("latency on {device} ({})", dev.info().name);
+    measure("enqueue memset_async (64 B) on idle stream", &mut || {
+        dev.memset_async(buf, 0, 64, s)
+    })?;
+    measure("launch fill (16 words) on idle stream", &mut || {
+        dev.launch("fill", &[buf.into(), 7u32.into(), 16u32.into()], s)
+    })?;
+    measure("event record + query", &mut || {
+        dev.event_record(ev, s)?;
+        dev.event_query(ev).map(|_| ())
+    })?;
+    dev.stream_synchronize(s)?;
+    dev.event_destroy(ev)?;
+    dev.free(buf)?;
+    dev.stream_destroy(s)?;
+    write_rows(json, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,90 @@
+//! `unirt bench …`: each benchmark measures unirt and its baseline in the same run.
+
+mod alloc;
+mod cuda;
+mod dispatch;
+mod memcpy;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use crate::CliResult;
+
+#[derive(Subcommand)]
+pub enum Which {
+    /// H2D, D2H and D2D copies from 4 KiB to 256 MiB beside libc memcpy between host buffers.
+    Memcpy {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest size in MiB (256 by default).
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+    },
+    /// Alloc + free pairs from 512 B to 64 MiB: the caching allocator (cache hits) beside the
+    /// backend's raw allocation and the system malloc.
+    Alloc {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest size in MiB (64 by default).
+        #[arg(long, default_value_t = 64)]
+        max_mib: usize,
+    },
+    /// CUDA only: pinned and pageable H2D/D2H beside plain cudarc, and 100 tiny kernels
+    /// launched one by one vs one captured-graph replay.
+    Cuda {
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Largest copy in MiB (256 by default).
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+    },
+    /// Kernel launches: 100 × add_f32 on 1 Mi floats beside a plain-wgpu program, and 100 ×
+    /// add_f32 on 256 floats issued eagerly beside the same replayed from a capture.
+    Dispatch {
+        #[arg(long, default_value = "wgpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Timed samples of each side (medians are reported).
+        #[arg(long, default_value_t = 15)]
+        reps: usize,
+    },
+    /// Enqueue latency of an async command on an idle stream, and event record + query.
+    Latency {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+pub fn run(which: Which) -> CliResult<ExitCode> {
+    match which {
+        Which::Memcpy {
+            device,
+            json,
+            max_mib,
+        } => memcpy::run(&device, json.as_deref(), max_mib),
+        Which::Alloc {
+            device,
+            json,
+            max_mib,
+        } => alloc::run(&device, json.as_deref(), max_mib),
+        Which::Cuda {
+            device,
+            json,
+            max_mib,
+        } => cuda::run(&device, json.as_deref(), max_mib),
+        Which::Dispatch { device, json, reps } => dispatch::run(&device, json.as_deref(), reps),
+        Which::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
+    }
+}

@@ -1,0 +1,48 @@
+//! `unirt devices [--json]`.
+
+use std::process::ExitCode;
+
+use unirt::Discovery;
+
+use crate::CliResult;
+
+pub fn run(json: bool) -> CliResult<ExitCode> {
+    let d = unirt::discover();
+    if json {
+        println!("{}", serde_json::to_string_pretty(d)?);
+    } else {
+        print_table(d);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The human table: one block per vendor, one line per device.
+pub fn print_table(d: &Discovery) {
+    for b in &d.backends {
+        match &b.reason {
+            Some(reason) => println!("{:<5} unavailable: {reason}", b.kind.as_str()),
+            None => {
+                println!(
+                    "{:<5} available, {} device(s)",
+                    b.kind.as_str(),
+                    b.devices.len()
+                );
+                for dev in &b.devices {
+                    println!(
+                        "  {}:{:<3} {:<44} {:<8} {:>10}  {}",
+                        b.kind.as_str(),
+                        dev.index,
+                        dev.name,
+                        dev.api,
+                        gib(dev.memory_total),
+                        dev.driver
+                    );
+                }
+            }
+        }
+    }
+}

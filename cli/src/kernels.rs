@@ -1,0 +1,65 @@
+//! `unirt kernels --compile cuda --arch sm_70,sm_80,sm_90 [--json FILE]`: compiles every CUDA
+//! kernel to CUBIN with NVRTC. No GPU and no libcuda are needed, so CI checks the kernel
+//! sources on any machine with NVRTC. Exit status 1 when any kernel fails to compile.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde::Serialize;
+use unirt::vendors::cuda::{kernels, nvrtc};
+
+use crate::CliResult;
+
+#[derive(Serialize)]
+struct Report<'a> {
+    nvrtc: String,
+    nvrtc_path: String,
+    compiled: &'a [kernels::CompileRow],
+}
+
+pub fn run(compile: &str, arch: &str, json: Option<&Path>) -> CliResult<ExitCode> {
+    if !compile.eq_ignore_ascii_case("cuda") {
+        return Err(
+            format!("--compile {compile}: only cuda kernels are compiled ahead of time").into(),
+        );
+    }
+    let archs = kernels::parse_archs(arch)?;
+    if archs.is_empty() {
+        return Err("--arch needs at least one architecture (sm_70,sm_80,…)".into());
+    }
+    let nv = nvrtc::require()?;
+    let rows = kernels::compile_all(nv, &archs);
+    println!(
+        "NVRTC {} ({}): {} kernel(s) × {} arch(s)",
+        nv.version_string(),
+        nv.path.display(),
+        kernels::SOURCES.len(),
+        archs.len()
+    );
+    for r in &rows {
+        let status = if r.ok { "ok" } else { "FAILED" };
+        println!(
+            "  {:<8} {:<10} {:<6} {:>7} B",
+            r.arch, r.kernel, status, r.bytes
+        );
+        if !r.ok || !r.log.trim().is_empty() {
+            for line in r.log.trim().lines() {
+                println!("      {line}");
+            }
+        }
+    }
+    if let Some(path) = json {
+        let report = Report {
+            nvrtc: nv.version_string(),
+            nvrtc_path: nv.path.display().to_string(),
+            compiled: &rows,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    let failed = rows.iter().filter(|r| !r.ok).count();
+    if failed > 0 {
+        eprintln!("unirt: {failed} of {} compilations failed", rows.len());
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,116 @@
+//! The `unirt` command: the device table, the conformance suite and the benchmarks.
+//!
+//! With no arguments it runs the main job: every vendor probed, then the conformance suite on
+//! every available device, then a summary per device.
+
+mod bench;
+mod conformance;
+mod devices;
+mod kernels;
+mod main_job;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "unirt",
+    version,
+    about = "One runtime for every accelerator on this machine"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Lists every vendor probed and its devices.
+    Devices {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Runs the conformance suite.
+    Conformance {
+        /// A device (`cpu:0`) or a whole vendor (`wgpu`); every available device when omitted.
+        #[arg(long)]
+        device: Option<String>,
+        /// Only cases whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Write the results as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the results as JUnit XML.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+    },
+    /// Compiles kernels ahead of time (no GPU needed): every CUDA kernel to CUBIN with NVRTC.
+    Kernels {
+        /// The vendor whose kernels to compile (`cuda`).
+        #[arg(long)]
+        compile: String,
+        /// Comma-separated target architectures.
+        #[arg(long, default_value = "sm_70,sm_80,sm_90")]
+        arch: String,
+        /// Write the results as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Benchmarks, each against the baseline named in its row.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+}
+
+/// Mesa's device-select Vulkan layer only reorders GPUs for programs that take the first one;
+/// unirt enumerates and sorts every adapter itself. With no desktop session the layer prints
+/// "XDG_RUNTIME_DIR is invalid" twice while it looks for a display, so where there is none the
+/// command turns the layer off (its own documented switch), before any thread starts.
+fn quiet_headless_vulkan_layer() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
+/// Errors of the command line front end: a unirt error or an I/O failure writing a report.
+pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    quiet_headless_vulkan_layer();
+    let args = Args::parse();
+    let result = match args.command {
+        None => main_job::run(),
+        Some(Command::Devices { json }) => devices::run(json),
+        Some(Command::Conformance {
+            device,
+            filter,
+            json,
+            junit,
+        }) => conformance::run(
+            device.as_deref(),
+            filter.as_deref(),
+            json.as_deref(),
+            junit.as_deref(),
+        ),
+        Some(Command::Kernels {
+            compile,
+            arch,
+            json,
+        }) => kernels::run(&compile, &arch, json.as_deref()),
+        Some(Command::Bench { which }) => bench::run(which),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("unirt: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

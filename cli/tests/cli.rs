@@ -1,0 +1,225 @@
+//! The `unirt` command's JSON shapes and exit codes, run as a user would run it.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn unirt(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_unirt"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the unirt binary runs")
+}
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn no_panic(out: &Output) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "the command panicked: {err}");
+}
+
+#[test]
+fn devices_json_shape() {
+    let out = unirt(&["devices", "--json"], &[]);
+    no_panic(&out);
+    assert!(out.status.success());
+    let v = json_of(&out);
+    let backends = v["backends"].as_array().expect("backends array");
+    let kinds: Vec<&str> = backends
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["cpu", "cuda", "wgpu"]);
+    for b in backends {
+        let status = b["status"].as_str().unwrap();
+        assert!(
+            status == "available" || status == "unavailable",
+            "status {status}"
+        );
+        assert_eq!(
+            b["reason"].is_null(),
+            status == "available",
+            "reason iff unavailable: {b}"
+        );
+        assert!(b["devices"].is_array());
+        if status == "unavailable" {
+            assert!(!b["reason"].as_str().unwrap().is_empty());
+            assert_eq!(b["devices"].as_array().unwrap().len(), 0);
+        }
+    }
+    let cpu = &backends[0];
+    assert_eq!(cpu["status"], "available");
+    let d = &cpu["devices"][0];
+    assert_eq!(d["index"], 0);
+    assert!(!d["name"].as_str().unwrap().is_empty());
+    assert!(d["memory_total"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn unirt_backends_restricts_probing() {
+    let out = unirt(&["devices", "--json"], &[("UNIRT_BACKENDS", "cpu")]);
+    no_panic(&out);
+    let v = json_of(&out);
+    for b in v["backends"].as_array().unwrap() {
+        if b["kind"] != "cpu" {
+            assert_eq!(b["status"], "unavailable");
+            assert!(
+                b["reason"].as_str().unwrap().contains("UNIRT_BACKENDS"),
+                "{b}"
+            );
+        }
+    }
+    let typo = json_of(&unirt(
+        &["devices", "--json"],
+        &[("UNIRT_BACKENDS", "cpu,vulkan")],
+    ));
+    let reason = typo["backends"][2]["reason"].as_str().unwrap();
+    assert!(reason.contains("unknown names there: vulkan"), "{reason}");
+    let table = unirt(&["devices"], &[("UNIRT_BACKENDS", "cpu")]);
+    assert!(table.status.success());
+    assert!(String::from_utf8_lossy(&table.stdout).contains("cpu   available"));
+}
+
+#[test]
+fn conformance_json_and_junit_on_cpu() {
+    let dir = std::env::temp_dir().join(format!("unirt-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, junit) = (dir.join("r.json"), dir.join("r.xml"));
+    let out = unirt(
+        &[
+            "conformance",
+            "--device",
+            "cpu",
+            "--json",
+            json.to_str().unwrap(),
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert!(results.len() >= 40);
+    for r in results {
+        assert_eq!(r["device"], "cpu:0");
+        assert!(r["case"].is_string());
+        assert!(
+            ["passed", "failed", "unsupported", "skipped"].contains(&r["status"].as_str().unwrap())
+        );
+        assert!(r.get("message").is_some());
+    }
+    let passed = results.iter().filter(|r| r["status"] == "passed").count();
+    assert!(passed >= 40, "only {passed} passed");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("<testsuite name=\"cpu:0\""));
+    assert_eq!(xml.matches("<testcase ").count(), results.len());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn asking_for_what_is_not_here_fails_clearly() {
+    // A vendor that is not probed, a vendor that is unavailable here (this machine has no
+    // GPU: CUDA answers "no device" or is not installed), an index past the devices, and a
+    // filter matching no case: each exits non-zero with a message, never a green empty run.
+    for (args, env, says) in [
+        (
+            &[
+                "conformance",
+                "--device",
+                "cuda",
+                "--filter",
+                "memcpy::h2d_sync",
+            ][..],
+            &[("UNIRT_BACKENDS", "cpu")][..],
+            "cuda",
+        ),
+        (&["conformance", "--device", "cuda:3"], &[], "cuda"),
+        (
+            &["conformance", "--device", "cpu:1"],
+            &[],
+            "cpu has 1 device",
+        ),
+        (
+            &[
+                "conformance",
+                "--device",
+                "cpu:0",
+                "--filter",
+                "no-such-case",
+            ],
+            &[],
+            "no conformance case matches",
+        ),
+    ] {
+        let out = unirt(args, env);
+        no_panic(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says),
+            "{args:?}: stderr {err:?} lacks {says:?}"
+        );
+    }
+}
+
+#[test]
+fn bench_memcpy_json_shape() {
+    let path = std::env::temp_dir().join(format!("unirt-bench-{}.json", std::process::id()));
+    let out = unirt(
+        &[
+            "bench",
+            "memcpy",
+            "--device",
+            "cpu:0",
+            "--max-mib",
+            "1",
+            "--json",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5 * 3, "4 KiB..1 MiB × h2d/d2h/d2d");
+    for r in rows {
+        assert!(["h2d", "d2h", "d2d"].contains(&r["kind"].as_str().unwrap()));
+        assert!(r["bytes"].as_u64().unwrap() >= 4096);
+        assert!(r["unirt_gbps"].as_f64().unwrap() > 0.0);
+        assert!(r["baseline_gbps"].as_f64().unwrap() > 0.0);
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    for args in [
+        &["conformance", "--device", "tpu:0"][..],
+        &["conformance", "--device", "cpu:3"],
+        &["bench", "memcpy", "--device", "cpu:7"],
+        &["bench", "latency", "--device", "cpu:x"],
+        &["nonsense"],
+    ] {
+        let out = unirt(args, &[]);
+        no_panic(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(!out.stderr.is_empty(), "{args:?} said nothing");
+    }
+}

@@ -1,0 +1,324 @@
+//! Stream capture and replay.
+
+use super::*;
+use crate::ensure;
+use unirt::hal::{CaptureMode, EventStatus, KernelArg, MemcpyKind};
+use unirt::{Backend, Event, Stream};
+
+const CAP: &[Need] = &[Need::Capture];
+
+pub(super) const CASES: &[Case] = &[
+    Case {
+        name: "capture::replay_kernels_and_copies",
+        needs: CAP,
+        run: replay,
+    },
+    Case {
+        name: "capture::nothing_runs_while_capturing",
+        needs: CAP,
+        run: nothing_runs,
+    },
+    Case {
+        name: "capture::replay_many_times_accumulates",
+        needs: CAP,
+        run: accumulate,
+    },
+    Case {
+        name: "capture::host_copies_reread_on_replay",
+        needs: CAP,
+        run: host_reread,
+    },
+    Case {
+        name: "capture::event_nodes",
+        needs: CAP,
+        run: event_nodes,
+    },
+    Case {
+        name: "capture::exec_outlives_graph",
+        needs: CAP,
+        run: exec_outlives_graph,
+    },
+    Case {
+        name: "capture::state_errors",
+        needs: CAP,
+        run: state_errors,
+    },
+    Case {
+        name: "capture::replay_after_free_is_refused",
+        needs: CAP,
+        run: replay_after_free,
+    },
+    Case {
+        name: "capture::empty_graph",
+        needs: CAP,
+        run: empty,
+    },
+];
+
+fn replay(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let n = 4096u32;
+    let bytes = 4 * n as usize;
+    let (a, b, c) = (
+        Buf::new(&ctx.backend, bytes)?,
+        Buf::new(&ctx.backend, bytes)?,
+        Buf::new(&ctx.backend, bytes)?,
+    );
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    s.launch("fill", &[a.ptr.into(), 1.5f32.to_bits().into(), n.into()])?;
+    // SAFETY: device-only copy.
+    unsafe { ctx.memcpy_async(b.ptr.0, a.ptr.0, bytes, MemcpyKind::D2D, s.id())? };
+    s.launch(
+        "add_f32",
+        &[a.ptr.into(), b.ptr.into(), c.ptr.into(), n.into()],
+    )?;
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.graph_launch(x, s.id())?;
+    s.synchronize()?;
+    let got = bytes_f32(&c.read()?);
+    ensure!(
+        got.iter().all(|&v| v == 3.0),
+        "replayed fill + copy + add gave {:?}…",
+        &got[..4]
+    );
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    Ok(())
+}
+
+fn nothing_runs(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let b = Buf::with(&ctx.backend, &[1u8; 1024])?;
+    ctx.begin_capture(s.id(), CaptureMode::ThreadLocal)?;
+    s.memset(b.ptr, 2, 1024)?;
+    // The default stream is not capturing: a synchronous read is allowed and must see 1s.
+    let during = b.read();
+    let g = ctx.end_capture(s.id())?;
+    same(&during?, &[1; 1024], "memory during capture")?;
+    same(
+        &b.read()?,
+        &[1; 1024],
+        "memory after capture, before launch",
+    )?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.graph_launch(x, s.id())?;
+    s.synchronize()?;
+    same(&b.read()?, &[2; 1024], "memory after launch")?;
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    Ok(())
+}
+
+fn accumulate(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let n = 256u32;
+    let acc = Buf::with(&ctx.backend, &f32_bytes(&vec![0.0; n as usize]))?;
+    let one = Buf::with(&ctx.backend, &f32_bytes(&vec![1.0; n as usize]))?;
+    ctx.begin_capture(s.id(), CaptureMode::Relaxed)?;
+    for _ in 0..10 {
+        s.launch(
+            "add_f32",
+            &[acc.ptr.into(), one.ptr.into(), acc.ptr.into(), n.into()],
+        )?;
+    }
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    for k in 1..=5 {
+        ctx.graph_launch(x, s.id())?;
+        s.synchronize()?;
+        let got = bytes_f32(&acc.read()?);
+        ensure!(
+            got.iter().all(|&v| v == 10.0 * k as f32),
+            "after {k} replays: {:?}…, want {}",
+            &got[..4],
+            10 * k
+        );
+    }
+    // Replays enqueued back to back run in order too.
+    for _ in 0..5 {
+        ctx.graph_launch(x, s.id())?;
+    }
+    s.synchronize()?;
+    let got = bytes_f32(&acc.read()?);
+    ensure!(
+        got.iter().all(|&v| v == 100.0),
+        "after 10 replays: {:?}…",
+        &got[..4]
+    );
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    Ok(())
+}
+
+fn host_reread(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let n = 4096 + 3;
+    let host = ctx.malloc_host(n)?;
+    let out = ctx.malloc_host(n)?;
+    let d = Buf::new(&ctx.backend, n)?;
+    let run = || -> Result<(), Failure> {
+        ctx.begin_capture(s.id(), CaptureMode::Global)?;
+        // SAFETY: pinned buffers of n bytes live until freed below, after every replay.
+        unsafe {
+            ctx.memcpy_async(d.ptr.0, host.0, n, MemcpyKind::H2D, s.id())?;
+            ctx.memcpy_async(out.0, d.ptr.0, n, MemcpyKind::D2H, s.id())?;
+        }
+        let g = ctx.end_capture(s.id())?;
+        let x = ctx.graph_instantiate(g)?;
+        for seed in 0..3u32 {
+            let data = pattern(n, seed);
+            // SAFETY: host is a live pinned allocation of n bytes; no replay is pending.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host.as_mut_ptr(), n) };
+            ctx.graph_launch(x, s.id())?;
+            s.synchronize()?;
+            // SAFETY: out holds n bytes written by the replay.
+            let got = unsafe { std::slice::from_raw_parts(out.as_mut_ptr(), n) };
+            same(got, &data, &format!("replay {seed} re-reads host memory"))?;
+        }
+        ctx.graph_exec_destroy(x)?;
+        ctx.graph_destroy(g)?;
+        Ok(())
+    };
+    let r = run();
+    ctx.free_host(host)?;
+    ctx.free_host(out)?;
+    r
+}
+
+fn event_nodes(ctx: &Ctx) -> Result<(), Failure> {
+    let (s, t) = (Stream::new(&ctx.backend)?, Stream::new(&ctx.backend)?);
+    let (e0, e1) = (Event::new(&ctx.backend)?, Event::new(&ctx.backend)?);
+    let b = Buf::new(&ctx.backend, 1 << 20)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    e0.record(&s)?;
+    s.memset(b.ptr, 0x3c, 1 << 20)?;
+    e1.record(&s)?;
+    let g = ctx.end_capture(s.id())?;
+    ensure!(
+        e1.query()? == EventStatus::Complete,
+        "a record inside a capture must not make the event pending"
+    );
+    let x = ctx.graph_instantiate(g)?;
+    ctx.graph_launch(x, s.id())?;
+    t.wait_event(&e1)?;
+    let c = Buf::new(&ctx.backend, 1 << 20)?;
+    // SAFETY: device-only copy.
+    unsafe { ctx.memcpy_async(c.ptr.0, b.ptr.0, 1 << 20, MemcpyKind::D2D, t.id())? };
+    t.synchronize()?;
+    same(
+        &c.read()?,
+        &vec![0x3c; 1 << 20],
+        "stream waiting on an event recorded by a replay",
+    )?;
+    e1.synchronize()?;
+    let ms = e0.elapsed_ms(&e1)?;
+    ensure!(ms >= 0.0, "elapsed across a replay = {ms}");
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    Ok(())
+}
+
+fn exec_outlives_graph(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let b = Buf::new(&ctx.backend, 256)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    s.launch(
+        "fill",
+        &[KernelArg::Ptr(b.ptr), 0x0707_0707u32.into(), 64u32.into()],
+    )?;
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.graph_destroy(g)?;
+    expect_err(
+        ctx.graph_instantiate(g),
+        &["invalid_handle"],
+        "instantiate a destroyed graph",
+    )?;
+    ctx.graph_launch(x, s.id())?;
+    s.synchronize()?;
+    same(
+        &b.read()?,
+        &[7; 256],
+        "replay after its graph was destroyed",
+    )?;
+    ctx.graph_exec_destroy(x)?;
+    expect_err(
+        ctx.graph_launch(x, s.id()),
+        &["invalid_handle"],
+        "launch a destroyed exec",
+    )?;
+    expect_err(
+        ctx.graph_exec_destroy(x),
+        &["invalid_handle"],
+        "destroy an exec twice",
+    )?;
+    Ok(())
+}
+
+fn state_errors(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    expect_err(
+        ctx.end_capture(s.id()),
+        &["not_capturing"],
+        "end_capture without begin",
+    )?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    expect_err(
+        ctx.begin_capture(s.id(), CaptureMode::Global),
+        &["capturing"],
+        "begin_capture twice",
+    )?;
+    expect_err(
+        ctx.stream_synchronize(s.id()),
+        &["capturing"],
+        "synchronize a capturing stream",
+    )?;
+    let g = ctx.end_capture(s.id())?;
+    expect_err(
+        ctx.end_capture(s.id()),
+        &["not_capturing"],
+        "end_capture twice",
+    )?;
+    ctx.graph_destroy(g)?;
+    expect_err(
+        ctx.graph_destroy(g),
+        &["invalid_handle"],
+        "destroy a graph twice",
+    )?;
+    s.synchronize()?;
+    Ok(())
+}
+
+fn replay_after_free(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let p = ctx.malloc(4096)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    ctx.memset_async(p, 1, 4096, s.id())?;
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.graph_launch(x, s.id())?;
+    s.synchronize()?;
+    ctx.free(p)?;
+    let r = ctx.graph_launch(x, s.id());
+    s.synchronize()?;
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    expect_err(
+        r,
+        &["out_of_bounds", "invalid_handle"],
+        "replaying a graph whose buffer was freed",
+    )
+}
+
+fn empty(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.graph_launch(x, s.id())?;
+    s.synchronize()?;
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    Ok(())
+}

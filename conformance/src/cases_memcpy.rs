@@ -1,0 +1,269 @@
+//! memcpy: the four kinds, synchronous and on a stream, sizes 0, 1, 3, 4 KiB + 1 and 64 MiB, at
+//! odd offsets on both sides.
+
+use super::*;
+use crate::ensure;
+use unirt::hal::{MemcpyKind, StreamId};
+use unirt::{Backend, Stream};
+
+pub(super) const CASES: &[Case] = &[
+    Case {
+        name: "memcpy::h2h_sync",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::H2H, false),
+    },
+    Case {
+        name: "memcpy::h2h_async",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::H2H, true),
+    },
+    Case {
+        name: "memcpy::h2d_sync",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::H2D, false),
+    },
+    Case {
+        name: "memcpy::h2d_async",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::H2D, true),
+    },
+    Case {
+        name: "memcpy::d2h_sync",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::D2H, false),
+    },
+    Case {
+        name: "memcpy::d2h_async",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::D2H, true),
+    },
+    Case {
+        name: "memcpy::d2d_sync",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::D2D, false),
+    },
+    Case {
+        name: "memcpy::d2d_async",
+        needs: &[],
+        run: |c| kind_case(c, MemcpyKind::D2D, true),
+    },
+    Case {
+        name: "memcpy::large_64mib_sync",
+        needs: &[],
+        run: |c| large(c, false),
+    },
+    Case {
+        name: "memcpy::large_64mib_async",
+        needs: &[],
+        run: |c| large(c, true),
+    },
+    Case {
+        name: "memcpy::zero_bytes_anywhere",
+        needs: &[],
+        run: zero_bytes,
+    },
+    Case {
+        name: "memcpy::chain_in_stream_order",
+        needs: &[],
+        run: chain,
+    },
+    Case {
+        name: "memcpy::many_small_async",
+        needs: &[],
+        run: many_small,
+    },
+];
+
+const SIZES: [usize; 4] = [0, 1, 3, 4097];
+const OFFSETS: [usize; 3] = [0, 1, 3];
+
+/// One side of a copy: host bytes or a device buffer, with an offset into it.
+enum Side {
+    Host(Vec<u8>),
+    Dev(Buf),
+}
+
+impl Side {
+    fn new(ctx: &Ctx, on_device: bool, init: &[u8]) -> Result<Self, Failure> {
+        Ok(if on_device {
+            Side::Dev(Buf::with(&ctx.backend, init)?)
+        } else {
+            Side::Host(init.to_vec())
+        })
+    }
+
+    fn addr(&mut self, off: usize) -> u64 {
+        match self {
+            Side::Host(v) => v.as_mut_ptr() as u64 + off as u64,
+            Side::Dev(b) => b.at(off).0,
+        }
+    }
+
+    fn contents(&self) -> Result<Vec<u8>, Failure> {
+        match self {
+            Side::Host(v) => Ok(v.clone()),
+            Side::Dev(b) => b.read(),
+        }
+    }
+}
+
+/// Copies `size` bytes from `src` at `so` to `dst` at `do_`, checks the whole destination.
+fn one_copy(
+    ctx: &Ctx,
+    kind: MemcpyKind,
+    size: usize,
+    so: usize,
+    do_: usize,
+    stream: Option<StreamId>,
+) -> Result<(), Failure> {
+    let cap = size + 8;
+    let src_init = pattern(cap, (size * 31 + so) as u32);
+    let dst_init = pattern(cap, (size * 17 + do_ + 1000) as u32);
+    let mut src = Side::new(ctx, kind.src_on_device(), &src_init)?;
+    let mut dst = Side::new(ctx, kind.dst_on_device(), &dst_init)?;
+    let (d, s) = (dst.addr(do_), src.addr(so));
+    match stream {
+        // SAFETY: host sides are vectors owned here that outlive the synchronisation below.
+        Some(st) => unsafe {
+            ctx.memcpy_async(d, s, size, kind, st)?;
+            ctx.stream_synchronize(st)?;
+        },
+        // SAFETY: as above; the copy completes before memcpy returns.
+        None => unsafe { ctx.memcpy(d, s, size, kind)? },
+    }
+    let mut want = dst_init.clone();
+    want[do_..do_ + size].copy_from_slice(&src_init[so..so + size]);
+    same(
+        &dst.contents()?,
+        &want,
+        &format!("{} of {size} bytes from +{so} to +{do_}", kind.as_str()),
+    )?;
+    same(&src.contents()?, &src_init, "source after the copy")
+}
+
+fn kind_case(ctx: &Ctx, kind: MemcpyKind, r#async: bool) -> Result<(), Failure> {
+    let stream = if r#async {
+        Some(Stream::new(&ctx.backend)?)
+    } else {
+        None
+    };
+    for size in SIZES {
+        for so in OFFSETS {
+            for do_ in OFFSETS {
+                one_copy(ctx, kind, size, so, do_, stream.as_ref().map(|s| s.id()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn large(ctx: &Ctx, r#async: bool) -> Result<(), Failure> {
+    let n = 64 << 20;
+    let stream = if r#async {
+        Some(Stream::new(&ctx.backend)?)
+    } else {
+        None
+    };
+    // Odd offsets on every side: the aligned bulk and the unaligned head and tail all move.
+    let data = pattern(n + 1, 99);
+    let (a, b) = (
+        Buf::new(&ctx.backend, n + 8)?,
+        Buf::new(&ctx.backend, n + 8)?,
+    );
+    let mut out = vec![0u8; n + 3];
+    // SAFETY: `data` and `out` outlive the copies (synchronised before they are read), and
+    // every range lies inside them.
+    unsafe {
+        let copy = |d: u64, s: u64, k| match &stream {
+            Some(st) => ctx.memcpy_async(d, s, n, k, st.id()),
+            None => ctx.memcpy(d, s, n, k),
+        };
+        copy(a.at(1).0, data.as_ptr() as u64 + 1, MemcpyKind::H2D)?;
+        copy(b.at(3).0, a.at(1).0, MemcpyKind::D2D)?;
+        copy(out.as_mut_ptr() as u64 + 3, b.at(3).0, MemcpyKind::D2H)?;
+    }
+    if let Some(st) = &stream {
+        st.synchronize()?;
+    }
+    ensure!(
+        out[..3] == [0, 0, 0],
+        "D2H wrote before its destination offset"
+    );
+    same(
+        &out[3..],
+        &data[1..],
+        "64 MiB through H2D, D2D, D2H at offsets 1 and 3",
+    )
+}
+
+fn zero_bytes(ctx: &Ctx) -> Result<(), Failure> {
+    let b = Buf::with(&ctx.backend, &[1, 2, 3, 4])?;
+    let mut host = [5u8; 4];
+    let s = ctx.default_stream();
+    for kind in MemcpyKind::ALL {
+        // SAFETY: zero bytes are copied; the addresses are live anyway.
+        unsafe {
+            ctx.memcpy(b.ptr.0, host.as_mut_ptr() as u64, 0, kind)?;
+            ctx.memcpy_async(host.as_mut_ptr() as u64, b.at(4).0, 0, kind, s)?;
+        }
+    }
+    ctx.stream_synchronize(s)?;
+    same(&b.read()?, &[1, 2, 3, 4], "device after zero-byte copies")?;
+    ensure!(host == [5; 4], "host changed by zero-byte copies");
+    Ok(())
+}
+
+fn chain(ctx: &Ctx) -> Result<(), Failure> {
+    let n = 3 * 4096 + 5;
+    let s = Stream::new(&ctx.backend)?;
+    let data = pattern(n, 5);
+    let bufs: Vec<Buf> = (0..4)
+        .map(|_| Buf::new(&ctx.backend, n))
+        .collect::<Result<_, _>>()?;
+    let mut out = vec![0u8; n];
+    // SAFETY: `data` and `out` outlive the stream synchronisation.
+    unsafe {
+        ctx.memcpy_async(
+            bufs[0].ptr.0,
+            data.as_ptr() as u64,
+            n,
+            MemcpyKind::H2D,
+            s.id(),
+        )?;
+        for w in bufs.windows(2) {
+            ctx.memcpy_async(w[1].ptr.0, w[0].ptr.0, n, MemcpyKind::D2D, s.id())?;
+        }
+        ctx.memset_async(bufs[0].ptr, 0, n, s.id())?;
+        ctx.memcpy_async(
+            out.as_mut_ptr() as u64,
+            bufs[3].ptr.0,
+            n,
+            MemcpyKind::D2H,
+            s.id(),
+        )?;
+    }
+    s.synchronize()?;
+    same(&out, &data, "H2D, three D2D hops, D2H in stream order")?;
+    same(&bufs[0].read()?, &vec![0; n], "memset after the hops")
+}
+
+fn many_small(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let n = 1000;
+    let b = Buf::with(&ctx.backend, &vec![0u8; n])?;
+    let data = pattern(n, 77);
+    // SAFETY: `data` outlives the synchronisation.
+    unsafe {
+        for i in 0..n {
+            ctx.memcpy_async(
+                b.at(i).0,
+                data.as_ptr() as u64 + i as u64,
+                1,
+                MemcpyKind::H2D,
+                s.id(),
+            )?;
+        }
+    }
+    s.synchronize()?;
+    same(&b.read()?, &data, "1000 one-byte async copies")
+}
