@@ -28,6 +28,7 @@
 //!  alloc      CachingAllocator + graph-private pools + pinned host pool (src/alloc/)
 //!  discovery  probe every vendor once; open devices lazily            (src/discovery.rs)
 //!  hal        trait Backend + enum AnyBackend (enum_dispatch)          (src/hal/)
+//!  checked    shared checks + memory lifetimes for cpu and wgpu        (src/checked.rs)
 //!  vendors/   cpu/   cuda/   wgpu/   — one directory each, same shape
 //! ```
 //!
@@ -52,7 +53,18 @@
 //! - **Everything is checked.** Each backend keeps an allocation table
 //!   ([`memtable::AllocTable`]) and live-handle tables ([`handles::HandleTable`]): an
 //!   out-of-bounds copy, a double free, a destroyed stream are typed errors, and a graph replay
-//!   re-checks its buffers instead of writing freed memory.
+//!   re-checks its buffers — device and pinned host — instead of writing freed memory. A host
+//!   side of a copy that is one of the device's own (virtual) device addresses is refused,
+//!   never dereferenced.
+//! - **Memory is never released under work that uses it.** Every check of a range returns a
+//!   counted reference to its allocation ([`memtable::AllocRef`]), which the operation holds
+//!   until it has run — a synchronous copy until it returns, a queued command until its worker
+//!   or submission has finished, a replay for its duration. `free` / `free_host` / `free_async`
+//!   unregister the address at once and drop the table's reference; the memory goes when the
+//!   last user lets go. So a free neither waits for the device nor races a copy on another
+//!   thread, a destroyed stream's queued work still runs on live memory, and device
+//!   synchronize waits for that work. The CPU and wgpu backends share this layer
+//!   ([`checked`]); the CUDA backend's `free` waits for the device, as `cudaFree` does.
 //! - **Streams are real queues everywhere.** The CPU backend runs each stream on a worker
 //!   thread, so events report NOT_READY while work is pending and time the work — the same
 //!   observable behaviour as CUDA, which is what makes one conformance suite possible.
