@@ -33,7 +33,8 @@ fi
 
 out="$target/capi-valgrind"
 mkdir -p "$out"
-programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/exit_paths.c examples/c/capture_replay.c)
+programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/exit_paths.c
+  capi/tests/c/lifetime_test.c examples/c/capture_replay.c)
 for src in "${programs[@]}"; do
   exe="$out/$(basename "$src" .c)"
   "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \

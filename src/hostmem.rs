@@ -43,12 +43,60 @@ pub fn release(ptr: u64, size: u64, align: u64) {
     }
 }
 
+/// Host memory from [`acquire`] that releases itself when dropped: the payload of the
+/// allocation tables of host-backed memory (CPU device memory, the pinned memory of CPU and
+/// wgpu). The table holds one [`AllocRef`] to it and every operation using it another, so the
+/// memory goes back to the host allocator only when nothing can touch it any more.
+#[derive(Debug)]
+pub struct HostBlock {
+    addr: u64,
+    size: u64,
+    align: u64,
+}
+
+impl HostBlock {
+    /// `size` (> 0) bytes aligned to `align`; `backend` and `device` name the owner in
+    /// out-of-memory errors.
+    pub fn new(size: u64, align: u64, backend: DeviceKind, device: &str) -> Result<Self> {
+        let addr = acquire(size, align, backend, device)?;
+        Ok(HostBlock { addr, size, align })
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Registers a new block of `size` bytes in `table` and returns its address.
+    pub fn register(
+        table: &AllocTable<HostBlock>,
+        size: u64,
+        align: u64,
+        backend: DeviceKind,
+        device: &str,
+    ) -> Result<u64> {
+        let block = HostBlock::new(size, align, backend, device)?;
+        let addr = block.addr;
+        table.insert(addr, size, block)?;
+        Ok(addr)
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        release(self.addr, self.size, self.align);
+    }
+}
+
 /// Page-aligned host memory that a backend with no page-locking of its own (CPU, wgpu) hands
-/// out as its "pinned" memory, registered so that frees and copies through it are checked.
-/// Everything still allocated is released when the heap drops.
+/// out as its "pinned" memory, registered so that frees and copies through it are checked and
+/// copies (queued or replayed) keep it alive while they run.
 #[derive(Debug)]
 pub struct HostHeap {
-    table: AllocTable,
+    table: AllocTable<HostBlock>,
     backend: DeviceKind,
     device: String,
 }
@@ -68,34 +116,28 @@ impl HostHeap {
         if bytes == 0 {
             return Ok(HostPtr::NULL);
         }
-        let p = acquire(bytes as u64, PAGE_ALIGN, self.backend, &self.device)?;
-        self.table.adopt(p, bytes as u64, (), |p| {
-            release(p, bytes as u64, PAGE_ALIGN)
-        })?;
-        Ok(HostPtr(p))
+        HostBlock::register(
+            &self.table,
+            bytes as u64,
+            PAGE_ALIGN,
+            self.backend,
+            &self.device,
+        )
+        .map(HostPtr)
     }
 
-    /// Frees memory from [`alloc`](Self::alloc) once `drain` — the device-wide wait, since
-    /// pending device-to-host copies may still write into it — has succeeded. Null is a no-op.
-    pub fn free(&self, ptr: HostPtr, drain: impl FnOnce() -> Result<()>) -> Result<()> {
+    /// Frees memory from [`alloc`](Self::alloc): the address is dead at once; the memory is
+    /// released when no queued, running or replaying copy uses it any more (never under one).
+    /// Null is a no-op.
+    pub fn free(&self, ptr: HostPtr) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
-        let a = self.table.retire(ptr.0, drain)?;
-        release(a.base, a.size, PAGE_ALIGN);
-        Ok(())
+        self.table.remove(ptr.0).map(drop)
     }
 
-    /// See [`AllocTable::check_host`].
-    pub fn check_host(&self, addr: u64, len: u64) -> Result<()> {
-        self.table.check_host(addr, len)
-    }
-}
-
-impl Drop for HostHeap {
-    fn drop(&mut self) {
-        for a in self.table.drain() {
-            release(a.base, a.size, PAGE_ALIGN);
-        }
+    /// The allocations of this heap.
+    pub fn table(&self) -> &AllocTable<HostBlock> {
+        &self.table
     }
 }

@@ -30,6 +30,7 @@
 //!  memory        Memory (RAII, from the allocator or the pinned pool); alloc/ the allocators
 //!  stream        Stream / Event (RAII), typed safe copies, Completion futures; BackendExt
 //!  discovery     probe every vendor of the table once; open devices lazily; rank them
+//!  checked       the shared checks and memory lifetimes of cpu and wgpu (allocation pins)
 //!  hal           trait Backend (the contract), handle / pointer types, Probe
 //!  vendors/      VENDORS (the one table) + AnyBackend; cpu/ cuda/ wgpu/ (+ noop/, the template)
 //!  ───────────────────────────────────────────────────────────────────────────────────────────────
@@ -72,6 +73,15 @@
 //!
 //! ## Invariants
 //!
+//! - **Memory is never released under work that uses it.** Every check of a range returns a
+//!   counted reference to its allocation ([`memtable::AllocRef`]), which the operation holds
+//!   until it has run — a synchronous copy until it returns, a queued command until its worker
+//!   or submission has finished, a replay for its duration. `free` / `free_host` / `free_async`
+//!   unregister the address at once and drop the table's reference; the memory goes when the
+//!   last user lets go. So a free neither waits for the device nor races a copy on another
+//!   thread, a destroyed stream's queued work still runs on live memory, and device
+//!   synchronize waits for that work. The CPU and wgpu backends share this layer
+//!   ([`checked`]); the CUDA backend's `free` waits for the device, as `cudaFree` does.
 //! - **Errors, never panics.** Bad input, a missing or broken driver, out of memory: a typed
 //!   [`Error`] (the C ABI's status code via [`Error::status`]); a failed driver call keeps the
 //!   driver's own code ([`Error::driver_code`]). Discovery and the C ABI also catch unwinds as
@@ -105,6 +115,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
+pub mod checked;
 pub mod completion;
 pub mod context;
 pub mod device;

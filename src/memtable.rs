@@ -4,16 +4,24 @@
 //! vendor: a range must lie inside one live allocation (interior pointers are fine), a free must
 //! name the start of one, and a double free or an unknown pointer is an error, not corruption.
 //! Lookups are a `BTreeMap` range query under a read lock (tens of nanoseconds).
+//!
+//! The table holds each allocation as an [`AllocRef`], a counted reference, and every lookup
+//! hands out another one. Holding it keeps the allocation — its payload, and with payloads that
+//! own their memory (the CPU backend's [`HostBlock`](crate::hostmem::HostBlock)) the memory
+//! itself — alive: an operation that holds the references of what it touches can never see its
+//! memory released under it, whoever frees it meanwhile. Removing an allocation only makes the
+//! address dead for new work; the memory goes when the last reference drops.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
 
-/// One live allocation: `[base, base + size)` and the backend's own payload (a buffer id on
-/// wgpu, nothing on CPU).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One allocation: `[base, base + size)` and the backend's own payload (a wgpu buffer, the
+/// host memory on CPU).
+#[derive(Debug, PartialEq, Eq)]
 pub struct Allocation<T = ()> {
     pub base: u64,
     pub size: u64,
@@ -26,14 +34,17 @@ impl<T> Allocation<T> {
     }
 }
 
+/// A counted reference to one allocation; see the module docs.
+pub type AllocRef<T = ()> = Arc<Allocation<T>>;
+
 /// Live allocations of one address space, keyed by base address.
 #[derive(Debug)]
 pub struct AllocTable<T = ()> {
     what: &'static str,
-    map: RwLock<BTreeMap<u64, Allocation<T>>>,
+    map: RwLock<BTreeMap<u64, AllocRef<T>>>,
 }
 
-impl<T: Clone> AllocTable<T> {
+impl<T> AllocTable<T> {
     /// `what` names the memory in error messages ("device", "pinned host").
     pub fn new(what: &'static str) -> Self {
         AllocTable {
@@ -42,9 +53,14 @@ impl<T: Clone> AllocTable<T> {
         }
     }
 
+    /// What the table holds, for error messages ("device", "pinned host").
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
     /// Registers `[base, base + size)`. Overlap with a live allocation is an internal error
-    /// (the backend handed out the same address twice).
-    pub fn insert(&self, base: u64, size: u64, payload: T) -> Result<()> {
+    /// (the backend handed out the same address twice); the payload is dropped then.
+    pub fn insert(&self, base: u64, size: u64, payload: T) -> Result<AllocRef<T>> {
         let mut map = self.map.write();
         let end = base
             .checked_add(size)
@@ -57,15 +73,13 @@ impl<T: Clone> AllocTable<T> {
                 )));
             }
         }
-        map.insert(
+        let a = Arc::new(Allocation {
             base,
-            Allocation {
-                base,
-                size,
-                payload,
-            },
-        );
-        Ok(())
+            size,
+            payload,
+        });
+        map.insert(base, a.clone());
+        Ok(a)
     }
 
     /// Registers memory the backend has just acquired. If registration fails, `release` hands
@@ -77,22 +91,26 @@ impl<T: Clone> AllocTable<T> {
         payload: T,
         release: impl FnOnce(u64) -> R,
     ) -> Result<()> {
-        self.insert(base, size, payload).inspect_err(|_| {
-            release(base);
-        })
+        self.insert(base, size, payload)
+            .map(|_| ())
+            .inspect_err(|_| {
+                release(base);
+            })
     }
 
     /// Unregisters the allocation that starts at `base` once `drain` has succeeded: the wait
     /// for pending work that a synchronous free owes (as `cudaFree` does). The pointer is
     /// checked first, so a bad free waits for nothing. The caller releases the memory.
-    pub fn retire(&self, base: u64, drain: impl FnOnce() -> Result<()>) -> Result<Allocation<T>> {
+    pub fn retire(&self, base: u64, drain: impl FnOnce() -> Result<()>) -> Result<AllocRef<T>> {
         self.get_start(base)?;
         drain()?;
         self.remove(base)
     }
 
-    /// Unregisters the allocation that starts at `base`.
-    pub fn remove(&self, base: u64) -> Result<Allocation<T>> {
+    /// Unregisters the allocation that starts at `base`: the address is dead for new work at
+    /// once. The allocation itself lives while the returned reference, or one an operation in
+    /// flight holds, does.
+    pub fn remove(&self, base: u64) -> Result<AllocRef<T>> {
         let mut map = self.map.write();
         if let Some(a) = map.remove(&base) {
             return Ok(a);
@@ -101,7 +119,7 @@ impl<T: Clone> AllocTable<T> {
     }
 
     /// The allocation that starts exactly at `base`.
-    pub fn get_start(&self, base: u64) -> Result<Allocation<T>> {
+    pub fn get_start(&self, base: u64) -> Result<AllocRef<T>> {
         let map = self.map.read();
         match map.get(&base) {
             Some(a) => Ok(a.clone()),
@@ -109,7 +127,7 @@ impl<T: Clone> AllocTable<T> {
         }
     }
 
-    fn not_a_start(&self, map: &BTreeMap<u64, Allocation<T>>, base: u64) -> Error {
+    fn not_a_start(&self, map: &BTreeMap<u64, AllocRef<T>>, base: u64) -> Error {
         match Self::containing(map, base) {
             Some(a) => Error::BadParam(format!(
                 "{base:#x} is inside the {} allocation at {:#x}, not its start",
@@ -119,7 +137,7 @@ impl<T: Clone> AllocTable<T> {
         }
     }
 
-    fn containing(map: &BTreeMap<u64, Allocation<T>>, addr: u64) -> Option<&Allocation<T>> {
+    fn containing(map: &BTreeMap<u64, AllocRef<T>>, addr: u64) -> Option<&AllocRef<T>> {
         map.range(..=addr)
             .next_back()
             .map(|(_, a)| a)
@@ -127,8 +145,8 @@ impl<T: Clone> AllocTable<T> {
     }
 
     /// The allocation holding all of `[addr, addr + len)`; `len` may be zero only for an address
-    /// inside an allocation.
-    pub fn lookup(&self, addr: u64, len: u64) -> Result<Allocation<T>> {
+    /// inside an allocation. The reference keeps it alive while the caller uses the range.
+    pub fn lookup(&self, addr: u64, len: u64) -> Result<AllocRef<T>> {
         let map = self.map.read();
         let a = Self::containing(&map, addr).ok_or_else(|| Error::OutOfBounds {
             addr,
@@ -151,22 +169,49 @@ impl<T: Clone> AllocTable<T> {
     /// Checks the host side of a copy: non-null, and in bounds when it starts inside one of this
     /// table's allocations (a backend's pinned-host memory). Other host memory cannot be
     /// checked; it is the caller's promise (`memcpy` is unsafe). Empty ranges are fine.
-    pub fn check_host(&self, addr: u64, len: u64) -> Result<()> {
+    /// Returns the allocation when the range is in one, to be held while the copy runs.
+    pub fn check_host(&self, addr: u64, len: u64) -> Result<Option<AllocRef<T>>> {
         if len == 0 {
-            return Ok(());
+            return Ok(None);
         }
         if addr == 0 {
             return Err(Error::NullPointer("host address".into()));
         }
         if self.find(addr).is_some() {
-            self.lookup(addr, len)?;
+            return self.lookup(addr, len).map(Some);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The allocation containing `addr`, if any.
-    pub fn find(&self, addr: u64) -> Option<Allocation<T>> {
+    pub fn find(&self, addr: u64) -> Option<AllocRef<T>> {
         Self::containing(&self.map.read(), addr).cloned()
+    }
+
+    /// The allocation holding `[addr, addr + len)` again, refused unless it is still the very
+    /// allocation `was` named (a graph's buffers at replay): freed since, or freed and its
+    /// address handed out anew, is `OutOfBounds`.
+    pub fn relookup(&self, addr: u64, len: u64, was: &Weak<Allocation<T>>) -> Result<AllocRef<T>> {
+        let now = self.lookup(addr, len).map_err(|e| match e {
+            Error::OutOfBounds { addr, len, .. } => Error::OutOfBounds {
+                addr,
+                len,
+                detail: format!("was freed since it was recorded ({} memory)", self.what),
+            },
+            e => e,
+        })?;
+        if !std::ptr::eq(Arc::as_ptr(&now), was.as_ptr()) {
+            return Err(Error::OutOfBounds {
+                addr,
+                len,
+                detail: format!(
+                    "was freed since it was recorded; the address now names another {} \
+                     allocation",
+                    self.what
+                ),
+            });
+        }
+        Ok(now)
     }
 
     /// Number of live allocations and their total size.
@@ -176,7 +221,7 @@ impl<T: Clone> AllocTable<T> {
     }
 
     /// Removes and returns every allocation (for teardown).
-    pub fn drain(&self) -> Vec<Allocation<T>> {
+    pub fn drain(&self) -> Vec<AllocRef<T>> {
         std::mem::take(&mut *self.map.write())
             .into_values()
             .collect()
@@ -212,6 +257,32 @@ mod tests {
         t.remove(0x1000)?;
         assert!(matches!(t.remove(0x1000), Err(Error::InvalidHandle { .. })));
         assert_eq!(t.usage(), (1, 0x10));
+        Ok(())
+    }
+
+    #[test]
+    fn references_outlive_removal_and_relookup_names_the_same_allocation() -> Result<()> {
+        let t: AllocTable<Vec<u8>> = AllocTable::new("device");
+        let a = t.insert(0x1000, 0x100, vec![7])?;
+        let held = t.lookup(0x1010, 4)?;
+        let weak = Arc::downgrade(&a);
+        drop(a);
+        assert!(t.relookup(0x1010, 4, &weak).is_ok());
+        t.remove(0x1000)?;
+        // The table's reference is gone; the holder's keeps the payload alive.
+        assert_eq!(held.payload, vec![7]);
+        assert!(matches!(
+            t.relookup(0x1010, 4, &weak),
+            Err(Error::OutOfBounds { .. })
+        ));
+        // The same address handed out again is another allocation.
+        t.insert(0x1000, 0x100, vec![8])?;
+        assert!(matches!(
+            t.relookup(0x1010, 4, &weak),
+            Err(Error::OutOfBounds { .. })
+        ));
+        drop(held);
+        assert!(weak.upgrade().is_none());
         Ok(())
     }
 }

@@ -108,6 +108,17 @@ fn infinirt_test_c() {
     }
 }
 
+/// Memory lifetimes under queued work, threads and graphs (issue 10).
+#[test]
+fn lifetime_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/lifetime_test.c"),
+        "lifetime_test",
+    ) {
+        run(&exe);
+    }
+}
+
 #[test]
 fn example_capture_replay_c() {
     let src = Path::new(MANIFEST).join("../examples/c/capture_replay.c");

@@ -29,8 +29,10 @@ mod cases_basic;
 mod cases_capture;
 mod cases_chaos;
 mod cases_context;
+mod cases_lifetime;
 mod cases_memcpy;
 mod cases_streams;
+mod cases_stress;
 pub mod report;
 mod trials;
 mod util;
@@ -143,6 +145,8 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_api::CASES);
+    all.extend_from_slice(cases_lifetime::CASES);
+    all.extend_from_slice(cases_stress::CASES);
     all
 }
 

@@ -49,7 +49,8 @@ pub trait Backend: Send + Sync {
     fn info(&self) -> &DeviceInfo;
     /// Free and total device memory now.
     fn mem_info(&self) -> Result<MemInfo>;
-    /// Waits for all work on every stream of the device.
+    /// Waits for all work on every stream of the device — destroyed streams whose queued work
+    /// is still running, and work queued on a stream before it began capturing, included.
     fn synchronize(&self) -> Result<()>;
 
     /// The stream used where a caller names none (the C ABI's null stream). It cannot be
@@ -57,7 +58,8 @@ pub trait Backend: Send + Sync {
     fn default_stream(&self) -> StreamId;
     /// A new stream, ordered independently of the others.
     fn stream_create(&self) -> Result<StreamId>;
-    /// Destroys a stream. Work already enqueued still completes; the handle is dead at once.
+    /// Destroys a stream. Work already enqueued still completes (and device
+    /// [`synchronize`](Backend::synchronize) waits for it); the handle is dead at once.
     fn stream_destroy(&self, stream: StreamId) -> Result<()>;
     /// Waits until every command enqueued on `stream` before this call has completed.
     fn stream_synchronize(&self, stream: StreamId) -> Result<()>;
@@ -86,27 +88,40 @@ pub trait Backend: Send + Sync {
     /// Device memory. Zero bytes gives [`DevicePtr::NULL`]. Failure is `OutOfMemory` or
     /// `TooLarge`, never a panic.
     fn malloc(&self, bytes: usize) -> Result<DevicePtr>;
-    /// Frees device memory from [`malloc`](Backend::malloc) after waiting for the device (as
-    /// `cudaFree` does). Null is a no-op; an interior, unknown or freed pointer is an error.
+    /// Frees device memory from [`malloc`](Backend::malloc). Null is a no-op; an interior,
+    /// unknown or freed pointer is an error.
+    ///
+    /// The memory is never released while work that may use it is queued or running, on any
+    /// stream — live, capturing, or destroyed with work still queued — nor while a synchronous
+    /// copy or set on another thread uses it. The pointer is dead for new work when this
+    /// returns; the release itself may be deferred until the last such use has finished (CPU,
+    /// wgpu: no device-wide wait, see [`crate::checked`]) or done after waiting for the device
+    /// (CUDA, as `cudaFree`). A graph captured over the memory is refused at its next launch.
     fn free(&self, ptr: DevicePtr) -> Result<()>;
     /// Page-locked host memory the device can copy from asynchronously.
     fn malloc_host(&self, bytes: usize) -> Result<HostPtr>;
-    /// Frees memory from [`malloc_host`](Backend::malloc_host).
+    /// Frees memory from [`malloc_host`](Backend::malloc_host), with the guarantees of
+    /// [`free`](Backend::free): queued, running and replaying copies to or from it finish on
+    /// live memory, and a graph that copies to or from it is refused at its next launch.
     fn free_host(&self, ptr: HostPtr) -> Result<()>;
     /// Stream-ordered allocation: the memory is usable by work enqueued on `stream` after this
     /// call (and by other streams once synchronised with it).
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr>;
     /// Stream-ordered free: the memory is released when `stream` reaches this point. The pointer
-    /// is dead for new work at once.
+    /// is dead for new work at once. Work on *other* streams that still uses the memory keeps it
+    /// alive until it has run (CUDA leaves that ordering to the caller; the CPU and wgpu
+    /// backends never let it become a use-after-free).
     fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()>;
 
     /// Copies `bytes` bytes and returns when they have arrived. Device-side ranges are
-    /// bounds-checked; zero bytes is a no-op.
+    /// bounds-checked; zero bytes is a no-op. A host-side address that is one of this device's
+    /// own device allocations is bounds-checked and used where device memory is host memory
+    /// (CPU) and refused with `BadParam` where it is not (wgpu's virtual addresses).
     ///
     /// # Safety
     /// Host-side addresses (the source of H2H/H2D, the destination of H2H/D2H) must be valid
     /// for `bytes` bytes of reading / writing; the backend can only check those that lie in its
-    /// own pinned-host allocations.
+    /// own pinned-host (or device) allocations.
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()>;
     /// Enqueues a copy on `stream`.
     ///

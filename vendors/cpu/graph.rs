@@ -3,13 +3,16 @@
 //!
 //! Event records and waits inside a capture are templates: each replay records the event anew
 //! (and waits for whatever the event last recorded at replay time), as CUDA's event nodes do.
-//! A replay first re-checks every device range of the graph against the allocation table, so a
-//! graph whose buffers were freed fails with `OutOfBounds` instead of writing freed memory.
+//! A graph holds its buffers — device and pinned host — weakly ([`Recorded`]); a replay pins
+//! every one again first, so a graph whose buffers were freed fails with `OutOfBounds` instead
+//! of writing freed memory, and memory freed while a replay runs stays alive until it ends.
 
 use std::sync::Arc;
 
 use super::event::CpuEvent;
 use super::stream::Op;
+use crate::checked::Recorded;
+use crate::hostmem::HostBlock;
 
 /// One recorded command.
 #[derive(Clone)]
@@ -26,21 +29,21 @@ pub(crate) enum Node {
 #[derive(Default)]
 pub(crate) struct Capture {
     pub nodes: Vec<Node>,
-    /// Device ranges the nodes touch, for validation at instantiate and launch.
-    pub ranges: Vec<(u64, u64)>,
+    /// The memory the nodes touch, re-pinned at instantiate and at each launch.
+    pub uses: Recorded<HostBlock>,
 }
 
 /// A finished capture.
 pub(crate) struct CpuGraph {
     pub nodes: Arc<[Node]>,
-    pub ranges: Arc<[(u64, u64)]>,
+    pub uses: Arc<Recorded<HostBlock>>,
 }
 
 /// An instantiated graph: the batch is prebuilt when the graph has no event nodes, so a replay
 /// is one channel send.
 pub(crate) struct CpuGraphExec {
     pub nodes: Arc<[Node]>,
-    pub ranges: Arc<[(u64, u64)]>,
+    pub uses: Arc<Recorded<HostBlock>>,
     pub batch: Option<Arc<[Op]>>,
 }
 
@@ -57,7 +60,7 @@ impl CpuGraphExec {
             .map(Arc::from);
         CpuGraphExec {
             nodes: graph.nodes.clone(),
-            ranges: graph.ranges.clone(),
+            uses: graph.uses.clone(),
             batch,
         }
     }

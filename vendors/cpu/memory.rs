@@ -6,8 +6,6 @@ use crate::error::{Error, Result};
 /// Device allocations are aligned like CUDA's (256 bytes) so code tuned for GPUs sees the same.
 pub(crate) const DEVICE_ALIGN: u64 = 256;
 
-pub(crate) use crate::hostmem::{acquire, release};
-
 /// Total and available memory from `/proc/meminfo`.
 pub(crate) fn mem_info() -> Result<MemInfo> {
     let text = std::fs::read_to_string("/proc/meminfo")

@@ -6,6 +6,11 @@
 //! is pending and elapsed time measures the work), waits cross streams, memory can be
 //! stream-ordered, and streams can be captured and replayed. Device memory is host memory
 //! registered in an allocation table, so every copy, set and free is bounds-checked.
+//!
+//! Memory lifetimes follow [`crate::checked`]: every operation pins the allocations it
+//! touches until it has run, so `free` / `free_host` never wait for the device and never
+//! release memory that queued, running or replaying work still uses; the worker that drops the
+//! last pin releases it.
 
 mod event;
 mod graph;
@@ -17,16 +22,17 @@ use std::sync::Arc;
 
 use event::CpuEvent;
 use graph::{Capture, CpuGraph, CpuGraphExec, Node};
+use parking_lot::Mutex;
 use stream::{CpuStream, Op};
 
+use crate::checked::{self, CheckedMemory, Pins};
 use crate::device::{Capabilities, DeviceClass, DeviceInfo, DeviceKind, EventTiming, MemInfo};
 use crate::error::{Error, Result};
 use crate::hal::Probe;
 use crate::hal::*;
 use crate::handles::HandleTable;
-use crate::hostmem::HostHeap;
+use crate::hostmem::HostBlock;
 use crate::kernel::check_launch;
-use crate::memtable::AllocTable;
 
 /// Discovery for the CPU vendor: always one device.
 pub fn probe() -> Probe {
@@ -67,9 +73,12 @@ fn device_info() -> DeviceInfo {
 /// The opened CPU device.
 pub struct CpuBackend {
     info: DeviceInfo,
-    device_mem: AllocTable,
-    host_mem: HostHeap,
+    /// Device memory (host memory with device semantics) and pinned host memory.
+    mem: CheckedMemory<HostBlock>,
     streams: HandleTable<CpuStream>,
+    /// Destroyed streams whose workers still run queued work: device synchronize waits for
+    /// them too. Pruned once idle.
+    retired: Mutex<Vec<Arc<CpuStream>>>,
     events: HandleTable<CpuEvent>,
     graphs: HandleTable<CpuGraph>,
     execs: HandleTable<CpuGraphExec>,
@@ -90,9 +99,9 @@ impl CpuBackend {
         let (default_stream, default) = streams.insert(CpuStream::new("unirt-cpu-default".into())?);
         Ok(CpuBackend {
             info: device_info(),
-            device_mem: AllocTable::new("device"),
-            host_mem: HostHeap::new(DeviceKind::Cpu, "cpu:0"),
+            mem: CheckedMemory::new(DeviceKind::Cpu, "cpu:0", true),
             streams,
+            retired: Mutex::new(Vec::new()),
             events: HandleTable::new(EventId::KIND),
             graphs: HandleTable::new(GraphId::KIND),
             execs: HandleTable::new(GraphExecId::KIND),
@@ -113,69 +122,35 @@ impl CpuBackend {
         "cpu:0"
     }
 
-    /// Checks a device range (empty ranges are fine anywhere).
-    fn check_device(&self, addr: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        if addr == 0 {
-            return Err(Error::NullPointer("device address".into()));
-        }
-        self.device_mem.lookup(addr, len).map(|_| ())
-    }
-
-    /// Validates a copy; returns the device ranges it touches.
-    fn check_copy(
-        &self,
-        dst: u64,
-        src: u64,
-        bytes: usize,
-        kind: MemcpyKind,
-    ) -> Result<Vec<(u64, u64)>> {
-        let len = bytes as u64;
-        let mut ranges = Vec::with_capacity(2);
-        for (addr, on_device) in [(dst, kind.dst_on_device()), (src, kind.src_on_device())] {
-            if on_device {
-                self.check_device(addr, len)?;
-                ranges.push((addr, len));
-            } else {
-                self.host_mem.check_host(addr, len)?;
-            }
-        }
-        Ok(ranges)
-    }
-
-    /// Runs `op` on `stream`, or records it when the stream is capturing.
-    fn submit(&self, stream: &CpuStream, op: Op, ranges: &[(u64, u64)]) -> Result<()> {
+    /// Runs `op` on `stream`, holding `pins` until it has run — or records it, with weak
+    /// references to what it uses, when the stream is capturing.
+    fn submit(&self, stream: &CpuStream, op: Op, pins: Pins<HostBlock>) -> Result<()> {
         {
             let mut cap = stream.capture.lock();
             if let Some(c) = cap.as_mut() {
                 c.nodes.push(Node::Op(op));
-                c.ranges.extend_from_slice(ranges);
+                c.uses.record(&pins);
                 return Ok(());
             }
         }
-        stream.enqueue(op)
+        stream.enqueue(op, pins)
     }
 
     /// The default stream, refused while it is capturing (synchronous calls use it).
     fn sync_default(&self) -> Result<()> {
         let s = &self.default;
-        if s.is_capturing() {
-            return Err(Error::Capturing(
-                "a synchronous call while the default stream is capturing".into(),
-            ));
-        }
+        checked::refuse_while_capturing(
+            s.is_capturing(),
+            "a synchronous call while the default stream is capturing",
+        )?;
         s.synchronize()
     }
 }
 
 impl Drop for CpuBackend {
     fn drop(&mut self) {
+        // The allocations go with the tables (and with the last command that holds them).
         let _ = self.synchronize();
-        for a in self.device_mem.drain() {
-            memory::release(a.base, a.size, memory::DEVICE_ALIGN);
-        }
     }
 }
 
@@ -193,15 +168,16 @@ impl Backend for CpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        // Every stream's queued work, capturing streams' (work queued before the capture
+        // began) and destroyed streams' included.
+        let retired: Vec<Arc<CpuStream>> = self.retired.lock().clone();
         let mut first = Ok(());
-        for s in self.streams.values() {
-            if s.is_capturing() {
-                continue;
-            }
+        for s in self.streams.values().into_iter().chain(retired) {
             if let Err(e) = s.synchronize() {
                 first = first.and(Err(e));
             }
         }
+        self.retired.lock().retain(|s| !s.is_idle());
         first
     }
 
@@ -218,22 +194,24 @@ impl Backend for CpuBackend {
     }
 
     fn stream_destroy(&self, stream: StreamId) -> Result<()> {
-        if stream.0 == self.default_stream {
-            return Err(Error::BadParam(
-                "the default stream cannot be destroyed".into(),
-            ));
+        checked::check_destroyable(self.default_stream(), stream)?;
+        let s = self.streams.remove(stream.0)?;
+        // The worker drains what is queued (its commands pin their memory) and exits when the
+        // last handle drops; until it is idle the stream stays where device synchronize sees it.
+        let mut retired = self.retired.lock();
+        retired.retain(|r| !r.is_idle());
+        if !s.is_idle() {
+            retired.push(s);
         }
-        // Dropping the last handle closes the channel; the worker drains what is queued and exits.
-        self.streams.remove(stream.0).map(|_| ())
+        Ok(())
     }
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
-        if s.is_capturing() {
-            return Err(Error::Capturing(
-                "stream_synchronize on a capturing stream".into(),
-            ));
-        }
+        checked::refuse_while_capturing(
+            s.is_capturing(),
+            "stream_synchronize on a capturing stream",
+        )?;
         s.synchronize()
     }
 
@@ -249,10 +227,13 @@ impl Backend for CpuBackend {
         if generation == 0 || e.status() == EventStatus::Complete {
             return Ok(());
         }
-        s.enqueue(Op::Wait {
-            event: e,
-            generation,
-        })
+        s.enqueue(
+            Op::Wait {
+                event: e,
+                generation,
+            },
+            Pins::new(),
+        )
     }
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
@@ -269,10 +250,13 @@ impl Backend for CpuBackend {
         }
         drop(cap);
         let generation = e.begin_record();
-        s.enqueue(Op::Stamp {
-            event: e,
-            generation,
-        })
+        s.enqueue(
+            Op::Stamp {
+                event: e,
+                generation,
+            },
+            Pins::new(),
+        )
     }
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
@@ -298,72 +282,62 @@ impl Backend for CpuBackend {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
-        let p = memory::acquire(
+        HostBlock::register(
+            &self.mem.device,
             bytes as u64,
             memory::DEVICE_ALIGN,
             DeviceKind::Cpu,
             self.name(),
-        )?;
-        self.device_mem.adopt(p, bytes as u64, (), |p| {
-            memory::release(p, bytes as u64, memory::DEVICE_ALIGN)
-        })?;
-        Ok(DevicePtr(p))
+        )
+        .map(DevicePtr)
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
-        }
-        let a = self.device_mem.retire(ptr.0, || self.synchronize())?;
-        memory::release(a.base, a.size, memory::DEVICE_ALIGN);
-        Ok(())
+        // Dead for new work at once; released when no queued or running work holds it.
+        self.mem.unregister(ptr.0).map(drop)
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
-        self.host_mem.alloc(bytes)
+        self.mem.pinned.alloc(bytes)
     }
 
     fn free_host(&self, ptr: HostPtr) -> Result<()> {
-        self.host_mem.free(ptr, || self.synchronize())
+        self.mem.pinned.free(ptr)
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
         let s = self.stream(stream)?;
-        if s.is_capturing() {
-            return Err(Error::unsupported(
-                "stream-ordered allocation during capture",
-                DeviceKind::Cpu,
-            ));
-        }
+        checked::unsupported_while_capturing(
+            s.is_capturing(),
+            "stream-ordered allocation",
+            DeviceKind::Cpu,
+        )?;
         // Host memory is usable at once, which satisfies every later point of the stream.
         self.malloc(bytes)
     }
 
     fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
-        if s.is_capturing() {
-            return Err(Error::unsupported(
-                "stream-ordered free during capture",
-                DeviceKind::Cpu,
-            ));
-        }
-        if ptr.is_null() {
+        checked::unsupported_while_capturing(s.is_capturing(), "stream-ordered free", DeviceKind::Cpu)?;
+        let Some(a) = self.mem.unregister(ptr.0)? else {
             return Ok(());
-        }
-        let a = self.device_mem.remove(ptr.0)?;
-        s.enqueue(Op::Free {
-            ptr: a.base,
-            size: a.size,
-        })
+        };
+        // The stream lets go of the allocation when it reaches this point; work on other
+        // streams that still uses it holds its own reference.
+        let mut keep = Pins::new();
+        keep.hold_device(a);
+        s.enqueue(Op::Release, keep)
     }
 
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
-        self.check_copy(dst, src, bytes, kind)?;
+        let pins = self.mem.copy(dst, src, bytes, kind)?;
         self.sync_default()?;
         if bytes > 0 {
-            // SAFETY: device ranges checked above; host ranges are the caller's promise.
+            // SAFETY: ranges unirt handed out are checked and pinned (alive until `pins`
+            // drops, after the copy); other host ranges are the caller's promise.
             unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes) };
         }
+        drop(pins);
         Ok(())
     }
 
@@ -376,7 +350,7 @@ impl Backend for CpuBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
-        let ranges = self.check_copy(dst, src, bytes, kind)?;
+        let pins = self.mem.copy(dst, src, bytes, kind)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -387,17 +361,19 @@ impl Backend for CpuBackend {
                 src,
                 len: bytes,
             },
-            &ranges,
+            pins,
         )
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
-        self.check_device(dst.0, bytes as u64)?;
+        let mut pins = Pins::new();
+        self.mem.device_range(dst.0, bytes as u64, &mut pins)?;
         self.sync_default()?;
         if bytes > 0 {
-            // SAFETY: the range lies in one live allocation (checked above).
+            // SAFETY: the range lies in one allocation, pinned until `pins` drops.
             unsafe { std::ptr::write_bytes(dst.0 as usize as *mut u8, value, bytes) };
         }
+        drop(pins);
         Ok(())
     }
 
@@ -409,7 +385,8 @@ impl Backend for CpuBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
-        self.check_device(dst.0, bytes as u64)?;
+        let mut pins = Pins::new();
+        self.mem.device_range(dst.0, bytes as u64, &mut pins)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -420,77 +397,71 @@ impl Backend for CpuBackend {
                 value,
                 len: bytes,
             },
-            &[(dst.0, bytes as u64)],
+            pins,
         )
     }
 
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
-        let checked = check_launch(kernel, args, |p, len| self.check_device(p.0, len))?;
+        let mut pins = Pins::new();
+        let checked = check_launch(kernel, args, |p, len| {
+            self.mem.device_range(p.0, len, &mut pins).map(drop)
+        })?;
         let run = kernels::lookup(kernel)?;
         if checked.n == 0 {
             return Ok(());
         }
-        let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
         self.submit(
             &s,
             Op::Kernel {
                 run,
                 args: args.into(),
             },
-            &ranges,
+            pins,
         )
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
         let s = self.stream(stream)?;
-        let mut cap = s.capture.lock();
-        if cap.is_some() {
-            return Err(Error::Capturing(
-                "begin_capture on a stream that is already capturing".into(),
-            ));
-        }
         let _ = mode;
-        *cap = Some(Capture::default());
-        Ok(())
+        let begun = checked::begin_capture(&mut s.capture.lock(), Capture::default());
+        begun
     }
 
     fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
         let s = self.stream(stream)?;
-        let c = s.capture.lock().take().ok_or(Error::NotCapturing)?;
+        let c = checked::end_capture(&mut s.capture.lock())?;
         let graph = CpuGraph {
             nodes: c.nodes.into(),
-            ranges: c.ranges.into(),
+            uses: Arc::new(c.uses),
         };
         Ok(GraphId(self.graphs.insert(graph).0))
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
-        for &(addr, len) in g.ranges.iter() {
-            self.check_device(addr, len)?;
-        }
+        // Refused when memory the graph uses was freed since the capture.
+        self.mem.repin(&g.uses)?;
         Ok(GraphExecId(self.execs.insert(CpuGraphExec::new(&g)).0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
-        // A replay must not touch memory freed since the capture.
-        for &(addr, len) in x.ranges.iter() {
-            self.check_device(addr, len)?;
-        }
+        // A replay never touches memory freed since the capture, and what it uses stays
+        // alive until it has run.
+        let pins = self.mem.repin(&x.uses)?;
         {
             let mut cap = s.capture.lock();
             if let Some(c) = cap.as_mut() {
                 c.nodes.extend(x.nodes.iter().cloned());
-                c.ranges.extend_from_slice(&x.ranges);
+                c.uses.extend(&x.uses);
                 return Ok(());
             }
         }
         if x.nodes.is_empty() {
             return Ok(());
         }
-        s.enqueue(Op::Batch(x.materialize()))
+        s.enqueue(Op::Batch(x.materialize()), pins)
     }
 
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {

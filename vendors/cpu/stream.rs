@@ -3,6 +3,11 @@
 //! Enqueueing is a lock, a channel send and a counter bump; the worker runs commands in order
 //! and counts completions, which `synchronize` waits on. While a stream is capturing, its
 //! commands go into the capture list instead (see `graph.rs`).
+//!
+//! Each queued command carries the [`Pins`] of the memory it touches and drops them only after
+//! it has run: a `free` meanwhile unregisters the address, and the memory is released by the
+//! worker when the command lets go of it. A destroyed stream's worker drains its queue the
+//! same way (the backend keeps the stream until then, so device synchronize waits for it).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,10 +19,17 @@ use parking_lot::Mutex;
 use super::event::CpuEvent;
 use super::graph::Capture;
 use super::kernels::CpuKernel;
-use super::memory;
+use crate::checked::Pins;
 use crate::error::{Error, Result};
 use crate::hal::KernelArg;
+use crate::hostmem::HostBlock;
 use crate::progress::Progress;
+
+/// What a worker receives: a command and the memory it keeps alive until it has run.
+pub(crate) struct Job {
+    op: Op,
+    _keep: Pins<HostBlock>,
+}
 
 /// One command a worker runs.
 #[derive(Clone)]
@@ -47,11 +59,9 @@ pub(crate) enum Op {
         event: Arc<CpuEvent>,
         generation: u64,
     },
-    /// Stream-ordered free of a device allocation (already removed from the table).
-    Free {
-        ptr: u64,
-        size: u64,
-    },
+    /// Stream-ordered free: nothing to run; the job's pins hold the allocation freed with
+    /// `free_async` (already unregistered), released here unless other work still uses it.
+    Release,
     /// A replayed graph: its commands, counted as one completion.
     Batch(Arc<[Op]>),
 }
@@ -60,21 +70,21 @@ impl Op {
     fn run(&self) {
         match self {
             Op::Copy { dst, src, len } => {
-                // SAFETY: device-side ranges were checked against the allocation table when
-                // enqueued and cannot be freed before this runs; host-side ranges are the
-                // caller's promise (memcpy_async is unsafe). ptr::copy allows overlap.
+                // SAFETY: ranges unirt handed out were checked when enqueued and are pinned by
+                // the job until this has run; other host ranges are the caller's promise
+                // (memcpy_async is unsafe). ptr::copy allows overlap.
                 unsafe {
                     std::ptr::copy(*src as usize as *const u8, *dst as usize as *mut u8, *len)
                 }
             }
             Op::Set { dst, value, len } => {
-                // SAFETY: the range was checked against the allocation table when enqueued.
+                // SAFETY: the range was checked when enqueued and is pinned by the job.
                 unsafe { std::ptr::write_bytes(*dst as usize as *mut u8, *value, *len) }
             }
             Op::Kernel { run, args } => run(args),
             Op::Stamp { event, generation } => event.complete(*generation),
             Op::Wait { event, generation } => event.wait(*generation),
-            Op::Free { ptr, size } => memory::release(*ptr, *size, memory::DEVICE_ALIGN),
+            Op::Release => {}
             Op::Batch(ops) => ops.iter().for_each(Op::run),
         }
     }
@@ -93,7 +103,7 @@ struct Shared {
 pub(crate) struct CpuStream {
     /// The sender, under a lock so the sequence numbers match the channel order even with
     /// several threads enqueueing on one stream.
-    tx: Mutex<Sender<Op>>,
+    tx: Mutex<Sender<Job>>,
     submitted: AtomicU64,
     shared: Arc<Shared>,
     pub capture: Mutex<Option<Capture>>,
@@ -116,10 +126,10 @@ impl CpuStream {
         })
     }
 
-    /// Queues `op` to run after everything queued before it.
-    pub fn enqueue(&self, op: Op) -> Result<()> {
+    /// Queues `op` to run after everything queued before it, holding `keep` until it has run.
+    pub fn enqueue(&self, op: Op, keep: Pins<HostBlock>) -> Result<()> {
         let tx = self.tx.lock();
-        tx.send(op)
+        tx.send(Job { op, _keep: keep })
             .map_err(|_| Error::Internal("stream worker has exited".into()))?;
         self.submitted.fetch_add(1, Ordering::SeqCst);
         Ok(())
@@ -151,9 +161,9 @@ impl CpuStream {
     }
 }
 
-fn worker(rx: Receiver<Op>, shared: Arc<Shared>) {
-    for op in rx {
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| op.run())) {
+fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
+    for job in rx {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| job.op.run())) {
             let msg = p
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
@@ -164,6 +174,9 @@ fn worker(rx: Receiver<Op>, shared: Arc<Shared>) {
                 .lock()
                 .get_or_insert(Error::Internal(format!("stream command failed: {msg}")));
         }
+        // Release what the command held before counting it done, so memory freed meanwhile
+        // is back with the host allocator when a synchronize returns.
+        drop(job);
         shared.done.increment();
     }
 }

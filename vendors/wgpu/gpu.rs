@@ -14,8 +14,9 @@ use parking_lot::Mutex;
 
 use super::event::{Slot, WEvent};
 use super::kernels::Kernels;
-use super::memory::{create_buffer, wgpu_error, StagingPool};
+use super::memory::{create_buffer, wgpu_error, DevBuf, StagingPool};
 use super::stream::Cmd;
+use crate::checked::Pins;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::progress::Progress;
@@ -175,8 +176,9 @@ impl Gpu {
     }
 
     /// Encodes `cmds` into one command buffer (on this thread, inside an error scope) and
-    /// hands it to the submitter thread; returns the submission's ticket.
-    pub fn submit(&self, cmds: &[Cmd]) -> Result<Ticket> {
+    /// hands it to the submitter thread; returns the submission's ticket. `keep` — the memory
+    /// the commands use — is held until the submission has completed, read-backs included.
+    pub fn submit(&self, cmds: &[Cmd], keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self
@@ -228,6 +230,7 @@ impl Gpu {
             readbacks,
             recycle,
             slots,
+            keep,
         };
         self.jobs.send(job).map_err(|_| {
             Error::Internal(format!("{}: the submitter thread has exited", self.name))
@@ -485,6 +488,8 @@ struct Job {
     readbacks: Vec<(wgpu::Buffer, u64, u64, usize, bool)>,
     recycle: Vec<wgpu::Buffer>,
     slots: Vec<Arc<Slot>>,
+    /// The memory the commands use (pinned host memory a read-back writes, in particular).
+    keep: Pins<DevBuf>,
 }
 
 /// The thread that submits to the queue, in sequence order.
@@ -536,10 +541,13 @@ impl Submitter {
         // when several threads poll, so each one checks in.
         let (seq, slots) = (job.seq, job.slots);
         let parts = Arc::new(AtomicUsize::new(job.readbacks.len() + 1));
+        let keep = Mutex::new(Some(job.keep));
         let check_in = {
             let completed = self.completed.clone();
             move || {
                 if parts.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    // Nothing of this submission touches its memory any more.
+                    drop(keep.lock().take());
                     completed.finish(seq);
                 }
             }

@@ -3,15 +3,19 @@
 //!
 //! Event records inside a capture complete with the replay's submission (timestamped when the
 //! device can); waits are kept for their place but need no device work, as one queue already
-//! orders them. A replay re-checks every device range of the graph, so a graph whose buffers
-//! were freed fails with `OutOfBounds` instead of touching a dead buffer.
+//! orders them. A graph holds its buffers — device and pinned host — weakly; a replay pins
+//! them again first, so a graph whose buffers were freed fails with `OutOfBounds` instead of
+//! touching a dead buffer or writing freed host memory, and the replay's submission holds them
+//! until it has completed.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::gpu::Ticket;
+use super::memory::DevBuf;
 use super::stream::Cmd;
+use crate::checked::Recorded;
 use crate::hal::CaptureMode;
 
 /// The recording in progress on a stream.
@@ -19,8 +23,8 @@ pub(crate) struct Capture {
     #[allow(dead_code)]
     pub mode: CaptureMode,
     pub cmds: Vec<Cmd>,
-    /// Device ranges the commands touch, for validation at instantiate and launch.
-    pub ranges: Vec<(u64, u64)>,
+    /// The memory the commands use, re-pinned at instantiate and at each launch.
+    pub uses: Recorded<DevBuf>,
 }
 
 impl Capture {
@@ -28,7 +32,7 @@ impl Capture {
         Capture {
             mode,
             cmds: Vec::new(),
-            ranges: Vec::new(),
+            uses: Recorded::default(),
         }
     }
 }
@@ -36,13 +40,13 @@ impl Capture {
 /// A finished capture.
 pub(crate) struct WGraph {
     pub cmds: Arc<[Cmd]>,
-    pub ranges: Arc<[(u64, u64)]>,
+    pub uses: Arc<Recorded<DevBuf>>,
 }
 
 /// An instantiated graph.
 pub(crate) struct WGraphExec {
     pub cmds: Arc<[Cmd]>,
-    pub ranges: Arc<[(u64, u64)]>,
+    pub uses: Arc<Recorded<DevBuf>>,
     /// The graph reads back to the host through its own staging buffers, which must not be
     /// mapped by one replay while the next one is submitted.
     pub reads_back: bool,
@@ -54,7 +58,7 @@ impl WGraphExec {
     pub fn new(g: &WGraph) -> Self {
         WGraphExec {
             cmds: g.cmds.clone(),
-            ranges: g.ranges.clone(),
+            uses: g.uses.clone(),
             reads_back: g.cmds.iter().any(|c| matches!(c, Cmd::Readback { .. })),
             last: Mutex::new(Ticket::default()),
         }

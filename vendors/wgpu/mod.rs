@@ -12,6 +12,12 @@
 //! - **Kernels**: WGSL in `kernels/`, pipelines and bind groups cached per device
 //!   (`kernels.rs`).
 //!
+//! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
+//! their submission has completed (wgpu itself keeps a buffer alive while a submission uses
+//! it; the pins matter for pinned host memory, which read-backs write and captured uploads
+//! read), so `free` and `free_host` never wait for the device. Device addresses are virtual:
+//! one given as the host side of a copy is refused, never dereferenced.
+//!
 //! wgpu reports validation errors through error scopes (used around every creation and
 //! submission here) or an uncaptured-error handler (installed, recording instead of
 //! panicking), so bad input is a typed error, never a panic.
@@ -35,14 +41,13 @@ use graph::{Capture, WGraph, WGraphExec};
 use memory::{AddressSpace, DevBuf};
 use stream::{enqueue, flush_locked, Cmd, WStream};
 
+use crate::checked::{self, CheckedMemory, Pins};
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::{Error, Result};
 use crate::hal::Probe;
 use crate::hal::*;
 use crate::handles::HandleTable;
-use crate::hostmem::HostHeap;
 use crate::kernel::check_launch;
-use crate::memtable::AllocTable;
 use crate::vendors::AnyBackend;
 
 /// Discovery for the wgpu vendor (enumerates once per process; never panics).
@@ -61,8 +66,8 @@ pub struct WgpuBackend {
     name: String,
     gpu: Gpu,
     vas: AddressSpace,
-    device_mem: AllocTable<DevBuf>,
-    host_mem: HostHeap,
+    /// Device memory (virtual addresses over buffers) and pinned host memory.
+    mem: CheckedMemory<DevBuf>,
     streams: HandleTable<WStream>,
     events: HandleTable<WEvent>,
     graphs: HandleTable<WGraph>,
@@ -76,6 +81,7 @@ impl WgpuBackend {
         let found = adapter::adapter(index)?;
         let name = format!("wgpu:{index}");
         let gpu = Gpu::open(&found.adapter, format!("{name} ({})", found.info.name))?;
+        let name_for_mem = name.clone();
         let streams = HandleTable::new(StreamId::KIND);
         let (default_stream, _) = streams.insert(WStream::new());
         Ok(WgpuBackend {
@@ -83,8 +89,7 @@ impl WgpuBackend {
             name,
             gpu,
             vas: AddressSpace::new(),
-            device_mem: AllocTable::new("device"),
-            host_mem: HostHeap::new(DeviceKind::Wgpu, format!("wgpu:{index}")),
+            mem: CheckedMemory::new(DeviceKind::Wgpu, name_for_mem, false),
             streams,
             events: HandleTable::new(EventId::KIND),
             graphs: HandleTable::new(GraphId::KIND),
@@ -101,58 +106,22 @@ impl WgpuBackend {
         self.events.get(e.0)
     }
 
-    /// The buffer and offset behind a device range (non-empty).
-    fn resolve(&self, addr: u64, len: u64) -> Result<(DevBuf, u64)> {
-        if addr == 0 {
-            return Err(Error::NullPointer("device address".into()));
+    /// The buffer and offset behind a device range (non-empty), pinned in `pins`.
+    fn resolve(&self, addr: u64, len: u64, pins: &mut Pins<DevBuf>) -> Result<(DevBuf, u64)> {
+        match self.mem.device_range(addr, len, pins)? {
+            Some(a) => Ok((a.payload.clone(), addr - a.base)),
+            None => Err(Error::Internal("an empty range has no buffer".into())),
         }
-        let a = self.device_mem.lookup(addr, len)?;
-        Ok((a.payload, addr - a.base))
-    }
-
-    fn check_device(&self, addr: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.resolve(addr, len).map(|_| ())
-    }
-
-    fn check_copy(
-        &self,
-        dst: u64,
-        src: u64,
-        len: u64,
-        kind: MemcpyKind,
-    ) -> Result<Vec<(u64, u64)>> {
-        let mut ranges = Vec::with_capacity(2);
-        for (addr, on_device) in [(dst, kind.dst_on_device()), (src, kind.src_on_device())] {
-            if on_device {
-                self.check_device(addr, len)?;
-                if len > 0 {
-                    ranges.push((addr, len));
-                }
-            } else {
-                self.host_mem.check_host(addr, len)?;
-            }
-        }
-        Ok(ranges)
     }
 
     /// The default stream, refused while it is capturing (synchronous calls use it).
     fn sync_default(&self) -> Result<Arc<WStream>> {
         let s = self.stream(self.default_stream())?;
-        if s.is_capturing() {
-            return Err(Error::Capturing(
-                "a synchronous call while the default stream is capturing".into(),
-            ));
-        }
+        checked::refuse_while_capturing(
+            s.is_capturing(),
+            "a synchronous call while the default stream is capturing",
+        )?;
         Ok(s)
-    }
-
-    fn check_ranges(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        ranges
-            .iter()
-            .try_for_each(|&(addr, len)| self.check_device(addr, len))
     }
 }
 
@@ -172,7 +141,7 @@ impl Backend for WgpuBackend {
     }
 
     fn mem_info(&self) -> Result<MemInfo> {
-        let used = self.device_mem.usage().1;
+        let used = self.mem.device.usage().1;
         match adapter::host_memory() {
             Some((total, avail)) => Ok(MemInfo {
                 free: avail.min(total.saturating_sub(used)),
@@ -204,11 +173,7 @@ impl Backend for WgpuBackend {
     }
 
     fn stream_destroy(&self, stream: StreamId) -> Result<()> {
-        if stream.0 == self.default_stream {
-            return Err(Error::BadParam(
-                "the default stream cannot be destroyed".into(),
-            ));
-        }
+        checked::check_destroyable(self.default_stream(), stream)?;
         let s = self.streams.remove(stream.0)?;
         // Work already enqueued still runs.
         s.flush(&self.gpu).map(|_| ())
@@ -216,11 +181,10 @@ impl Backend for WgpuBackend {
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
-        if s.is_capturing() {
-            return Err(Error::Capturing(
-                "stream_synchronize on a capturing stream".into(),
-            ));
-        }
+        checked::refuse_while_capturing(
+            s.is_capturing(),
+            "stream_synchronize on a capturing stream",
+        )?;
         s.synchronize(&self.gpu)
     }
 
@@ -244,7 +208,7 @@ impl Backend for WgpuBackend {
 
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
-        enqueue(&self.gpu, &s, vec![Cmd::Record(e)], &[], 0, true)
+        enqueue(&self.gpu, &s, vec![Cmd::Record(e)], Pins::new(), 0, true)
     }
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
@@ -294,58 +258,47 @@ impl Backend for WgpuBackend {
                 | wgpu::BufferUsages::COPY_DST,
         )?;
         let base = self.vas.reserve(size)?;
-        self.device_mem
+        self.mem
+            .device
             .insert(base, size, DevBuf::new(buffer, false))?;
         Ok(DevicePtr(base))
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<()> {
-        if ptr.is_null() {
-            return Ok(());
+        // Dead for new work at once. Gathered and submitted commands hold the buffer (and wgpu
+        // keeps it while a submission uses it), so nothing waits for the device here.
+        if let Some(a) = self.mem.unregister(ptr.0)? {
+            self.gpu.kernels.forget_buffer(a.payload.id);
         }
-        // As cudaFree: pending work that may use the memory finishes first.
-        let a = self.device_mem.retire(ptr.0, || self.synchronize())?;
-        self.gpu.kernels.forget_buffer(a.payload.id);
         Ok(())
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
-        self.host_mem.alloc(bytes)
+        self.mem.pinned.alloc(bytes)
     }
 
     fn free_host(&self, ptr: HostPtr) -> Result<()> {
-        self.host_mem.free(ptr, || self.synchronize())
+        // Released once no submission that reads or writes it is in flight.
+        self.mem.pinned.free(ptr)
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
-        if self.stream(stream)?.is_capturing() {
-            return Err(Error::unsupported(
-                "stream-ordered allocation during capture",
-                DeviceKind::Wgpu,
-            ));
-        }
+        let capturing = self.stream(stream)?.is_capturing();
+        checked::unsupported_while_capturing(capturing, "stream-ordered allocation", DeviceKind::Wgpu)?;
         // A new buffer is usable by any later submission.
         self.malloc(bytes)
     }
 
     fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
-        if self.stream(stream)?.is_capturing() {
-            return Err(Error::unsupported(
-                "stream-ordered free during capture",
-                DeviceKind::Wgpu,
-            ));
-        }
-        if ptr.is_null() {
-            return Ok(());
-        }
-        // Dead for new work at once; commands already gathered hold the buffer until they ran.
-        let a = self.device_mem.remove(ptr.0)?;
-        self.gpu.kernels.forget_buffer(a.payload.id);
-        Ok(())
+        let capturing = self.stream(stream)?.is_capturing();
+        checked::unsupported_while_capturing(capturing, "stream-ordered free", DeviceKind::Wgpu)?;
+        // One queue runs every stream in submission order, and the commands gathered on any
+        // stream hold the buffer until they have run: freeing now is freeing in stream order.
+        self.free(ptr)
     }
 
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
-        self.check_copy(dst, src, bytes as u64, kind)?;
+        self.mem.copy(dst, src, bytes, kind)?;
         let s = self.sync_default()?;
         // SAFETY: forwarded caller contract; the copy completes before this returns.
         unsafe { self.memcpy_async(dst, src, bytes, kind, self.default_stream())? };
@@ -362,7 +315,7 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         let s = self.stream(stream)?;
         let n = bytes as u64;
-        let ranges = self.check_copy(dst, src, n, kind)?;
+        let mut pins = self.mem.copy(dst, src, bytes, kind)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -377,36 +330,40 @@ impl Backend for WgpuBackend {
                 }
                 // Ordered after the stream's work by waiting for it.
                 s.synchronize(&self.gpu)?;
-                // SAFETY: both host ranges are the caller's promise; ptr::copy allows overlap.
+                // SAFETY: neither side is a device address (checked); pinned host ranges are
+                // bounds-checked and held until `pins` drops, after the copy; other host
+                // ranges are the caller's promise. ptr::copy allows overlap.
                 unsafe {
                     std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes)
                 };
+                drop(pins);
                 return Ok(());
             }
             MemcpyKind::H2D => {
-                let (buf, off) = self.resolve(dst, n)?;
+                let (buf, off) = self.resolve(dst, n, &mut pins)?;
                 // SAFETY: the caller promised the host source is readable (now, and at each
                 // replay of a capture).
                 unsafe { copy::upload(&self.gpu, &mut cmds, &buf, off, src, n, s.is_capturing())? };
                 (n, false)
             }
             MemcpyKind::D2H => {
-                let (buf, off) = self.resolve(src, n)?;
+                let (buf, off) = self.resolve(src, n, &mut pins)?;
                 copy::download(&self.gpu, &mut cmds, dst, &buf, off, n, s.is_capturing())?;
                 (n, true)
             }
             MemcpyKind::D2D => {
-                let (dbuf, doff) = self.resolve(dst, n)?;
-                let (sbuf, soff) = self.resolve(src, n)?;
+                let (dbuf, doff) = self.resolve(dst, n, &mut pins)?;
+                let (sbuf, soff) = self.resolve(src, n, &mut pins)?;
                 copy::device_copy(&self.gpu, &mut cmds, &dbuf, doff, &sbuf, soff, n)?;
                 (n, false)
             }
         };
-        enqueue(&self.gpu, &s, cmds, &ranges, work, flush)
+        enqueue(&self.gpu, &s, cmds, pins, work, flush)
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
-        self.check_device(dst.0, bytes as u64)?;
+        self.mem
+            .device_range(dst.0, bytes as u64, &mut Pins::new())?;
         let s = self.sync_default()?;
         self.memset_async(dst, value, bytes, self.default_stream())?;
         s.synchronize(&self.gpu)
@@ -421,19 +378,22 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         let s = self.stream(stream)?;
         let n = bytes as u64;
-        self.check_device(dst.0, n)?;
-        if bytes == 0 {
+        let mut pins = Pins::new();
+        let Some(a) = self.mem.device_range(dst.0, n, &mut pins)? else {
             return Ok(());
-        }
-        let (buf, off) = self.resolve(dst.0, n)?;
+        };
+        let (buf, off) = (a.payload.clone(), dst.0 - a.base);
         let mut cmds = Vec::new();
         copy::device_set(&self.gpu, &mut cmds, &buf, off, value, n)?;
-        enqueue(&self.gpu, &s, cmds, &[(dst.0, n)], n, false)
+        enqueue(&self.gpu, &s, cmds, pins, n, false)
     }
 
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
-        let checked = check_launch(kernel, args, |p, len| self.check_device(p.0, len))?;
+        let mut pins = Pins::new();
+        let checked = check_launch(kernel, args, |p, len| {
+            self.mem.device_range(p.0, len, &mut pins).map(drop)
+        })?;
         let which = kernels::Which::public(kernel)?;
         if checked.n == 0 {
             return Ok(());
@@ -442,7 +402,7 @@ impl Backend for WgpuBackend {
         let len = u64::from(checked.n) * 4;
         let mut resolved = Vec::with_capacity(checked.buffers.len());
         for (p, _) in &checked.buffers {
-            resolved.push(self.resolve(p.0, len)?);
+            resolved.push(self.resolve(p.0, len, &mut pins)?);
         }
         // Bound exactly at each pointer when alignment allows (the faster kernel variant),
         // else windows with the element offsets passed as immediates.
@@ -512,47 +472,42 @@ impl Backend for WgpuBackend {
             imm,
             groups: k.groups_for(u64::from(checked.n)),
         };
-        let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
-        let work = ranges.iter().map(|r| r.1).sum();
-        enqueue(&self.gpu, &s, vec![cmd], &ranges, work, false)
+        let work = checked.buffers.iter().map(|(_, l)| *l).sum();
+        enqueue(&self.gpu, &s, vec![cmd], pins, work, false)
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
         let s = self.stream(stream)?;
-        let mut st = s.lock();
-        if st.capture.is_some() {
-            return Err(Error::Capturing(
-                "begin_capture on a stream that is already capturing".into(),
-            ));
-        }
-        st.capture = Some(Capture::new(mode));
-        Ok(())
+        let begun = checked::begin_capture(&mut s.lock().capture, Capture::new(mode));
+        begun
     }
 
     fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
         let s = self.stream(stream)?;
-        let c = s.lock().capture.take().ok_or(Error::NotCapturing)?;
+        let c = checked::end_capture(&mut s.lock().capture)?;
         let graph = WGraph {
             cmds: c.cmds.into(),
-            ranges: c.ranges.into(),
+            uses: Arc::new(c.uses),
         };
         Ok(GraphId(self.graphs.insert(graph).0))
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
-        self.check_ranges(&g.ranges)?;
+        // Refused when memory the graph uses was freed since the capture.
+        self.mem.repin(&g.uses)?;
         Ok(GraphExecId(self.execs.insert(WGraphExec::new(&g)).0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
-        // A replay must not touch memory freed since the capture.
-        self.check_ranges(&x.ranges)?;
+        // A replay never touches memory freed since the capture; the submission holds what
+        // it uses until it has completed.
+        let pins = self.mem.repin(&x.uses)?;
         let mut st = s.lock();
         if let Some(c) = st.capture.as_mut() {
             c.cmds.extend(x.cmds.iter().cloned());
-            c.ranges.extend_from_slice(&x.ranges);
+            c.uses.extend(&x.uses);
             return Ok(());
         }
         if x.cmds.is_empty() {
@@ -564,7 +519,7 @@ impl Backend for WgpuBackend {
             // The previous replay's read-back buffers must be unmapped before reuse.
             self.gpu.wait(&last)?;
         }
-        let t = self.gpu.submit(&x.cmds)?;
+        let t = self.gpu.submit(&x.cmds, pins)?;
         *last = t.clone();
         st.last = t;
         Ok(())

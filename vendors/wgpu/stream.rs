@@ -11,6 +11,8 @@ use parking_lot::{Mutex, MutexGuard};
 use super::event::WEvent;
 use super::gpu::{Gpu, Ticket};
 use super::graph::Capture;
+use super::memory::DevBuf;
+use crate::checked::Pins;
 use crate::error::Result;
 
 /// Commands a stream gathers before it submits them.
@@ -72,6 +74,9 @@ pub(crate) enum Cmd {
 /// What a stream holds between flushes.
 pub(crate) struct StreamState {
     pub pending: Vec<Cmd>,
+    /// The memory the pending commands use, handed to their submission (which holds it until
+    /// it has completed: read-backs write pinned host memory then).
+    pub keep: Pins<DevBuf>,
     /// Bytes of work gathered (see [`FLUSH_BYTES`]).
     pub pending_bytes: u64,
     /// This stream's last submission.
@@ -88,6 +93,7 @@ impl WStream {
         WStream {
             state: Mutex::new(StreamState {
                 pending: Vec::new(),
+                keep: Pins::new(),
                 pending_bytes: 0,
                 last: Ticket::default(),
                 capture: None,
@@ -122,28 +128,31 @@ pub(crate) fn flush_locked(gpu: &Gpu, st: &mut StreamState) -> Result<Ticket> {
         return Ok(st.last.clone());
     }
     let cmds = std::mem::take(&mut st.pending);
+    let keep = std::mem::take(&mut st.keep);
     st.pending_bytes = 0;
-    let t = gpu.submit(&cmds)?;
+    let t = gpu.submit(&cmds, keep)?;
     st.last = t.clone();
     Ok(t)
 }
 
-/// Adds commands to a stream (or its capture); flushes at the thresholds or when `flush`.
+/// Adds commands, and the memory they use, to a stream (or its capture); flushes at the
+/// thresholds or when `flush`.
 pub(crate) fn enqueue(
     gpu: &Gpu,
     stream: &WStream,
     cmds: Vec<Cmd>,
-    ranges: &[(u64, u64)],
+    pins: Pins<DevBuf>,
     work: u64,
     flush: bool,
 ) -> Result<()> {
     let mut st = stream.lock();
     if let Some(c) = st.capture.as_mut() {
         c.cmds.extend(cmds);
-        c.ranges.extend_from_slice(ranges);
+        c.uses.record(&pins);
         return Ok(());
     }
     st.pending.extend(cmds);
+    st.keep.append(pins);
     st.pending_bytes += work;
     if flush || st.pending.len() >= FLUSH_COMMANDS || st.pending_bytes >= FLUSH_BYTES {
         flush_locked(gpu, &mut st)?;

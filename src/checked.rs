@@ -1,0 +1,411 @@
+//! The checked layer the backends that keep their own tables (cpu, wgpu) share: address
+//! checks that hold for the whole operation, the tracking of everything unirt handed out, and
+//! the HAL rules about streams and capture that do not depend on the vendor.
+//!
+//! **Lifetimes.** Every check of an address range returns the [`AllocRef`] of the allocation
+//! it lies in, collected in the operation's [`Pins`]. A synchronous copy holds them until it
+//! returns, a queued command until it has run, a graph replay until the replay has run. `free`
+//! only unregisters the address ([`AllocTable::remove`]); the memory is released when the last
+//! reference drops. So a free never waits for the device, yet no operation — on a live,
+//! capturing, dropped or destroyed stream, or racing the free on another thread — ever touches
+//! released memory. A captured graph keeps [`Recorded`] weak references instead: replaying it
+//! re-pins every allocation and is refused when one was freed since the capture.
+//!
+//! **Everything unirt handed out is tracked.** The host side of a copy is checked against the
+//! pinned host memory *and* the device memory: pinned memory is bounds-checked and pinned like
+//! device memory; a device address on the host side is refused where device memory is not
+//! host memory (wgpu's device addresses are virtual), and used — bounds-checked — where it is
+//! (CPU).
+
+use std::sync::{Arc, Weak};
+
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::hal::{MemcpyKind, StreamId};
+use crate::hostmem::{HostBlock, HostHeap};
+use crate::memtable::{AllocRef, AllocTable, Allocation};
+
+/// One allocation an operation uses: the range it touches and the reference that keeps the
+/// allocation alive.
+pub enum Use<D> {
+    Device(u64, u64, AllocRef<D>),
+    Pinned(u64, u64, AllocRef<HostBlock>),
+}
+
+/// Uses kept inline: a memset has one, a copy two, the widest kernel three, so the common
+/// enqueue allocates nothing for its pins.
+const INLINE: usize = 3;
+
+/// The allocations one operation uses, kept alive while it holds them.
+pub struct Pins<D> {
+    inline: [Option<Use<D>>; INLINE],
+    more: Vec<Use<D>>,
+}
+
+impl<D> Default for Pins<D> {
+    fn default() -> Self {
+        Pins {
+            inline: [None, None, None],
+            more: Vec::new(),
+        }
+    }
+}
+
+impl<D> Pins<D> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn push(&mut self, u: Use<D>) -> &Use<D> {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => slot.insert(u),
+            None => {
+                self.more.push(u);
+                &self.more[self.more.len() - 1]
+            }
+        }
+    }
+
+    fn uses(&self) -> impl Iterator<Item = &Use<D>> {
+        self.inline.iter().flatten().chain(self.more.iter())
+    }
+
+    /// Keeps `a` alive with this operation (an allocation freed with `free_async`, released
+    /// when the stream reaches the free).
+    pub fn hold_device(&mut self, a: AllocRef<D>) {
+        self.push(Use::Device(a.base, a.size, a));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.uses().next().is_none()
+    }
+
+    /// Adds another operation's references.
+    pub fn append(&mut self, other: Pins<D>) {
+        let Pins { inline, more } = other;
+        for u in inline.into_iter().flatten().chain(more) {
+            self.push(u);
+        }
+    }
+
+    /// The device allocations, in the order they were checked.
+    pub fn device(&self) -> impl Iterator<Item = &AllocRef<D>> {
+        self.uses().filter_map(|u| match u {
+            Use::Device(_, _, a) => Some(a),
+            Use::Pinned(..) => None,
+        })
+    }
+}
+
+/// One use recorded by a capture: the range, and a weak reference naming the allocation.
+enum RecordedUse<D> {
+    Device(u64, u64, Weak<Allocation<D>>),
+    Pinned(u64, u64, Weak<Allocation<HostBlock>>),
+}
+
+impl<D> Clone for RecordedUse<D> {
+    fn clone(&self) -> Self {
+        match self {
+            RecordedUse::Device(a, l, w) => RecordedUse::Device(*a, *l, w.clone()),
+            RecordedUse::Pinned(a, l, w) => RecordedUse::Pinned(*a, *l, w.clone()),
+        }
+    }
+}
+
+/// The allocations a captured graph uses, held weakly: a graph does not keep freed memory
+/// alive, and a replay re-pins them ([`CheckedMemory::repin`]) or is refused.
+pub struct Recorded<D> {
+    uses: Vec<RecordedUse<D>>,
+}
+
+impl<D> Default for Recorded<D> {
+    fn default() -> Self {
+        Recorded { uses: Vec::new() }
+    }
+}
+
+impl<D> Clone for Recorded<D> {
+    fn clone(&self) -> Self {
+        Recorded {
+            uses: self.uses.clone(),
+        }
+    }
+}
+
+impl<D> Recorded<D> {
+    /// Records what `pins` uses.
+    pub fn record(&mut self, pins: &Pins<D>) {
+        self.uses.extend(pins.uses().map(|u| match u {
+            Use::Device(a, l, r) => RecordedUse::Device(*a, *l, Arc::downgrade(r)),
+            Use::Pinned(a, l, r) => RecordedUse::Pinned(*a, *l, Arc::downgrade(r)),
+        }));
+    }
+
+    /// Records everything `other` recorded (a graph launched inside a capture).
+    pub fn extend(&mut self, other: &Recorded<D>) {
+        self.uses.extend(other.uses.iter().cloned());
+    }
+}
+
+/// Device memory and pinned host memory of one device, with the checks every operation makes.
+pub struct CheckedMemory<D> {
+    /// Device allocations.
+    pub device: AllocTable<D>,
+    /// Pinned host allocations.
+    pub pinned: HostHeap,
+    /// Device memory is host memory (CPU): a device address on the host side of a copy is a
+    /// valid host address.
+    device_is_host: bool,
+    /// The device, for error messages.
+    name: String,
+}
+
+impl<D> CheckedMemory<D> {
+    pub fn new(backend: DeviceKind, name: impl Into<String>, device_is_host: bool) -> Self {
+        let name = name.into();
+        CheckedMemory {
+            device: AllocTable::new("device"),
+            pinned: HostHeap::new(backend, name.clone()),
+            device_is_host,
+            name,
+        }
+    }
+
+    /// Checks a device range and pins its allocation. An empty range is fine anywhere and pins
+    /// nothing (None).
+    pub fn device_range<'p>(
+        &self,
+        addr: u64,
+        len: u64,
+        pins: &'p mut Pins<D>,
+    ) -> Result<Option<&'p AllocRef<D>>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        if addr == 0 {
+            return Err(Error::NullPointer("device address".into()));
+        }
+        let a = self.device.lookup(addr, len)?;
+        match pins.push(Use::Device(addr, len, a)) {
+            Use::Device(_, _, a) => Ok(Some(a)),
+            Use::Pinned(..) => Err(Error::Internal("a device pin reads as pinned".into())),
+        }
+    }
+
+    /// Checks the host side of a copy and pins it when unirt handed it out. Host memory unirt
+    /// does not know cannot be checked: it is the caller's promise (`memcpy` is unsafe).
+    pub fn host_range(&self, addr: u64, len: u64, pins: &mut Pins<D>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if addr == 0 {
+            return Err(Error::NullPointer("host address".into()));
+        }
+        if let Some(a) = self.device.find(addr) {
+            if !self.device_is_host {
+                return Err(Error::BadParam(format!(
+                    "{addr:#x} is {} device memory (the allocation at {:#x}), not host memory: \
+                     name the device side of a copy with a device-side kind (H2D, D2H, D2D)",
+                    self.name, a.base
+                )));
+            }
+            let a = self.device.lookup(addr, len)?;
+            pins.push(Use::Device(addr, len, a));
+            return Ok(());
+        }
+        if let Some(a) = self.pinned.table().check_host(addr, len)? {
+            pins.push(Use::Pinned(addr, len, a));
+        }
+        Ok(())
+    }
+
+    /// Checks both sides of a copy of `bytes` bytes and pins what they lie in.
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<Pins<D>> {
+        let len = bytes as u64;
+        let mut pins = Pins::new();
+        for (addr, on_device) in [(dst, kind.dst_on_device()), (src, kind.src_on_device())] {
+            if on_device {
+                self.device_range(addr, len, &mut pins)?;
+            } else {
+                self.host_range(addr, len, &mut pins)?;
+            }
+        }
+        Ok(pins)
+    }
+
+    /// Pins every allocation a graph recorded again, refusing the replay when one was freed
+    /// since (or freed and its address handed out anew).
+    pub fn repin(&self, recorded: &Recorded<D>) -> Result<Pins<D>> {
+        let mut pins = Pins::new();
+        for u in &recorded.uses {
+            pins.push(match u {
+                RecordedUse::Device(a, l, w) => {
+                    Use::Device(*a, *l, self.device.relookup(*a, *l, w)?)
+                }
+                RecordedUse::Pinned(a, l, w) => {
+                    Use::Pinned(*a, *l, self.pinned.table().relookup(*a, *l, w)?)
+                }
+            });
+        }
+        Ok(pins)
+    }
+
+    /// Unregisters the device allocation at `ptr` (null: None). The address is dead for new
+    /// work at once; the memory lives while the returned reference or an operation's does.
+    pub fn unregister(&self, ptr: u64) -> Result<Option<AllocRef<D>>> {
+        if ptr == 0 {
+            return Ok(None);
+        }
+        self.device.remove(ptr).map(Some)
+    }
+}
+
+/// The default stream cannot be destroyed.
+pub fn check_destroyable(default: StreamId, stream: StreamId) -> Result<()> {
+    if stream == default {
+        return Err(Error::BadParam(
+            "the default stream cannot be destroyed".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Starts a capture in a stream's capture slot; a stream captures once at a time.
+pub fn begin_capture<C>(slot: &mut Option<C>, capture: C) -> Result<()> {
+    if slot.is_some() {
+        return Err(Error::Capturing(
+            "begin_capture on a stream that is already capturing".into(),
+        ));
+    }
+    *slot = Some(capture);
+    Ok(())
+}
+
+/// Ends the capture in a stream's capture slot.
+pub fn end_capture<C>(slot: &mut Option<C>) -> Result<C> {
+    slot.take().ok_or(Error::NotCapturing)
+}
+
+/// Refuses `what` on a capturing stream (a wait, a synchronous call on the default stream).
+pub fn refuse_while_capturing(capturing: bool, what: &str) -> Result<()> {
+    if capturing {
+        return Err(Error::Capturing(what.into()));
+    }
+    Ok(())
+}
+
+/// Refuses `what` (stream-ordered allocation or free) inside a capture: no backend records
+/// allocation nodes.
+pub fn unsupported_while_capturing(capturing: bool, what: &str, backend: DeviceKind) -> Result<()> {
+    if capturing {
+        return Err(Error::unsupported(format!("{what} during capture"), backend));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device table whose payload reports its own drop, as host memory would be released.
+    struct Tracked(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn released(flag: &Arc<std::sync::atomic::AtomicBool>) -> bool {
+        flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_free_releases_only_after_the_last_operation_lets_go() -> Result<()> {
+        let mem: CheckedMemory<Tracked> = CheckedMemory::new(DeviceKind::Cpu, "test:0", false);
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        mem.device.insert(0x1000, 0x100, Tracked(flag.clone()))?;
+        let pins = mem.copy(0x1000, 0x1010, 0x10, MemcpyKind::D2D)?;
+        mem.unregister(0x1000)?;
+        assert!(!released(&flag), "released under a pinned operation");
+        assert!(matches!(
+            mem.copy(0x1000, 0x1010, 0x10, MemcpyKind::D2D),
+            Err(Error::OutOfBounds { .. })
+        ));
+        drop(pins);
+        assert!(released(&flag));
+        Ok(())
+    }
+
+    #[test]
+    fn host_side_device_addresses_are_refused_or_checked() -> Result<()> {
+        let virt: CheckedMemory<()> = CheckedMemory::new(DeviceKind::Cpu, "virt:0", false);
+        virt.device.insert(0x1000, 0x100, ())?;
+        for kind in [MemcpyKind::H2H, MemcpyKind::H2D, MemcpyKind::D2H] {
+            assert!(matches!(
+                virt.copy(0x1000, 0x1000, 8, kind),
+                Err(Error::BadParam(_))
+            ));
+        }
+        let host: CheckedMemory<()> = CheckedMemory::new(DeviceKind::Cpu, "host:0", true);
+        host.device.insert(0x1000, 0x100, ())?;
+        assert_eq!(
+            host.copy(0x1000, 0x1080, 0x80, MemcpyKind::H2H)?
+                .device()
+                .count(),
+            2
+        );
+        assert!(matches!(
+            host.copy(0x1000, 0x1080, 0x81, MemcpyKind::H2H),
+            Err(Error::OutOfBounds { .. })
+        ));
+        // Host memory unirt never handed out is the caller's promise: nothing to pin.
+        assert!(
+            host.copy(0x9000, 0x1000, 8, MemcpyKind::D2H)?
+                .device()
+                .count()
+                == 1
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn replays_repin_pinned_memory_and_refuse_it_once_freed() -> Result<()> {
+        let mem: CheckedMemory<()> = CheckedMemory::new(DeviceKind::Cpu, "test:0", false);
+        let h = mem.pinned.alloc(4096)?;
+        mem.device.insert(1 << 40, 4096, ())?;
+        let pins = mem.copy(h.0, 1 << 40, 4096, MemcpyKind::D2H)?;
+        let mut recorded = Recorded::default();
+        recorded.record(&pins);
+        drop(pins);
+        let replay = mem.repin(&recorded)?;
+        mem.pinned.free(h)?;
+        // The replay in flight still holds the memory; the next one is refused.
+        assert!(mem.repin(&recorded).is_err());
+        drop(replay);
+        // An allocation at the same address is another allocation.
+        let again = mem.pinned.alloc(4096)?;
+        assert!(matches!(
+            mem.repin(&recorded),
+            Err(Error::OutOfBounds { .. })
+        ));
+        mem.pinned.free(again)?;
+        Ok(())
+    }
+
+    #[test]
+    fn capture_and_stream_rules() {
+        let mut slot = None;
+        assert!(begin_capture(&mut slot, 1).is_ok());
+        assert!(matches!(
+            begin_capture(&mut slot, 2),
+            Err(Error::Capturing(_))
+        ));
+        assert_eq!(end_capture(&mut slot).ok(), Some(1));
+        assert!(matches!(end_capture(&mut slot), Err(Error::NotCapturing)));
+        assert!(check_destroyable(StreamId(1), StreamId(1)).is_err());
+        assert!(check_destroyable(StreamId(1), StreamId(2)).is_ok());
+        assert!(refuse_while_capturing(true, "x").is_err());
+        assert!(unsupported_while_capturing(true, "x", DeviceKind::Cpu).is_err());
+    }
+}
