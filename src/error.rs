@@ -95,6 +95,10 @@ pub enum Error {
     /// A kernel failed to compile; `log` is the compiler's output.
     #[error("kernel {kernel} failed to compile: {log}")]
     KernelCompile { kernel: String, log: String },
+    /// The object was made before this process was forked and cannot be used in the child
+    /// (see [`crate::fork`]); the child opens its devices again.
+    #[error("forked: {0}")]
+    Forked(String),
 }
 
 /// `infiniStatus_t` values, as InfiniCore's `infinicore.h` defines them.
@@ -133,7 +137,8 @@ impl Error {
             NullPointer(_) => Status::NullPointer,
             DeviceTypeNotSupported(_) | Unavailable { .. } => Status::DeviceTypeNotSupported,
             DeviceNotFound(_) => Status::DeviceNotFound,
-            DeviceNotInitialized(_) => Status::DeviceNotInitialized,
+            // The child's copy of the device is not initialised; it must open it again.
+            DeviceNotInitialized(_) | Forked(_) => Status::DeviceNotInitialized,
             ArchitectureNotSupported(_) => Status::DeviceArchitectureNotSupported,
             BadTensorDtype(_) => Status::BadTensorDtype,
             BadTensorShape(_) => Status::BadTensorShape,
@@ -172,6 +177,7 @@ impl Error {
             Unsupported { .. } => "unsupported",
             Driver { .. } => "driver",
             KernelCompile { .. } => "kernel_compile",
+            Forked(_) => "forked",
         }
     }
 

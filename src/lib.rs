@@ -82,6 +82,7 @@ pub mod context;
 pub mod device;
 pub mod discovery;
 pub mod error;
+pub mod fork;
 pub mod hal;
 pub mod handles;
 pub mod hostmem;

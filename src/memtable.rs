@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
+use crate::fork::Epoch;
 
 /// One live allocation: `[base, base + size)` and the backend's own payload (a buffer id on
 /// wgpu, nothing on CPU).
@@ -30,6 +31,8 @@ impl<T> Allocation<T> {
 #[derive(Debug)]
 pub struct AllocTable<T = ()> {
     what: &'static str,
+    /// A table made before a fork answers `Error::Forked` in the child.
+    born: Epoch,
     map: RwLock<BTreeMap<u64, Allocation<T>>>,
 }
 
@@ -38,13 +41,25 @@ impl<T: Clone> AllocTable<T> {
     pub fn new(what: &'static str) -> Self {
         AllocTable {
             what,
+            born: Epoch::now(),
             map: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// `Ok` unless the table was made before a fork that made this process (one atomic load).
+    #[inline]
+    fn live(&self) -> Result<()> {
+        if self.born.is_current() {
+            Ok(())
+        } else {
+            Err(crate::fork::forked(&format!("{} memory", self.what)))
         }
     }
 
     /// Registers `[base, base + size)`. Overlap with a live allocation is an internal error
     /// (the backend handed out the same address twice).
     pub fn insert(&self, base: u64, size: u64, payload: T) -> Result<()> {
+        self.live()?;
         let mut map = self.map.write();
         let end = base
             .checked_add(size)
@@ -93,6 +108,7 @@ impl<T: Clone> AllocTable<T> {
 
     /// Unregisters the allocation that starts at `base`.
     pub fn remove(&self, base: u64) -> Result<Allocation<T>> {
+        self.live()?;
         let mut map = self.map.write();
         if let Some(a) = map.remove(&base) {
             return Ok(a);
@@ -102,6 +118,7 @@ impl<T: Clone> AllocTable<T> {
 
     /// The allocation that starts exactly at `base`.
     pub fn get_start(&self, base: u64) -> Result<Allocation<T>> {
+        self.live()?;
         let map = self.map.read();
         match map.get(&base) {
             Some(a) => Ok(a.clone()),
@@ -129,6 +146,7 @@ impl<T: Clone> AllocTable<T> {
     /// The allocation holding all of `[addr, addr + len)`; `len` may be zero only for an address
     /// inside an allocation.
     pub fn lookup(&self, addr: u64, len: u64) -> Result<Allocation<T>> {
+        self.live()?;
         let map = self.map.read();
         let a = Self::containing(&map, addr).ok_or_else(|| Error::OutOfBounds {
             addr,
@@ -158,6 +176,7 @@ impl<T: Clone> AllocTable<T> {
         if addr == 0 {
             return Err(Error::NullPointer("host address".into()));
         }
+        self.live()?;
         if self.find(addr).is_some() {
             self.lookup(addr, len)?;
         }

@@ -4,11 +4,16 @@
 //! this crate keeps its own, separate from anything in the `unirt` crate, and caches the opened
 //! backend and its default stream beside it so an entry point reaches its backend with one
 //! thread-local lookup and no lock.
+//!
+//! In a child made by `fork` the cached backend is the parent's, which answers
+//! `Error::Forked` to everything; the first call there opens the device again (one atomic load
+//! per call tells), so the child starts on fresh state and the parent's handles get a status.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+use unirt::fork::Epoch;
 use unirt::{AnyBackend, Backend, Device, DeviceKind, Error, Result, StreamId};
 
 use crate::boundary::from_handle;
@@ -110,16 +115,20 @@ pub struct Current {
     pub device: Device,
     pub backend: Arc<AnyBackend>,
     pub default_stream: StreamId,
+    /// The process image the backend was opened in.
+    born: Epoch,
 }
 
 impl Current {
     fn open(device: Device) -> Result<Self> {
+        let born = Epoch::now();
         let backend = unirt::open(device)?;
         let default_stream = backend.default_stream();
         Ok(Current {
             device,
             backend,
             default_stream,
+            born,
         })
     }
 
@@ -147,8 +156,13 @@ fn exiting() -> Error {
 pub fn with_current<R>(f: impl FnOnce(&Current) -> Result<R>) -> Result<R> {
     CURRENT
         .try_with(|cell| {
-            if cell.borrow().is_none() {
-                let cur = Current::open(Device::CPU)?;
+            let reopen = match &*cell.borrow() {
+                None => Some(Device::CPU),
+                Some(cur) if !cur.born.is_current() => Some(cur.device),
+                Some(_) => None,
+            };
+            if let Some(device) = reopen {
+                let cur = Current::open(device)?;
                 *cell.borrow_mut() = Some(cur);
             }
             match cell.borrow().as_ref() {
@@ -162,7 +176,11 @@ pub fn with_current<R>(f: impl FnOnce(&Current) -> Result<R>) -> Result<R> {
 /// Makes `device` the calling thread's current device, opening it if needed.
 pub fn set_current(device: Device) -> Result<()> {
     let same = CURRENT
-        .try_with(|cell| cell.borrow().as_ref().map(|c| c.device) == Some(device))
+        .try_with(|cell| {
+            cell.borrow()
+                .as_ref()
+                .is_some_and(|c| c.device == device && c.born.is_current())
+        })
         .map_err(|_| exiting())?;
     if same {
         return Ok(());

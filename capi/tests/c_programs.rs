@@ -108,6 +108,18 @@ fn infinirt_test_c() {
     }
 }
 
+/// A child forked while work is pending gets statuses for the parent's objects and works on
+/// fresh ones; it never hangs (the program kills a child that does, and fails).
+#[test]
+fn fork_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/fork_test.c"),
+        "fork_test",
+    ) {
+        run(&exe);
+    }
+}
+
 #[test]
 fn example_capture_replay_c() {
     let src = Path::new(MANIFEST).join("../examples/c/capture_replay.c");

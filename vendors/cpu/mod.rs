@@ -86,7 +86,8 @@ impl CpuBackend {
             )));
         }
         let streams = HandleTable::new(StreamId::KIND);
-        let (default_stream, default) = streams.insert(CpuStream::new("unirt-cpu-default".into())?);
+        let (default_stream, default) =
+            streams.insert(CpuStream::new("unirt-cpu-default".into())?)?;
         Ok(CpuBackend {
             info: device_info(),
             device_mem: AllocTable::new("device"),
@@ -212,7 +213,7 @@ impl Backend for CpuBackend {
         let n = self.streams.len();
         let (id, _) = self
             .streams
-            .insert(CpuStream::new(format!("unirt-cpu-stream-{n}"))?);
+            .insert(CpuStream::new(format!("unirt-cpu-stream-{n}"))?)?;
         Ok(StreamId(id))
     }
 
@@ -256,7 +257,7 @@ impl Backend for CpuBackend {
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
         let flags = EventFlags::new(flags.0)?;
-        Ok(EventId(self.events.insert(CpuEvent::new(flags)).0))
+        Ok(EventId(self.events.insert(CpuEvent::new(flags))?.0))
     }
 
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
@@ -456,7 +457,7 @@ impl Backend for CpuBackend {
             nodes: c.nodes.into(),
             ranges: c.ranges.into(),
         };
-        Ok(GraphId(self.graphs.insert(graph).0))
+        Ok(GraphId(self.graphs.insert(graph)?.0))
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
@@ -464,7 +465,7 @@ impl Backend for CpuBackend {
         for &(addr, len) in g.ranges.iter() {
             self.check_device(addr, len)?;
         }
-        Ok(GraphExecId(self.execs.insert(CpuGraphExec::new(&g)).0))
+        Ok(GraphExecId(self.execs.insert(CpuGraphExec::new(&g))?.0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {

@@ -16,6 +16,7 @@ use super::graph::Capture;
 use super::kernels::CpuKernel;
 use super::memory;
 use crate::error::{Error, Result};
+use crate::fork::Epoch;
 use crate::hal::KernelArg;
 use crate::progress::Progress;
 
@@ -97,6 +98,9 @@ pub(crate) struct CpuStream {
     submitted: AtomicU64,
     shared: Arc<Shared>,
     pub capture: Mutex<Option<Capture>>,
+    /// The worker exists only in the process that started it: a forked child must not wait
+    /// for it (it would wait forever).
+    born: Epoch,
 }
 
 impl CpuStream {
@@ -113,11 +117,13 @@ impl CpuStream {
             submitted: AtomicU64::new(0),
             shared,
             capture: Mutex::new(None),
+            born: Epoch::now(),
         })
     }
 
     /// Queues `op` to run after everything queued before it.
     pub fn enqueue(&self, op: Op) -> Result<()> {
+        self.born.check("a cpu stream")?;
         let tx = self.tx.lock();
         tx.send(op)
             .map_err(|_| Error::Internal("stream worker has exited".into()))?;
@@ -136,6 +142,7 @@ impl CpuStream {
 
     /// Waits for everything enqueued so far; reports a command's failure once.
     pub fn synchronize(&self) -> Result<()> {
+        self.born.check("a cpu stream")?;
         if !self.is_idle() {
             self.shared
                 .done

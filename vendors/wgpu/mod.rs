@@ -76,7 +76,7 @@ impl WgpuBackend {
         let name = format!("wgpu:{index}");
         let gpu = Gpu::open(&found.adapter, format!("{name} ({})", found.info.name))?;
         let streams = HandleTable::new(StreamId::KIND);
-        let (default_stream, _) = streams.insert(WStream::new());
+        let (default_stream, _) = streams.insert(WStream::new())?;
         Ok(WgpuBackend {
             info: found.info.clone(),
             name,
@@ -199,7 +199,7 @@ impl Backend for WgpuBackend {
     }
 
     fn stream_create(&self) -> Result<StreamId> {
-        Ok(StreamId(self.streams.insert(WStream::new()).0))
+        Ok(StreamId(self.streams.insert(WStream::new())?.0))
     }
 
     fn stream_destroy(&self, stream: StreamId) -> Result<()> {
@@ -238,7 +238,7 @@ impl Backend for WgpuBackend {
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
         let flags = EventFlags::new(flags.0)?;
         let e = WEvent::new(&self.gpu, flags)?;
-        Ok(EventId(self.events.insert(e).0))
+        Ok(EventId(self.events.insert(e)?.0))
     }
 
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
@@ -534,13 +534,13 @@ impl Backend for WgpuBackend {
             cmds: c.cmds.into(),
             ranges: c.ranges.into(),
         };
-        Ok(GraphId(self.graphs.insert(graph).0))
+        Ok(GraphId(self.graphs.insert(graph)?.0))
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
         self.check_ranges(&g.ranges)?;
-        Ok(GraphExecId(self.execs.insert(WGraphExec::new(&g)).0))
+        Ok(GraphExecId(self.execs.insert(WGraphExec::new(&g))?.0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
