@@ -3,7 +3,11 @@
 //! With no arguments it runs the main job: every vendor probed, then the conformance suite on
 //! every available device, then a summary per device.
 
-mod cli;
+mod bench;
+mod conformance;
+mod devices;
+mod kernels;
+mod main_job;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,7 +18,12 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "unirt",
     version,
-    about = "One runtime for every accelerator on this machine"
+    about = "One runtime for every accelerator on this machine",
+    long_about = "One runtime for every accelerator on this machine.\n\n\
+        With no command, `unirt` runs the main job: it probes every vendor, lists the devices, \
+        runs the conformance suite on every available device and prints a summary per device \
+        (exit 1 when a case failed). No subcommand does that; `cargo run --release` at the \
+        repository root runs it."
 )]
 struct Args {
     #[command(subcommand)]
@@ -59,7 +68,7 @@ enum Command {
     /// Benchmarks, each against the baseline named in its row.
     Bench {
         #[command(subcommand)]
-        which: cli::bench::Which,
+        which: bench::Which,
     },
 }
 
@@ -75,18 +84,21 @@ fn quiet_headless_vulkan_layer() {
     }
 }
 
+/// Errors of the command line front end: a unirt error or an I/O failure writing a report.
+pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
 fn main() -> ExitCode {
     quiet_headless_vulkan_layer();
     let args = Args::parse();
     let result = match args.command {
-        None => cli::main_job::run(),
-        Some(Command::Devices { json }) => cli::devices::run(json),
+        None => main_job::run(),
+        Some(Command::Devices { json }) => devices::run(json),
         Some(Command::Conformance {
             device,
             filter,
             json,
             junit,
-        }) => cli::conformance::run(
+        }) => conformance::run(
             device.as_deref(),
             filter.as_deref(),
             json.as_deref(),
@@ -96,8 +108,8 @@ fn main() -> ExitCode {
             compile,
             arch,
             json,
-        }) => cli::kernels::run(&compile, &arch, json.as_deref()),
-        Some(Command::Bench { which }) => cli::bench::run(which),
+        }) => kernels::run(&compile, &arch, json.as_deref()),
+        Some(Command::Bench { which }) => bench::run(which),
     };
     match result {
         Ok(code) => code,

@@ -133,20 +133,49 @@ fn conformance_json_and_junit_on_cpu() {
 }
 
 #[test]
-fn unavailable_vendor_is_skipped_not_failed() {
-    let out = unirt(
-        &[
-            "conformance",
-            "--device",
+fn asking_for_what_is_not_here_fails_clearly() {
+    // A vendor that is not probed, a vendor that is unavailable here (this machine has no
+    // GPU: CUDA answers "no device" or is not installed), an index past the devices, and a
+    // filter matching no case: each exits non-zero with a message, never a green empty run.
+    for (args, env, says) in [
+        (
+            &[
+                "conformance",
+                "--device",
+                "cuda",
+                "--filter",
+                "memcpy::h2d_sync",
+            ][..],
+            &[("UNIRT_BACKENDS", "cpu")][..],
             "cuda",
-            "--filter",
-            "memcpy::h2d_sync",
-        ],
-        &[("UNIRT_BACKENDS", "cpu")],
-    );
-    no_panic(&out);
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("skipped"));
+        ),
+        (&["conformance", "--device", "cuda:3"], &[], "cuda"),
+        (
+            &["conformance", "--device", "cpu:1"],
+            &[],
+            "cpu has 1 device",
+        ),
+        (
+            &[
+                "conformance",
+                "--device",
+                "cpu:0",
+                "--filter",
+                "no-such-case",
+            ],
+            &[],
+            "no conformance case matches",
+        ),
+    ] {
+        let out = unirt(args, env);
+        no_panic(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says),
+            "{args:?}: stderr {err:?} lacks {says:?}"
+        );
+    }
 }
 
 #[test]
@@ -193,4 +222,68 @@ fn bad_arguments_are_errors_not_panics() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(!out.stderr.is_empty(), "{args:?} said nothing");
     }
+}
+
+#[test]
+fn reports_are_checked_first_and_one_failure_spares_the_other() {
+    // A report path that cannot be written fails before the suite runs, naming the file.
+    let out = unirt(
+        &[
+            "conformance",
+            "--device",
+            "cpu:0",
+            "--json",
+            "/nonexistent-dir/r.json",
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent-dir/r.json"), "{err}");
+    assert!(out.stdout.is_empty(), "the suite ran before the check");
+
+    // A report that fails while being written (/dev/full) does not stop the other.
+    let junit = std::env::temp_dir().join(format!("unirt-junit-{}.xml", std::process::id()));
+    let out = unirt(
+        &[
+            "conformance",
+            "--device",
+            "cpu:0",
+            "--filter",
+            "memset",
+            "--json",
+            "/dev/full",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a lost report is exit 2 when all passed"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/full"));
+    assert!(std::fs::read_to_string(&junit)
+        .unwrap()
+        .contains("<testsuite"));
+    std::fs::remove_file(&junit).ok();
+}
+
+#[test]
+fn nothing_to_run_on_is_an_error() {
+    for args in [&["conformance"][..], &[]] {
+        let out = unirt(args, &[("UNIRT_BACKENDS", "bogus")]);
+        no_panic(&out);
+        assert!(!out.status.success(), "{args:?} with no device succeeded");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no available device"));
+    }
+    let out = unirt(&["bench", "dispatch", "--device", "cpu:0"], &[]);
+    no_panic(&out);
+    assert!(
+        !out.status.success(),
+        "bench dispatch on cpu printed zeros and passed"
+    );
 }

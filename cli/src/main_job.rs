@@ -2,15 +2,19 @@
 
 use std::process::ExitCode;
 
-use unirt::conformance::Status;
+use unirt_conformance::report::print_summary;
+use unirt_conformance::Status;
 
-use super::{conformance, devices, CliResult};
+use crate::{conformance, devices, CliResult};
 
 pub fn run() -> CliResult<ExitCode> {
     let d = unirt::discover();
     println!("== devices");
     devices::print_table(d);
     let devs = d.devices();
+    if devs.is_empty() {
+        return Err(conformance::no_device_message().into());
+    }
     println!();
     println!("== conformance on {} device(s)", devs.len());
     let results = conformance::run_all(&devs, None);
@@ -23,7 +27,7 @@ pub fn run() -> CliResult<ExitCode> {
             r.message.as_deref().unwrap_or("")
         );
     }
-    conformance::print_summary(&results);
+    print_summary(&results);
     let failed = results.iter().any(|r| r.status == Status::Failed);
     Ok(if failed {
         ExitCode::from(1)
