@@ -34,7 +34,7 @@ fi
 out="$target/capi-valgrind"
 mkdir -p "$out"
 programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/fork_test.c
-  examples/c/capture_replay.c)
+  capi/tests/c/sizes_test.c examples/c/capture_replay.c)
 for src in "${programs[@]}"; do
   exe="$out/$(basename "$src" .c)"
   "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \

@@ -11,9 +11,12 @@ use crate::hal::{DevicePtr, HostPtr, StreamId};
 enum Owner {
     Device(Arc<CachingAllocator>),
     Pinned(Arc<PinnedHostPool>),
-    /// Plain (pageable) host memory, owned here. `u128` elements give 16-byte alignment.
-    Host(#[allow(dead_code)] Box<[u128]>),
+    /// Plain (pageable) host memory from [`crate::hostmem::acquire_zeroed`], owned here.
+    Host,
 }
+
+/// Plain host memory is aligned like `malloc`'s (16 bytes).
+const HOST_ALIGN: u64 = 16;
 
 struct Inner {
     device: Device,
@@ -33,7 +36,7 @@ impl Drop for Inner {
             Owner::Pinned(p) => {
                 let _ = p.free(HostPtr(self.addr));
             }
-            Owner::Host(_) => {}
+            Owner::Host => crate::hostmem::release(self.addr, self.size as u64, HOST_ALIGN),
         }
     }
 }
@@ -89,20 +92,23 @@ impl Memory {
         })))
     }
 
-    /// Plain host memory, zeroed, 16-byte aligned, on the host device (`cpu:0`).
-    pub fn host(bytes: usize) -> Self {
-        let mut buf = vec![0u128; bytes.div_ceil(16)].into_boxed_slice();
+    /// Plain host memory, zeroed, 16-byte aligned, on the host device (`cpu:0`); zero bytes
+    /// is a null address. A size the host cannot give is [`Error::OutOfMemory`], never an
+    /// abort.
+    ///
+    /// [`Error::OutOfMemory`]: crate::Error::OutOfMemory
+    pub fn host(bytes: usize) -> crate::Result<Self> {
         let addr = if bytes == 0 {
             0
         } else {
-            buf.as_mut_ptr() as usize as u64
+            crate::hostmem::acquire_zeroed(bytes as u64, HOST_ALIGN, "host")?
         };
-        Memory(Arc::new(Inner {
+        Ok(Memory(Arc::new(Inner {
             device: Device::CPU,
             addr,
             size: bytes,
-            owner: Owner::Host(buf),
-        }))
+            owner: Owner::Host,
+        })))
     }
 
     /// The address: a device address for device memory, a host address otherwise.
@@ -149,7 +155,7 @@ impl Memory {
                 p.record_stream(self.0.addr, stream);
                 Ok(())
             }
-            Owner::Host(_) => Ok(()),
+            Owner::Host => Ok(()),
         }
     }
 
@@ -164,7 +170,7 @@ impl fmt::Debug for Memory {
         let kind = match self.0.owner {
             Owner::Device(_) => "device",
             Owner::Pinned(_) => "pinned host",
-            Owner::Host(_) => "host",
+            Owner::Host => "host",
         };
         write!(
             f,

@@ -120,6 +120,17 @@ fn fork_test_c() {
     }
 }
 
+/// Sizes no machine can give, through every call that takes one: statuses, no abort.
+#[test]
+fn sizes_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/sizes_test.c"),
+        "sizes_test",
+    ) {
+        run(&exe);
+    }
+}
+
 #[test]
 fn example_capture_replay_c() {
     let src = Path::new(MANIFEST).join("../examples/c/capture_replay.c");

@@ -29,6 +29,7 @@ mod cases_capture;
 mod cases_chaos;
 mod cases_context;
 mod cases_memcpy;
+mod cases_robust;
 mod cases_streams;
 pub mod report;
 mod trials;
@@ -140,6 +141,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc::CASES);
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
+    all.extend_from_slice(cases_robust::CASES);
     all
 }
 
