@@ -280,6 +280,7 @@ fn enumerate(parent: Option<&'static Enumerated>) -> Enumerated {
         Ok(b) => b,
         Err(reason) => return Enumerated::None(reason),
     };
+    let refused = super::loaders::secure(&mut backends);
     let generation = crate::fork::generation();
     let gl_started = GL_STARTED.load(Ordering::SeqCst);
     let mut forked_gl = Vec::new();
@@ -344,6 +345,9 @@ fn enumerate(parent: Option<&'static Enumerated>) -> Enumerated {
         )
     });
     if usable.is_empty() && forked_gl.is_empty() {
+        if let Some(refused) = refused {
+            return Enumerated::None(refused);
+        }
         let mut reason = format!("no wgpu adapter (enumerated {seen} with backends {backends:?}");
         if !skipped.is_empty() {
             reason.push_str(&format!("; skipped: {}", skipped.join(", ")));

@@ -22,6 +22,7 @@ mod event;
 mod gpu;
 mod graph;
 mod kernels;
+mod loaders;
 mod memory;
 mod stream;
 #[cfg(test)]
