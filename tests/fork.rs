@@ -278,7 +278,7 @@ fn cuda_in_a_forked_child_is_unavailable_with_the_reason() -> Check {
     let loaded = parent
         .reason
         .as_deref()
-        .map_or(true, |r| r.starts_with("libcuda "));
+        .is_none_or(|r| r.starts_with("libcuda "));
     let outcome = in_child("cuda", move || {
         let b = unirt::discover()
             .backend(DeviceKind::Cuda)
