@@ -63,6 +63,11 @@
 //! - **The library carries only the runtime.** The conformance cases, their harness and reports
 //!   live in crate `unirt-conformance` (`conformance/`), the `unirt` command in crate
 //!   `unirt-cli` (`cli/`): an app that embeds `unirt` compiles neither, nor their dependencies.
+//! - **Fork-safe, and no size aborts.** A child made by `fork` gets [`Error::Forked`] from
+//!   every object of its parent at the cost of one atomic load per call, and discovery, `open`,
+//!   [`Runtime`] and [`context`] start afresh there ([`fork`]); CUDA and Mesa's GL, which
+//!   cannot cross a fork, say so. Sizes from callers and drivers are checked and allocated
+//!   fallibly: an impossible one is `OutOfMemory` / `TooLarge`, never an abort.
 //! - **Kernels are described once** ([`kernel::KERNELS`]) and written per vendor in its own
 //!   language (Rust, CUDA C compiled by NVRTC, WGSL), so argument checking is shared.
 //!
