@@ -12,8 +12,13 @@
 //! fresh state; the parent's copies are left alone (never dropped), because dropping them would
 //! wait for threads that do not exist in the child.
 //!
-//! A child made by a raw `clone`/`vfork` system call (no atfork handlers) is not detected; a
-//! child that only calls `exec` needs nothing.
+//! What this cannot lift is the POSIX limit of forking a threaded process: a lock that
+//! another thread holds inside a driver or another library at the instant of the fork (Mesa's,
+//! LLVM's, or std's backtrace lock that wgpu-core's debug builds take) stays held in the child,
+//! and a fresh device there may wait on it. unirt's own objects never wait in a child; fork
+//! while the drivers are idle (queued, unsubmitted work is fine), or start workers with
+//! spawn/exec. A child made by a raw `clone`/`vfork` system call (no atfork handlers) is not
+//! detected; a child that only calls `exec` needs nothing.
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};

@@ -216,13 +216,27 @@ fn fork_device(device: Device) -> Check {
     let stream = Stream::new(&dev).map_err(e)?;
     let event = Event::new(&dev).map_err(e)?;
     let buf = dev.malloc(4 * n as usize).map_err(e)?;
-    // Queue enough work that it is still running when the child starts.
-    for i in 0..16u32 {
-        stream
-            .launch("fill", &[buf.into(), (i as f32).to_bits().into(), n.into()])
-            .map_err(e)?;
-    }
+    let queue_fills = || -> Check {
+        for i in 0..16u32 {
+            stream
+                .launch("fill", &[buf.into(), (i as f32).to_bits().into(), n.into()])
+                .map_err(e)?;
+        }
+        Ok(())
+    };
+    // Queue enough work that it is still pending when the child starts.
+    queue_fills()?;
     event.record(&stream).map_err(e)?;
+    if device.kind == DeviceKind::Wgpu {
+        // On wgpu, the pending work is what unirt's own stream holds: the driver is let go
+        // idle first, then more is queued and not yet submitted. A fork while another thread
+        // is inside the driver (or, in debug builds, inside wgpu-core's lock tracing, which
+        // takes std's process-wide backtrace lock) can leave the child a lock nobody will
+        // release — the POSIX limit of forking a threaded process, which no library can lift
+        // for code it does not own.
+        event.synchronize().map_err(e)?;
+        queue_fills()?;
+    }
 
     // The child takes the objects (to drop them there); the parent keeps its own copies.
     let mut objects = Some((private, stream, event, held));

@@ -105,6 +105,13 @@ static void fork_on(infiniDevice_t type, int id) {
     OK(infinirtMalloc(&d, BIG));
     for (int i = 0; i < 8; i++) OK(infinirtMemsetAsync(d, i, BIG, s));
     OK(infinirtEventRecord(e, s));
+    if (type == INFINI_DEVICE_UNIRT_WGPU) {
+        /* On wgpu the pending work is what unirt's stream holds: the driver goes idle first
+         * (a fork while another thread is inside the driver may leave the child a lock no
+         * thread will release, a limit of fork in threaded processes), then more is queued. */
+        OK(infinirtEventSynchronize(e));
+        for (int i = 0; i < 8; i++) OK(infinirtMemsetAsync(d, i, BIG, s));
+    }
 
     fflush(NULL);
     pid_t pid = fork();
