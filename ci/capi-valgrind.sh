@@ -33,8 +33,8 @@ fi
 
 out="$target/capi-valgrind"
 mkdir -p "$out"
-programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/fork_test.c
-  capi/tests/c/sizes_test.c examples/c/capture_replay.c)
+programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/exit_paths.c
+  capi/tests/c/fork_test.c capi/tests/c/sizes_test.c examples/c/capture_replay.c)
 for src in "${programs[@]}"; do
   exe="$out/$(basename "$src" .c)"
   "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \
@@ -55,7 +55,8 @@ for src in "${programs[@]}"; do
   if [ "$(basename "$exe")" = fork_test ]; then
     leaks=(--leak-check=no)
   fi
-  if ! valgrind --quiet --error-exitcode=1 "${leaks[@]}" --track-origins=yes "$exe"; then
+  if ! valgrind --quiet --error-exitcode=1 "${leaks[@]}" --track-origins=yes \
+      --suppressions=ci/valgrind.supp "$exe"; then
     echo "capi-valgrind: FAILED: $exe" >&2
     status=1
   fi

@@ -9,7 +9,7 @@
 //! `Error::Forked` to everything; the first call there opens the device again (one atomic load
 //! per call tells), so the child starts on fresh state and the parent's handles get a status.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
@@ -144,61 +144,66 @@ impl Current {
 }
 
 thread_local! {
+    /// The opened backend and default stream of the thread's device: the fast path.
     static CURRENT: RefCell<Option<Current>> = const { RefCell::new(None) };
+    /// The thread's device alone. A `Copy` value with no destructor stays readable while the
+    /// thread exits (in thread-exit destructors and, on the main thread, in atexit handlers),
+    /// after `CURRENT` has been torn down.
+    static CURRENT_DEVICE: Cell<Device> = const { Cell::new(Device::CPU) };
 }
 
-fn exiting() -> Error {
-    Error::Internal("called while the thread is exiting".into())
+/// The thread's device, also during thread exit (CPU 0 until set).
+fn remembered_device() -> Device {
+    CURRENT_DEVICE.try_with(Cell::get).unwrap_or(Device::CPU)
 }
 
 /// Runs `f` on the calling thread's current device (opening CPU 0 on first use).
+///
+/// Calls made while the thread exits — from a thread-exit destructor, or from an atexit
+/// handler after the main thread's locals are gone — still run on the thread's device: the
+/// cached backend is gone then, so it is looked up again in unirt's process-wide table.
 #[inline]
 pub fn with_current<R>(f: impl FnOnce(&Current) -> Result<R>) -> Result<R> {
-    CURRENT
-        .try_with(|cell| {
-            let reopen = match &*cell.borrow() {
-                None => Some(Device::CPU),
-                Some(cur) if !cur.born.is_current() => Some(cur.device),
-                Some(_) => None,
-            };
-            if let Some(device) = reopen {
-                let cur = Current::open(device)?;
-                *cell.borrow_mut() = Some(cur);
-            }
-            match cell.borrow().as_ref() {
-                Some(cur) => f(cur),
-                None => Err(Error::Internal("no current device".into())),
-            }
-        })
-        .unwrap_or_else(|_| Err(exiting()))
+    let mut f = Some(f);
+    let mut run = |cur: &Current| match f.take() {
+        Some(f) => f(cur),
+        None => Err(Error::Internal("an entry point ran twice".into())),
+    };
+    let fast = CURRENT.try_with(|cell| {
+        // None yet, or the parent's backend in a forked child: open the device (again).
+        let stale = cell
+            .borrow()
+            .as_ref()
+            .is_none_or(|cur| !cur.born.is_current());
+        if stale {
+            let cur = Current::open(remembered_device())?;
+            *cell.borrow_mut() = Some(cur);
+        }
+        match cell.borrow().as_ref() {
+            Some(cur) => run(cur),
+            None => Err(Error::Internal("no current device".into())),
+        }
+    });
+    match fast {
+        Ok(r) => r,
+        Err(_) => run(&Current::open(remembered_device())?),
+    }
 }
 
 /// Makes `device` the calling thread's current device, opening it if needed.
 pub fn set_current(device: Device) -> Result<()> {
-    let same = CURRENT
-        .try_with(|cell| {
-            cell.borrow()
-                .as_ref()
-                .is_some_and(|c| c.device == device && c.born.is_current())
-        })
-        .map_err(|_| exiting())?;
-    if same {
+    let cached = CURRENT.try_with(|c| c.borrow().as_ref().is_some_and(|c| c.born.is_current()));
+    if remembered_device() == device && cached == Ok(true) {
         return Ok(());
     }
     let cur = Current::open(device)?;
-    CURRENT
-        .try_with(|cell| *cell.borrow_mut() = Some(cur))
-        .map_err(|_| exiting())
+    let _ = CURRENT_DEVICE.try_with(|d| d.set(device));
+    // While the thread exits the cache is gone; the remembered device is enough then.
+    let _ = CURRENT.try_with(|cell| *cell.borrow_mut() = Some(cur));
+    Ok(())
 }
 
 /// The calling thread's current device, without opening it (CPU 0 until set).
 pub fn current_device() -> Result<Device> {
-    CURRENT
-        .try_with(|cell| {
-            cell.borrow()
-                .as_ref()
-                .map(|c| c.device)
-                .unwrap_or(Device::CPU)
-        })
-        .map_err(|_| exiting())
+    Ok(remembered_device())
 }
