@@ -34,7 +34,8 @@ fi
 out="$target/capi-valgrind"
 mkdir -p "$out"
 programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/exit_paths.c
-  capi/tests/c/lifetime_test.c examples/c/capture_replay.c)
+  capi/tests/c/lifetime_test.c capi/tests/c/fork_test.c capi/tests/c/sizes_test.c
+  examples/c/capture_replay.c)
 for src in "${programs[@]}"; do
   exe="$out/$(basename "$src" .c)"
   "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \
@@ -48,8 +49,15 @@ for src in "${programs[@]}"; do
   echo "capi-valgrind: $exe (UNIRT_BACKENDS=$UNIRT_BACKENDS)"
   # Definite leaks and invalid accesses fail; the process-wide device table and the stream
   # worker threads live until exit by design ("still reachable" / "possibly lost").
-  if ! valgrind --quiet --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
-      --show-leak-kinds=definite --track-origins=yes --suppressions=ci/valgrind.supp "$exe"; then
+  leaks=(--leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite)
+  # A forked child has none of its parent's threads, so what only their stacks referenced
+  # reads as "definitely lost" there: fork_test is checked for invalid accesses (parent and
+  # child) and its leaks are left to the programs above.
+  if [ "$(basename "$exe")" = fork_test ]; then
+    leaks=(--leak-check=no)
+  fi
+  if ! valgrind --quiet --error-exitcode=1 "${leaks[@]}" --track-origins=yes \
+      --suppressions=ci/valgrind.supp "$exe"; then
     echo "capi-valgrind: FAILED: $exe" >&2
     status=1
   fi

@@ -83,7 +83,7 @@ pub fn allocate_memory(bytes: usize) -> Result<Memory> {
 
 /// Plain (pageable) host memory.
 pub fn allocate_host_memory(bytes: usize) -> Result<Memory> {
-    Ok(Memory::host(bytes))
+    Memory::host(bytes)
 }
 
 /// Pinned host memory from the current device's pool.

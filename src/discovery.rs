@@ -7,16 +7,20 @@
 //!
 //! `UNIRT_BACKENDS=cpu,wgpu` restricts which vendors are probed; the others report
 //! "disabled by UNIRT_BACKENDS".
+//!
+//! "Once per process" is meant literally: a child made by `fork` probes and opens afresh (see
+//! [`crate::fork`]); the parent's devices answer [`Error::Forked`] there.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::device::{Device, DeviceInfo, DeviceKind};
 use crate::error::{Error, Result};
+use crate::fork::PerProcess;
 use crate::hal::Probe;
 use crate::vendors::{self, AnyBackend};
 
@@ -182,7 +186,7 @@ pub fn probe_all() -> Discovery {
 /// assert!(d.backend(unirt::DeviceKind::Cpu).unwrap().available() || std::env::var("UNIRT_BACKENDS").is_ok());
 /// ```
 pub fn discover() -> &'static Discovery {
-    static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
+    static DISCOVERY: PerProcess<Discovery> = PerProcess::new();
     DISCOVERY.get_or_init(probe_all)
 }
 
@@ -210,7 +214,7 @@ pub fn best_device() -> Option<Device> {
 /// cpu.free(p).unwrap();
 /// ```
 pub fn open(device: Device) -> Result<Arc<AnyBackend>> {
-    static OPEN: OnceLock<Mutex<HashMap<Device, Arc<AnyBackend>>>> = OnceLock::new();
+    static OPEN: PerProcess<Mutex<HashMap<Device, Arc<AnyBackend>>>> = PerProcess::new();
     let table = OPEN.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(b) = table.lock().get(&device) {
         return Ok(b.clone());

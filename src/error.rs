@@ -103,6 +103,10 @@ pub enum Error {
     /// A kernel failed to compile; `log` is the compiler's output.
     #[error("kernel {kernel} failed to compile: {log}")]
     KernelCompile { kernel: String, log: String },
+    /// The object was made before this process was forked and cannot be used in the child
+    /// (see [`crate::fork`]); the child opens its devices again.
+    #[error("forked: {0}")]
+    Forked(String),
 }
 
 /// `infiniStatus_t` values (the C ABI's status codes), as InfiniCore's `infinicore.h` defines them.
@@ -141,7 +145,8 @@ impl Error {
             NullPointer(_) => InfiniStatus::NullPointer,
             DeviceTypeNotSupported(_) | Unavailable { .. } => InfiniStatus::DeviceTypeNotSupported,
             DeviceNotFound(_) => InfiniStatus::DeviceNotFound,
-            DeviceNotInitialized(_) => InfiniStatus::DeviceNotInitialized,
+            // The child's copy of the device is not initialised; it must open it again.
+            DeviceNotInitialized(_) | Forked(_) => InfiniStatus::DeviceNotInitialized,
             ArchitectureNotSupported(_) => InfiniStatus::DeviceArchitectureNotSupported,
             BadTensorDtype(_) => InfiniStatus::BadTensorDtype,
             BadTensorShape(_) => InfiniStatus::BadTensorShape,
@@ -180,6 +185,7 @@ impl Error {
             Unsupported { .. } => "unsupported",
             Driver { .. } => "driver",
             KernelCompile { .. } => "kernel_compile",
+            Forked(_) => "forked",
         }
     }
 

@@ -14,17 +14,67 @@ pub const PAGE_ALIGN: u64 = 4096;
 /// Allocates `size` (> 0) bytes aligned to `align`. Never panics: an impossible layout or a
 /// refused allocation is `OutOfMemory`.
 pub fn acquire(size: u64, align: u64, backend: DeviceKind, device: &str) -> Result<u64> {
+    acquire_with(size, align, backend, device, false)
+}
+
+/// As [`acquire`], zero-filled (fresh pages from the system cost nothing to zero).
+pub fn acquire_zeroed(size: u64, align: u64, backend: DeviceKind, device: &str) -> Result<u64> {
+    acquire_with(size, align, backend, device, true)
+}
+
+/// All the memory this machine has (RAM + swap, from `/proc/meminfo`), read once; `u64::MAX`
+/// where it cannot be read.
+fn machine_memory() -> u64 {
+    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |name: &str| -> Option<u64> {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|kib| kib.saturating_mul(1024))
+        };
+        match field("MemTotal:") {
+            Some(ram) => ram.saturating_add(field("SwapTotal:").unwrap_or(0)),
+            None => u64::MAX,
+        }
+    })
+}
+
+fn acquire_with(
+    size: u64,
+    align: u64,
+    backend: DeviceKind,
+    device: &str,
+    zeroed: bool,
+) -> Result<u64> {
     let oom = |detail: &str| Error::OutOfMemory {
         backend,
         device: device.to_string(),
         requested: size,
         detail: detail.to_string(),
     };
+    // More than the machine has can never be backed; refusing it here gives the same answer
+    // whether or not the kernel overcommits (where it does, the allocation would "succeed"
+    // and fail later, on first touch, by killing the process).
+    let total = machine_memory();
+    if size > total {
+        return Err(oom(&format!(
+            "more than all of this machine's memory ({total} bytes of RAM and swap)"
+        )));
+    }
     let size_usize = usize::try_from(size).map_err(|_| oom("larger than the address space"))?;
     let layout = Layout::from_size_align(size_usize, align as usize)
         .map_err(|_| oom("larger than the address space"))?;
     // SAFETY: layout has a non-zero size (callers map zero to NULL before calling).
-    let p = unsafe { std::alloc::alloc(layout) };
+    let p = unsafe {
+        if zeroed {
+            std::alloc::alloc_zeroed(layout)
+        } else {
+            std::alloc::alloc(layout)
+        }
+    };
     if p.is_null() {
         return Err(oom("the host allocator refused"));
     }

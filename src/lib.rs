@@ -73,6 +73,11 @@
 //!
 //! ## Invariants
 //!
+//! - **Fork-safe, and no size aborts.** A child made by `fork` gets [`Error::Forked`] from
+//!   every object of its parent at the cost of one atomic load per call, and discovery, `open`,
+//!   [`Runtime`] and [`context`] start afresh there ([`fork`]); CUDA and Mesa's GL, which
+//!   cannot cross a fork, say so. Sizes from callers and drivers are checked and allocated
+//!   fallibly: an impossible one is `OutOfMemory` / `TooLarge`, never an abort.
 //! - **Memory is never released under work that uses it.** Every check of a range returns a
 //!   counted reference to its allocation ([`memtable::AllocRef`]), which the operation holds
 //!   until it has run — a synchronous copy until it returns, a queued command until its worker
@@ -121,6 +126,7 @@ pub mod context;
 pub mod device;
 pub mod discovery;
 pub mod error;
+pub mod fork;
 pub mod graph;
 pub mod hal;
 #[doc(hidden)]

@@ -15,9 +15,12 @@ enum Backing {
     /// that may still use it).
     Raw(Arc<AnyBackend>),
     Pinned(Arc<PinnedHostPool>),
-    /// Plain (pageable) host memory, owned here. `u128` elements give 16-byte alignment.
-    Host(#[allow(dead_code)] Box<[u128]>),
+    /// Plain (pageable) host memory from [`crate::hostmem::acquire_zeroed`], owned here.
+    Host,
 }
+
+/// Plain host memory is aligned like `malloc`'s (16 bytes).
+const HOST_ALIGN: u64 = 16;
 
 struct Inner {
     device: Device,
@@ -40,7 +43,7 @@ impl Drop for Inner {
             Backing::Pinned(p) => {
                 let _ = p.free(HostPtr(self.addr));
             }
-            Backing::Host(_) => {}
+            Backing::Host => crate::hostmem::release(self.addr, self.size as u64, HOST_ALIGN),
         }
     }
 }
@@ -119,20 +122,23 @@ impl Memory {
         })))
     }
 
-    /// Plain host memory, zeroed, 16-byte aligned, on the host device (`cpu:0`).
-    pub fn host(bytes: usize) -> Self {
-        let mut buf = vec![0u128; bytes.div_ceil(16)].into_boxed_slice();
+    /// Plain host memory, zeroed, 16-byte aligned, on the host device (`cpu:0`); zero bytes
+    /// is a null address. A size the host cannot give is [`Error::OutOfMemory`], never an
+    /// abort.
+    ///
+    /// [`Error::OutOfMemory`]: crate::Error::OutOfMemory
+    pub fn host(bytes: usize) -> crate::Result<Self> {
         let addr = if bytes == 0 {
             0
         } else {
-            buf.as_mut_ptr() as usize as u64
+            crate::hostmem::acquire_zeroed(bytes as u64, HOST_ALIGN, crate::DeviceKind::Cpu, "host")?
         };
-        Memory(Arc::new(Inner {
+        Ok(Memory(Arc::new(Inner {
             device: Device::CPU,
             addr,
             size: bytes,
-            backing: Backing::Host(buf),
-        }))
+            backing: Backing::Host,
+        })))
     }
 
     /// The address: a device address for device memory, a host address otherwise.
@@ -181,7 +187,7 @@ impl Memory {
                 p.record_stream(self.0.addr, stream);
                 Ok(())
             }
-            Backing::Host(_) => Ok(()),
+            Backing::Host => Ok(()),
         }
     }
 
@@ -196,7 +202,7 @@ impl fmt::Debug for Memory {
         let kind = match self.0.backing {
             Backing::Device(_) | Backing::Raw(_) => "device",
             Backing::Pinned(_) => "pinned host",
-            Backing::Host(_) => "host",
+            Backing::Host => "host",
         };
         write!(
             f,

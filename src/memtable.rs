@@ -18,6 +18,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
+use crate::fork::Epoch;
 
 /// One allocation: `[base, base + size)` and the backend's own payload (a wgpu buffer, the
 /// host memory on CPU).
@@ -41,6 +42,8 @@ pub type AllocRef<T = ()> = Arc<Allocation<T>>;
 #[derive(Debug)]
 pub struct AllocTable<T = ()> {
     what: &'static str,
+    /// A table made before a fork answers `Error::Forked` in the child.
+    born: Epoch,
     map: RwLock<BTreeMap<u64, AllocRef<T>>>,
 }
 
@@ -49,7 +52,18 @@ impl<T> AllocTable<T> {
     pub fn new(what: &'static str) -> Self {
         AllocTable {
             what,
+            born: Epoch::now(),
             map: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// `Ok` unless the table was made before a fork that made this process (one atomic load).
+    #[inline]
+    fn live(&self) -> Result<()> {
+        if self.born.is_current() {
+            Ok(())
+        } else {
+            Err(crate::fork::forked(&format!("{} memory", self.what)))
         }
     }
 
@@ -61,6 +75,7 @@ impl<T> AllocTable<T> {
     /// Registers `[base, base + size)`. Overlap with a live allocation is an internal error
     /// (the backend handed out the same address twice); the payload is dropped then.
     pub fn insert(&self, base: u64, size: u64, payload: T) -> Result<AllocRef<T>> {
+        self.live()?;
         let mut map = self.map.write();
         let end = base
             .checked_add(size)
@@ -111,6 +126,7 @@ impl<T> AllocTable<T> {
     /// once. The allocation itself lives while the returned reference, or one an operation in
     /// flight holds, does.
     pub fn remove(&self, base: u64) -> Result<AllocRef<T>> {
+        self.live()?;
         let mut map = self.map.write();
         if let Some(a) = map.remove(&base) {
             return Ok(a);
@@ -120,6 +136,7 @@ impl<T> AllocTable<T> {
 
     /// The allocation that starts exactly at `base`.
     pub fn get_start(&self, base: u64) -> Result<AllocRef<T>> {
+        self.live()?;
         let map = self.map.read();
         match map.get(&base) {
             Some(a) => Ok(a.clone()),
@@ -147,6 +164,7 @@ impl<T> AllocTable<T> {
     /// The allocation holding all of `[addr, addr + len)`; `len` may be zero only for an address
     /// inside an allocation. The reference keeps it alive while the caller uses the range.
     pub fn lookup(&self, addr: u64, len: u64) -> Result<AllocRef<T>> {
+        self.live()?;
         let map = self.map.read();
         let a = Self::containing(&map, addr).ok_or_else(|| Error::OutOfBounds {
             addr,
@@ -177,6 +195,7 @@ impl<T> AllocTable<T> {
         if addr == 0 {
             return Err(Error::NullPointer("host address".into()));
         }
+        self.live()?;
         if self.find(addr).is_some() {
             return self.lookup(addr, len).map(Some);
         }

@@ -7,13 +7,14 @@
 //! allocator is thread-safe), while each thread still gets its own stream per device.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::alloc::{CachingAllocator, MemoryStats, PinnedHostPool, PrivatePool};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::fork::PerProcess;
 use crate::graph::Graph;
 use crate::hal::{Backend, CaptureMode, DevicePtr, MemcpyKind, StreamId};
 use crate::memory::Memory;
@@ -46,7 +47,8 @@ impl Runtime {
     /// # Ok::<(), unirt::Error>(())
     /// ```
     pub fn get(device: Device) -> Result<Arc<Runtime>> {
-        static TABLE: OnceLock<Mutex<HashMap<Device, Arc<Runtime>>>> = OnceLock::new();
+        // Made again in a forked child, whose runtimes are new (see `crate::fork`).
+        static TABLE: PerProcess<Mutex<HashMap<Device, Arc<Runtime>>>> = PerProcess::new();
         let table = TABLE.get_or_init(|| Mutex::new(HashMap::new()));
         if let Some(rt) = table.lock().get(&device) {
             return Ok(rt.clone());

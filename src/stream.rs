@@ -355,10 +355,28 @@ pub trait BackendExt: Backend {
         unsafe { self.memcpy(dst.0, src.0, bytes, MemcpyKind::D2D) }
     }
 
-    /// Reads `bytes` bytes of device memory into a new vector.
+    /// Reads `bytes` bytes of device memory into a new vector. A size the host cannot hold is
+    /// [`Error::OutOfMemory`], never an abort; the vector's pages are only touched by the copy,
+    /// so a huge read of a small allocation fails on its bounds without committing memory.
     fn read_vec(&self, src: DevicePtr, bytes: usize) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; bytes];
-        self.copy_to_host(&mut v, src)?;
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(bytes).map_err(|e| Error::OutOfMemory {
+            backend: crate::device::DeviceKind::Cpu,
+            device: "host".into(),
+            requested: bytes as u64,
+            detail: format!("no host buffer for the read ({e})"),
+        })?;
+        // SAFETY: the vector's spare capacity is `bytes` writable bytes, owned here for the
+        // whole synchronous copy; the length is set only once the copy has written all of them.
+        unsafe {
+            self.memcpy(
+                v.as_mut_ptr() as usize as u64,
+                src.0,
+                bytes,
+                MemcpyKind::D2H,
+            )?;
+            v.set_len(bytes);
+        }
         Ok(v)
     }
 

@@ -30,12 +30,16 @@ pub(crate) fn set_current_device(device: Device) {
     CURRENT.with(|c| c.set(device));
 }
 
-/// The calling thread's stream on `device`, created on `backend` on first use.
+/// The calling thread's stream on `device`, created on `backend` on first use — and again
+/// when the device was opened anew (in a forked child, whose thread keeps the parent's stream
+/// in its thread-local map; dropping that one is a harmless `Error::Forked`).
 pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
     STREAMS.with(|s| {
         let mut map = s.borrow_mut();
         if let Some(st) = map.get(&device) {
-            return Ok(st.id());
+            if Arc::ptr_eq(st.backend(), backend) {
+                return Ok(st.id());
+            }
         }
         let st = Stream::new(backend)?;
         let id = st.id();

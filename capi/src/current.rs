@@ -4,11 +4,16 @@
 //! this crate keeps its own, separate from anything in the `unirt` crate, and caches the opened
 //! backend and its default stream beside it so an entry point reaches its backend with one
 //! thread-local lookup and no lock.
+//!
+//! In a child made by `fork` the cached backend is the parent's, which answers
+//! `Error::Forked` to everything; the first call there opens the device again (one atomic load
+//! per call tells), so the child starts on fresh state and the parent's handles get a status.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+use unirt::fork::Epoch;
 use unirt::{AnyBackend, Backend, Device, DeviceKind, Error, Result, StreamId};
 
 use crate::boundary::from_handle;
@@ -111,16 +116,20 @@ pub struct Current {
     pub device: Device,
     pub backend: Arc<AnyBackend>,
     pub default_stream: StreamId,
+    /// The process image the backend was opened in.
+    born: Epoch,
 }
 
 impl Current {
     fn open(device: Device) -> Result<Self> {
+        let born = Epoch::now();
         let backend = unirt::open(device)?;
         let default_stream = backend.default_stream();
         Ok(Current {
             device,
             backend,
             default_stream,
+            born,
         })
     }
 
@@ -162,7 +171,12 @@ pub fn with_current<R>(f: impl FnOnce(&Current) -> Result<R>) -> Result<R> {
         None => Err(Error::Internal("an entry point ran twice".into())),
     };
     let fast = CURRENT.try_with(|cell| {
-        if cell.borrow().is_none() {
+        // None yet, or the parent's backend in a forked child: open the device (again).
+        let stale = cell
+            .borrow()
+            .as_ref()
+            .is_none_or(|cur| !cur.born.is_current());
+        if stale {
             let cur = Current::open(remembered_device())?;
             *cell.borrow_mut() = Some(cur);
         }
@@ -179,7 +193,8 @@ pub fn with_current<R>(f: impl FnOnce(&Current) -> Result<R>) -> Result<R> {
 
 /// Makes `device` the calling thread's current device, opening it if needed.
 pub fn set_current(device: Device) -> Result<()> {
-    if remembered_device() == device && CURRENT.try_with(|c| c.borrow().is_some()) == Ok(true) {
+    let cached = CURRENT.try_with(|c| c.borrow().as_ref().is_some_and(|c| c.born.is_current()));
+    if remembered_device() == device && cached == Ok(true) {
         return Ok(());
     }
     let cur = Current::open(device)?;

@@ -119,6 +119,29 @@ fn lifetime_test_c() {
     }
 }
 
+/// A child forked while work is pending gets statuses for the parent's objects and works on
+/// fresh ones; it never hangs (the program kills a child that does, and fails).
+#[test]
+fn fork_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/fork_test.c"),
+        "fork_test",
+    ) {
+        run(&exe);
+    }
+}
+
+/// Sizes no machine can give, through every call that takes one: statuses, no abort.
+#[test]
+fn sizes_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/sizes_test.c"),
+        "sizes_test",
+    ) {
+        run(&exe);
+    }
+}
+
 #[test]
 fn example_capture_replay_c() {
     let src = Path::new(MANIFEST).join("../examples/c/capture_replay.c");

@@ -153,3 +153,78 @@ fn benchmarking_an_unavailable_cuda_fails_cleanly() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("libcuda not found"), "{stderr}");
 }
+
+/// Builds a stand-in libcuda whose `cuDeviceGetCount` answers `count` (every entry point
+/// unirt resolves exists; all but the few discovery calls fail). None without a C compiler.
+fn fake_libcuda(name: &str, count: i32) -> Option<std::path::PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let driver_rs =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../vendors/cuda/driver.rs");
+    let text = std::fs::read_to_string(&driver_rs).expect("read vendors/cuda/driver.rs");
+    let table = text
+        .split("cuda_api! {")
+        .nth(1)
+        .and_then(|t| t.split('}').next())
+        .expect("the cuda_api! table");
+    let special = [
+        "cuInit",
+        "cuDriverGetVersion",
+        "cuDeviceGetCount",
+        "cuGetErrorName",
+        "cuGetErrorString",
+    ];
+    let mut c = format!(
+        "int cuInit(unsigned f) {{ (void)f; return 0; }}\n\
+         int cuDriverGetVersion(int *v) {{ *v = 12020; return 0; }}\n\
+         int cuDeviceGetCount(int *n) {{ *n = {count}; return 0; }}\n\
+         int cuGetErrorName(int r, const char **s) {{ (void)r; *s = \"CUDA_ERROR_FAKE\"; return 0; }}\n\
+         int cuGetErrorString(int r, const char **s) {{ (void)r; *s = \"a stand-in driver\"; return 0; }}\n"
+    );
+    for line in table.lines() {
+        let Some((sym, _)) = line.trim().split_once('(') else {
+            continue;
+        };
+        if sym.starts_with("cu") && !special.contains(&sym) {
+            // CUDA_ERROR_NOT_SUPPORTED for everything else.
+            c.push_str(&format!("int {sym}(void) {{ return 801; }}\n"));
+        }
+    }
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).ok()?;
+    let src = dir.join("fake_cuda.c");
+    std::fs::write(&src, c).ok()?;
+    let lib = dir.join("libcuda.so.1");
+    let built = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status();
+    match built {
+        Ok(s) if s.success() => Some(lib),
+        Ok(s) => panic!("building the stand-in libcuda failed: {s}"),
+        Err(e) => {
+            println!("skipped: no C compiler ({cc}: {e})");
+            None
+        }
+    }
+}
+
+/// A driver reporting INT_MAX devices once made discovery allocate 326 GB and abort
+/// (issue 10): a count past the sane maximum is a driver fault, reported with the reason.
+#[test]
+fn an_absurd_device_count_is_a_reason_not_an_allocation() {
+    for (name, count) in [("fake-cuda-int-max", i32::MAX), ("fake-cuda-1025", 1025)] {
+        let Some(lib) = fake_libcuda(name, count) else {
+            return;
+        };
+        let (status, reason, devices) =
+            cuda_report(&[("UNIRT_CUDA_LIBRARY", lib.to_str().unwrap())]);
+        println!("cuda with {count} devices: {status}: {reason}");
+        assert_eq!(status, "unavailable", "{reason}");
+        assert!(devices.is_empty());
+        assert!(
+            reason.contains(&format!("reported {count} devices")) && reason.contains("1024"),
+            "{reason}"
+        );
+    }
+}

@@ -31,6 +31,7 @@ mod cases_chaos;
 mod cases_context;
 mod cases_lifetime;
 mod cases_memcpy;
+mod cases_robust;
 mod cases_streams;
 mod cases_stress;
 pub mod report;
@@ -147,6 +148,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_api::CASES);
     all.extend_from_slice(cases_lifetime::CASES);
     all.extend_from_slice(cases_stress::CASES);
+    all.extend_from_slice(cases_robust::CASES);
     all
 }
 

@@ -15,7 +15,7 @@ pub(crate) fn mem_info() -> Result<MemInfo> {
             .find(|l| l.starts_with(name))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
+            .map(|kib| kib.saturating_mul(1024))
     };
     match (
         field("MemTotal:"),

@@ -96,7 +96,8 @@ impl CpuBackend {
             )));
         }
         let streams = HandleTable::new(StreamId::KIND);
-        let (default_stream, default) = streams.insert(CpuStream::new("unirt-cpu-default".into())?);
+        let (default_stream, default) =
+            streams.insert(CpuStream::new("unirt-cpu-default".into())?)?;
         Ok(CpuBackend {
             info: device_info(),
             mem: CheckedMemory::new(DeviceKind::Cpu, "cpu:0", true),
@@ -189,7 +190,7 @@ impl Backend for CpuBackend {
         let n = self.streams.len();
         let (id, _) = self
             .streams
-            .insert(CpuStream::new(format!("unirt-cpu-stream-{n}"))?);
+            .insert(CpuStream::new(format!("unirt-cpu-stream-{n}"))?)?;
         Ok(StreamId(id))
     }
 
@@ -238,7 +239,7 @@ impl Backend for CpuBackend {
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
         let flags = EventFlags::new(flags.0)?;
-        Ok(EventId(self.events.insert(CpuEvent::new(flags)).0))
+        Ok(EventId(self.events.insert(CpuEvent::new(flags))?.0))
     }
 
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
@@ -435,14 +436,14 @@ impl Backend for CpuBackend {
             nodes: c.nodes.into(),
             uses: Arc::new(c.uses),
         };
-        Ok(GraphId(self.graphs.insert(graph).0))
+        Ok(GraphId(self.graphs.insert(graph)?.0))
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
         // Refused when memory the graph uses was freed since the capture.
         self.mem.repin(&g.uses)?;
-        Ok(GraphExecId(self.execs.insert(CpuGraphExec::new(&g)).0))
+        Ok(GraphExecId(self.execs.insert(CpuGraphExec::new(&g))?.0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {

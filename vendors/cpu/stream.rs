@@ -21,6 +21,7 @@ use super::graph::Capture;
 use super::kernels::CpuKernel;
 use crate::checked::Pins;
 use crate::error::{Error, Result};
+use crate::fork::Epoch;
 use crate::hal::KernelArg;
 use crate::hostmem::HostBlock;
 use crate::progress::Progress;
@@ -107,6 +108,9 @@ pub(crate) struct CpuStream {
     submitted: AtomicU64,
     shared: Arc<Shared>,
     pub capture: Mutex<Option<Capture>>,
+    /// The worker exists only in the process that started it: a forked child must not wait
+    /// for it (it would wait forever).
+    born: Epoch,
 }
 
 impl CpuStream {
@@ -123,11 +127,13 @@ impl CpuStream {
             submitted: AtomicU64::new(0),
             shared,
             capture: Mutex::new(None),
+            born: Epoch::now(),
         })
     }
 
     /// Queues `op` to run after everything queued before it, holding `keep` until it has run.
     pub fn enqueue(&self, op: Op, keep: Pins<HostBlock>) -> Result<()> {
+        self.born.check("a cpu stream")?;
         let tx = self.tx.lock();
         tx.send(Job { op, _keep: keep })
             .map_err(|_| Error::Internal("stream worker has exited".into()))?;
@@ -146,6 +152,7 @@ impl CpuStream {
 
     /// Waits for everything enqueued so far; reports a command's failure once.
     pub fn synchronize(&self) -> Result<()> {
+        self.born.check("a cpu stream")?;
         if !self.is_idle() {
             self.shared
                 .done

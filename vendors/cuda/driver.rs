@@ -19,6 +19,12 @@ use libloading::Library;
 use super::loader;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
+use crate::fork::Epoch;
+
+/// The most devices one driver is believed: a larger count is a driver fault, reported as
+/// such, never a reason to allocate per device (a driver answering INT_MAX once made discovery
+/// ask for 326 GB). Far above any machine (NVIDIA's largest systems have tens per node).
+pub const MAX_DEVICES: usize = 1024;
 
 /// A raw `CUresult`.
 pub type CuResult = i32;
@@ -123,6 +129,8 @@ pub struct Driver {
     pub version: i32,
     /// What `cuInit(0)` answered.
     pub init: CuResult,
+    /// The process image that called `cuInit`: CUDA cannot be used across a fork after it.
+    born: Epoch,
     _lib: Library,
 }
 
@@ -132,9 +140,20 @@ pub fn version_string(v: i32) -> String {
 }
 
 /// The process's libcuda, loaded and initialised once; `Err` is the reason it is unusable.
+/// In a child forked after the parent initialised CUDA, that is the reason.
 pub fn driver() -> std::result::Result<&'static Driver, String> {
     static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
-    DRIVER.get_or_init(load).as_ref().map_err(Clone::clone)
+    let drv = DRIVER.get_or_init(load).as_ref().map_err(Clone::clone)?;
+    if !drv.born.is_current() {
+        return Err(format!(
+            "libcuda {} was initialised (cuInit) before this process was forked, and CUDA \
+             cannot be used in a forked child; start worker processes with spawn/exec instead \
+             (Python: multiprocessing.set_start_method(\"spawn\")) ({})",
+            version_string(drv.version),
+            drv.path.display()
+        ));
+    }
+    Ok(drv)
 }
 
 fn load() -> std::result::Result<Driver, String> {
@@ -152,6 +171,7 @@ fn load() -> std::result::Result<Driver, String> {
     if r != SUCCESS {
         version = 0;
     }
+    let born = Epoch::now();
     // SAFETY: cuInit(0) has no preconditions and is safe to call from any thread, repeatedly.
     let init = unsafe { (api.cuInit)(0) };
     Ok(Driver {
@@ -159,6 +179,7 @@ fn load() -> std::result::Result<Driver, String> {
         path,
         version,
         init,
+        born,
         _lib: lib,
     })
 }
@@ -239,7 +260,19 @@ impl Driver {
             unsafe { (self.api.cuDeviceGetCount)(&mut n) },
             "cuDeviceGetCount",
         )?;
-        Ok(n.max(0) as usize)
+        let n = usize::try_from(n).unwrap_or(0);
+        if n > MAX_DEVICES {
+            return Err(Error::Driver {
+                backend: DeviceKind::Cuda,
+                call: "cuDeviceGetCount".into(),
+                code: None,
+                message: format!(
+                    "reported {n} devices, more than the {MAX_DEVICES} unirt believes of one \
+                     driver (a driver fault)"
+                ),
+            });
+        }
+        Ok(n)
     }
 
     pub fn device(&self, index: usize) -> Result<sys::CUdevice> {
@@ -318,9 +351,13 @@ impl Driver {
 
     /// Makes `ctx` current on the calling thread (cheap: a thread-local store in the driver).
     ///
+    /// In a forked child this is [`Error::Forked`]: every CUDA call of a backend binds its
+    /// context first, so none reaches a driver the fork left unusable.
+    ///
     /// # Safety
     /// `ctx` is a primary context this process retained and has not released.
     pub unsafe fn set_current(&self, ctx: u64) -> Result<()> {
+        self.born.check("the CUDA context")?;
         // SAFETY: ctx is a primary context this process retained and has not released.
         self.check(
             unsafe { (self.api.cuCtxSetCurrent)(ctx as sys::CUcontext) },

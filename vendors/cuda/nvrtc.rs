@@ -20,6 +20,24 @@ type NvrtcResult = i32;
 type Program = *mut std::ffi::c_void;
 const NVRTC_SUCCESS: NvrtcResult = 0;
 
+/// The most architectures, log bytes and output bytes unirt believes of NVRTC: a larger
+/// answer is a broken library, never a reason to allocate (far above any real NVRTC: tens of
+/// architectures, kilobytes of log, megabytes of PTX/CUBIN).
+const MAX_ARCHS: usize = 1024;
+const MAX_LOG: usize = 64 << 20;
+const MAX_OUTPUT: usize = 1 << 30;
+
+/// `n` zeroed elements, or None when NVRTC's `n` is past `max` or the host cannot hold it.
+fn zeroed<T: Clone + Default>(n: usize, max: usize) -> Option<Vec<T>> {
+    if n > max {
+        return None;
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, T::default());
+    Some(v)
+}
+
 macro_rules! nvrtc_api {
     (required { $($name:ident($($ty:ty),*);)* } optional { $($oname:ident($($oty:ty),*);)* }) => {
         #[allow(non_snake_case)]
@@ -183,7 +201,7 @@ impl Nvrtc {
         if unsafe { num(&mut n) } != NVRTC_SUCCESS || n <= 0 {
             return None;
         }
-        let mut v = vec![0 as c_int; n as usize];
+        let mut v: Vec<c_int> = zeroed(usize::try_from(n).ok()?, MAX_ARCHS)?;
         // SAFETY: the buffer holds exactly the number of entries NVRTC just reported.
         if unsafe { get(v.as_mut_ptr()) } != NVRTC_SUCCESS {
             return None;
@@ -272,7 +290,9 @@ impl Nvrtc {
         if unsafe { (self.api.nvrtcGetProgramLogSize)(prog, &mut n) } != NVRTC_SUCCESS || n == 0 {
             return String::new();
         }
-        let mut buf = vec![0u8; n];
+        let Some(mut buf) = zeroed::<u8>(n, MAX_LOG) else {
+            return format!("(NVRTC reported a log of {n} bytes; not read)");
+        };
         // SAFETY: the buffer has the size NVRTC just reported (including the NUL).
         if unsafe { (self.api.nvrtcGetProgramLog)(prog, buf.as_mut_ptr() as *mut c_char) }
             != NVRTC_SUCCESS
@@ -296,7 +316,14 @@ impl Nvrtc {
         if r != NVRTC_SUCCESS {
             return Err(self.fail(r, call));
         }
-        let mut buf = vec![0u8; n];
+        let mut buf = zeroed::<u8>(n, MAX_OUTPUT).ok_or_else(|| Error::Driver {
+            backend: DeviceKind::Cuda,
+            call: call.into(),
+            code: None,
+            message: format!(
+                "reported an output of {n} bytes, more than unirt accepts ({MAX_OUTPUT})"
+            ),
+        })?;
         // SAFETY: the buffer has exactly the size NVRTC reported for this output.
         let r = unsafe { get(prog, buf.as_mut_ptr() as *mut c_char) };
         if r != NVRTC_SUCCESS {

@@ -6,7 +6,9 @@
 //! restricts the wgpu backends; adapters without compute shaders are left out (unirt needs
 //! them for every kernel and for unaligned copies).
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::fork::PerProcess;
 
 use crate::device::{Capabilities, DeviceClass, DeviceInfo, EventTiming};
 use crate::error::{Error, Result};
@@ -20,19 +22,41 @@ pub(crate) struct Found {
 
 /// The result of the one enumeration of this process.
 enum Enumerated {
-    Adapters(Vec<Found>),
+    Adapters {
+        usable: Vec<Found>,
+        /// GL adapters the parent listed, which this forked child cannot use: listed after
+        /// the usable ones (where GL adapters always sort), so the indices stay the parent's.
+        forked_gl: Vec<DeviceInfo>,
+    },
     None(String),
 }
 
+/// The fork generation + 1 of the process that started the GL backend (0: none did).
+static GL_STARTED: AtomicU64 = AtomicU64::new(0);
+
+/// Why a forked child leaves GL out.
+const FORKED_GL: &str = "the GL backend was started before this process was forked: Mesa's \
+    EGL keeps one display per process, whose driver threads a forked child does not have, so \
+    GL adapters cannot be used in a forked child (Vulkan adapters can; a child started with \
+    exec can use GL)";
+
+/// Enumerated again in a forked child: the parent's instance and adapters belong to driver
+/// threads the child does not have.
 fn enumerated() -> &'static Enumerated {
-    static E: OnceLock<Enumerated> = OnceLock::new();
-    E.get_or_init(enumerate)
+    static E: PerProcess<Enumerated> = PerProcess::new();
+    E.get_or_init_after_fork(enumerate)
 }
 
 /// Discovery for the wgpu vendor.
 pub(crate) fn probe() -> Probe {
     match enumerated() {
-        Enumerated::Adapters(v) => Probe::Available(v.iter().map(|f| f.info.clone()).collect()),
+        Enumerated::Adapters { usable, forked_gl } => Probe::Available(
+            usable
+                .iter()
+                .map(|f| f.info.clone())
+                .chain(forked_gl.iter().cloned())
+                .collect(),
+        ),
         Enumerated::None(reason) => Probe::Unavailable(reason.clone()),
     }
 }
@@ -40,9 +64,21 @@ pub(crate) fn probe() -> Probe {
 /// The adapter discovery listed as `wgpu:index`.
 pub(crate) fn adapter(index: usize) -> Result<&'static Found> {
     match enumerated() {
-        Enumerated::Adapters(v) => v.get(index).ok_or_else(|| {
-            Error::DeviceNotFound(format!("wgpu:{index} (wgpu has {} device(s))", v.len()))
-        }),
+        Enumerated::Adapters { usable, forked_gl } => {
+            if let Some(found) = usable.get(index) {
+                return Ok(found);
+            }
+            if index < usable.len() + forked_gl.len() {
+                return Err(Error::Unavailable {
+                    backend: crate::device::DeviceKind::Wgpu,
+                    reason: format!("wgpu:{index}: {FORKED_GL}"),
+                });
+            }
+            Err(Error::DeviceNotFound(format!(
+                "wgpu:{index} (wgpu has {} device(s))",
+                usable.len() + forked_gl.len()
+            )))
+        }
         Enumerated::None(reason) => Err(Error::Unavailable {
             backend: crate::device::DeviceKind::Wgpu,
             reason: reason.clone(),
@@ -155,7 +191,7 @@ pub(crate) fn host_memory() -> Option<(u64, u64)> {
             .find(|l| l.starts_with(name))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
+            .map(|kib| kib.saturating_mul(1024))
     };
     Some((
         field("MemTotal:")?,
@@ -245,14 +281,38 @@ fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
     }
 }
 
-fn enumerate() -> Enumerated {
-    let backends = match wanted_backends() {
+/// Enumerates the adapters; `parent` is what the process this one was forked from found.
+fn enumerate(parent: Option<&'static Enumerated>) -> Enumerated {
+    let mut backends = match wanted_backends() {
         Ok(b) => b,
         Err(reason) => return Enumerated::None(reason),
     };
+    let refused = super::loaders::secure(&mut backends);
+    let generation = crate::fork::generation();
+    let gl_started = GL_STARTED.load(Ordering::SeqCst);
+    let mut forked_gl = Vec::new();
+    if gl_started != 0 && gl_started != generation + 1 && backends.contains(wgpu::Backends::GL) {
+        backends.remove(wgpu::Backends::GL);
+        if let Some(Enumerated::Adapters {
+            usable,
+            forked_gl: older,
+        }) = parent
+        {
+            forked_gl = usable
+                .iter()
+                .map(|f| &f.info)
+                .chain(older.iter())
+                .filter(|i| i.api == backend_name(wgpu::Backend::Gl))
+                .cloned()
+                .collect();
+        }
+    }
     // Only the wanted backends are initialised: a GL-less filter then never starts EGL.
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     desc.backends &= backends;
+    if desc.backends.contains(wgpu::Backends::GL) {
+        GL_STARTED.store(generation + 1, Ordering::SeqCst);
+    }
     let instance = wgpu::Instance::new(desc);
     let all = pollster::block_on(instance.enumerate_adapters(backends));
     let seen = all.len();
@@ -291,7 +351,10 @@ fn enumerate() -> Enumerated {
             i.device_pci_bus_id.clone(),
         )
     });
-    if usable.is_empty() {
+    if usable.is_empty() && forked_gl.is_empty() {
+        if let Some(refused) = refused {
+            return Enumerated::None(refused);
+        }
         let mut reason = format!("no wgpu adapter (enumerated {seen} with backends {backends:?}");
         if !skipped.is_empty() {
             reason.push_str(&format!("; skipped: {}", skipped.join(", ")));
@@ -299,14 +362,18 @@ fn enumerate() -> Enumerated {
         reason.push_str("; install a Vulkan, Metal, DX12 or GL driver, e.g. Mesa's lavapipe)");
         return Enumerated::None(reason);
     }
-    Enumerated::Adapters(
-        usable
-            .into_iter()
-            .enumerate()
-            .map(|(index, adapter)| Found {
-                info: describe(index, &adapter),
-                adapter,
-            })
-            .collect(),
-    )
+    let usable: Vec<Found> = usable
+        .into_iter()
+        .enumerate()
+        .map(|(index, adapter)| Found {
+            info: describe(index, &adapter),
+            adapter,
+        })
+        .collect();
+    for (i, info) in forked_gl.iter_mut().enumerate() {
+        info.index = usable.len() + i;
+        info.details
+            .push(("unusable_here".into(), FORKED_GL.to_string()));
+    }
+    Enumerated::Adapters { usable, forked_gl }
 }

@@ -19,6 +19,7 @@ use super::stream::Cmd;
 use crate::checked::Pins;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
+use crate::fork::Epoch;
 use crate::progress::Progress;
 
 /// How long the queue may sit empty with a submission's completion unreported before a wait
@@ -78,6 +79,9 @@ pub(crate) struct Gpu {
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost, if it was.
     lost: Arc<Mutex<Option<String>>>,
+    /// The submitter thread and the driver's threads exist only in this process image: in a
+    /// forked child the device is unusable (`Error::Forked`), never waited for.
+    born: Epoch,
 }
 
 fn driver(call: &str, message: impl std::fmt::Display) -> Error {
@@ -151,11 +155,13 @@ impl Gpu {
             staging,
             uncaptured,
             lost,
+            born: Epoch::now(),
         })
     }
 
-    /// Fails once the device is lost.
+    /// Fails once the device is lost, and in a forked child.
     pub fn alive(&self) -> Result<()> {
+        self.born.check(&self.name)?;
         match &*self.lost.lock() {
             None => Ok(()),
             Some(why) => Err(Error::DeviceNotInitialized(format!(
@@ -342,6 +348,7 @@ impl Gpu {
 
     /// Blocks until the submission has completed; reports an error wgpu raised meanwhile.
     pub fn wait(&self, t: &Ticket) -> Result<()> {
+        self.alive()?;
         self.handed.wait_for(t.seq);
         let mut idle_since: Option<std::time::Instant> = None;
         let mut backoff = Backoff::new();

@@ -28,6 +28,7 @@ mod event;
 mod gpu;
 mod graph;
 mod kernels;
+mod loaders;
 mod memory;
 mod stream;
 #[cfg(test)]
@@ -83,7 +84,7 @@ impl WgpuBackend {
         let gpu = Gpu::open(&found.adapter, format!("{name} ({})", found.info.name))?;
         let name_for_mem = name.clone();
         let streams = HandleTable::new(StreamId::KIND);
-        let (default_stream, _) = streams.insert(WStream::new());
+        let (default_stream, _) = streams.insert(WStream::new())?;
         Ok(WgpuBackend {
             info: found.info.clone(),
             name,
@@ -169,7 +170,7 @@ impl Backend for WgpuBackend {
     }
 
     fn stream_create(&self) -> Result<StreamId> {
-        Ok(StreamId(self.streams.insert(WStream::new()).0))
+        Ok(StreamId(self.streams.insert(WStream::new())?.0))
     }
 
     fn stream_destroy(&self, stream: StreamId) -> Result<()> {
@@ -203,7 +204,7 @@ impl Backend for WgpuBackend {
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
         let flags = EventFlags::new(flags.0)?;
         let e = WEvent::new(&self.gpu, flags)?;
-        Ok(EventId(self.events.insert(e).0))
+        Ok(EventId(self.events.insert(e)?.0))
     }
 
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
@@ -489,14 +490,14 @@ impl Backend for WgpuBackend {
             cmds: c.cmds.into(),
             uses: Arc::new(c.uses),
         };
-        Ok(GraphId(self.graphs.insert(graph).0))
+        Ok(GraphId(self.graphs.insert(graph)?.0))
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
         // Refused when memory the graph uses was freed since the capture.
         self.mem.repin(&g.uses)?;
-        Ok(GraphExecId(self.execs.insert(WGraphExec::new(&g)).0))
+        Ok(GraphExecId(self.execs.insert(WGraphExec::new(&g))?.0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
