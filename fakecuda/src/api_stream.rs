@@ -384,13 +384,18 @@ pub extern "C" fn cuStreamBeginCapture_v2(s: *mut c_void, mode: c_int) -> CUresu
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamEndCapture(s: *mut c_void, g: *mut *mut c_void) -> CUresult {
-    entry("cuStreamEndCapture", || {
+    entry_with("cuStreamEndCapture", |injected| {
         code(with_ctx(|d, _| {
             if g.is_null() {
                 return Err(INVALID_VALUE);
             }
             let t = target(d, h(s), "cuStreamEndCapture")?;
-            let r = capture::end(d, &t);
+            let mut r = capture::end(d, &t);
+            if let (Some(code), Ok(graph)) = (injected, &r) {
+                // An injected failure: the stream leaves capture mode and no graph is made.
+                d.handles.remove(graph);
+                r = Err(code);
+            }
             let out = *r.as_ref().unwrap_or(&0);
             // SAFETY: non-null and valid for a write (the caller's contract); a failed end
             // writes NULL, as CUDA does.

@@ -100,19 +100,28 @@ pub fn is_sticky(r: CUresult) -> bool {
 /// Runs an exported function: counts the call, applies an injected fault, and turns a panic of
 /// this library into `CUDA_ERROR_UNKNOWN` (nothing unwinds into the caller).
 pub fn entry(name: &'static str, body: impl FnOnce() -> CUresult) -> CUresult {
+    entry_with(name, |_| body())
+}
+
+/// [`entry`] for a function that must act on an injected failure itself: `body` gets the
+/// injected code (and runs only then, for `Fail`) — `cuStreamEndCapture` ends the capture
+/// even when it fails, as CUDA documents.
+pub fn entry_with(name: &'static str, body: impl FnOnce(Option<CUresult>) -> CUresult) -> CUresult {
     match crate::faults::on_call(name) {
         Some(crate::faults::Action::Fail(code)) => {
             crate::state::apply_injected(code);
-            return code;
+            if name == "cuStreamEndCapture" {
+                run(name, || body(Some(code)));
+            }
+            code
         }
         Some(crate::faults::Action::After(code)) => {
-            let r = run(name, body);
+            let r = run(name, || body(None));
             crate::state::apply_injected(code);
-            return r;
+            r
         }
-        None => {}
+        None => run(name, || body(None)),
     }
-    run(name, body)
 }
 
 fn run(name: &'static str, body: impl FnOnce() -> CUresult) -> CUresult {
