@@ -52,7 +52,9 @@ fn main() {
             }
         }
         Some(Err(reason)) => trials.push(Trial::test("fakecuda::driver_loads", move || {
-            Err(Failed::from(format!("the fake driver did not load: {reason}")))
+            Err(Failed::from(format!(
+                "the fake driver did not load: {reason}"
+            )))
         })),
         None => trials.push(Trial::test("fakecuda::driver_loads", || {
             Err(Failed::from("discovery has no CUDA backend"))
@@ -96,5 +98,9 @@ fn trial(device: Device, case: unirt_conformance::Case) -> Trial {
             ))),
         }
     })
-    .with_kind(if expected.is_some() { "expected-failure" } else { "" })
+    .with_kind(if expected.is_some() {
+        "expected-failure"
+    } else {
+        ""
+    })
 }

@@ -98,14 +98,14 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, dev: c
             let i = device_index(d, dev)?;
             let cfg = &d.devices[i];
             let value = match attr {
-                75 => (cfg.cc / 10) as c_int,       // COMPUTE_CAPABILITY_MAJOR
-                76 => (cfg.cc % 10) as c_int,       // COMPUTE_CAPABILITY_MINOR
-                16 => 4,                            // MULTIPROCESSOR_COUNT
-                115 => cfg.pools as c_int,          // MEMORY_POOLS_SUPPORTED
-                33 => 0x10 + i as c_int,            // PCI_BUS_ID
-                34 | 50 => 0,                       // PCI_DEVICE_ID, PCI_DOMAIN_ID
-                1 => 1024,                          // MAX_THREADS_PER_BLOCK
-                41 => 1,                            // UNIFIED_ADDRESSING
+                75 => (cfg.cc / 10) as c_int, // COMPUTE_CAPABILITY_MAJOR
+                76 => (cfg.cc % 10) as c_int, // COMPUTE_CAPABILITY_MINOR
+                16 => 4,                      // MULTIPROCESSOR_COUNT
+                115 => cfg.pools as c_int,    // MEMORY_POOLS_SUPPORTED
+                33 => 0x10 + i as c_int,      // PCI_BUS_ID
+                34 | 50 => 0,                 // PCI_DEVICE_ID, PCI_DOMAIN_ID
+                1 => 1024,                    // MAX_THREADS_PER_BLOCK
+                41 => 1,                      // UNIFIED_ADDRESSING
                 _ => return Err(INVALID_VALUE),
             };
             // SAFETY: `v` is null or valid for a write (the caller's contract).
@@ -170,18 +170,34 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CUresult {
     entry("cuDevicePrimaryCtxRelease_v2", || {
-        code(with(|d| {
+        let dying = with(|d| {
             let i = device_index(d, dev)?;
             let (c, refs) = d.primary[i].as_mut().ok_or(INVALID_CONTEXT)?;
             *refs -= 1;
-            if *refs == 0 {
-                let c = c.clone();
-                d.primary[i] = None;
-                d.destroy_ctx(&c);
-                d.handles.remove(&c.handle);
+            if *refs > 0 {
+                return Ok(None);
             }
-            Ok(())
-        }))
+            let c = c.clone();
+            d.primary[i] = None;
+            let streams = d.streams_of(c.handle);
+            Ok(Some((c, streams)))
+        });
+        match dying {
+            Err(e) => e,
+            Ok(None) => SUCCESS,
+            Ok(Some((c, streams))) => {
+                // The last reference: queued work drains (outside the lock: workers take it),
+                // then the context and everything in it go.
+                for s in streams {
+                    s.sync();
+                }
+                code(with(|d| {
+                    d.destroy_ctx(&c);
+                    d.handles.remove(&c.handle);
+                    Ok(())
+                }))
+            }
+        }
     })
 }
 
@@ -191,7 +207,9 @@ pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
         let h = ctx as usize as u64;
         code(with(|d| {
             if h != 0 && d.ctx(h).is_none() {
-                misuse(format!("cuCtxSetCurrent: unknown or destroyed context {h:#x}"));
+                misuse(format!(
+                    "cuCtxSetCurrent: unknown or destroyed context {h:#x}"
+                ));
                 return Err(INVALID_CONTEXT);
             }
             CURRENT.with(|c| c.set(h));
@@ -282,7 +300,10 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
 // ---- modules -------------------------------------------------------------------------------
 
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> CUresult {
+pub unsafe extern "C" fn cuModuleLoadData(
+    module: *mut *mut c_void,
+    image: *const c_void,
+) -> CUresult {
     entry("cuModuleLoadData", || {
         code(with_ctx(|d, ctx| {
             if module.is_null() {

@@ -73,7 +73,7 @@ pub extern "C" fn cuMemFree_v2(p: u64) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(p: *mut *mut c_void, bytes: usize) -> CUresult {
     entry("cuMemAllocHost_v2", || {
-        code_of(with_ctx(|d, _| {
+        code_of(with_ctx(|d, ctx| {
             if p.is_null() || bytes == 0 {
                 return Err(INVALID_VALUE);
             }
@@ -85,7 +85,8 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(p: *mut *mut c_void, bytes: usize) ->
             if host.is_null() {
                 return Err(OUT_OF_MEMORY);
             }
-            d.pinned.insert(host as u64, (bytes as u64, layout));
+            d.pinned
+                .insert(host as u64, (bytes as u64, layout, ctx.handle));
             // SAFETY: non-null and valid for a write (the caller's contract).
             unsafe { put(p, host as *mut c_void) }
         }))
@@ -107,7 +108,7 @@ pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         // Queued copies may still read or write it.
         drain(None);
         code_of(with(|d| {
-            let (_, layout) = d.pinned.remove(&(p as u64)).ok_or(INVALID_VALUE)?;
+            let (_, layout, _) = d.pinned.remove(&(p as u64)).ok_or(INVALID_VALUE)?;
             // SAFETY: allocated by cuMemAllocHost_v2 with this layout, removed once.
             unsafe { std::alloc::dealloc(p as *mut u8, layout) };
             Ok(())
@@ -116,7 +117,11 @@ pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(p: *mut u64, bytes: usize, stream: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    p: *mut u64,
+    bytes: usize,
+    stream: *mut c_void,
+) -> CUresult {
     entry("cuMemAllocAsync", || {
         code_of(with_ctx(|d, ctx| {
             if p.is_null() {
@@ -144,7 +149,10 @@ pub extern "C" fn cuMemFreeAsync(p: u64, stream: *mut c_void) -> CUresult {
             if capturing(d, &t) {
                 return Err(NOT_SUPPORTED);
             }
-            Ok((submit(d, &t, vec![Op::Release { base: p }], false)?, ctx.clone()))
+            Ok((
+                submit(d, &t, vec![Op::Release { base: p }], false)?,
+                ctx.clone(),
+            ))
         }))
     })
 }
@@ -219,7 +227,13 @@ pub extern "C" fn cuMemcpyHtoDAsync_v2(
     stream: *mut c_void,
 ) -> CUresult {
     entry("cuMemcpyHtoDAsync_v2", || {
-        copy("cuMemcpyHtoDAsync", Side::Dev(dst), Side::Host(src as u64), bytes, stream)
+        copy(
+            "cuMemcpyHtoDAsync",
+            Side::Dev(dst),
+            Side::Host(src as u64),
+            bytes,
+            stream,
+        )
     })
 }
 
@@ -231,14 +245,31 @@ pub extern "C" fn cuMemcpyDtoHAsync_v2(
     stream: *mut c_void,
 ) -> CUresult {
     entry("cuMemcpyDtoHAsync_v2", || {
-        copy("cuMemcpyDtoHAsync", Side::Host(dst as u64), Side::Dev(src), bytes, stream)
+        copy(
+            "cuMemcpyDtoHAsync",
+            Side::Host(dst as u64),
+            Side::Dev(src),
+            bytes,
+            stream,
+        )
     })
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, bytes: usize, stream: *mut c_void) -> CUresult {
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: *mut c_void,
+) -> CUresult {
     entry("cuMemcpyDtoDAsync_v2", || {
-        copy("cuMemcpyDtoDAsync", Side::Dev(dst), Side::Dev(src), bytes, stream)
+        copy(
+            "cuMemcpyDtoDAsync",
+            Side::Dev(dst),
+            Side::Dev(src),
+            bytes,
+            stream,
+        )
     })
 }
 
@@ -268,11 +299,15 @@ pub extern "C" fn cuMemcpyPeerAsync(
     stream: *mut c_void,
 ) -> CUresult {
     entry("cuMemcpyPeerAsync", || {
-        let ok = with(|d| {
-            Ok(d.ctx(dst_ctx as u64).is_some() && d.ctx(src_ctx as u64).is_some())
-        });
+        let ok = with(|d| Ok(d.ctx(dst_ctx as u64).is_some() && d.ctx(src_ctx as u64).is_some()));
         match ok {
-            Ok(true) => copy("cuMemcpyPeerAsync", Side::Dev(dst), Side::Dev(src), bytes, stream),
+            Ok(true) => copy(
+                "cuMemcpyPeerAsync",
+                Side::Dev(dst),
+                Side::Dev(src),
+                bytes,
+                stream,
+            ),
             Ok(false) => INVALID_CONTEXT,
             Err(e) => e,
         }
@@ -280,7 +315,12 @@ pub extern "C" fn cuMemcpyPeerAsync(
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemsetD8Async(dst: u64, value: u8, bytes: usize, stream: *mut c_void) -> CUresult {
+pub extern "C" fn cuMemsetD8Async(
+    dst: u64,
+    value: u8,
+    bytes: usize,
+    stream: *mut c_void,
+) -> CUresult {
     entry("cuMemsetD8Async", || {
         let n = bytes as u64;
         run(with_ctx(|d, ctx| {
@@ -291,9 +331,12 @@ pub extern "C" fn cuMemsetD8Async(dst: u64, value: u8, bytes: usize, stream: *mu
             if n == 0 {
                 return Ok((Pending::Nothing, ctx.clone()));
             }
-            let op = Op::Set { dst, value, bytes: n };
+            let op = Op::Set {
+                dst,
+                value,
+                bytes: n,
+            };
             Ok((submit(d, &t, vec![op], false)?, ctx.clone()))
         }))
     })
 }
-

@@ -30,7 +30,11 @@ fn graph(d: &Driver, g: u64, exec: bool, call: &str) -> Result<Arc<Graph>, CUres
         _ => {
             let what = if exec { "graph exec" } else { "graph" };
             misuse(format!("{call}: unknown or destroyed {what} {g:#x}"));
-            Err(if g == 0 { INVALID_VALUE } else { INVALID_HANDLE })
+            Err(if g == 0 {
+                INVALID_VALUE
+            } else {
+                INVALID_HANDLE
+            })
         }
     }
 }
@@ -195,8 +199,10 @@ pub unsafe extern "C" fn cuEventCreate(e: *mut *mut c_void, flags: c_uint) -> CU
             }
             let handle = d.new_handle();
             let timing = flags & 0x2 == 0;
-            d.handles
-                .insert(handle, Handle::Event(Arc::new(Event::new(handle, ctx.handle, timing))));
+            d.handles.insert(
+                handle,
+                Handle::Event(Arc::new(Event::new(handle, ctx.handle, timing))),
+            );
             // SAFETY: non-null and valid for a write (the caller's contract).
             unsafe { put(e, handle as usize as *mut c_void) }
         }))
@@ -214,7 +220,15 @@ fn record(call: &'static str, e: *mut c_void, s: *mut c_void, flags: c_uint) -> 
             Target::Stream(st) if d.captures.contains_key(&st.handle) => Some(st.handle),
             _ => None,
         };
-        let p = submit(d, &t, vec![Op::Record { ev: ev.clone(), gen: 0 }], false)?;
+        let p = submit(
+            d,
+            &t,
+            vec![Op::Record {
+                ev: ev.clone(),
+                gen: 0,
+            }],
+            false,
+        )?;
         if let (Some(st), 0) = (capturing_on, flags) {
             // A plain record inside a capture marks a point of that capture, not an external
             // event: querying it from outside is refused until the capture ends.
@@ -230,7 +244,11 @@ pub extern "C" fn cuEventRecord(e: *mut c_void, s: *mut c_void) -> CUresult {
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventRecordWithFlags(e: *mut c_void, s: *mut c_void, flags: c_uint) -> CUresult {
+pub extern "C" fn cuEventRecordWithFlags(
+    e: *mut c_void,
+    s: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
     entry("cuEventRecordWithFlags", || {
         record("cuEventRecordWithFlags", e, s, flags)
     })
@@ -280,7 +298,11 @@ pub extern "C" fn cuEventSynchronize(e: *mut c_void) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, a: *mut c_void, b: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    a: *mut c_void,
+    b: *mut c_void,
+) -> CUresult {
     entry("cuEventElapsedTime", || {
         code(with_ctx(|d, _| {
             if ms.is_null() {

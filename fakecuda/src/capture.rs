@@ -182,7 +182,14 @@ pub fn unsafe_call(d: &mut Driver, call: &str) -> Result<(), CUresult> {
     }
     let me = std::thread::current().id();
     let mut prohibited = false;
-    for cap in d.captures.values_mut() {
+    let dead: Vec<u64> = d
+        .captures
+        .values()
+        .filter(|c| d.ctx(c.ctx).is_none_or(|x| x.sticky().is_some()))
+        .map(|c| c.ctx)
+        .collect();
+    // A poisoned context's captures can never end well; they no longer constrain anyone.
+    for cap in d.captures.values_mut().filter(|c| !dead.contains(&c.ctx)) {
         let own = cap.thread == me && cap.mode != MODE_RELAXED;
         let foreign = mode == MODE_GLOBAL && cap.thread != me && cap.mode == MODE_GLOBAL;
         if own || foreign {

@@ -61,6 +61,12 @@ pub extern "C" fn unirt_fakecuda_fired() -> u64 {
     crate::faults::fired()
 }
 
+/// Contexts poisoned by injected sticky errors since the library loaded.
+#[no_mangle]
+pub extern "C" fn unirt_fakecuda_poisoned() -> u64 {
+    crate::state::POISONED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Misuses recorded so far (calls a real driver may crash on).
 #[no_mangle]
 pub extern "C" fn unirt_fakecuda_misuses() -> u64 {
@@ -106,5 +112,35 @@ pub extern "C" fn unirt_fakecuda_live(kind: c_int) -> u64 {
         8 => d.captures.len() as u64,
         9 => d.used.iter().sum(),
         _ => 0,
+    }
+}
+
+/// Destroys every context and everything in it, as process exit would: for tests that made a
+/// context release fail on purpose and must not leave it to the next test.
+#[no_mangle]
+pub extern "C" fn unirt_fakecuda_reset() {
+    let contexts: Vec<_> = {
+        let mut g = lock();
+        let Some(d) = g.as_mut() else { return };
+        let mut out = Vec::new();
+        for slot in d.primary.iter_mut() {
+            if let Some((c, _)) = slot.take() {
+                out.push(c);
+            }
+        }
+        out
+    };
+    for c in contexts {
+        let streams = lock()
+            .as_ref()
+            .map(|d| d.streams_of(c.handle))
+            .unwrap_or_default();
+        for s in streams {
+            s.sync();
+        }
+        if let Some(d) = lock().as_mut() {
+            d.destroy_ctx(&c);
+            d.handles.remove(&c.handle);
+        }
     }
 }

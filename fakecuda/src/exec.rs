@@ -36,15 +36,34 @@ pub enum Loc {
 /// One unit of stream work (also a graph node).
 #[derive(Clone)]
 pub enum Op {
-    Copy { dst: Loc, src: Loc, bytes: u64 },
-    Set { dst: u64, value: u8, bytes: u64 },
-    Kernel { twin: Twin, args: Vec<u64> },
+    Copy {
+        dst: Loc,
+        src: Loc,
+        bytes: u64,
+    },
+    Set {
+        dst: u64,
+        value: u8,
+        bytes: u64,
+    },
+    Kernel {
+        twin: Twin,
+        args: Vec<u64>,
+    },
     /// Records `ev`; `gen` is assigned when the op is queued (0 in a graph).
-    Record { ev: Arc<Event>, gen: u64 },
+    Record {
+        ev: Arc<Event>,
+        gen: u64,
+    },
     /// Waits for `ev`'s record number `gen` (snapshot when queued).
-    Wait { ev: Arc<Event>, gen: u64 },
+    Wait {
+        ev: Arc<Event>,
+        gen: u64,
+    },
     /// Stream-ordered free: the allocation at `base` goes when the stream gets here.
-    Release { base: u64 },
+    Release {
+        base: u64,
+    },
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

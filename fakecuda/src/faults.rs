@@ -91,7 +91,8 @@ pub fn parse(spec: &str) -> Result<Vec<Rule>, String> {
             let n = num(calls)?;
             (n, n)
         };
-        let code = parse_code(code).ok_or_else(|| format!("{item:?}: unknown CUresult {code:?}"))?;
+        let code =
+            parse_code(code).ok_or_else(|| format!("{item:?}: unknown CUresult {code:?}"))?;
         rules.push(Rule {
             function: function.to_string(),
             first,
@@ -159,9 +160,15 @@ mod tests {
         let r = parse("cuMemAlloc_v2:3:CUDA_ERROR_OUT_OF_MEMORY, *:2+:700, cuLaunchKernel:1-2:LAUNCH_FAILED:after")
             .unwrap();
         assert_eq!(r.len(), 3);
-        assert_eq!((r[0].first, r[0].last, r[0].code, r[0].after), (3, 3, 2, false));
+        assert_eq!(
+            (r[0].first, r[0].last, r[0].code, r[0].after),
+            (3, 3, 2, false)
+        );
         assert_eq!((r[1].first, r[1].last, r[1].code), (2, u64::MAX, 700));
-        assert_eq!((r[2].first, r[2].last, r[2].code, r[2].after), (1, 2, 719, true));
+        assert_eq!(
+            (r[2].first, r[2].last, r[2].code, r[2].after),
+            (1, 2, 719, true)
+        );
         assert!(parse("cuInit:0:1").is_err());
         assert!(parse("cuInit:1:NO_SUCH_ERROR").is_err());
         assert!(parse("cuInit:1").is_err());

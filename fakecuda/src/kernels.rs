@@ -104,7 +104,7 @@ pub unsafe fn parse_image(image: *const c_void) -> Result<Vec<String>, CUresult>
         let shnum = u16::from_le_bytes([hdr[0x3c], hdr[0x3d]]) as u64;
         let len = shoff
             .checked_add(shentsize * shnum)
-            .filter(|&l| l >= 64 && l < (1 << 30))
+            .filter(|l| (64..(1 << 30)).contains(l))
             .ok_or(INVALID_IMAGE)?;
         // SAFETY: the image is `len` bytes long (its own header says so).
         let all = unsafe { std::slice::from_raw_parts(p, len as usize) };
@@ -161,7 +161,7 @@ fn elems(
     n: u64,
     keep: &mut Vec<std::sync::Arc<state::DevBuf>>,
 ) -> Result<*mut u32, CUresult> {
-    if addr % 4 != 0 {
+    if !addr.is_multiple_of(4) {
         return Err(MISALIGNED_ADDRESS);
     }
     let g = state::lock();

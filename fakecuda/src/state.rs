@@ -125,8 +125,8 @@ pub struct Driver {
     pub mem: BTreeMap<u64, DevAlloc>,
     /// Bytes allocated per device.
     pub used: Vec<u64>,
-    /// Pinned host allocations: base → (size, layout).
-    pub pinned: BTreeMap<u64, (u64, Layout)>,
+    /// Pinned host allocations: base → (size, layout, owning context).
+    pub pinned: BTreeMap<u64, (u64, Layout, u64)>,
     /// Enabled peer access: (context, peer context).
     pub peers: Vec<(u64, u64)>,
     /// Stream captures in progress, by stream handle.
@@ -227,7 +227,7 @@ impl Driver {
         self.pinned
             .range(..=addr)
             .next_back()
-            .is_some_and(|(b, (s, _))| addr - b + len <= *s)
+            .is_some_and(|(b, (s, _, _))| addr - b + len <= *s)
     }
 
     pub fn ctx(&self, handle: u64) -> Option<Arc<Ctx>> {
@@ -281,9 +281,27 @@ impl Driver {
             self.mem.remove(&b);
         }
         self.used[ctx.device] = 0;
+        let pinned: Vec<u64> = self
+            .pinned
+            .iter()
+            .filter(|(_, (_, _, owner))| *owner == c)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in pinned {
+            if let Some((_, layout, _)) = self.pinned.remove(&b) {
+                // SAFETY: allocated by cuMemAllocHost_v2 with this layout; removed from the
+                // table first, so freed once. Queued work of this context has drained (its
+                // streams were closed and the caller holds no op).
+                unsafe { std::alloc::dealloc(b as *mut u8, layout) };
+            }
+        }
         self.peers.retain(|(a, b)| *a != c && *b != c);
     }
 }
+
+/// Contexts poisoned by an injected sticky error (a test reads it to know whether a sticky
+/// fault found a context to poison).
+pub static POISONED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 static DRIVER: OnceLock<Mutex<Option<Driver>>> = OnceLock::new();
 
@@ -350,6 +368,9 @@ pub fn apply_injected(code: CUresult) {
     let Some(d) = g.as_mut() else { return };
     if is_sticky(code) {
         if let Some(c) = d.ctx(CURRENT.with(|c| c.get())) {
+            if c.sticky().is_none() {
+                POISONED.fetch_add(1, Ordering::Relaxed);
+            }
             c.poison(code);
         }
     }

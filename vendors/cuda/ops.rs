@@ -215,8 +215,11 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         let s = self.streams.remove(stream.0)?;
-        // cuStreamDestroy returns at once; work already enqueued still completes.
-        self.drv.stream_destroy(s.raw)
+        // cuStreamDestroy returns at once; work already enqueued still completes. A failed
+        // destroy leaves the stream alive: keep its handle so a retry or teardown releases it.
+        self.drv
+            .stream_destroy(s.raw)
+            .inspect_err(|_| self.streams.restore(stream.0, s.clone()))
     }
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
@@ -296,7 +299,9 @@ impl Backend for CudaBackend {
     fn event_destroy(&self, event: EventId) -> Result<()> {
         self.bind()?;
         let e = self.events.remove(event.0)?;
-        self.drv.event_destroy(e.raw)
+        self.drv
+            .event_destroy(e.raw)
+            .inspect_err(|_| self.events.restore(event.0, e.clone()))
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
@@ -318,13 +323,21 @@ impl Backend for CudaBackend {
         }
         // As cudaFree: pending work that may use the memory finishes first.
         let a = self.shared.mem.retire(ptr.0, || self.synchronize())?;
-        match a.payload {
+        let released = match a.payload {
             AllocKind::Plain => self.drv.mem_free(a.base),
-            AllocKind::Pool => {
-                let s = self.sync_stream()?;
-                self.drv.mem_free_async(a.base, s.raw)?;
-                self.drv.stream_synchronize(s.raw)
-            }
+            AllocKind::Pool => self
+                .sync_stream()
+                .and_then(|s| self.drv.mem_free_async(a.base, s.raw)),
+        };
+        // Memory the driver did not release stays live and tracked (a retry or the teardown
+        // frees it), instead of being forgotten.
+        if let Err(e) = released {
+            let _ = self.shared.mem.insert(a.base, a.size, a.payload);
+            return Err(e);
+        }
+        match a.payload {
+            AllocKind::Plain => Ok(()),
+            AllocKind::Pool => self.drv.stream_synchronize(self.default_stream),
         }
     }
 
@@ -344,7 +357,9 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
-        self.drv.mem_free_host(a.base)
+        self.drv.mem_free_host(a.base).inspect_err(|_| {
+            let _ = self.host_mem.insert(a.base, a.size, ());
+        })
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
@@ -384,14 +399,19 @@ impl Backend for CudaBackend {
         self.bind()?;
         // Dead for new work at once; released when the stream gets here.
         let a = self.shared.mem.remove(ptr.0)?;
-        match a.payload {
+        let released = match a.payload {
             AllocKind::Pool => self.drv.mem_free_async(a.base, s.raw),
             AllocKind::Plain => {
                 // Without a pool, "when the stream gets here" is after the stream drains.
-                self.drv.stream_synchronize(s.raw)?;
-                self.drv.mem_free(a.base)
+                self.drv
+                    .stream_synchronize(s.raw)
+                    .and_then(|_| self.drv.mem_free(a.base))
             }
-        }
+        };
+        // Not released by the driver: still live and tracked (a retry or the teardown frees it).
+        released.inspect_err(|_| {
+            let _ = self.shared.mem.insert(a.base, a.size, a.payload);
+        })
     }
 
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
@@ -547,12 +567,16 @@ impl Backend for CudaBackend {
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {
         self.bind()?;
         let g = self.graphs.remove(graph.0)?;
-        self.drv.graph_destroy(g.raw)
+        self.drv
+            .graph_destroy(g.raw)
+            .inspect_err(|_| self.graphs.restore(graph.0, g.clone()))
     }
 
     fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
         self.bind()?;
         let x = self.execs.remove(exec.0)?;
-        self.drv.graph_exec_destroy(x.raw)
+        self.drv
+            .graph_exec_destroy(x.raw)
+            .inspect_err(|_| self.execs.restore(exec.0, x.clone()))
     }
 }

@@ -78,6 +78,8 @@ pub struct Control {
     calls: Calls,
     fired: Count,
     misuses: Count,
+    poisoned: Count,
+    reset: unsafe extern "C" fn(),
     log: Log,
     live: Live,
     _lib: libloading::Library,
@@ -108,6 +110,10 @@ impl Control {
                 calls: *l.get::<Calls>(b"unirt_fakecuda_calls\0").unwrap(),
                 fired: *l.get::<Count>(b"unirt_fakecuda_fired\0").unwrap(),
                 misuses: *l.get::<Count>(b"unirt_fakecuda_misuses\0").unwrap(),
+                poisoned: *l.get::<Count>(b"unirt_fakecuda_poisoned\0").unwrap(),
+                reset: *l
+                    .get::<unsafe extern "C" fn()>(b"unirt_fakecuda_reset\0")
+                    .unwrap(),
                 log: *l.get::<Log>(b"unirt_fakecuda_misuse_log\0").unwrap(),
                 live: *l.get::<Live>(b"unirt_fakecuda_live\0").unwrap(),
                 _lib: l,
@@ -140,6 +146,18 @@ impl Control {
         unsafe { (self.misuses)() }
     }
 
+    /// Contexts poisoned by injected sticky errors so far.
+    pub fn poisoned(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { (self.poisoned)() }
+    }
+
+    /// Destroys every context in the driver (as process exit would).
+    pub fn reset(&self) {
+        // SAFETY: no arguments.
+        unsafe { (self.reset)() }
+    }
+
     pub fn misuse_log(&self) -> String {
         let mut buf = vec![0u8; 1 << 16];
         // SAFETY: the buffer is valid for its length.
@@ -159,14 +177,16 @@ impl Control {
 /// one is covered by the fault matrix without editing this list).
 pub fn loaded_symbols() -> Vec<String> {
     let src = include_str!("../../../vendors/cuda/driver.rs");
-    let start = src.find("cuda_api! {").expect("driver.rs declares cuda_api!");
+    let start = src
+        .find("cuda_api! {")
+        .expect("driver.rs declares cuda_api!");
     let body = &src[start..];
     let end = body.find("\n}").unwrap_or(body.len());
     body[..end]
         .lines()
         .filter_map(|l| {
             let l = l.trim();
-            l.starts_with("cu")
+            (l.starts_with("cu") && l.ends_with(");"))
                 .then(|| l.split('(').next().unwrap_or("").to_string())
         })
         .filter(|n| !n.is_empty())
