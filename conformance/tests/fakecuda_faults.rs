@@ -133,6 +133,13 @@ fn main() {
             absent(&lib, &sym)
         }));
     }
+    trials.push(Trial::test(
+        "regression::graph_waiting_on_a_destroyed_event",
+        || {
+            let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+            graph_waiting_on_destroyed_event()
+        },
+    ));
     let conclusion = libtest_mimic::run(&args, trials);
     let swallowed = SWALLOWED.lock().unwrap_or_else(|e| e.into_inner());
     if !swallowed.is_empty() {
@@ -623,4 +630,54 @@ fn probe_child() {
             println!("fired: {}", Control::open(Path::new(&lib)).fired());
         }
     }
+}
+
+/// A graph that waits on an event (an event-wait node) must not reach the driver once the event
+/// is destroyed: CUDA would dereference the freed event at instantiate or launch (a SIGSEGV
+/// inside cuGraphInstantiateWithFlags was seen on an H100 during random call sequences).
+fn graph_waiting_on_destroyed_event() -> Result<(), Failed> {
+    let ctl = ctl();
+    let misuses = ctl.misuses();
+    let b = open_private(CUDA0).map_err(|e| e.to_string())?;
+    let s = b.stream_create().map_err(|e| e.to_string())?;
+    let e = b
+        .event_create(EventFlags::DEFAULT)
+        .map_err(|e| e.to_string())?;
+    let p = b.malloc(N).map_err(|e| e.to_string())?;
+    b.event_record(e, b.default_stream())
+        .map_err(|e| e.to_string())?;
+    b.begin_capture(s, CaptureMode::Global)
+        .map_err(|e| e.to_string())?;
+    b.stream_wait_event(s, e).map_err(|e| e.to_string())?;
+    b.memset_async(p, 1, N, s).map_err(|e| e.to_string())?;
+    let g = b.end_capture(s).map_err(|e| e.to_string())?;
+    let x = b.graph_instantiate(g).map_err(|e| e.to_string())?;
+    b.event_destroy(e).map_err(|e| e.to_string())?;
+    let instantiate = b.graph_instantiate(g);
+    let launch = b.graph_launch(x, s);
+    let _ = b.stream_synchronize(s);
+    if let Ok(x2) = instantiate {
+        let _ = b.graph_exec_destroy(x2);
+    }
+    let _ = b.graph_exec_destroy(x);
+    let _ = b.graph_destroy(g);
+    let _ = b.free(p);
+    let _ = b.stream_destroy(s);
+    if ctl.misuses() != misuses {
+        return Err(format!(
+            "a graph waiting on a destroyed event reached the driver (instantiate: {:?}, launch: {:?}):\n{}",
+            instantiate.map(|_| ()),
+            launch,
+            ctl.misuse_log()
+        )
+        .into());
+    }
+    if instantiate.is_ok() || launch.is_ok() {
+        return Err(format!(
+            "instantiate ({:?}) or launch ({launch:?}) of a graph waiting on a destroyed event succeeded",
+            instantiate.map(|_| ())
+        )
+        .into());
+    }
+    Ok(())
 }

@@ -39,6 +39,23 @@ fn graph(d: &Driver, g: u64, exec: bool, call: &str) -> Result<Arc<Graph>, CUres
     }
 }
 
+/// Refuses a graph whose event nodes name an event destroyed since the capture: a real driver
+/// dereferences the freed event (undefined behaviour, a crash at best).
+fn check_events(d: &Driver, g: &Graph, call: &str) -> Result<(), CUresult> {
+    for op in &g.nodes {
+        if let Op::Record { ev, .. } | Op::Wait { ev, .. } = op {
+            if !matches!(d.handles.get(&ev.handle), Some(Handle::Event(_))) {
+                misuse(format!(
+                    "{call}: graph {:#x} has a node on event {:#x}, destroyed since the capture",
+                    g.handle, ev.handle
+                ));
+                return Err(INVALID_HANDLE);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn run(r: Result<(Pending, Arc<Ctx>), CUresult>) -> CUresult {
     match r {
         Ok((p, ctx)) => finish(p, &ctx),
@@ -443,6 +460,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
             if gr.ctx != ctx.handle {
                 return Err(INVALID_CONTEXT);
             }
+            check_events(d, &gr, "cuGraphInstantiateWithFlags")?;
             let handle = d.new_handle();
             d.handles.insert(
                 handle,
@@ -467,6 +485,7 @@ pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
             if ex.ctx != ctx.handle {
                 return Err(INVALID_CONTEXT);
             }
+            check_events(d, &ex, "cuGraphLaunch")?;
             Ok((submit(d, &t, ex.nodes.clone(), false)?, ctx.clone()))
         }))
     })

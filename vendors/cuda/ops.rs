@@ -236,7 +236,10 @@ impl Backend for CudaBackend {
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         self.bind()?;
-        self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing())
+        self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing())?;
+        // The graph's wait node names the event: instantiate and replay check it is alive.
+        s.note_wait(&e);
+        Ok(())
     }
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
@@ -528,6 +531,7 @@ impl Backend for CudaBackend {
                 raw,
                 ranges: rec.ranges.into(),
                 events: rec.events.into(),
+                waits: rec.waits.into(),
             },
         );
         Ok(GraphId(raw))
@@ -536,6 +540,7 @@ impl Backend for CudaBackend {
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
         self.check_graph(&g.ranges, &g.events)?;
+        self.check_graph(&[], &g.waits)?;
         self.bind()?;
         let raw = self.drv.graph_instantiate(g.raw)?;
         self.execs.insert_with(
@@ -544,6 +549,7 @@ impl Backend for CudaBackend {
                 raw,
                 ranges: g.ranges.clone(),
                 events: g.events.clone(),
+                waits: g.waits.clone(),
             },
         );
         Ok(GraphExecId(raw))
@@ -553,6 +559,7 @@ impl Backend for CudaBackend {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
         // A replay must not touch memory freed (or events destroyed) since the capture.
         self.check_graph(&x.ranges, &x.events)?;
+        self.check_graph(&[], &x.waits)?;
         self.bind()?;
         s.note_ranges(&x.ranges);
         self.drv.graph_launch(x.raw, s.raw)?;
