@@ -9,14 +9,20 @@ bash ci/install-drivers.sh
 export CARGO_TERM_COLOR=never
 export RUST_BACKTRACE=1
 
+# One build for everything below (the test binaries, the CLI and libinfinirt share it); cargo
+# prints what it compiles, so a cold run (about 5 minutes on 2 cores) is not a silent one.
+echo "== cargo build --workspace --all-targets (one build for every step below)"
+cargo build --workspace --all-targets
+
+target="${CARGO_TARGET_DIR:-target}"
 echo "== unirt devices"
-cargo run --quiet -- devices
+"$target/debug/unirt" devices
 
 echo "== cargo test --workspace"
 cargo test --workspace
 
 echo "== ci/gpu.sh (GPU runner; on a machine without an NVIDIA GPU it says so and exits 0)"
-UNIRT_BIN="${CARGO_TARGET_DIR:-target}/debug/unirt" bash ci/gpu.sh "${CARGO_TARGET_DIR:-target}/gpu-results"
+UNIRT_BIN="$target/debug/unirt" bash ci/gpu.sh "$target/gpu-results"
 
 if [ -f ci/capi-valgrind.sh ]; then
   echo "== C ABI tests under valgrind"

@@ -5,7 +5,7 @@
 //! backend and its default stream beside it so an entry point reaches its backend with one
 //! thread-local lookup and no lock.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
@@ -135,52 +135,60 @@ impl Current {
 }
 
 thread_local! {
+    /// The opened backend and default stream of the thread's device: the fast path.
     static CURRENT: RefCell<Option<Current>> = const { RefCell::new(None) };
+    /// The thread's device alone. A `Copy` value with no destructor stays readable while the
+    /// thread exits (in thread-exit destructors and, on the main thread, in atexit handlers),
+    /// after `CURRENT` has been torn down.
+    static CURRENT_DEVICE: Cell<Device> = const { Cell::new(Device::CPU) };
 }
 
-fn exiting() -> Error {
-    Error::Internal("called while the thread is exiting".into())
+/// The thread's device, also during thread exit (CPU 0 until set).
+fn remembered_device() -> Device {
+    CURRENT_DEVICE.try_with(Cell::get).unwrap_or(Device::CPU)
 }
 
 /// Runs `f` on the calling thread's current device (opening CPU 0 on first use).
+///
+/// Calls made while the thread exits — from a thread-exit destructor, or from an atexit
+/// handler after the main thread's locals are gone — still run on the thread's device: the
+/// cached backend is gone then, so it is looked up again in unirt's process-wide table.
 #[inline]
 pub fn with_current<R>(f: impl FnOnce(&Current) -> Result<R>) -> Result<R> {
-    CURRENT
-        .try_with(|cell| {
-            if cell.borrow().is_none() {
-                let cur = Current::open(Device::CPU)?;
-                *cell.borrow_mut() = Some(cur);
-            }
-            match cell.borrow().as_ref() {
-                Some(cur) => f(cur),
-                None => Err(Error::Internal("no current device".into())),
-            }
-        })
-        .unwrap_or_else(|_| Err(exiting()))
+    let mut f = Some(f);
+    let mut run = |cur: &Current| match f.take() {
+        Some(f) => f(cur),
+        None => Err(Error::Internal("an entry point ran twice".into())),
+    };
+    let fast = CURRENT.try_with(|cell| {
+        if cell.borrow().is_none() {
+            let cur = Current::open(remembered_device())?;
+            *cell.borrow_mut() = Some(cur);
+        }
+        match cell.borrow().as_ref() {
+            Some(cur) => run(cur),
+            None => Err(Error::Internal("no current device".into())),
+        }
+    });
+    match fast {
+        Ok(r) => r,
+        Err(_) => run(&Current::open(remembered_device())?),
+    }
 }
 
 /// Makes `device` the calling thread's current device, opening it if needed.
 pub fn set_current(device: Device) -> Result<()> {
-    let same = CURRENT
-        .try_with(|cell| cell.borrow().as_ref().map(|c| c.device) == Some(device))
-        .map_err(|_| exiting())?;
-    if same {
+    if remembered_device() == device && CURRENT.try_with(|c| c.borrow().is_some()) == Ok(true) {
         return Ok(());
     }
     let cur = Current::open(device)?;
-    CURRENT
-        .try_with(|cell| *cell.borrow_mut() = Some(cur))
-        .map_err(|_| exiting())
+    let _ = CURRENT_DEVICE.try_with(|d| d.set(device));
+    // While the thread exits the cache is gone; the remembered device is enough then.
+    let _ = CURRENT.try_with(|cell| *cell.borrow_mut() = Some(cur));
+    Ok(())
 }
 
 /// The calling thread's current device, without opening it (CPU 0 until set).
 pub fn current_device() -> Result<Device> {
-    CURRENT
-        .try_with(|cell| {
-            cell.borrow()
-                .as_ref()
-                .map(|c| c.device)
-                .unwrap_or(Device::CPU)
-        })
-        .map_err(|_| exiting())
+    Ok(remembered_device())
 }

@@ -62,30 +62,27 @@ pub unsafe extern "C" fn infinirtGraphInstantiate(
     buffer_size: usize,
 ) -> Status {
     guard(|| {
-        check_out(graph_exec_ptr, "graph_exec_ptr")?;
+        // The header promises *node_ptr and the log on every failure, bad arguments included,
+        // so they are written before anything can return early.
         if !node_ptr.is_null() {
             // SAFETY: non-null; writable by the caller's contract.
             unsafe { node_ptr.write(std::ptr::null_mut()) };
         }
-        let result = required(graph, "graph")
+        let result = check_out(graph_exec_ptr, "graph_exec_ptr")
+            .and_then(|()| required(graph, "graph"))
             .and_then(|g| with_current(|c| c.backend.graph_instantiate(GraphId(g))));
-        match result {
-            Ok(x) => {
-                if !log_buffer.is_null() {
-                    // SAFETY: writable for buffer_size bytes by the caller's contract.
-                    unsafe { write_c_string(log_buffer, buffer_size, "") };
-                }
-                // SAFETY: checked non-null; writable by the caller's contract.
-                unsafe { write_out(graph_exec_ptr, to_handle(x.0), "graph_exec_ptr") }
-            }
-            Err(e) => {
-                if !log_buffer.is_null() {
-                    // SAFETY: writable for buffer_size bytes by the caller's contract.
-                    unsafe { write_c_string(log_buffer, buffer_size, &e.to_string()) };
-                }
-                Err(e)
-            }
+        if !log_buffer.is_null() {
+            let log = result
+                .as_ref()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            // SAFETY: writable for buffer_size bytes by the caller's contract.
+            unsafe { write_c_string(log_buffer, buffer_size, &log) };
         }
+        let x = result?;
+        // SAFETY: checked non-null above; writable by the caller's contract.
+        unsafe { write_out(graph_exec_ptr, to_handle(x.0), "graph_exec_ptr") }
     })
 }
 

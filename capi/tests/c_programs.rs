@@ -163,3 +163,13 @@ fn example_links_statically() {
     assert!(status.success(), "static link failed");
     run(&out);
 }
+
+#[test]
+fn calls_from_thread_exit_and_atexit_work() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/exit_paths.c"),
+        "exit_paths",
+    ) {
+        run(&exe);
+    }
+}

@@ -42,7 +42,11 @@ pub fn select_devices(arg: Option<&str>) -> CliResult<Vec<Device>> {
         }
         Some(i) => Ok(vec![Device::new(kind, i)]),
         None if b.devices.is_empty() => not_here(format!("{kind} lists no device")),
-        None => Ok(b.devices.iter().map(|i| Device::new(kind, i.index)).collect()),
+        None => Ok(b
+            .devices
+            .iter()
+            .map(|i| Device::new(kind, i.index))
+            .collect()),
     }
 }
 
@@ -72,22 +76,79 @@ pub fn run(
     json: Option<&Path>,
     junit: Option<&Path>,
 ) -> CliResult<ExitCode> {
+    // Report files are checked before the suite runs, so a bad path costs nothing.
+    for path in [json, junit].into_iter().flatten() {
+        check_writable(path)?;
+    }
     let devices = select_devices(device)?;
+    if devices.is_empty() {
+        return Err(no_device_message().into());
+    }
     // A filter that matches nothing is a typo, not a green run.
     conformance::filtered_cases(filter)?;
     let results = run_all(&devices, filter);
     print_table(&results);
     print_summary(&results);
+    // Write every report even when one fails; a failed report is reported, and the exit code
+    // still says whether the suite passed (1) before it says a report is missing (2).
+    let mut report_errors = Vec::new();
     if let Some(p) = json {
-        write_json(p, &results)?;
+        if let Err(e) = write_json(p, &results) {
+            report_errors.push(format!("cannot write the JSON report {}: {e}", p.display()));
+        }
     }
     if let Some(p) = junit {
-        write_junit(p, &results)?;
+        if let Err(e) = write_junit(p, &results) {
+            report_errors.push(format!(
+                "cannot write the JUnit report {}: {e}",
+                p.display()
+            ));
+        }
+    }
+    for e in &report_errors {
+        eprintln!("unirt: {e}");
     }
     let failed = results.iter().any(|r| r.status == Status::Failed);
     Ok(if failed {
         ExitCode::from(1)
+    } else if !report_errors.is_empty() {
+        ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Fails, naming the file, when `path` cannot be written: its folder is missing, it is a
+/// folder, or opening it for writing fails. An existing file is left as it is.
+fn check_writable(path: &Path) -> CliResult<()> {
+    let bad = |why: String| -> CliResult<()> {
+        Err(format!("cannot write the report {}: {why}", path.display()).into())
+    };
+    if path.is_dir() {
+        return bad("it is a folder".into());
+    }
+    let existed = path.exists();
+    match std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        Ok(_) => {
+            if !existed {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(())
+        }
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+/// Why there is nothing to run on: every vendor's reason.
+pub fn no_device_message() -> String {
+    let reasons: Vec<String> = unirt::discover()
+        .backends
+        .iter()
+        .map(|b| format!("{}: {}", b.kind, b.reason.as_deref().unwrap_or("no device")))
+        .collect();
+    format!("no available device to run on ({})", reasons.join("; "))
 }

@@ -18,7 +18,12 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "unirt",
     version,
-    about = "One runtime for every accelerator on this machine"
+    about = "One runtime for every accelerator on this machine",
+    long_about = "One runtime for every accelerator on this machine.\n\n\
+        With no command, `unirt` runs the main job: it probes every vendor, lists the devices, \
+        runs the conformance suite on every available device and prints a summary per device \
+        (exit 1 when a case failed). No subcommand does that; `cargo run --release` at the \
+        repository root runs it."
 )]
 struct Args {
     #[command(subcommand)]

@@ -12,6 +12,9 @@ pub fn run() -> CliResult<ExitCode> {
     println!("== devices");
     devices::print_table(d);
     let devs = d.devices();
+    if devs.is_empty() {
+        return Err(conformance::no_device_message().into());
+    }
     println!();
     println!("== conformance on {} device(s)", devs.len());
     let results = conformance::run_all(&devs, None);

@@ -139,14 +139,30 @@ fn asking_for_what_is_not_here_fails_clearly() {
     // filter matching no case: each exits non-zero with a message, never a green empty run.
     for (args, env, says) in [
         (
-            &["conformance", "--device", "cuda", "--filter", "memcpy::h2d_sync"][..],
+            &[
+                "conformance",
+                "--device",
+                "cuda",
+                "--filter",
+                "memcpy::h2d_sync",
+            ][..],
             &[("UNIRT_BACKENDS", "cpu")][..],
             "cuda",
         ),
         (&["conformance", "--device", "cuda:3"], &[], "cuda"),
-        (&["conformance", "--device", "cpu:1"], &[], "cpu has 1 device"),
         (
-            &["conformance", "--device", "cpu:0", "--filter", "no-such-case"],
+            &["conformance", "--device", "cpu:1"],
+            &[],
+            "cpu has 1 device",
+        ),
+        (
+            &[
+                "conformance",
+                "--device",
+                "cpu:0",
+                "--filter",
+                "no-such-case",
+            ],
             &[],
             "no conformance case matches",
         ),
@@ -155,7 +171,10 @@ fn asking_for_what_is_not_here_fails_clearly() {
         no_panic(&out);
         assert!(!out.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "{args:?}: stderr {err:?} lacks {says:?}");
+        assert!(
+            err.contains(says),
+            "{args:?}: stderr {err:?} lacks {says:?}"
+        );
     }
 }
 
@@ -203,4 +222,68 @@ fn bad_arguments_are_errors_not_panics() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(!out.stderr.is_empty(), "{args:?} said nothing");
     }
+}
+
+#[test]
+fn reports_are_checked_first_and_one_failure_spares_the_other() {
+    // A report path that cannot be written fails before the suite runs, naming the file.
+    let out = unirt(
+        &[
+            "conformance",
+            "--device",
+            "cpu:0",
+            "--json",
+            "/nonexistent-dir/r.json",
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent-dir/r.json"), "{err}");
+    assert!(out.stdout.is_empty(), "the suite ran before the check");
+
+    // A report that fails while being written (/dev/full) does not stop the other.
+    let junit = std::env::temp_dir().join(format!("unirt-junit-{}.xml", std::process::id()));
+    let out = unirt(
+        &[
+            "conformance",
+            "--device",
+            "cpu:0",
+            "--filter",
+            "memset",
+            "--json",
+            "/dev/full",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a lost report is exit 2 when all passed"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/full"));
+    assert!(std::fs::read_to_string(&junit)
+        .unwrap()
+        .contains("<testsuite"));
+    std::fs::remove_file(&junit).ok();
+}
+
+#[test]
+fn nothing_to_run_on_is_an_error() {
+    for args in [&["conformance"][..], &[]] {
+        let out = unirt(args, &[("UNIRT_BACKENDS", "bogus")]);
+        no_panic(&out);
+        assert!(!out.status.success(), "{args:?} with no device succeeded");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no available device"));
+    }
+    let out = unirt(&["bench", "dispatch", "--device", "cpu:0"], &[]);
+    no_panic(&out);
+    assert!(
+        !out.status.success(),
+        "bench dispatch on cpu printed zeros and passed"
+    );
 }

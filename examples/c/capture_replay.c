@@ -28,8 +28,12 @@
 int main(void) {
     int counts[INFINI_DEVICE_TYPE_COUNT];
     CHECK(infinirtInit());
+    int wgpu = 0;
     CHECK(infinirtGetAllDeviceCount(counts));
-    printf("devices: cpu %d, nvidia %d\n", counts[INFINI_DEVICE_CPU], counts[INFINI_DEVICE_NVIDIA]);
+    /* wgpu adapters are unirt's extension type, outside upstream's array. */
+    CHECK(infinirtGetDeviceCount(INFINI_DEVICE_UNIRT_WGPU, &wgpu));
+    printf("devices: cpu %d, nvidia %d, wgpu %d\n", counts[INFINI_DEVICE_CPU],
+           counts[INFINI_DEVICE_NVIDIA], wgpu);
 
     /* Run on the first NVIDIA device when there is one, else on the CPU. */
     infiniDevice_t device = counts[INFINI_DEVICE_NVIDIA] > 0 ? INFINI_DEVICE_NVIDIA : INFINI_DEVICE_CPU;

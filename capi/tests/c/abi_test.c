@@ -342,8 +342,15 @@ static void test_capture(void) {
     OK(infinirtMemcpy(back, b, N, INFINIRT_MEMCPY_D2H));
     CHECK(all_bytes(back, N, 0));
 
-    EXPECT(infinirtGraphInstantiate(NULL, g, NULL, log, sizeof log), INFINI_STATUS_NULL_POINTER);
-    EXPECT(infinirtGraphInstantiate(&x, NULL, NULL, log, sizeof log), INFINI_STATUS_NULL_POINTER);
+    /* The log and *node_ptr are written on every failure, bad arguments included. */
+    log[0] = 0;
+    node = BOGUS;
+    EXPECT(infinirtGraphInstantiate(NULL, g, &node, log, sizeof log), INFINI_STATUS_NULL_POINTER);
+    CHECK(node == NULL && strlen(log) > 0);
+    log[0] = 0;
+    node = BOGUS;
+    EXPECT(infinirtGraphInstantiate(&x, NULL, &node, log, sizeof log), INFINI_STATUS_NULL_POINTER);
+    CHECK(node == NULL && strlen(log) > 0);
     OK(infinirtGraphInstantiate(&x, g, &node, log, sizeof log));
     CHECK(x != NULL && node == NULL);
     OK(infinirtGraphLuanch(x, s));

@@ -95,6 +95,14 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// Runs the benchmark on `device` and prints (and optionally writes) the rows.
 pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode> {
     let device: Device = device.parse()?;
+    if device.kind != DeviceKind::Wgpu {
+        // Its baseline is a plain-wgpu program; on other vendors there is nothing to compare.
+        return Err(format!(
+            "bench dispatch measures wgpu devices against a plain-wgpu program; {device} is not \
+             a wgpu device (bench latency measures launches on any device)"
+        )
+        .into());
+    }
     let dev = unirt::open(device)?;
     let info = dev.info().clone();
     println!("dispatch on {device} ({}, {})", info.name, info.api);
