@@ -18,7 +18,10 @@ target="${CARGO_TARGET_DIR:-target}"
 echo "== unirt devices"
 "$target/debug/unirt" devices
 
-echo "== cargo test --workspace"
+# The CUDA backend runs here too, over the fake driver (crate unirt-fakecuda, built above:
+# CPU-backed and fault-injecting, see docs/RELIABILITY.md): the whole conformance suite on
+# cuda:0 (unirt-conformance test fakecuda_conformance) and the fault matrix (fakecuda_faults).
+echo "== cargo test --workspace (CUDA over the fake driver: fakecuda_conformance, fakecuda_faults)"
 cargo test --workspace
 
 echo "== ci/gpu.sh (GPU runner; on a machine without an NVIDIA GPU it says so and exits 0)"
