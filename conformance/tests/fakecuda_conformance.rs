@@ -37,7 +37,8 @@ const EXPECTED_FAILURES: &[(&str, &str, &str)] = &[
 ];
 
 fn main() {
-    let (_lib, ctl) = fakecuda_support::use_fake_driver(&[]);
+    // The CPU backend stays on: some cases use it beside the device under test.
+    let (_lib, ctl) = fakecuda_support::use_fake_driver(&[("UNIRT_BACKENDS", "cpu,cuda")]);
     let args = Arguments::from_args();
     let d = unirt::discover();
     let mut trials = Vec::new();

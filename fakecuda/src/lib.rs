@@ -40,5 +40,7 @@ pub mod faults;
 pub mod kernels;
 pub mod result;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 pub use control::*;
