@@ -173,22 +173,40 @@ impl Control {
     }
 }
 
-/// The CUDA driver entry points unirt loads, read from the backend's own declaration (so a new
-/// one is covered by the fault matrix without editing this list).
+/// The CUDA driver entry points unirt loads, read from the CUDA backend's own declaration (the
+/// `cuda_api!` list in `vendors/cuda/`), so a new one is covered by the fault matrix without
+/// editing this list.
 pub fn loaded_symbols() -> Vec<String> {
-    let src = include_str!("../../../vendors/cuda/driver.rs");
-    let start = src
-        .find("cuda_api! {")
-        .expect("driver.rs declares cuda_api!");
-    let body = &src[start..];
-    let end = body.find("\n}").unwrap_or(body.len());
-    body[..end]
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            (l.starts_with("cu") && l.ends_with(");"))
-                .then(|| l.split('(').next().unwrap_or("").to_string())
-        })
-        .filter(|n| !n.is_empty())
-        .collect()
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../vendors/cuda");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    for f in files {
+        let src = std::fs::read_to_string(&f).unwrap_or_default();
+        let Some(start) = src.find("cuda_api! {") else {
+            continue;
+        };
+        let body = &src[start..];
+        let end = body.find("\n}").unwrap_or(body.len());
+        let names: Vec<String> = body[..end]
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                (l.starts_with("cu") && l.ends_with(");"))
+                    .then(|| l.split('(').next().unwrap_or("").to_string())
+            })
+            .filter(|n| !n.is_empty())
+            .collect();
+        assert!(
+            !names.is_empty(),
+            "{}: an empty cuda_api! list",
+            f.display()
+        );
+        return names;
+    }
+    panic!("no cuda_api! list under {}", dir.display());
 }
