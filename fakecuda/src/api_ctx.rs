@@ -22,6 +22,7 @@ fn device_index(d: &state::Driver, dev: c_int) -> Result<usize, CUresult> {
         .ok_or(INVALID_DEVICE)
 }
 
+/// `cuInit`: builds the driver from the environment; `CUDA_ERROR_NO_DEVICE` with 0 devices.
 #[no_mangle]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     entry("cuInit", || {
@@ -32,24 +33,28 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
+/// `cuDriverGetVersion`: the version this driver claims (12.2).
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
     // SAFETY: `v` is null or valid for a write (the caller's contract).
     entry("cuDriverGetVersion", || code(unsafe { put(v, VERSION) }))
 }
 
+/// `cuGetErrorName`: the `CUDA_ERROR_*` name of a code.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(r: CUresult, out: *mut *const c_char) -> CUresult {
     // SAFETY: `out` is null or valid for a write (the caller's contract).
     entry("cuGetErrorName", || unsafe { error_string(r, out, false) })
 }
 
+/// `cuGetErrorString`: the text of a code.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(r: CUresult, out: *mut *const c_char) -> CUresult {
     // SAFETY: `out` is null or valid for a write (the caller's contract).
     entry("cuGetErrorString", || unsafe { error_string(r, out, true) })
 }
 
+/// `cuDeviceGetCount`: the configured number of devices.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
     entry("cuDeviceGetCount", || {
@@ -60,6 +65,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
     })
 }
 
+/// `cuDeviceGet`: the device of an ordinal (the ordinal itself).
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CUresult {
     entry("cuDeviceGet", || {
@@ -71,6 +77,7 @@ pub unsafe extern "C" fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CUresul
     })
 }
 
+/// `cuDeviceGetName`: the device's name, NUL-terminated and truncated to the buffer.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_int) -> CUresult {
     entry("cuDeviceGetName", || {
@@ -91,6 +98,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_i
     })
 }
 
+/// `cuDeviceGetAttribute`: the attributes unirt reads; any other is `CUDA_ERROR_INVALID_VALUE`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, dev: c_int) -> CUresult {
     entry("cuDeviceGetAttribute", || {
@@ -114,6 +122,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, dev: c
     })
 }
 
+/// `cuDeviceTotalMem_v2`: the configured memory per device.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CUresult {
     entry("cuDeviceTotalMem_v2", || {
@@ -125,6 +134,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
     })
 }
 
+/// `cuDeviceCanAccessPeer`: peer access between two different devices is always possible.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceCanAccessPeer(v: *mut c_int, dev: c_int, peer: c_int) -> CUresult {
     entry("cuDeviceCanAccessPeer", || {
@@ -136,6 +146,7 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(v: *mut c_int, dev: c_int, peer: 
     })
 }
 
+/// `cuDevicePrimaryCtxRetain`: the device's primary context, created at the first reference.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_int) -> CUresult {
     entry("cuDevicePrimaryCtxRetain", || {
@@ -167,6 +178,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_
     })
 }
 
+/// `cuDevicePrimaryCtxRelease_v2`: drops a reference; the last one drains and destroys the context.
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CUresult {
     entry("cuDevicePrimaryCtxRelease_v2", || {
@@ -201,6 +213,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CUresult {
     })
 }
 
+/// `cuCtxSetCurrent`: the calling thread's current context (null: none).
 #[no_mangle]
 pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
     entry("cuCtxSetCurrent", || {
@@ -218,6 +231,7 @@ pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuCtxGetCurrent`: the calling thread's current context.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CUresult {
     entry("cuCtxGetCurrent", || {
@@ -227,6 +241,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CUresult {
     })
 }
 
+/// `cuCtxSynchronize`: waits for every stream of the current context (a potentially unsafe call).
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry("cuCtxSynchronize", || {
@@ -246,6 +261,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     })
 }
 
+/// `cuCtxEnablePeerAccess`: records peer access from the current context to another device's.
 #[no_mangle]
 pub extern "C" fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint) -> CUresult {
     entry("cuCtxEnablePeerAccess", || {
@@ -264,6 +280,7 @@ pub extern "C" fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint) -> CUr
     })
 }
 
+/// `cuMemGetInfo_v2`: free and total memory of the current context's device.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     entry("cuMemGetInfo_v2", || {
@@ -279,6 +296,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
+/// `cuThreadExchangeStreamCaptureMode`: swaps the calling thread's capture interaction mode.
 #[no_mangle]
 pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
     entry("cuThreadExchangeStreamCaptureMode", || {
@@ -299,6 +317,7 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
 
 // ---- modules -------------------------------------------------------------------------------
 
+/// `cuModuleLoadData`: checks a CUBIN or PTX image and lists its kernels (a potentially unsafe call).
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(
     module: *mut *mut c_void,
@@ -327,6 +346,7 @@ pub unsafe extern "C" fn cuModuleLoadData(
     })
 }
 
+/// `cuModuleGetFunction`: a kernel of a loaded module that has a CPU twin.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetFunction(
     f: *mut *mut c_void,
@@ -370,6 +390,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     })
 }
 
+/// `cuModuleUnload`: unloads a module and its functions (a potentially unsafe call).
 #[no_mangle]
 pub extern "C" fn cuModuleUnload(module: *mut c_void) -> CUresult {
     entry("cuModuleUnload", || {

@@ -35,6 +35,7 @@ fn drain(ctx: Option<u64>) {
     }
 }
 
+/// `cuMemAlloc_v2`: device memory in the current context (a potentially unsafe call).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut u64, bytes: usize) -> CUresult {
     entry("cuMemAlloc_v2", || {
@@ -50,6 +51,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut u64, bytes: usize) -> CUresult {
     })
 }
 
+/// `cuMemFree_v2`: waits for the context's streams, then frees (a potentially unsafe call).
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(p: u64) -> CUresult {
     entry("cuMemFree_v2", || {
@@ -70,6 +72,7 @@ pub extern "C" fn cuMemFree_v2(p: u64) -> CUresult {
     })
 }
 
+/// `cuMemAllocHost_v2`: pinned host memory owned by the current context (a potentially unsafe call).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(p: *mut *mut c_void, bytes: usize) -> CUresult {
     entry("cuMemAllocHost_v2", || {
@@ -93,6 +96,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(p: *mut *mut c_void, bytes: usize) ->
     })
 }
 
+/// `cuMemFreeHost`: waits for every stream, then frees pinned memory (a potentially unsafe call).
 #[no_mangle]
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
@@ -116,6 +120,7 @@ pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuMemAllocAsync`: stream-ordered device memory (allocated at once; not while capturing).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     p: *mut u64,
@@ -138,6 +143,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     })
 }
 
+/// `cuMemFreeAsync`: frees device memory when the stream reaches this point.
 #[no_mangle]
 pub extern "C" fn cuMemFreeAsync(p: u64, stream: *mut c_void) -> CUresult {
     entry("cuMemFreeAsync", || {
@@ -219,6 +225,7 @@ fn copy(call: &'static str, dst: Side, src: Side, bytes: usize, stream: *mut c_v
     }))
 }
 
+/// `cuMemcpyHtoDAsync_v2`: a host-to-device copy (pageable sources are staged first).
 #[no_mangle]
 pub extern "C" fn cuMemcpyHtoDAsync_v2(
     dst: u64,
@@ -237,6 +244,7 @@ pub extern "C" fn cuMemcpyHtoDAsync_v2(
     })
 }
 
+/// `cuMemcpyDtoHAsync_v2`: a device-to-host copy (to pageable memory it completes before returning).
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoHAsync_v2(
     dst: *mut c_void,
@@ -255,6 +263,7 @@ pub extern "C" fn cuMemcpyDtoHAsync_v2(
     })
 }
 
+/// `cuMemcpyDtoDAsync_v2`: a device-to-device copy.
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoDAsync_v2(
     dst: u64,
@@ -273,6 +282,7 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     })
 }
 
+/// `cuMemcpyAsync`: a copy between unified addresses (each side device or host by its range).
 #[no_mangle]
 pub extern "C" fn cuMemcpyAsync(dst: u64, src: u64, bytes: usize, stream: *mut c_void) -> CUresult {
     entry("cuMemcpyAsync", || {
@@ -289,6 +299,7 @@ pub extern "C" fn cuMemcpyAsync(dst: u64, src: u64, bytes: usize, stream: *mut c
     })
 }
 
+/// `cuMemcpyPeerAsync`: a copy between the memories of two contexts.
 #[no_mangle]
 pub extern "C" fn cuMemcpyPeerAsync(
     dst: u64,
@@ -314,6 +325,7 @@ pub extern "C" fn cuMemcpyPeerAsync(
     })
 }
 
+/// `cuMemsetD8Async`: sets device bytes.
 #[no_mangle]
 pub extern "C" fn cuMemsetD8Async(
     dst: u64,

@@ -65,6 +65,7 @@ fn run(r: Result<(Pending, Arc<Ctx>), CUresult>) -> CUresult {
 
 // ---- streams -------------------------------------------------------------------------------
 
+/// `cuStreamCreate`: a stream with its own worker thread (flag 1: non-blocking).
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(s: *mut *mut c_void, flags: c_uint) -> CUresult {
     entry("cuStreamCreate", || {
@@ -81,6 +82,7 @@ pub unsafe extern "C" fn cuStreamCreate(s: *mut *mut c_void, flags: c_uint) -> C
     })
 }
 
+/// `cuStreamDestroy_v2`: returns at once; queued work still runs.
 #[no_mangle]
 pub extern "C" fn cuStreamDestroy_v2(s: *mut c_void) -> CUresult {
     entry("cuStreamDestroy_v2", || {
@@ -113,6 +115,7 @@ fn sync_set(d: &mut Driver, t: &Target) -> Result<Vec<Arc<Stream>>, CUresult> {
     }
 }
 
+/// `cuStreamSynchronize`: waits for the stream's work (refused, and invalidating, while it captures).
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CUresult {
     entry("cuStreamSynchronize", || {
@@ -132,6 +135,7 @@ pub extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while the stream has work queued.
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(s: *mut c_void) -> CUresult {
     entry("cuStreamQuery", || {
@@ -147,6 +151,7 @@ pub extern "C" fn cuStreamQuery(s: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuStreamIsCapturing`: 0 none, 1 active, 2 invalidated.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamIsCapturing(s: *mut c_void, status: *mut c_int) -> CUresult {
     entry("cuStreamIsCapturing", || {
@@ -165,6 +170,7 @@ pub unsafe extern "C" fn cuStreamIsCapturing(s: *mut c_void, status: *mut c_int)
     })
 }
 
+/// `cuStreamWaitEvent`: makes the stream wait for the event's latest record.
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(s: *mut c_void, e: *mut c_void, flags: c_uint) -> CUresult {
     entry("cuStreamWaitEvent", || {
@@ -207,6 +213,7 @@ pub extern "C" fn cuStreamWaitEvent(s: *mut c_void, e: *mut c_void, flags: c_uin
 
 // ---- events --------------------------------------------------------------------------------
 
+/// `cuEventCreate`: an event (flag 2: timing disabled).
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(e: *mut *mut c_void, flags: c_uint) -> CUresult {
     entry("cuEventCreate", || {
@@ -255,11 +262,13 @@ fn record(call: &'static str, e: *mut c_void, s: *mut c_void, flags: c_uint) -> 
     }))
 }
 
+/// `cuEventRecord`: records the event on a stream.
 #[no_mangle]
 pub extern "C" fn cuEventRecord(e: *mut c_void, s: *mut c_void) -> CUresult {
     entry("cuEventRecord", || record("cuEventRecord", e, s, 0))
 }
 
+/// `cuEventRecordWithFlags`: records the event; `CU_EVENT_RECORD_EXTERNAL` inside a capture makes a record node.
 #[no_mangle]
 pub extern "C" fn cuEventRecordWithFlags(
     e: *mut c_void,
@@ -286,6 +295,7 @@ fn settled_event(d: &mut Driver, e: u64, call: &str) -> Result<Arc<Event>, CUres
     Ok(ev)
 }
 
+/// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until the latest record ran.
 #[no_mangle]
 pub extern "C" fn cuEventQuery(e: *mut c_void) -> CUresult {
     entry("cuEventQuery", || {
@@ -300,6 +310,7 @@ pub extern "C" fn cuEventQuery(e: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuEventSynchronize`: waits for the event's latest record.
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(e: *mut c_void) -> CUresult {
     entry("cuEventSynchronize", || {
@@ -314,6 +325,7 @@ pub extern "C" fn cuEventSynchronize(e: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuEventElapsedTime`: milliseconds between two completed, timed records.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventElapsedTime(
     ms: *mut f32,
@@ -350,6 +362,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     })
 }
 
+/// `cuEventDestroy_v2`: destroys an event; queued records still complete.
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(e: *mut c_void) -> CUresult {
     entry("cuEventDestroy_v2", || {
@@ -364,6 +377,7 @@ pub extern "C" fn cuEventDestroy_v2(e: *mut c_void) -> CUresult {
 
 // ---- launches ------------------------------------------------------------------------------
 
+/// `cuLaunchKernel`: queues a kernel's CPU twin with its arguments read through `kernelParams`.
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel(
     f: *mut c_void,
@@ -411,6 +425,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
 
 // ---- capture and graphs --------------------------------------------------------------------
 
+/// `cuStreamBeginCapture_v2`: starts capturing a created stream in a capture mode.
 #[no_mangle]
 pub extern "C" fn cuStreamBeginCapture_v2(s: *mut c_void, mode: c_int) -> CUresult {
     entry("cuStreamBeginCapture_v2", || {
@@ -421,6 +436,7 @@ pub extern "C" fn cuStreamBeginCapture_v2(s: *mut c_void, mode: c_int) -> CUresu
     })
 }
 
+/// `cuStreamEndCapture`: ends a capture: a graph, or the capture's error and no graph.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamEndCapture(s: *mut c_void, g: *mut *mut c_void) -> CUresult {
     entry_with("cuStreamEndCapture", |injected| {
@@ -444,6 +460,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(s: *mut c_void, g: *mut *mut c_void)
     })
 }
 
+/// `cuGraphInstantiateWithFlags`: an executable copy of a graph.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     x: *mut *mut c_void,
@@ -476,6 +493,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     })
 }
 
+/// `cuGraphLaunch`: queues an executable graph's nodes in order.
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
     entry("cuGraphLaunch", || {
@@ -491,6 +509,7 @@ pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuGraphDestroy`: destroys a graph (its executable copies live on).
 #[no_mangle]
 pub extern "C" fn cuGraphDestroy(g: *mut c_void) -> CUresult {
     entry("cuGraphDestroy", || {
@@ -502,6 +521,7 @@ pub extern "C" fn cuGraphDestroy(g: *mut c_void) -> CUresult {
     })
 }
 
+/// `cuGraphExecDestroy`: destroys an executable graph.
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(x: *mut c_void) -> CUresult {
     entry("cuGraphExecDestroy", || {
