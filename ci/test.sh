@@ -18,8 +18,16 @@ target="${CARGO_TARGET_DIR:-target}"
 echo "== unirt devices"
 "$target/debug/unirt" devices
 
-echo "== cargo test --workspace"
+# The CUDA backend runs here too, over the fake driver (crate unirt-fakecuda, built above:
+# CPU-backed and fault-injecting, see docs/RELIABILITY.md): the whole conformance suite on
+# cuda:0 (unirt-conformance test fakecuda_conformance) and the fault matrix (fakecuda_faults).
+echo "== cargo test --workspace (CUDA over the fake driver: fakecuda_conformance, fakecuda_faults)"
 cargo test --workspace
+
+# The same suite over a fake GPU without memory pools (stream-ordered memory through
+# cuMemAlloc) and newer than NVRTC knows (kernels handed over as PTX instead of CUBIN).
+echo "== CUDA conformance over the fake driver: no memory pools, PTX kernels (about 15 s)"
+UNIRT_FAKECUDA_POOLS=0 UNIRT_FAKECUDA_CC=100 cargo test -p unirt-conformance --test fakecuda_conformance
 
 echo "== ci/gpu.sh (GPU runner; on a machine without an NVIDIA GPU it says so and exits 0)"
 UNIRT_BIN="$target/debug/unirt" bash ci/gpu.sh "$target/gpu-results"

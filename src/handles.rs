@@ -70,6 +70,12 @@ impl<T> HandleTable<T> {
         value
     }
 
+    /// Puts back a value [`remove`](Self::remove) took out, when releasing the native object
+    /// failed and it still exists (so a retry or the backend's teardown can release it).
+    pub fn restore(&self, id: u64, value: Arc<T>) {
+        self.map.write().insert(id, value);
+    }
+
     pub fn get(&self, id: u64) -> Result<Arc<T>> {
         self.check_live()?;
         match self.map.read().get(&id) {

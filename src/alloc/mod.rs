@@ -435,12 +435,20 @@ impl CachingAllocator {
         let _ = self.free_raw_checked(segs);
     }
 
+    /// Raw frees; a segment the backend failed to free (a driver error) is kept in the
+    /// deferred list, retried by the next caller that frees raw memory and at drop, instead
+    /// of being forgotten while the backend still holds it.
     fn free_raw_checked(&self, segs: Released) -> Result<()> {
         let mut first = Ok(());
-        for (addr, _) in segs {
+        let mut failed = Released::new();
+        for (addr, size) in segs {
             if let Err(e) = self.raw.raw_free(DevicePtr(addr)) {
                 first = first.and(Err(e));
+                failed.push((addr, size));
             }
+        }
+        if !failed.is_empty() {
+            self.state.lock().deferred_raw.extend(failed);
         }
         first
     }

@@ -222,10 +222,12 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         let s = self.streams.remove(stream.0)?;
-        // cuStreamDestroy returns at once; work already enqueued still completes.
+        // cuStreamDestroy returns at once; work already enqueued still completes. A failed
+        // destroy leaves the stream alive: keep its handle so a retry or teardown releases it.
         // SAFETY: the stream came out of the stream table, which no longer lists it: live, and
-        // destroyed once.
+        // destroyed once (on failure it goes back to the table, still live).
         unsafe { self.drv.stream_destroy(s.raw) }
+            .inspect_err(|_| self.streams.restore(stream.0, s.clone()))
     }
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
@@ -245,7 +247,10 @@ impl Backend for CudaBackend {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         self.bind()?;
         // SAFETY: both handles came from their live-handle tables.
-        unsafe { self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing()) }
+        unsafe { self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing()) }?;
+        // The graph's wait node names the event: instantiate and replay check it is alive.
+        s.note_wait(&e);
+        Ok(())
     }
 
     fn event_create(&self, flags: EventFlags) -> Result<EventId> {
@@ -313,8 +318,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         let e = self.events.remove(event.0)?;
         // SAFETY: the event came out of the event table, which no longer lists it: destroyed
-        // once.
+        // once (on failure it goes back to the table, still live).
         unsafe { self.drv.event_destroy(e.raw) }
+            .inspect_err(|_| self.events.restore(event.0, e.clone()))
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
@@ -340,19 +346,25 @@ impl Backend for CudaBackend {
         }
         // As cudaFree: pending work that may use the memory finishes first.
         let a = self.shared.mem.retire(ptr.0, || self.synchronize())?;
-        match a.payload {
+        let released = match a.payload {
             // SAFETY: the allocation left the allocation table here (or was never admitted to
             // it), so it is live and freed once; the table has waited for the work that used it.
             AllocKind::Plain => unsafe { self.drv.mem_free(a.base) },
-            AllocKind::Pool => {
-                let s = self.sync_stream()?;
-                // SAFETY: the allocation left the allocation table here, so it is freed once; the
-                // stream is live.
-                unsafe { self.drv.mem_free_async(a.base, s.raw) }?;
-                // SAFETY: the stream is live: it came from the stream table or is the backend's
-                // default stream.
-                unsafe { self.drv.stream_synchronize(s.raw) }
-            }
+            // SAFETY: as above, and the stream is live (the backend's sync stream).
+            AllocKind::Pool => self
+                .sync_stream()
+                .and_then(|s| unsafe { self.drv.mem_free_async(a.base, s.raw) }),
+        };
+        // Memory the driver did not release stays live and tracked (a retry or the teardown
+        // frees it), instead of being forgotten.
+        if let Err(e) = released {
+            let _ = self.shared.mem.insert(a.base, a.size, a.payload);
+            return Err(e);
+        }
+        match a.payload {
+            AllocKind::Plain => Ok(()),
+            // SAFETY: the default stream lives as long as the backend.
+            AllocKind::Pool => unsafe { self.drv.stream_synchronize(self.default_stream) },
         }
     }
 
@@ -377,8 +389,10 @@ impl Backend for CudaBackend {
         }
         let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
         // SAFETY: the pinned allocation left the pinned table here (or was never admitted), so it
-        // is freed once.
-        unsafe { self.drv.mem_free_host(a.base) }
+        // is freed once; on failure it goes back to the table.
+        unsafe { self.drv.mem_free_host(a.base) }.inspect_err(|_| {
+            let _ = self.host_mem.insert(a.base, a.size, ());
+        })
     }
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
@@ -426,21 +440,22 @@ impl Backend for CudaBackend {
         self.bind()?;
         // Dead for new work at once; released when the stream gets here.
         let a = self.shared.mem.remove(ptr.0)?;
-        match a.payload {
+        let released = match a.payload {
             // SAFETY: the allocation left the allocation table here, so it is freed once; the
             // stream is live.
             AllocKind::Pool => unsafe { self.drv.mem_free_async(a.base, s.raw) },
             AllocKind::Plain => {
                 // Without a pool, "when the stream gets here" is after the stream drains.
-                // SAFETY: the stream is live: it came from the stream table or is the backend's
-                // default stream.
-                unsafe { self.drv.stream_synchronize(s.raw) }?;
-                // SAFETY: the allocation left the allocation table here (or was never admitted to
-                // it), so it is live and freed once; the table has waited for the work that used
-                // it.
-                unsafe { self.drv.mem_free(a.base) }
+                // SAFETY: the stream is live (from the stream table or the default stream); the
+                // allocation left the table here, so it is freed once.
+                unsafe { self.drv.stream_synchronize(s.raw) }
+                    .and_then(|_| unsafe { self.drv.mem_free(a.base) })
             }
-        }
+        };
+        // Not released by the driver: still live and tracked (a retry or the teardown frees it).
+        released.inspect_err(|_| {
+            let _ = self.shared.mem.insert(a.base, a.size, a.payload);
+        })
     }
 
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
@@ -574,6 +589,7 @@ impl Backend for CudaBackend {
                 raw,
                 ranges: rec.ranges.into(),
                 events: rec.events.into(),
+                waits: rec.waits.into(),
             },
         );
         Ok(GraphId(raw))
@@ -582,6 +598,7 @@ impl Backend for CudaBackend {
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
         self.check_graph(&g.ranges, &g.events)?;
+        self.check_graph(&[], &g.waits)?;
         self.bind()?;
         // SAFETY: the graph came from the live graph table.
         let raw = unsafe { self.drv.graph_instantiate(g.raw) }?;
@@ -591,6 +608,7 @@ impl Backend for CudaBackend {
                 raw,
                 ranges: g.ranges.clone(),
                 events: g.events.clone(),
+                waits: g.waits.clone(),
             },
         );
         Ok(GraphExecId(raw))
@@ -600,6 +618,7 @@ impl Backend for CudaBackend {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
         // A replay must not touch memory freed (or events destroyed) since the capture.
         self.check_graph(&x.ranges, &x.events)?;
+        self.check_graph(&[], &x.waits)?;
         self.bind()?;
         s.note_ranges(&x.ranges);
         // SAFETY: the exec and the stream came from their tables and the graph's ranges were
@@ -617,14 +636,17 @@ impl Backend for CudaBackend {
         self.bind()?;
         let g = self.graphs.remove(graph.0)?;
         // SAFETY: the graph came out of the graph table, which no longer lists it: destroyed
-        // once.
+        // once (on failure it goes back to the table).
         unsafe { self.drv.graph_destroy(g.raw) }
+            .inspect_err(|_| self.graphs.restore(graph.0, g.clone()))
     }
 
     fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
         self.bind()?;
         let x = self.execs.remove(exec.0)?;
-        // SAFETY: the exec came out of the exec table, which no longer lists it: destroyed once.
+        // SAFETY: the exec came out of the exec table, which no longer lists it: destroyed once
+        // (on failure it goes back to the table).
         unsafe { self.drv.graph_exec_destroy(x.raw) }
+            .inspect_err(|_| self.execs.restore(exec.0, x.clone()))
     }
 }

@@ -12,6 +12,8 @@ pub(super) struct CudaGraph {
     pub ranges: Arc<[(u64, u64)]>,
     /// Events recorded inside the capture.
     pub events: Arc<[Arc<CudaEvent>]>,
+    /// Events the graph waits on: a replay must not name a destroyed one.
+    pub waits: Arc<[Arc<CudaEvent>]>,
 }
 
 /// An instantiated graph. `raw` is the `CUgraphExec` and also the HAL handle. `ranges` are
@@ -24,4 +26,6 @@ pub(super) struct CudaGraphExec {
     /// Events the graph records: counted as recorded (for elapsed time) once a launch is
     /// enqueued.
     pub events: Arc<[Arc<CudaEvent>]>,
+    /// Events the graph waits on.
+    pub waits: Arc<[Arc<CudaEvent>]>,
 }

@@ -13,6 +13,8 @@ pub(super) struct CaptureLog {
     pub ranges: Vec<(u64, u64)>,
     /// Events recorded inside the capture: each replay records them.
     pub events: Vec<Arc<CudaEvent>>,
+    /// Events the captured work waits on (event-wait nodes): the graph names them too.
+    pub waits: Vec<Arc<CudaEvent>>,
 }
 
 /// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
@@ -42,6 +44,13 @@ impl CudaStream {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Notes an event waited on by work enqueued now, when capturing.
+    pub fn note_wait(&self, e: &Arc<CudaEvent>) {
+        if let Some(c) = self.capture.lock().as_mut() {
+            c.waits.push(e.clone());
         }
     }
 

@@ -1,0 +1,211 @@
+//! Modules and kernels: real images in, CPU twins out.
+//!
+//! `cuModuleLoadData` accepts what NVRTC produced — a CUBIN (an ELF image for `EM_CUDA`) or
+//! NUL-terminated PTX text — and lists the kernels it defines (`.text.<name>` sections of a
+//! CUBIN, `.entry <name>` of PTX); anything else is `CUDA_ERROR_INVALID_IMAGE`. Nothing of the
+//! image is executed: `cuModuleGetFunction` finds a kernel by name in that list, and a launch
+//! runs the CPU twin of unirt's built-in kernel of the same name (`fill`, `add_f32`), reading
+//! the arguments through `kernelParams` with the kernel's C signature as CUDA does. A kernel
+//! the image defines but that has no twin here is refused at `cuModuleGetFunction` with
+//! `CUDA_ERROR_NOT_SUPPORTED` (and a note on stderr): it needs a real GPU.
+//!
+//! A twin checks what the GPU would trip over: an argument range outside every live
+//! allocation is `CUDA_ERROR_ILLEGAL_ADDRESS`, a misaligned element pointer
+//! `CUDA_ERROR_MISALIGNED_ADDRESS` — both sticky, reported by a later call, as on a GPU.
+
+use std::ffi::c_void;
+
+use crate::result::*;
+use crate::state;
+
+/// The built-in kernels this driver can run on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Twin {
+    /// `fill(unsigned *dst, unsigned value, unsigned n)`.
+    Fill,
+    /// `add_f32(const float *a, const float *b, float *out, unsigned n)`.
+    AddF32,
+}
+
+/// Byte sizes of each twin's parameters, in order.
+impl Twin {
+    pub fn by_name(name: &str) -> Option<Twin> {
+        match name {
+            "fill" => Some(Twin::Fill),
+            "add_f32" => Some(Twin::AddF32),
+            _ => None,
+        }
+    }
+
+    pub fn params(self) -> &'static [usize] {
+        match self {
+            Twin::Fill => &[8, 4, 4],
+            Twin::AddF32 => &[8, 8, 8, 4],
+        }
+    }
+}
+
+/// A loaded module: the kernel names its image defines.
+pub struct Module {
+    pub handle: u64,
+    pub ctx: u64,
+    pub kernels: Vec<String>,
+}
+
+/// A kernel of a loaded module.
+pub struct Function {
+    pub handle: u64,
+    pub ctx: u64,
+    pub module: u64,
+    pub twin: Twin,
+}
+
+fn idents_after(text: &[u8], marker: &[u8], stop: impl Fn(u8) -> bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(pos) = text[i..].windows(marker.len()).position(|w| w == marker) {
+        let start = i + pos + marker.len();
+        let end = text[start..]
+            .iter()
+            .position(|&b| stop(b))
+            .map_or(text.len(), |p| start + p);
+        if end > start {
+            out.push(String::from_utf8_lossy(&text[start..end]).into_owned());
+        }
+        i = start;
+    }
+    out
+}
+
+/// The kernel names an image defines, or `INVALID_IMAGE`.
+///
+/// # Safety
+/// `image` must point to a complete image: an ELF file (whose header gives its size) or
+/// NUL-terminated text.
+pub unsafe fn parse_image(image: *const c_void) -> Result<Vec<String>, CUresult> {
+    if image.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    let p = image as *const u8;
+    // SAFETY: every image starts with at least 4 readable bytes (ELF magic or text + NUL);
+    // reads stop at the first NUL for text.
+    let head = unsafe { std::slice::from_raw_parts(p, 4) };
+    if head == b"\x7fELF" {
+        // SAFETY: an ELF64 header is 64 bytes; e_shoff (0x28), e_shentsize (0x3a), e_shnum
+        // (0x3c) give the extent of the section header table, which ends the file for NVRTC's
+        // images (sections precede it).
+        let hdr = unsafe { std::slice::from_raw_parts(p, 64) };
+        let machine = u16::from_le_bytes([hdr[18], hdr[19]]);
+        if hdr[4] != 2 || machine != 190 {
+            return Err(INVALID_IMAGE);
+        }
+        let shoff = u64::from_le_bytes(hdr[0x28..0x30].try_into().map_err(|_| INVALID_IMAGE)?);
+        let shentsize = u16::from_le_bytes([hdr[0x3a], hdr[0x3b]]) as u64;
+        let shnum = u16::from_le_bytes([hdr[0x3c], hdr[0x3d]]) as u64;
+        let len = shoff
+            .checked_add(shentsize * shnum)
+            .filter(|l| (64..(1 << 30)).contains(l))
+            .ok_or(INVALID_IMAGE)?;
+        // SAFETY: the image is `len` bytes long (its own header says so).
+        let all = unsafe { std::slice::from_raw_parts(p, len as usize) };
+        let names = idents_after(all, b".text.", |b| b == 0);
+        return if names.is_empty() {
+            Err(INVALID_IMAGE)
+        } else {
+            Ok(names)
+        };
+    }
+    // SAFETY: not ELF, so NUL-terminated text (the caller's contract).
+    let text = unsafe { std::ffi::CStr::from_ptr(p as *const std::ffi::c_char) }.to_bytes();
+    if !text.windows(8).any(|w| w == b".version") || !text.windows(7).any(|w| w == b".target") {
+        return Err(INVALID_IMAGE);
+    }
+    let names = idents_after(text, b".entry ", |b| {
+        !(b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
+    });
+    if names.is_empty() {
+        return Err(INVALID_IMAGE);
+    }
+    Ok(names)
+}
+
+/// Reads a launch's arguments through `kernelParams` (one pointer per parameter).
+///
+/// # Safety
+/// `params` must hold one valid pointer per parameter of `twin`, each to a value of its size.
+pub unsafe fn read_args(twin: Twin, params: *mut *mut c_void) -> Result<Vec<u64>, CUresult> {
+    if params.is_null() {
+        return Err(INVALID_VALUE);
+    }
+    let mut out = Vec::new();
+    for (i, &size) in twin.params().iter().enumerate() {
+        // SAFETY: the caller's contract: params[i] points to a value of `size` bytes.
+        let v = unsafe {
+            let a = *params.add(i);
+            if a.is_null() {
+                return Err(INVALID_VALUE);
+            }
+            match size {
+                8 => (a as *const u64).read_unaligned(),
+                _ => (a as *const u32).read_unaligned() as u64,
+            }
+        };
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// A device range of `n` 4-byte elements as a host pointer, keeping its buffer alive.
+fn elems(
+    addr: u64,
+    n: u64,
+    keep: &mut Vec<std::sync::Arc<state::DevBuf>>,
+) -> Result<*mut u32, CUresult> {
+    if !addr.is_multiple_of(4) {
+        return Err(MISALIGNED_ADDRESS);
+    }
+    let g = state::lock();
+    let d = g.as_ref().ok_or(ILLEGAL_ADDRESS)?;
+    let (buf, off) = d.resolve(addr, n * 4).ok_or(ILLEGAL_ADDRESS)?;
+    // SAFETY: off + 4n is within the buffer (resolve checked it).
+    let p = unsafe { buf.ptr().add(off) } as *mut u32;
+    keep.push(buf);
+    Ok(p)
+}
+
+/// Runs a twin; an error is the device fault it would raise.
+pub fn run(twin: Twin, args: &[u64]) -> Result<(), CUresult> {
+    let mut keep = Vec::new();
+    match twin {
+        Twin::Fill => {
+            let n = args[2] as u32 as u64;
+            if n == 0 {
+                return Ok(());
+            }
+            let dst = elems(args[0], n, &mut keep)?;
+            let value = args[1] as u32;
+            for i in 0..n as usize {
+                // SAFETY: i < n and the range holds n elements.
+                unsafe { dst.add(i).write_unaligned(value) };
+            }
+        }
+        Twin::AddF32 => {
+            let n = args[3] as u32 as u64;
+            if n == 0 {
+                return Ok(());
+            }
+            let a = elems(args[0], n, &mut keep)? as *const f32;
+            let b = elems(args[1], n, &mut keep)? as *const f32;
+            let out = elems(args[2], n, &mut keep)? as *mut f32;
+            for i in 0..n as usize {
+                // SAFETY: i < n and each range holds n elements; each element is read before
+                // it is written, as one GPU thread does (out may alias a or b).
+                unsafe {
+                    let v = a.add(i).read_unaligned() + b.add(i).read_unaligned();
+                    out.add(i).write_unaligned(v);
+                }
+            }
+        }
+    }
+    Ok(())
+}
