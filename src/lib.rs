@@ -88,9 +88,11 @@ pub mod hostmem;
 pub mod kernel;
 pub mod memory;
 pub mod memtable;
+pub mod ops;
 pub mod progress;
 pub mod runtime;
 pub mod stream;
+pub mod tensor;
 
 #[path = "../vendors/mod.rs"]
 pub mod vendors;
@@ -106,6 +108,7 @@ pub use hal::{
 pub use memory::Memory;
 pub use runtime::{Graph, GraphExec, Runtime};
 pub use stream::{BackendExt, Event, Stream};
+pub use tensor::{DType, Tensor};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

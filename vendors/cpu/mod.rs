@@ -13,6 +13,8 @@ mod kernels;
 mod memory;
 mod stream;
 
+pub(crate) use kernels::register as register_kernels;
+
 use std::sync::Arc;
 
 use event::CpuEvent;
@@ -434,6 +436,23 @@ impl Backend for CpuBackend {
             },
             &ranges,
         )
+    }
+
+    fn launch_host(
+        &self,
+        task: HostTask,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()> {
+        let s = self.stream(stream)?;
+        let mut checked = Vec::with_capacity(ranges.len());
+        for &(p, len) in ranges {
+            self.check_device(p.0, len)?;
+            if len > 0 {
+                checked.push((p.0, len));
+            }
+        }
+        self.submit(&s, Op::Host(task), &checked)
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {

@@ -16,7 +16,7 @@ use super::graph::Capture;
 use super::kernels::CpuKernel;
 use super::memory;
 use crate::error::{Error, Result};
-use crate::hal::KernelArg;
+use crate::hal::{HostTask, KernelArg};
 use crate::progress::Progress;
 
 /// One command a worker runs.
@@ -52,12 +52,14 @@ pub(crate) enum Op {
         ptr: u64,
         size: u64,
     },
+    /// A host function (a CPU operator kernel); its ranges were checked at enqueue time.
+    Host(HostTask),
     /// A replayed graph: its commands, counted as one completion.
     Batch(Arc<[Op]>),
 }
 
 impl Op {
-    fn run(&self) {
+    fn run(&self) -> Result<()> {
         match self {
             Op::Copy { dst, src, len } => {
                 // SAFETY: device-side ranges were checked against the allocation table when
@@ -75,8 +77,17 @@ impl Op {
             Op::Stamp { event, generation } => event.complete(*generation),
             Op::Wait { event, generation } => event.wait(*generation),
             Op::Free { ptr, size } => memory::release(*ptr, *size, memory::DEVICE_ALIGN),
-            Op::Batch(ops) => ops.iter().for_each(Op::run),
+            Op::Host(task) => return task(),
+            // A failed command does not stop the replay (as a failed kernel does not stop a
+            // stream); the first error is the one reported.
+            Op::Batch(ops) => {
+                return ops
+                    .iter()
+                    .map(Op::run)
+                    .fold(Ok(()), |first, r| first.and(r))
+            }
         }
+        Ok(())
     }
 }
 
@@ -153,16 +164,24 @@ impl CpuStream {
 
 fn worker(rx: Receiver<Op>, shared: Arc<Shared>) {
     for op in rx {
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| op.run())) {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a command panicked".into());
-            shared
-                .error
-                .lock()
-                .get_or_insert(Error::Internal(format!("stream command failed: {msg}")));
+        match catch_unwind(AssertUnwindSafe(|| op.run())) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shared.error.lock().get_or_insert(e);
+                shared.failed.store(true, Ordering::Release);
+            }
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a command panicked".into());
+                shared
+                    .error
+                    .lock()
+                    .get_or_insert(Error::Internal(format!("stream command failed: {msg}")));
+                shared.failed.store(true, Ordering::Release);
+            }
         }
         shared.done.increment();
     }

@@ -488,6 +488,8 @@ impl Backend for WgpuBackend {
                     slot += 1;
                 }
                 KernelArg::U32(_) => {}
+                // check_launch admits only the built-in kernels' Ptr/U32/F32 parameters.
+                _ => {}
             }
         }
         // The count goes last, as every kernel's Params has it.

@@ -1,0 +1,239 @@
+//! What the CPU kernels share: element conversion, raw pointers that cross threads, and the
+//! parallel walk over the rows of strided operands.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::ops::{KernelCall, TensorRef};
+use crate::tensor::{DType, Layout};
+
+/// A raw pointer that may be shared with rayon's workers: kernels write disjoint parts.
+#[derive(Clone, Copy)]
+pub(super) struct Ptr<T>(pub *mut T);
+
+// SAFETY: a Ptr is only dereferenced inside a kernel whose ranges were checked at launch, by
+// tasks that touch disjoint elements of the outputs (and only read the inputs).
+unsafe impl<T> Send for Ptr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Ptr<T> {}
+
+impl<T> Ptr<T> {
+    pub fn of(t: &TensorRef) -> Self {
+        Ptr(t.ptr() as usize as *mut T)
+    }
+
+    /// The pointer `n` elements further.
+    ///
+    /// # Safety
+    /// The result must stay inside the tensor's checked range.
+    pub unsafe fn at(self, n: usize) -> *mut T {
+        // SAFETY: the caller's promise.
+        unsafe { self.0.add(n) }
+    }
+}
+
+/// A floating-point element computed in f32.
+pub(super) trait Float: Copy + Send + Sync + Default + 'static {
+    const DTYPE: DType;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    /// Converts a block (vectorised where the type allows).
+    fn load(src: &[Self], dst: &mut [f32]);
+    fn store(src: &[f32], dst: &mut [Self]);
+}
+
+impl Float for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src)
+    }
+}
+
+impl Float for f16 {
+    const DTYPE: DType = DType::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src)
+    }
+}
+
+impl Float for bf16 {
+    const DTYPE: DType = DType::BF16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src)
+    }
+}
+
+/// Elements per block when f16/bf16 go through f32 buffers.
+pub(super) const BLOCK: usize = 512;
+/// Below this many elements a kernel runs on the stream's worker alone (a rayon fork costs
+/// more than the work).
+pub(super) const PAR_MIN: usize = 32 * 1024;
+
+/// Registers `$f::<T>` for f32, f16 and bf16 under `$op`.
+macro_rules! floats {
+    ($reg:expr, $op:expr, $f:ident $(:: <$($g:ty),*>)?) => {{
+        use crate::device::DeviceKind;
+        use crate::ops::KernelImpl;
+        use crate::tensor::DType;
+        $reg.builtin($op, DeviceKind::Cpu, DType::F32, KernelImpl::Host($f::<f32 $($(, $g)*)?>));
+        $reg.builtin($op, DeviceKind::Cpu, DType::F16, KernelImpl::Host($f::<half::f16 $($(, $g)*)?>));
+        $reg.builtin($op, DeviceKind::Cpu, DType::BF16, KernelImpl::Host($f::<half::bf16 $($(, $g)*)?>));
+    }};
+}
+pub(super) use floats;
+
+/// `t`'s layout broadcast to `shape` (the plan checked that it broadcasts).
+pub(super) fn bcast(t: &TensorRef, shape: &[usize]) -> Result<Layout> {
+    t.layout.broadcast_to(shape)
+}
+
+/// Merges dimensions that are contiguous with each other in every operand and drops
+/// dimensions of size 1, so a dense walk becomes one long row.
+pub(super) fn coalesce<const N: usize>(
+    shape: &[usize],
+    strides: [&[usize]; N],
+) -> (Vec<usize>, Vec<[usize; N]>) {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<[usize; N]> = Vec::with_capacity(shape.len());
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        let st: [usize; N] = std::array::from_fn(|k| strides[k][d]);
+        if let (Some(last_n), Some(last_st)) = (out_shape.last_mut(), out_strides.last_mut()) {
+            if (0..N).all(|k| last_st[k] == st[k] * n) {
+                *last_n *= n;
+                *last_st = st;
+                continue;
+            }
+        }
+        out_shape.push(n);
+        out_strides.push(st);
+    }
+    (out_shape, out_strides)
+}
+
+/// Calls `f(offsets, len, inner_strides)` for every row (run along the last dimension) of a
+/// walk over `shape`, with each operand's element offset at the row's start, in parallel
+/// chunks of about equal work when the walk is large. Rows may be split between tasks.
+pub(super) fn par_rows<const N: usize>(
+    shape: &[usize],
+    strides: &[[usize; N]],
+    f: impl Fn([usize; N], usize, [usize; N]) + Sync,
+) {
+    let nd = shape.len();
+    if nd == 0 {
+        f([0; N], 1, [0; N]);
+        return;
+    }
+    let inner = shape[nd - 1];
+    let inner_st = strides[nd - 1];
+    let total: usize = shape.iter().product();
+    if total == 0 {
+        return;
+    }
+    let tasks = if total < PAR_MIN {
+        1
+    } else {
+        (total / (PAR_MIN / 2)).clamp(1, rayon::current_num_threads() * 4)
+    };
+    let per = total.div_ceil(tasks);
+    let run = |t: usize| {
+        let end = ((t + 1) * per).min(total);
+        let mut pos = t * per;
+        while pos < end {
+            let (r, c) = (pos / inner, pos % inner);
+            let len = (inner - c).min(end - pos);
+            let mut offs = [0usize; N];
+            let mut rem = r;
+            for d in (0..nd - 1).rev() {
+                let i = rem % shape[d];
+                rem /= shape[d];
+                for k in 0..N {
+                    offs[k] += i * strides[d][k];
+                }
+            }
+            for k in 0..N {
+                offs[k] += c * inner_st[k];
+            }
+            f(offs, len, inner_st);
+            pos += len;
+        }
+    };
+    if tasks == 1 {
+        run(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(run);
+    }
+}
+
+/// Runs `f(i)` for `i in 0..n`, in parallel when `n · work_per_item` is large.
+pub(super) fn par_for(n: usize, work_per_item: usize, f: impl Fn(usize) + Sync + Send) {
+    if n.saturating_mul(work_per_item.max(1)) < PAR_MIN || n < 2 {
+        (0..n).for_each(f);
+    } else {
+        (0..n).into_par_iter().for_each(f);
+    }
+}
+
+/// The scalar parameter of a plan, or an internal error (the plan always sets it).
+pub(super) fn scalar_param(call: &KernelCall<'_>) -> Result<f64> {
+    match call.params {
+        crate::ops::Params::Scalar(s) => Ok(*s),
+        p => Err(Error::Internal(format!(
+            "{}: unexpected parameters {p:?}",
+            call.op
+        ))),
+    }
+}
+
+/// Offsets (in elements, from the view's first element) of every index of `shape` with
+/// `strides`, in row-major order: the small gathers of reductions over several axes.
+pub(super) fn offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    let mut out = vec![0usize];
+    for (&n, &s) in shape.iter().zip(strides) {
+        let prev = std::mem::take(&mut out);
+        out.reserve(prev.len() * n);
+        for p in prev {
+            for i in 0..n {
+                out.push(p + i * s);
+            }
+        }
+    }
+    out
+}
