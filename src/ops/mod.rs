@@ -23,18 +23,18 @@
 //! # Ok::<(), unirt::Error>(())
 //! ```
 
-// TMP pub mod attention;
+pub mod attention;
 pub mod cast;
 pub mod elementwise;
-// TMP pub mod embedding;
-// TMP pub mod matmul;
-// TMP pub mod norm;
-// TMP pub mod reduce;
+pub mod embedding;
+pub mod matmul;
+pub mod norm;
 pub mod rearrange;
+pub mod reduce;
 pub mod registry;
-// TMP pub mod rope;
-// TMP pub mod sample;
-// TMP pub mod softmax;
+pub mod rope;
+pub mod sample;
+pub mod softmax;
 
 use std::sync::Arc;
 

@@ -9,17 +9,17 @@
 //! are reused in stream order). That is the safety argument of the raw accesses below.
 //! Parallelism is rayon's global pool; f16 and bf16 compute in f32.
 
-// TMP mod attention;
+mod attention;
 mod cast;
 mod elementwise;
-// TMP mod embedding;
-// TMP mod matmul;
-// TMP mod norm;
+mod embedding;
+mod matmul;
+mod norm;
 mod rearrange;
-// TMP mod reduce;
-// TMP mod rope;
-// TMP mod sample;
-// TMP mod softmax;
+mod reduce;
+mod rope;
+mod sample;
+mod softmax;
 mod util;
 
 use crate::error::{Error, Result};
@@ -31,14 +31,14 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     elementwise::register(reg);
     cast::register(reg);
     rearrange::register(reg);
-    // TMP reduce::register(reg);
-    // TMP softmax::register(reg);
-    // TMP norm::register(reg);
-    // TMP matmul::register(reg);
-    // TMP embedding::register(reg);
-    // TMP rope::register(reg);
-    // TMP attention::register(reg);
-    // TMP sample::register(reg);
+    reduce::register(reg);
+    softmax::register(reg);
+    norm::register(reg);
+    matmul::register(reg);
+    embedding::register(reg);
+    rope::register(reg);
+    attention::register(reg);
+    sample::register(reg);
 }
 
 /// A kernel body: the launch arguments, already checked by [`crate::kernel::check_launch`].

@@ -202,15 +202,6 @@ pub(super) fn par_rows<const N: usize>(
     }
 }
 
-/// Runs `f(i)` for `i in 0..n`, in parallel when `n · work_per_item` is large.
-pub(super) fn par_for(n: usize, work_per_item: usize, f: impl Fn(usize) + Sync + Send) {
-    if n.saturating_mul(work_per_item.max(1)) < PAR_MIN || n < 2 {
-        (0..n).for_each(f);
-    } else {
-        (0..n).into_par_iter().for_each(f);
-    }
-}
-
 /// The scalar parameter of a plan, or an internal error (the plan always sets it).
 pub(super) fn scalar_param(call: &KernelCall<'_>) -> Result<f64> {
     match call.params {
@@ -236,4 +227,150 @@ pub(super) fn offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
         }
     }
     out
+}
+
+/// Splits `0..n` into ranges run in parallel (one task when `n · work_per_item` is small),
+/// so each task can reuse its buffers across items.
+pub(super) fn par_chunks(
+    n: usize,
+    work_per_item: usize,
+    f: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
+    let work = n.saturating_mul(work_per_item.max(1));
+    if n < 2 || work < PAR_MIN {
+        f(0..n);
+        return;
+    }
+    let tasks = (work / (PAR_MIN / 2))
+        .clamp(1, rayon::current_num_threads() * 4)
+        .min(n);
+    let per = n.div_ceil(tasks);
+    (0..tasks)
+        .into_par_iter()
+        .for_each(|t| f(t * per..((t + 1) * per).min(n)));
+}
+
+/// The lanes of operands along one axis: every index of the other dimensions, with the
+/// element offset of the lane start in each operand (relative to its first element).
+pub(super) struct Lanes<const N: usize> {
+    shape: Vec<usize>,
+    strides: Vec<[usize; N]>,
+    /// Elements per lane.
+    pub len: usize,
+    /// Each operand's stride along the axis.
+    pub stride: [usize; N],
+}
+
+impl<const N: usize> Lanes<N> {
+    /// Lanes along `axis` of same-shaped layouts.
+    pub fn new(layouts: [&Layout; N], axis: usize) -> Self {
+        let shape = layouts[0].shape();
+        let mut other_shape = Vec::with_capacity(shape.len());
+        let mut other_strides = Vec::with_capacity(shape.len());
+        for d in (0..shape.len()).filter(|&d| d != axis) {
+            other_shape.push(shape[d]);
+            other_strides.push(std::array::from_fn(|k| layouts[k].strides()[d]));
+        }
+        Lanes {
+            shape: other_shape,
+            strides: other_strides,
+            len: shape[axis],
+            stride: std::array::from_fn(|k| layouts[k].strides()[axis]),
+        }
+    }
+
+    /// How many lanes.
+    pub fn count(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The offsets of lane `i` (row-major over the other dimensions).
+    pub fn offsets(&self, i: usize) -> [usize; N] {
+        let mut offs = [0usize; N];
+        let mut rem = i;
+        for d in (0..self.shape.len()).rev() {
+            let j = rem % self.shape[d];
+            rem /= self.shape[d];
+            for k in 0..N {
+                offs[k] += j * self.strides[d][k];
+            }
+        }
+        offs
+    }
+}
+
+/// Reads `dst.len()` elements at `stride` from `src` into f32s.
+///
+/// # Safety
+/// `src` must be valid for reading those elements.
+#[inline]
+pub(super) unsafe fn gather<T: Float>(src: *const T, stride: usize, dst: &mut [f32]) {
+    if stride == 1 {
+        // SAFETY: the caller's promise, contiguous.
+        T::load(unsafe { std::slice::from_raw_parts(src, dst.len()) }, dst);
+    } else {
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: the caller's promise.
+            *d = unsafe { *src.add(i * stride) }.to_f32();
+        }
+    }
+}
+
+/// Writes f32s to `dst.len()` elements at `stride`.
+///
+/// # Safety
+/// `dst` must be valid for writing those elements.
+#[inline]
+pub(super) unsafe fn scatter<T: Float>(src: &[f32], dst: *mut T, stride: usize) {
+    if stride == 1 {
+        // SAFETY: the caller's promise, contiguous.
+        T::store(src, unsafe {
+            std::slice::from_raw_parts_mut(dst, src.len())
+        });
+    } else {
+        for (i, s) in src.iter().enumerate() {
+            // SAFETY: the caller's promise.
+            unsafe { *dst.add(i * stride) = T::from_f32(*s) };
+        }
+    }
+}
+
+/// Dot product with eight accumulators, so the compiler vectorises it.
+#[inline]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `y += alpha · x`.
+#[inline]
+pub(super) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (a, b) in y.iter_mut().zip(x) {
+        *a += alpha * b;
+    }
+}
+
+/// Reads an i32/i64 index tensor's element `i` (contiguous offset `off`) as i64.
+///
+/// # Safety
+/// `t`'s element at `off` must be readable.
+pub(super) unsafe fn read_index(t: &TensorRef, off: usize) -> i64 {
+    // SAFETY: the caller's promise; the dtype picks the width.
+    unsafe {
+        match t.dtype {
+            DType::I32 => *(t.ptr() as usize as *const i32).add(off) as i64,
+            _ => *(t.ptr() as usize as *const i64).add(off),
+        }
+    }
 }

@@ -1,0 +1,70 @@
+//! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers;
+//! the statistics accumulate in f64.
+
+use super::util::{floats, gather, par_chunks, scatter, Float, Lanes, Ptr};
+use crate::error::{Error, Result};
+use crate::ops::{KernelCall, KernelRegistry, Params};
+
+fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
+    let Params::Norm { eps } = *call.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            call.op, call.params
+        )));
+    };
+    let (x, out) = (&call.inputs[0], &call.outputs[0]);
+    let axis = x.layout.ndim() - 1;
+    let lanes = Lanes::new([&out.layout, &x.layout], axis);
+    let d = lanes.len;
+    let mut w = vec![0f32; d];
+    let mut b = vec![0f32; if layer { d } else { 0 }];
+    // SAFETY: the weight (and bias) are checked views of d elements.
+    unsafe {
+        let wt = &call.inputs[1];
+        gather(Ptr::<T>::of(wt).0, wt.layout.strides()[0], &mut w);
+        if layer {
+            let bt = &call.inputs[2];
+            gather(Ptr::<T>::of(bt).0, bt.layout.strides()[0], &mut b);
+        }
+    }
+    let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
+    par_chunks(lanes.count(), d, |range| {
+        let mut buf = vec![0f32; d];
+        for i in range {
+            let [oo, ox] = lanes.offsets(i);
+            // SAFETY: the rows lie in their checked views; read before write.
+            unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
+            if layer {
+                let mean = buf.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+                let var = buf.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+                let inv = (1.0 / (var + eps).sqrt()) as f32;
+                let mean = mean as f32;
+                for ((v, w), b) in buf.iter_mut().zip(&w).zip(&b) {
+                    *v = (*v - mean) * inv * w + b;
+                }
+            } else {
+                let ms = buf.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
+                let inv = (1.0 / (ms + eps).sqrt()) as f32;
+                for (v, w) in buf.iter_mut().zip(&w) {
+                    *v *= inv * w;
+                }
+            }
+            // SAFETY: as above.
+            unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
+        }
+    });
+    Ok(())
+}
+
+fn rms_norm<T: Float>(c: &KernelCall<'_>) -> Result<()> {
+    norm::<T>(c, false)
+}
+
+fn layer_norm<T: Float>(c: &KernelCall<'_>) -> Result<()> {
+    norm::<T>(c, true)
+}
+
+pub(super) fn register(reg: &mut KernelRegistry) {
+    floats!(reg, "rms_norm", rms_norm);
+    floats!(reg, "layer_norm", layer_norm);
+}
