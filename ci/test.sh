@@ -15,6 +15,9 @@ cargo run --quiet -- devices
 echo "== cargo test --workspace"
 cargo test --workspace
 
+echo "== ci/gpu.sh (GPU runner; on a machine without an NVIDIA GPU it says so and exits 0)"
+UNIRT_BIN="${CARGO_TARGET_DIR:-target}/debug/unirt" bash ci/gpu.sh "${CARGO_TARGET_DIR:-target}/gpu-results"
+
 if [ -f ci/capi-valgrind.sh ]; then
   echo "== C ABI tests under valgrind"
   bash ci/capi-valgrind.sh

@@ -60,11 +60,9 @@
 //!   alloc/free (PyTorch's block-allocator design: 512 B rounding, small and large pools, split
 //!   and coalesce, stream-aware reuse). Allocations made while a graph records come from a
 //!   private pool that lives as long as the graph, so a replay never reads a freed address.
-//! - **The conformance cases live in the library** ([`conformance`]), not only in the test
-//!   crate: the `unirt conformance` command runs the very cases `cargo test` runs (crate
-//!   `unirt-conformance` turns them into libtest-mimic trials). A binary cannot depend on a crate
-//!   that depends on its own package, so this is where the cases must sit for the CLI to share
-//!   them — a deliberate change from the design note that put them only in `conformance/`.
+//! - **The library carries only the runtime.** The conformance cases, their harness and reports
+//!   live in crate `unirt-conformance` (`conformance/`), the `unirt` command in crate
+//!   `unirt-cli` (`cli/`): an app that embeds `unirt` compiles neither, nor their dependencies.
 //! - **Kernels are described once** ([`kernel::KERNELS`]) and written per vendor in its own
 //!   language (Rust, CUDA C compiled by NVRTC, WGSL), so argument checking is shared.
 //!
@@ -72,12 +70,11 @@
 //!
 //! Add `vendors/<name>/` with the same files as `vendors/cpu/`, implement [`Backend`], add a
 //! variant to [`AnyBackend`] and a [`DeviceKind`], and hook its `probe`/`open` into
-//! [`discovery`]. The conformance suite ([`conformance`]) then runs every case on it.
+//! [`discovery`]. The conformance suite (crate `unirt-conformance`) then runs every case on it.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
-pub mod conformance;
 pub mod context;
 pub mod device;
 pub mod discovery;

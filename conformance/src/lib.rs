@@ -1,80 +1,263 @@
-//! `unirt-conformance`: the unirt conformance suite as a cargo test harness.
+//! # unirt-conformance: the unirt conformance suite as a library
 //!
-//! The cases live in [`unirt::conformance`] (so the `unirt conformance` command runs the same
-//! list); this crate turns them into libtest-mimic trials, one per device × case. A vendor
-//! that is unavailable on this machine still gets its trials, ignored, each naming the reason —
-//! so a CI log shows what was not tested and why.
+//! The kit a vendor author runs against a backend: one list of cases, written once, run on
+//! every device the same way.
 //!
-//! `UNIRT_CONFORMANCE_DEVICES=cpu:0,wgpu` restricts the devices.
+//! A [`Case`] is a function of a [`Ctx`] (one opened device) returning `Ok(())` or a
+//! [`Failure`]. Cases carry capability tags ([`Need`]); a device without a capability reports
+//! the case `unsupported` with the reason, as does an entry in a backend's
+//! [`unsupported`] list. Nothing passes silently.
+//!
+//! Three front ends run the same list: `cargo test -p unirt-conformance` (one libtest-mimic
+//! trial per device × case, [`trials`]), the `unirt conformance` command of crate `unirt-cli`
+//! (table, JSON, JUnit through [`report`]), and anyone adding a vendor:
+//!
+//! ```no_run
+//! use unirt::Device;
+//! // Every case on one device, then the failures.
+//! let results = unirt_conformance::run_all(&[Device::CPU], None, |_, _| {});
+//! for r in results.iter().filter(|r| r.status == unirt_conformance::Status::Failed) {
+//!     println!("{} {}: {}", r.device, r.case, r.message.as_deref().unwrap_or(""));
+//! }
+//! ```
 
-use libtest_mimic::{Failed, Trial};
-use unirt::conformance::{self, Status};
-use unirt::{Device, DeviceKind};
+mod cases_alloc;
+mod cases_alloc_pools;
+mod cases_bad_input;
+mod cases_basic;
+mod cases_capture;
+mod cases_chaos;
+mod cases_context;
+mod cases_memcpy;
+mod cases_streams;
+pub mod report;
+mod trials;
+mod util;
 
-/// The devices to test: every available device, plus device 0 of each unavailable vendor (so
-/// its ignored trials carry the reason).
-pub fn devices() -> Vec<(Device, Option<String>)> {
-    let d = unirt::discover();
-    let wanted = std::env::var("UNIRT_CONFORMANCE_DEVICES").ok();
-    let keep = |dev: Device| match &wanted {
-        None => true,
-        Some(list) => list.split(',').map(str::trim).any(|w| {
-            w == dev.to_string()
-                || w.parse::<DeviceKind>()
-                    .map(|k| k == dev.kind && !w.contains(':'))
-                    .unwrap_or(false)
-        }),
-    };
-    let mut out = Vec::new();
-    for b in &d.backends {
-        match &b.reason {
-            Some(reason) => out.push((Device::new(b.kind, 0), Some(reason.clone()))),
-            None => out.extend(
-                b.devices
-                    .iter()
-                    .map(|i| (Device::new(b.kind, i.index), None)),
-            ),
+pub use trials::{devices, trials};
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use unirt::device::{Device, DeviceKind};
+use unirt::error::Error;
+use unirt::hal::{AnyBackend, Backend};
+
+pub use util::*;
+
+/// What a case needs from a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Capture,
+    StreamOrderedMemory,
+    AsyncStreams,
+}
+
+/// One conformance case.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// `area::name`, unique.
+    pub name: &'static str,
+    pub needs: &'static [Need],
+    pub run: fn(&Ctx) -> Result<(), Failure>,
+}
+
+/// The device a case runs on.
+pub struct Ctx {
+    pub device: Device,
+    pub backend: Arc<AnyBackend>,
+}
+
+impl std::ops::Deref for Ctx {
+    type Target = AnyBackend;
+    fn deref(&self) -> &AnyBackend {
+        &self.backend
+    }
+}
+
+/// Why a case did not pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// A check failed or a call returned an unexpected error.
+    Failed(String),
+    /// The backend cannot do this; the reason says why.
+    Unsupported(String),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Unsupported { .. } => Failure::Unsupported(e.to_string()),
+            e => Failure::Failed(format!("unexpected error: {e}")),
         }
     }
-    out.retain(|(dev, _)| keep(*dev));
+}
+
+/// The result of one case on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Passed,
+    Failed,
+    Unsupported,
+    Skipped,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Passed => "passed",
+            Status::Failed => "failed",
+            Status::Unsupported => "unsupported",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
+/// One row of a conformance report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub device: String,
+    pub case: String,
+    pub status: Status,
+    pub message: Option<String>,
+    #[serde(skip)]
+    pub duration: Duration,
+}
+
+/// Every case, in a stable order.
+pub fn cases() -> Vec<Case> {
+    let mut all = Vec::new();
+    all.extend_from_slice(cases_basic::CASES);
+    all.extend_from_slice(cases_memcpy::CASES);
+    all.extend_from_slice(cases_streams::CASES);
+    all.extend_from_slice(cases_capture::CASES);
+    all.extend_from_slice(cases_bad_input::CASES);
+    all.extend_from_slice(cases_chaos::CASES);
+    all.extend_from_slice(cases_alloc::CASES);
+    all.extend_from_slice(cases_alloc_pools::CASES);
+    all.extend_from_slice(cases_context::CASES);
+    all
+}
+
+/// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
+/// a limit of the platform; the harness reports them as `unsupported`, never as passed.
+pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
+    const LIST: &[(DeviceKind, &str, &str)] = &[];
+    LIST.iter()
+        .find(|(k, c, _)| *k == kind && *c == case)
+        .map(|(_, _, why)| *why)
+}
+
+fn missing_need(ctx: &Ctx, needs: &[Need]) -> Option<String> {
+    let caps = ctx.backend.info().capabilities;
+    needs.iter().find_map(|n| {
+        let ok = match n {
+            Need::Capture => caps.capture,
+            Need::StreamOrderedMemory => caps.stream_ordered_memory,
+            Need::AsyncStreams => caps.async_streams,
+        };
+        (!ok).then(|| format!("{} does not report {n:?}", ctx.device))
+    })
+}
+
+/// Why `case` is declared unsupported on `device` (an [`unsupported`] entry or a missing
+/// capability), known before it runs.
+pub fn declared_unsupported(case: &Case, device: Device) -> Option<String> {
+    if let Some(why) = unsupported(device.kind, case.name) {
+        return Some(why.to_string());
+    }
+    let backend = unirt::open(device).ok()?;
+    missing_need(&Ctx { device, backend }, case.needs)
+}
+
+/// Runs one case on one device; a panic inside the case is a failure, not an abort.
+pub fn run_case(case: &Case, device: Device) -> CaseResult {
+    let start = Instant::now();
+    let (status, message) = match unirt::open(device) {
+        Err(Error::Unavailable { reason, .. }) => (Status::Skipped, Some(reason)),
+        Err(e) => (Status::Failed, Some(format!("cannot open {device}: {e}"))),
+        Ok(backend) => {
+            let ctx = Ctx { device, backend };
+            if let Some(why) = unsupported(device.kind, case.name) {
+                (Status::Unsupported, Some(why.to_string()))
+            } else if let Some(why) = missing_need(&ctx, case.needs) {
+                (Status::Unsupported, Some(why))
+            } else {
+                match catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx))) {
+                    Ok(Ok(())) => (Status::Passed, None),
+                    Ok(Err(Failure::Failed(m))) => (Status::Failed, Some(m)),
+                    Ok(Err(Failure::Unsupported(m))) => (Status::Unsupported, Some(m)),
+                    Err(p) => {
+                        let m = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        (Status::Failed, Some(format!("panicked: {m}")))
+                    }
+                }
+            }
+        }
+    };
+    CaseResult {
+        device: device.to_string(),
+        case: case.name.to_string(),
+        status,
+        message,
+        duration: start.elapsed(),
+    }
+}
+
+/// Runs every case whose name contains `filter` (all when `None`) on every device, in order.
+/// `progress(done, total)` is called before each case, for a front end's progress display.
+pub fn run_all(
+    devices: &[Device],
+    filter: Option<&str>,
+    mut progress: impl FnMut(&CaseResultKey, usize),
+) -> Vec<CaseResult> {
+    let cases: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
+        .collect();
+    let mut out = Vec::with_capacity(cases.len() * devices.len());
+    for &device in devices {
+        for case in &cases {
+            progress(
+                &CaseResultKey {
+                    device,
+                    case: case.name,
+                },
+                cases.len() * devices.len(),
+            );
+            out.push(run_case(case, device));
+        }
+    }
     out
 }
 
-/// One trial per device × case.
-pub fn trials() -> Vec<Trial> {
-    let mut trials = Vec::new();
-    for (device, unavailable) in devices() {
-        for case in conformance::cases() {
-            let name = format!("{device}::{}", case.name);
-            // Known before the run: the vendor is unavailable, or the case is declared unsupported.
-            let skip = match &unavailable {
-                Some(reason) => Some(format!("unavailable: {reason}")),
-                None => conformance::declared_unsupported(&case, device)
-                    .map(|why| format!("unsupported: {why}")),
-            };
-            match skip {
-                Some(kind) => trials.push(
-                    Trial::test(name, || Ok(()))
-                        .with_ignored_flag(true)
-                        .with_kind(kind),
-                ),
-                None => trials.push(Trial::test(name, move || {
-                    let r = conformance::run_case(&case, device);
-                    match r.status {
-                        Status::Passed => Ok(()),
-                        Status::Failed => Err(Failed::from(r.message.unwrap_or_default())),
-                        // Declared unsupported cases are ignored trials (above); a backend that
-                        // answers Unsupported without declaring it fails, so nothing passes
-                        // silently.
-                        Status::Unsupported | Status::Skipped => Err(Failed::from(format!(
-                            "undeclared {}: {}",
-                            r.status.as_str(),
-                            r.message.unwrap_or_default()
-                        ))),
-                    }
-                })),
-            }
-        }
+/// Which case is about to run on which device (for [`run_all`]'s progress callback).
+#[derive(Debug, Clone, Copy)]
+pub struct CaseResultKey {
+    pub device: Device,
+    pub case: &'static str,
+}
+
+/// The cases whose name contains `filter`; an error names the filter when none does, so a
+/// typo never runs nothing and passes.
+pub fn filtered_cases(filter: Option<&str>) -> Result<Vec<Case>, String> {
+    let all: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
+        .collect();
+    if all.is_empty() {
+        return Err(format!(
+            "no conformance case matches {:?}",
+            filter.unwrap_or_default()
+        ));
     }
-    trials
+    Ok(all)
 }

@@ -3,10 +3,22 @@
 //! a large buffer, and same-buffer copies. Each runs on every wgpu device discovery lists and
 //! says so when there is none.
 
-use crate::conformance::pattern;
 use crate::hal::{Backend, DevicePtr, KernelArg};
 use crate::stream::BackendExt;
 use crate::{discover, open, Device, DeviceKind};
+
+/// Deterministic bytes (xorshift), as the conformance suite's `pattern`.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8
+        })
+        .collect()
+}
 
 fn devices() -> Vec<Device> {
     let d: Vec<Device> = discover()

@@ -2,9 +2,10 @@
 
 use std::process::ExitCode;
 
-use unirt::conformance::Status;
+use unirt_conformance::report::print_summary;
+use unirt_conformance::Status;
 
-use super::{conformance, devices, CliResult};
+use crate::{conformance, devices, CliResult};
 
 pub fn run() -> CliResult<ExitCode> {
     let d = unirt::discover();
@@ -23,7 +24,7 @@ pub fn run() -> CliResult<ExitCode> {
             r.message.as_deref().unwrap_or("")
         );
     }
-    conformance::print_summary(&results);
+    print_summary(&results);
     let failed = results.iter().any(|r| r.status == Status::Failed);
     Ok(if failed {
         ExitCode::from(1)

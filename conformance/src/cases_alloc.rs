@@ -10,10 +10,10 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::alloc::CachingAllocator;
 use crate::ensure;
-use crate::hal::{DevicePtr, EventStatus, StreamId};
-use crate::stream::{BackendExt, Event, Stream};
+use unirt::alloc::CachingAllocator;
+use unirt::hal::{DevicePtr, EventStatus, StreamId};
+use unirt::stream::{BackendExt, Event, Stream};
 
 pub(super) const MIB: u64 = 1 << 20;
 

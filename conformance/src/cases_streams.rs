@@ -1,8 +1,9 @@
 //! Streams, events and stream-ordered memory.
 
 use super::*;
-use crate::hal::{EventFlags, EventStatus, KernelArg, MemcpyKind, StreamId};
-use crate::{ensure, Backend, Event, Stream};
+use crate::ensure;
+use unirt::hal::{EventFlags, EventStatus, KernelArg, MemcpyKind, StreamId};
+use unirt::{Backend, Event, Stream};
 
 pub(super) const CASES: &[Case] = &[
     Case {
@@ -217,7 +218,7 @@ fn threads(ctx: &Ctx) -> Result<(), Failure> {
             .map(|t| {
                 let backend = ctx.backend.clone();
                 let p = b.at(256 * t as usize);
-                sc.spawn(move || -> crate::Result<()> {
+                sc.spawn(move || -> unirt::Result<()> {
                     for v in 0..50u8 {
                         backend.memset_async(p, v.wrapping_add(t), 256, sid)?;
                     }
@@ -227,7 +228,7 @@ fn threads(ctx: &Ctx) -> Result<(), Failure> {
             .collect();
         hs.into_iter().try_for_each(|h| {
             h.join()
-                .unwrap_or_else(|_| Err(crate::Error::Internal("thread panicked".into())))
+                .unwrap_or_else(|_| Err(unirt::Error::Internal("thread panicked".into())))
         })
     })?;
     s.synchronize()?;

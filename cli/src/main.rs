@@ -3,7 +3,11 @@
 //! With no arguments it runs the main job: every vendor probed, then the conformance suite on
 //! every available device, then a summary per device.
 
-mod cli;
+mod bench;
+mod conformance;
+mod devices;
+mod kernels;
+mod main_job;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,7 +63,7 @@ enum Command {
     /// Benchmarks, each against the baseline named in its row.
     Bench {
         #[command(subcommand)]
-        which: cli::bench::Which,
+        which: bench::Which,
     },
 }
 
@@ -75,18 +79,21 @@ fn quiet_headless_vulkan_layer() {
     }
 }
 
+/// Errors of the command line front end: a unirt error or an I/O failure writing a report.
+pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
 fn main() -> ExitCode {
     quiet_headless_vulkan_layer();
     let args = Args::parse();
     let result = match args.command {
-        None => cli::main_job::run(),
-        Some(Command::Devices { json }) => cli::devices::run(json),
+        None => main_job::run(),
+        Some(Command::Devices { json }) => devices::run(json),
         Some(Command::Conformance {
             device,
             filter,
             json,
             junit,
-        }) => cli::conformance::run(
+        }) => conformance::run(
             device.as_deref(),
             filter.as_deref(),
             json.as_deref(),
@@ -96,8 +103,8 @@ fn main() -> ExitCode {
             compile,
             arch,
             json,
-        }) => cli::kernels::run(&compile, &arch, json.as_deref()),
-        Some(Command::Bench { which }) => cli::bench::run(which),
+        }) => kernels::run(&compile, &arch, json.as_deref()),
+        Some(Command::Bench { which }) => bench::run(which),
     };
     match result {
         Ok(code) => code,

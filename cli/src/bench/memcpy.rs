@@ -8,7 +8,7 @@ use serde::Serialize;
 use unirt::{Backend, Device, EventFlags, MemcpyKind};
 
 use super::stats::{median, reps_for, write_rows};
-use crate::cli::CliResult;
+use crate::CliResult;
 
 #[derive(Serialize)]
 struct Row {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use unirt::Discovery;
 
-use super::CliResult;
+use crate::CliResult;
 
 pub fn run(json: bool) -> CliResult<ExitCode> {
     let d = unirt::discover();

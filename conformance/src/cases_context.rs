@@ -7,15 +7,15 @@
 
 use super::cases_alloc::roundtrip;
 use super::*;
-use crate::context;
-use crate::device::Device;
 use crate::ensure;
-use crate::hal::{DevicePtr, StreamId};
-use crate::runtime::Runtime;
-use crate::stream::BackendExt;
+use unirt::context;
+use unirt::device::Device;
+use unirt::hal::{DevicePtr, StreamId};
+use unirt::runtime::Runtime;
+use unirt::stream::BackendExt;
 
 /// Host bytes into a host `Memory` (through the context's host copy).
-fn host_with(data: &[u8]) -> Result<crate::Memory, Failure> {
+fn host_with(data: &[u8]) -> Result<unirt::Memory, Failure> {
     let m = context::allocate_host_memory(data.len())?;
     // SAFETY: `m` is a live host allocation of data.len() bytes.
     unsafe { context::memcpy_h2h(m.host_ptr(), data.as_ptr(), data.len())? };
@@ -23,7 +23,7 @@ fn host_with(data: &[u8]) -> Result<crate::Memory, Failure> {
 }
 
 /// The bytes of a host `Memory`.
-fn host_bytes(m: &crate::Memory) -> Result<Vec<u8>, Failure> {
+fn host_bytes(m: &unirt::Memory) -> Result<Vec<u8>, Failure> {
     let mut v = vec![0u8; m.size()];
     // SAFETY: `m` is a live host allocation of m.size() bytes.
     unsafe { context::memcpy_h2h(v.as_mut_ptr(), m.host_ptr(), m.size())? };
@@ -153,7 +153,7 @@ fn graph_recording(ctx: &Ctx) -> Result<(), Failure> {
                 )?;
                 // SAFETY: both ranges are device ranges, checked by the backend.
                 unsafe {
-                    ctx.memcpy_async(out.addr(), tmp.addr(), bytes, crate::MemcpyKind::D2D, s)
+                    ctx.memcpy_async(out.addr(), tmp.addr(), bytes, unirt::MemcpyKind::D2D, s)
                 }
             })?;
             Ok(tmp_addr)
@@ -187,7 +187,7 @@ fn graph_recording(ctx: &Ctx) -> Result<(), Failure> {
 }
 
 fn context_thread_locality(ctx: &Ctx) -> Result<(), Failure> {
-    use crate::context;
+    use unirt::context;
     let before = context::get_device();
     context::set_device(ctx.device)?;
     let main_stream = context::get_stream()?;
@@ -198,7 +198,7 @@ fn context_thread_locality(ctx: &Ctx) -> Result<(), Failure> {
         "a failed set_device changed the device"
     );
     let device = ctx.device;
-    let (first, stream, after) = std::thread::spawn(move || -> Result<_, crate::Error> {
+    let (first, stream, after) = std::thread::spawn(move || -> Result<_, unirt::Error> {
         let first = context::get_device();
         context::set_device(device)?;
         let s = context::get_stream()?;
@@ -213,7 +213,7 @@ fn context_thread_locality(ctx: &Ctx) -> Result<(), Failure> {
         unsafe { context::memcpy_d2h(back.as_mut_ptr(), m2.device_ptr(), 1000)? };
         context::sync_stream()?;
         if back != data {
-            return Err(crate::Error::Internal("context copies lost data".into()));
+            return Err(unirt::Error::Internal("context copies lost data".into()));
         }
         Ok((first, s, context::get_device()))
     })

@@ -133,20 +133,30 @@ fn conformance_json_and_junit_on_cpu() {
 }
 
 #[test]
-fn unavailable_vendor_is_skipped_not_failed() {
-    let out = unirt(
-        &[
-            "conformance",
-            "--device",
+fn asking_for_what_is_not_here_fails_clearly() {
+    // A vendor that is not probed, a vendor that is unavailable here (this machine has no
+    // GPU: CUDA answers "no device" or is not installed), an index past the devices, and a
+    // filter matching no case: each exits non-zero with a message, never a green empty run.
+    for (args, env, says) in [
+        (
+            &["conformance", "--device", "cuda", "--filter", "memcpy::h2d_sync"][..],
+            &[("UNIRT_BACKENDS", "cpu")][..],
             "cuda",
-            "--filter",
-            "memcpy::h2d_sync",
-        ],
-        &[("UNIRT_BACKENDS", "cpu")],
-    );
-    no_panic(&out);
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("skipped"));
+        ),
+        (&["conformance", "--device", "cuda:3"], &[], "cuda"),
+        (&["conformance", "--device", "cpu:1"], &[], "cpu has 1 device"),
+        (
+            &["conformance", "--device", "cpu:0", "--filter", "no-such-case"],
+            &[],
+            "no conformance case matches",
+        ),
+    ] {
+        let out = unirt(args, env);
+        no_panic(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: stderr {err:?} lacks {says:?}");
+    }
 }
 
 #[test]

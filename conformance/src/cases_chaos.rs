@@ -2,17 +2,18 @@
 //! call returns `Ok` or a typed error — never a panic, a hang or memory corruption — and the
 //! device still works afterwards.
 //!
-//! The sequence runs on a private instance of the device ([`crate::discovery::open_private`]):
+//! The sequence runs on a private instance of the device ([`unirt::discovery::open_private`]):
 //! it captures the default stream and reuses freed addresses on purpose, which must not reach
 //! the cases running beside it on the shared instance.
 
 use super::*;
-use crate::hal::{
+use crate::ensure;
+use unirt::hal::{
     CaptureMode, DevicePtr, EventFlags, EventId, GraphExecId, GraphId, KernelArg, MemcpyKind,
     StreamId,
 };
-use crate::stream::BackendExt;
-use crate::{ensure, Backend};
+use unirt::stream::BackendExt;
+use unirt::Backend;
 
 pub(super) const CASES: &[Case] = &[
     Case {
@@ -111,7 +112,7 @@ fn len(r: &mut Rng) -> usize {
 fn chaos(shared: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
     let ctx = &Ctx {
         device: shared.device,
-        backend: crate::discovery::open_private(shared.device)?,
+        backend: unirt::discovery::open_private(shared.device)?,
     };
     let mut r = Rng(seed);
     let mut w = World::default();
@@ -288,7 +289,7 @@ fn chaos(shared: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
     let c = Buf::new(&ctx.backend, 4099)?;
     ctx.copy_device(c.ptr, b.ptr, 4099)?;
     same(&c.read()?, &data, "a round trip after the random sequence")?;
-    let s = crate::Stream::new(&ctx.backend)?;
+    let s = unirt::Stream::new(&ctx.backend)?;
     s.launch("fill", &[b.ptr.into(), 7u32.into(), 16u32.into()])?;
     s.synchronize()?;
     ensure!(

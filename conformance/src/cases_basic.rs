@@ -1,9 +1,10 @@
 //! Discovery, device memory, memset and kernels.
 
 use super::*;
-use crate::hal::{DevicePtr, KernelArg};
-use crate::stream::BackendExt;
-use crate::{ensure, Backend};
+use crate::ensure;
+use unirt::hal::{DevicePtr, KernelArg};
+use unirt::stream::BackendExt;
+use unirt::Backend;
 
 pub(super) const CASES: &[Case] = &[
     Case {
@@ -89,7 +90,7 @@ pub(super) const CASES: &[Case] = &[
 ];
 
 fn device_listed(ctx: &Ctx) -> Result<(), Failure> {
-    let d = crate::discover();
+    let d = unirt::discover();
     let info = d.info(ctx.device)?;
     ensure!(!info.name.is_empty(), "device has no name");
     ensure!(info.memory_total > 0, "memory_total is 0");
@@ -156,7 +157,7 @@ fn malloc_zero(ctx: &Ctx) -> Result<(), Failure> {
     let p = ctx.malloc(0)?;
     ensure!(p.is_null(), "malloc(0) = {p:?}, expected null");
     ctx.free(DevicePtr::NULL)?;
-    ctx.free_host(crate::HostPtr::NULL)?;
+    ctx.free_host(unirt::HostPtr::NULL)?;
     Ok(())
 }
 
@@ -192,8 +193,8 @@ fn pinned_roundtrip(ctx: &Ctx) -> Result<(), Failure> {
     let r = unsafe {
         std::ptr::copy_nonoverlapping(data.as_ptr(), h_in.as_mut_ptr(), n);
         std::ptr::write_bytes(h_out.as_mut_ptr(), 0, n);
-        ctx.memcpy_async(d.ptr.0, h_in.0, n, crate::MemcpyKind::H2D, s)
-            .and_then(|_| ctx.memcpy_async(h_out.0, d.ptr.0, n, crate::MemcpyKind::D2H, s))
+        ctx.memcpy_async(d.ptr.0, h_in.0, n, unirt::MemcpyKind::H2D, s)
+            .and_then(|_| ctx.memcpy_async(h_out.0, d.ptr.0, n, unirt::MemcpyKind::D2H, s))
             .and_then(|_| ctx.stream_synchronize(s))
     };
     // SAFETY: h_out holds n initialised bytes.
@@ -247,7 +248,7 @@ fn memset_odd(ctx: &Ctx) -> Result<(), Failure> {
 }
 
 fn memset_async_order(ctx: &Ctx) -> Result<(), Failure> {
-    let s = crate::Stream::new(&ctx.backend)?;
+    let s = unirt::Stream::new(&ctx.backend)?;
     let n = 1 << 20;
     let b = Buf::new(&ctx.backend, n)?;
     let mut out = vec![0u8; n];
@@ -260,7 +261,7 @@ fn memset_async_order(ctx: &Ctx) -> Result<(), Failure> {
             out.as_mut_ptr() as u64,
             b.ptr.0,
             n,
-            crate::MemcpyKind::D2H,
+            unirt::MemcpyKind::D2H,
             s.id(),
         )?
     };

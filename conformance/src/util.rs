@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::Failure;
-use crate::error::Error;
-use crate::hal::{AnyBackend, Backend, DevicePtr};
+use unirt::error::Error;
+use unirt::hal::{AnyBackend, Backend, DevicePtr};
 
 /// Fails the case with a message unless the condition holds.
 #[macro_export]
@@ -13,7 +13,7 @@ macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
         let holds: bool = $cond;
         if !holds {
-            return Err($crate::conformance::Failure::Failed(format!($($fmt)+)));
+            return Err($crate::Failure::Failed(format!($($fmt)+)));
         }
     };
 }
@@ -69,12 +69,12 @@ impl Buf {
     /// Allocates and fills with `data`.
     pub fn with(backend: &Arc<AnyBackend>, data: &[u8]) -> Result<Self, Failure> {
         let b = Self::new(backend, data.len())?;
-        crate::BackendExt::copy_to_device(&**backend, b.ptr, data)?;
+        unirt::BackendExt::copy_to_device(&**backend, b.ptr, data)?;
         Ok(b)
     }
 
     pub fn read(&self) -> Result<Vec<u8>, Failure> {
-        Ok(crate::BackendExt::read_vec(
+        Ok(unirt::BackendExt::read_vec(
             &*self.backend,
             self.ptr,
             self.len,

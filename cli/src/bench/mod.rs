@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use super::CliResult;
+use crate::CliResult;
 
 #[derive(Subcommand)]
 pub enum Which {

@@ -15,7 +15,7 @@ use unirt::alloc::CachingAllocator;
 use unirt::{Backend, Device, DeviceKind};
 
 use super::stats::{median, write_rows};
-use crate::cli::CliResult;
+use crate::CliResult;
 
 #[derive(Serialize)]
 struct Row {

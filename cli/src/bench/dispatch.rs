@@ -17,7 +17,7 @@ use serde::Serialize;
 use unirt::{Backend, BackendExt, CaptureMode, Device, DeviceKind, KernelArg, StreamId};
 
 use super::stats::{median, write_rows};
-use crate::cli::CliResult;
+use crate::CliResult;
 
 const LAUNCHES: usize = 100;
 const BIG: u32 = 1 << 20;
@@ -239,7 +239,7 @@ mod plain {
 
     use parking_lot::Mutex;
 
-    use crate::cli::CliResult;
+    use crate::CliResult;
 
     const SHADER: &str = r#"
 @group(0) @binding(0) var<storage, read> a: array<f32>;

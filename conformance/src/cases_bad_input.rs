@@ -1,11 +1,11 @@
 //! Bad input: every misuse returns its documented error and leaves the device usable.
 
 use super::*;
-use crate::hal::{
+use unirt::hal::{
     CaptureMode, DevicePtr, EventFlags, EventId, GraphExecId, GraphId, HostPtr, KernelArg,
     MemcpyKind, StreamId,
 };
-use crate::{Backend, Stream};
+use unirt::{Backend, Stream};
 
 pub(super) const CASES: &[Case] = &[
     Case {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 use unirt::vendors::cuda::{kernels, nvrtc};
 
-use super::CliResult;
+use crate::CliResult;
 
 #[derive(Serialize)]
 struct Report<'a> {

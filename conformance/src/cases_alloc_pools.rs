@@ -9,11 +9,11 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::alloc::{CachingAllocator, FaultInjector, PinnedHostPool};
 use crate::ensure;
-use crate::hal::{CaptureMode, DevicePtr, EventStatus, HostPtr};
-use crate::runtime::Runtime;
-use crate::stream::{BackendExt, Event, Stream};
+use unirt::alloc::{CachingAllocator, FaultInjector, PinnedHostPool};
+use unirt::hal::{CaptureMode, DevicePtr, EventStatus, HostPtr};
+use unirt::runtime::Runtime;
+use unirt::stream::{BackendExt, Event, Stream};
 
 use super::cases_alloc::{fresh, keep_busy, roundtrip, MIB};
 
@@ -40,7 +40,7 @@ fn private_pool_address_stability(ctx: &Ctx) -> Result<(), Failure> {
             s.id(),
         )?;
         // SAFETY: both ranges are device ranges, checked by the backend.
-        unsafe { ctx.memcpy_async(out.0, tmp.0, bytes, crate::MemcpyKind::D2D, s.id())? };
+        unsafe { ctx.memcpy_async(out.0, tmp.0, bytes, unirt::MemcpyKind::D2D, s.id())? };
         a.free(tmp)?;
         let again = a.malloc(bytes, s.id())?;
         ensure!(
@@ -157,7 +157,7 @@ fn oom_is_typed_with_stats(ctx: &Ctx) -> Result<(), Failure> {
     let keep = a.malloc(4096, s)?;
     let r = a.malloc(3 * MIB as usize, s);
     match &r {
-        Err(e @ crate::Error::OutOfMemory { .. }) => {
+        Err(e @ unirt::Error::OutOfMemory { .. }) => {
             let m = e.to_string();
             ensure!(
                 m.contains("reserved") && m.contains("allocated"),
@@ -294,7 +294,7 @@ fn pinned_pool_waits_for_streams(ctx: &Ctx) -> Result<(), Failure> {
         ensure!(p == h, "the pinned block moved: {p:?}");
         keep_busy(ctx, s2.id(), big.ptr, n, 2 << round)?;
         // SAFETY: the source is a live pinned block that stays allocated until s2 is synced.
-        unsafe { ctx.memcpy_async(dst.ptr.0, p.0, 65536, crate::MemcpyKind::H2D, s2.id())? };
+        unsafe { ctx.memcpy_async(dst.ptr.0, p.0, 65536, unirt::MemcpyKind::H2D, s2.id())? };
         ensure!(
             pool.record_stream(p.0 + 100, s2.id()),
             "an interior pinned address was not found"

@@ -20,7 +20,7 @@ use serde::Serialize;
 use unirt::{Backend, CaptureMode, Device, DeviceKind, MemcpyKind, StreamId};
 
 use super::stats::{median, reps_for};
-use crate::cli::CliResult;
+use crate::CliResult;
 
 #[derive(Serialize)]
 struct CopyRow {

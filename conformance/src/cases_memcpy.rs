@@ -2,8 +2,9 @@
 //! odd offsets on both sides.
 
 use super::*;
-use crate::hal::{MemcpyKind, StreamId};
-use crate::{ensure, Backend, Stream};
+use crate::ensure;
+use unirt::hal::{MemcpyKind, StreamId};
+use unirt::{Backend, Stream};
 
 pub(super) const CASES: &[Case] = &[
     Case {

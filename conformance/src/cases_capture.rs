@@ -1,8 +1,9 @@
 //! Stream capture and replay.
 
 use super::*;
-use crate::hal::{CaptureMode, EventStatus, KernelArg, MemcpyKind};
-use crate::{ensure, Backend, Event, Stream};
+use crate::ensure;
+use unirt::hal::{CaptureMode, EventStatus, KernelArg, MemcpyKind};
+use unirt::{Backend, Event, Stream};
 
 const CAP: &[Need] = &[Need::Capture];
 

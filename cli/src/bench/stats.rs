@@ -26,7 +26,7 @@ pub fn reps_for(one: Duration, budget: Duration, min: usize, max: usize) -> usiz
 pub fn write_rows<R: serde::Serialize>(
     path: Option<&std::path::Path>,
     rows: &[R],
-) -> crate::cli::CliResult<()> {
+) -> crate::CliResult<()> {
     if let Some(p) = path {
         std::fs::write(
             p,

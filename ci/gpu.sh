@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The GPU runner: on a machine with an NVIDIA GPU (and a Vulkan driver), runs the whole
+# conformance suite on every CUDA and wgpu device, the CUDA, allocator and wgpu benches, and the
+# C ABI test, writing JUnit + JSON into one folder; exits non-zero on any failure.
+# On a machine without one it says so, runs what it can without a GPU (device table, CUDA
+# kernels compiled to CUBIN by NVRTC) and exits 0.
+#
+#   ci/gpu.sh [OUT_DIR]          (default: $OUT if set, else target/gpu-results)
+#
+# Binaries: $UNIRT_BIN (default target/release/unirt) and libinfinirt.so beside it. Without
+# UNIRT_BIN and with cargo present they are built in release first; on a GPU machine without
+# cargo, carry them there.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+out="${1:-${OUT:-$root/target/gpu-results}}"
+mkdir -p "$out"
+bin="${UNIRT_BIN:-$root/target/release/unirt}"
+lib="$(dirname "$bin")"
+
+# With UNIRT_BIN given, use that build as it is (ci/test.sh passes its debug build).
+if [ -z "${UNIRT_BIN:-}" ] && command -v cargo >/dev/null 2>&1; then
+  echo "== gpu.sh: cargo build --release (unirt CLI and libinfinirt)"
+  cargo build --release -p unirt-cli -p unirt-capi || { echo "gpu.sh: build failed" >&2; exit 1; }
+fi
+if [ ! -x "$bin" ]; then
+  echo "gpu.sh: no unirt binary at $bin (build it, or carry it to this machine)" >&2
+  exit 1
+fi
+
+failures=0
+fail() { echo "gpu.sh: FAILED: $*" >&2; failures=$((failures + 1)); }
+step() { echo; echo "== gpu.sh: $*"; }
+
+step "devices"
+"$bin" devices | tee "$out/devices.txt"
+"$bin" devices --json >"$out/devices.json" || fail "unirt devices --json"
+
+# Device names of one vendor, from the JSON (python3 is on every GPU image we use; grep is
+# the fallback for the simple one-device-per-line case).
+devices_of() {
+  python3 - "$out/devices.json" "$1" <<'PY' 2>/dev/null
+import json, sys
+d = json.load(open(sys.argv[1]))
+for b in d["backends"]:
+    if b["kind"] == sys.argv[2] and b["status"] == "available":
+        for dev in b["devices"]:
+            print(f'{b["kind"]}:{dev["index"]}')
+PY
+}
+cuda_devs=$(devices_of cuda)
+wgpu_devs=$(devices_of wgpu)
+
+has_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then has_gpu=1; fi
+[ -n "$cuda_devs" ] && has_gpu=1
+
+if [ "$has_gpu" = 0 ]; then
+  step "no NVIDIA GPU found on this machine (nvidia-smi absent or silent, and unirt lists no CUDA device)"
+  if "$bin" kernels --compile cuda --arch sm_70,sm_80,sm_90 --json "$out/kernels.json"; then
+    echo "gpu.sh: CUDA kernels compile to CUBIN without a GPU"
+  else
+    echo "gpu.sh: NVRTC unavailable or a kernel failed to compile (see above); not a GPU failure here"
+  fi
+  echo "gpu.sh: nothing that needs a GPU ran; results in $out"
+  exit 0
+fi
+
+if [ -z "$cuda_devs" ]; then
+  fail "an NVIDIA GPU is present but unirt lists no CUDA device (see $out/devices.txt)"
+fi
+
+step "CUDA kernels compiled by NVRTC"
+"$bin" kernels --compile cuda --arch sm_70,sm_80,sm_90 --json "$out/kernels.json" || fail "kernels --compile cuda"
+
+for dev in $cuda_devs $wgpu_devs; do
+  tag=${dev/:/-}
+  step "conformance on $dev"
+  "$bin" conformance --device "$dev" --json "$out/conformance-$tag.json" \
+    --junit "$out/conformance-$tag.xml" >"$out/conformance-$tag.txt" 2>&1 \
+    || fail "conformance on $dev (see $out/conformance-$tag.txt)"
+  tail -n 4 "$out/conformance-$tag.txt"
+done
+
+step "the main job (every device at once)"
+"$bin" >"$out/main-job.txt" 2>&1 || fail "the main job (see $out/main-job.txt)"
+tail -n 8 "$out/main-job.txt"
+
+for dev in $cuda_devs; do
+  tag=${dev/:/-}
+  step "benches on $dev"
+  "$bin" bench cuda --device "$dev" --json "$out/bench-cuda-$tag.json" || fail "bench cuda on $dev"
+  "$bin" bench alloc --device "$dev" --json "$out/bench-alloc-$tag.json" || fail "bench alloc on $dev"
+  "$bin" bench memcpy --device "$dev" --json "$out/bench-memcpy-$tag.json" || fail "bench memcpy on $dev"
+done
+for dev in $wgpu_devs; do
+  tag=${dev/:/-}
+  step "bench dispatch on $dev"
+  "$bin" bench dispatch --device "$dev" --json "$out/bench-dispatch-$tag.json" || fail "bench dispatch on $dev"
+done
+
+step "C ABI test against libinfinirt.so"
+cc="${CC:-cc}"
+if [ -f "$lib/libinfinirt.so" ] && command -v "$cc" >/dev/null 2>&1; then
+  "$cc" -std=c11 -O1 -I capi/include -I capi/tests/c capi/tests/c/abi_test.c -o "$out/abi_test" \
+    -L "$lib" -linfinirt -Wl,-rpath,"$lib" -lpthread \
+    && "$out/abi_test" >"$out/abi_test.txt" 2>&1 \
+    || fail "C ABI test (see $out/abi_test.txt)"
+  tail -n 3 "$out/abi_test.txt" 2>/dev/null
+else
+  fail "C ABI test not run: no $lib/libinfinirt.so or no C compiler ($cc)"
+fi
+
+echo
+if [ "$failures" -gt 0 ]; then
+  echo "gpu.sh: $failures failure(s); results in $out"
+  exit 1
+fi
+echo "gpu.sh: all passed; results in $out"
