@@ -42,7 +42,11 @@ pub fn select_devices(arg: Option<&str>) -> CliResult<Vec<Device>> {
         }
         Some(i) => Ok(vec![Device::new(kind, i)]),
         None if b.devices.is_empty() => not_here(format!("{kind} lists no device")),
-        None => Ok(b.devices.iter().map(|i| Device::new(kind, i.index)).collect()),
+        None => Ok(b
+            .devices
+            .iter()
+            .map(|i| Device::new(kind, i.index))
+            .collect()),
     }
 }
 

@@ -139,14 +139,30 @@ fn asking_for_what_is_not_here_fails_clearly() {
     // filter matching no case: each exits non-zero with a message, never a green empty run.
     for (args, env, says) in [
         (
-            &["conformance", "--device", "cuda", "--filter", "memcpy::h2d_sync"][..],
+            &[
+                "conformance",
+                "--device",
+                "cuda",
+                "--filter",
+                "memcpy::h2d_sync",
+            ][..],
             &[("UNIRT_BACKENDS", "cpu")][..],
             "cuda",
         ),
         (&["conformance", "--device", "cuda:3"], &[], "cuda"),
-        (&["conformance", "--device", "cpu:1"], &[], "cpu has 1 device"),
         (
-            &["conformance", "--device", "cpu:0", "--filter", "no-such-case"],
+            &["conformance", "--device", "cpu:1"],
+            &[],
+            "cpu has 1 device",
+        ),
+        (
+            &[
+                "conformance",
+                "--device",
+                "cpu:0",
+                "--filter",
+                "no-such-case",
+            ],
             &[],
             "no conformance case matches",
         ),
@@ -155,7 +171,10 @@ fn asking_for_what_is_not_here_fails_clearly() {
         no_panic(&out);
         assert!(!out.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(says), "{args:?}: stderr {err:?} lacks {says:?}");
+        assert!(
+            err.contains(says),
+            "{args:?}: stderr {err:?} lacks {says:?}"
+        );
     }
 }
 

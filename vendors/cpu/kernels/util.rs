@@ -305,7 +305,9 @@ impl<const N: usize> Lanes<N> {
 /// `src` must be valid for reading those elements.
 #[inline]
 pub(super) unsafe fn gather<T: Float>(src: *const T, stride: usize, dst: &mut [f32]) {
-    if stride == 1 {
+    if dst.is_empty() {
+        // An empty tensor may have no storage at all (a null address).
+    } else if stride == 1 {
         // SAFETY: the caller's promise, contiguous.
         T::load(unsafe { std::slice::from_raw_parts(src, dst.len()) }, dst);
     } else {
@@ -322,7 +324,9 @@ pub(super) unsafe fn gather<T: Float>(src: *const T, stride: usize, dst: &mut [f
 /// `dst` must be valid for writing those elements.
 #[inline]
 pub(super) unsafe fn scatter<T: Float>(src: &[f32], dst: *mut T, stride: usize) {
-    if stride == 1 {
+    if src.is_empty() {
+        // Nothing to write, and possibly no storage.
+    } else if stride == 1 {
         // SAFETY: the caller's promise, contiguous.
         T::store(src, unsafe {
             std::slice::from_raw_parts_mut(dst, src.len())
