@@ -42,7 +42,10 @@ crate::op_cases! {
 }
 
 /// The f64 reference and the input domains of a binary operator.
-fn binary_ref(op: &str) -> Result<(fn(f64, f64) -> f64, (f64, f64), (f64, f64)), Failure> {
+/// A binary reference and the input ranges of its two operands.
+type BinaryRef = (fn(f64, f64) -> f64, (f64, f64), (f64, f64));
+
+fn binary_ref(op: &str) -> Result<BinaryRef, Failure> {
     if op == "swiglu" {
         return Ok((|u, g| u * g / (1.0 + (-g).exp()), (-3.0, 3.0), (-3.0, 3.0)));
     }

@@ -8,7 +8,7 @@ use crate::tensor::{DType, Tensor};
 
 pub fn rope(x: &TensorDesc, pos: &TensorDesc, theta: f64, interleaved: bool) -> Result<Plan> {
     let nd = x.layout.ndim();
-    if nd < 3 || x.shape()[nd - 1] % 2 != 0 {
+    if nd < 3 || !x.shape()[nd - 1].is_multiple_of(2) {
         return Err(Error::BadTensorShape(format!(
             "rope needs x [.., seq, heads, dim] with an even dim, got {:?}",
             x.shape()

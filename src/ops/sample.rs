@@ -23,7 +23,8 @@ pub fn random_sample(
             logits.shape()
         )));
     }
-    if !(0.0..1.0).contains(&random) || !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+    let valid = (0.0..1.0).contains(&random) && temperature >= 0.0 && top_p > 0.0 && top_p <= 1.0;
+    if !valid {
         return Err(Error::BadParam(format!(
             "random_sample: random {random} (in [0, 1)), temperature {temperature} (≥ 0), top_p {top_p} (in (0, 1])"
         )));

@@ -161,7 +161,7 @@ impl Layout {
             if s < reach {
                 return true;
             }
-            reach = s * (n - 1) + reach;
+            reach += s * (n - 1);
         }
         false
     }

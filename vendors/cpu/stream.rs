@@ -81,10 +81,14 @@ impl Op {
             // A failed command does not stop the replay (as a failed kernel does not stop a
             // stream); the first error is the one reported.
             Op::Batch(ops) => {
-                return ops
-                    .iter()
-                    .map(Op::run)
-                    .fold(Ok(()), |first, r| first.and(r))
+                let mut first = Ok(());
+                for op in ops.iter() {
+                    let r = op.run();
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                return first;
             }
         }
         Ok(())

@@ -93,12 +93,12 @@ unsafe fn row2<T: Float>(
         // only made when the pointers are equal, and then only one of them exists.
         unsafe {
             let out = std::slice::from_raw_parts_mut(o, len);
-            if o as *const f32 == a && a == b {
+            if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
                 out.iter_mut().for_each(|x| *x = f(*x, *x));
-            } else if o as *const f32 == a {
+            } else if std::ptr::eq(o, a) {
                 let b = std::slice::from_raw_parts(b, len);
                 out.iter_mut().zip(b).for_each(|(x, y)| *x = f(*x, *y));
-            } else if o as *const f32 == b {
+            } else if std::ptr::eq(o, b) {
                 let a = std::slice::from_raw_parts(a, len);
                 out.iter_mut().zip(a).for_each(|(x, y)| *x = f(*y, *x));
             } else {
@@ -158,7 +158,7 @@ unsafe fn row1<T: Float>(
         // SAFETY: T is f32; equal pointers get one slice, disjoint ones two.
         unsafe {
             let out = std::slice::from_raw_parts_mut(o, len);
-            if o as *const f32 == a {
+            if std::ptr::eq(o, a) {
                 out.iter_mut().for_each(|x| *x = f(*x));
             } else {
                 let a = std::slice::from_raw_parts(a, len);

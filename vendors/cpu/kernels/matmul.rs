@@ -24,6 +24,7 @@ struct Mat {
 ///
 /// # Safety
 /// The matrices must be valid for their shapes and strides; C must not overlap A or B.
+#[allow(clippy::too_many_arguments)] // the BLAS signature
 unsafe fn sgemm_par(m: usize, k: usize, n: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: Mat) {
     if m == 0 || n == 0 {
         return;
@@ -96,6 +97,7 @@ unsafe fn sgemm_par(m: usize, k: usize, n: usize, alpha: f32, a: Mat, b: Mat, be
 ///
 /// # Safety
 /// B must be valid for k×n at (rsb, csb); c for n elements at `csc`, not overlapping B.
+#[allow(clippy::too_many_arguments)] // the BLAS signature
 unsafe fn gemv<T: Float>(
     x: &[f32],
     b: Ptr<T>,

@@ -291,8 +291,8 @@ impl<const N: usize> Lanes<N> {
         for d in (0..self.shape.len()).rev() {
             let j = rem % self.shape[d];
             rem /= self.shape[d];
-            for k in 0..N {
-                offs[k] += j * self.strides[d][k];
+            for (o, s) in offs.iter_mut().zip(&self.strides[d]) {
+                *o += j * s;
             }
         }
         offs
