@@ -23,6 +23,9 @@
 //!
 //! ```text
 //!  apps (Rust API)     C ABI (capi/, libinfinirt.so)      CLI `unirt` (devices | conformance | bench)
+//!  ops        operator plans (validate, output layout, workspace) over the
+//!             KernelRegistry keyed by (op, DeviceKind, DType)            (src/ops/)
+//!  tensor     Tensor = allocator storage + Layout + DType; views        (src/tensor/)
 //!  context    thread-local current device, per-thread streams        (src/context.rs)
 //!  Runtime    one per device, lazily: allocator, pinned pool, capture (src/runtime.rs)
 //!  alloc      CachingAllocator + graph-private pools + pinned host pool (src/alloc/)
@@ -32,7 +35,10 @@
 //! ```
 //!
 //! Data flows down, errors flow up as [`Error`]. Nothing above [`hal`] names a vendor type;
-//! nothing in `vendors/` knows about the layers above the HAL.
+//! nothing in `vendors/` knows about the layers above the HAL except the operator kernels
+//! (`vendors/<v>/kernels/`), which see the kernel interface of [`ops`] (`KernelCall`,
+//! `TensorRef`) and register themselves in one function per vendor. CPU operator kernels run
+//! on the stream's worker through [`Backend::launch_host`].
 //!
 //! ## Design choices, and why
 //!

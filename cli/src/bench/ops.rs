@@ -38,7 +38,13 @@ struct Report<'a> {
 }
 
 /// Milliseconds per launch: `inner` launches per sample, samples for about 0.6 s.
-fn time_plan(plan: &Plan, ins: &[&Tensor], outs: &[&Tensor], ws: Option<&Tensor>, inner: usize) -> CliResult<f64> {
+fn time_plan(
+    plan: &Plan,
+    ins: &[&Tensor],
+    outs: &[&Tensor],
+    ws: Option<&Tensor>,
+    inner: usize,
+) -> CliResult<f64> {
     let rt = ins[0].runtime().clone();
     let s = rt.stream()?;
     let sample = || -> CliResult<f64> {
@@ -50,8 +56,15 @@ fn time_plan(plan: &Plan, ins: &[&Tensor], outs: &[&Tensor], ws: Option<&Tensor>
         Ok(t.elapsed().as_secs_f64() * 1e3 / inner as f64)
     };
     let first = sample()?; // warm-up (page faults, caches)
-    let reps = reps_for(Duration::from_secs_f64(first * inner as f64 / 1e3), Duration::from_millis(600), 3, 50);
-    let mut v = (0..reps).map(|_| sample()).collect::<CliResult<Vec<f64>>>()?;
+    let reps = reps_for(
+        Duration::from_secs_f64(first * inner as f64 / 1e3),
+        Duration::from_millis(600),
+        3,
+        50,
+    );
+    let mut v = (0..reps)
+        .map(|_| sample())
+        .collect::<CliResult<Vec<f64>>>()?;
     Ok(median(&mut v))
 }
 
@@ -113,24 +126,66 @@ fn memory_rows(dev: Device, dt: DType, mib: usize, rows: &mut Vec<Row>) -> CliRe
     let (a, b) = (rand(&shape, dt, dev, 3)?, rand(&shape, dt, dev, 4)?);
     let bytes = n * dt.size();
     let bin = |op: ops::BinaryOp| ops::elementwise::binary(op, &a.desc(), &b.desc());
-    rows.push(bw_row("add", dt, s.clone(), run_plan(&bin(ops::BinaryOp::Add)?, &[&a, &b], 1)?, 3 * bytes));
-    rows.push(bw_row("mul", dt, s.clone(), run_plan(&bin(ops::BinaryOp::Mul)?, &[&a, &b], 1)?, 3 * bytes));
+    rows.push(bw_row(
+        "add",
+        dt,
+        s.clone(),
+        run_plan(&bin(ops::BinaryOp::Add)?, &[&a, &b], 1)?,
+        3 * bytes,
+    ));
+    rows.push(bw_row(
+        "mul",
+        dt,
+        s.clone(),
+        run_plan(&bin(ops::BinaryOp::Mul)?, &[&a, &b], 1)?,
+        3 * bytes,
+    ));
     let silu = ops::elementwise::unary(ops::UnaryOp::Silu, &a.desc())?;
-    rows.push(bw_row("silu", dt, s.clone(), run_plan(&silu, &[&a], 1)?, 2 * bytes));
+    rows.push(bw_row(
+        "silu",
+        dt,
+        s.clone(),
+        run_plan(&silu, &[&a], 1)?,
+        2 * bytes,
+    ));
     let sw = ops::elementwise::swiglu(&a.desc(), &b.desc())?;
-    rows.push(bw_row("swiglu", dt, s.clone(), run_plan(&sw, &[&a, &b], 1)?, 3 * bytes));
+    rows.push(bw_row(
+        "swiglu",
+        dt,
+        s.clone(),
+        run_plan(&sw, &[&a, &b], 1)?,
+        3 * bytes,
+    ));
     let w = rand(&[width], dt, dev, 5)?;
     let rms = ops::norm::rms_norm(&a.desc(), &w.desc(), 1e-6)?;
-    rows.push(bw_row("rms_norm", dt, s.clone(), run_plan(&rms, &[&a, &w], 1)?, 2 * bytes));
+    rows.push(bw_row(
+        "rms_norm",
+        dt,
+        s.clone(),
+        run_plan(&rms, &[&a, &w], 1)?,
+        2 * bytes,
+    ));
     let sm = ops::softmax::softmax(&a.desc(), -1, false)?;
-    rows.push(bw_row("softmax", dt, s.clone(), run_plan(&sm, &[&a], 1)?, 2 * bytes));
+    rows.push(bw_row(
+        "softmax",
+        dt,
+        s.clone(),
+        run_plan(&sm, &[&a], 1)?,
+        2 * bytes,
+    ));
     // rope on [seq, 32 heads, 128].
     let seq = n / (32 * 128);
     let x = rand(&[seq, 32, 128], dt, dev, 6)?;
     let pos_v: Vec<i64> = (0..seq as i64).collect();
     let pos = Tensor::from_slice(&pos_v, &[seq], dev)?;
     let rp = ops::rope::rope(&x.desc(), &pos.desc(), 10000.0, false)?;
-    rows.push(bw_row("rope", dt, format!("{seq}x32x128"), run_plan(&rp, &[&x, &pos], 1)?, 2 * bytes));
+    rows.push(bw_row(
+        "rope",
+        dt,
+        format!("{seq}x32x128"),
+        run_plan(&rp, &[&x, &pos], 1)?,
+        2 * bytes,
+    ));
     Ok(())
 }
 
@@ -163,21 +218,40 @@ fn attention_row(dev: Device, dt: DType, kv: usize) -> CliResult<Row> {
     let plan = ops::attention::attention(&q.desc(), &k.desc(), &v.desc(), true, None)?;
     let ms = run_plan(&plan, &[&q, &k, &v], 1)?;
     let bytes = 2 * h * kv * d * dt.size();
-    Ok(bw_row("attention_decode", dt, format!("1x{h}x{kv}x{d}"), ms, bytes))
+    Ok(bw_row(
+        "attention_decode",
+        dt,
+        format!("1x{h}x{kv}x{d}"),
+        ms,
+        bytes,
+    ))
 }
 
 pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode> {
     let dev: Device = device.parse()?;
     let rt = Runtime::get(dev)?;
     let threads = rayon::current_num_threads();
-    println!("unirt bench ops on {dev} ({}), {threads} threads", rt.backend().info().name);
+    println!(
+        "unirt bench ops on {dev} ({}), {threads} threads",
+        rt.backend().info().name
+    );
     let mut rows = Vec::new();
-    let squares: &[usize] = if quick { &[256, 512] } else { &[256, 512, 1024, 2048] };
+    let squares: &[usize] = if quick {
+        &[256, 512]
+    } else {
+        &[256, 512, 1024, 2048]
+    };
     for &n in squares {
         rows.push(gemm_row(dev, DType::F32, n, n, n)?);
     }
     for dt in [DType::F16, DType::BF16] {
-        rows.push(gemm_row(dev, dt, squares[squares.len() - 1], squares[squares.len() - 1], squares[squares.len() - 1])?);
+        rows.push(gemm_row(
+            dev,
+            dt,
+            squares[squares.len() - 1],
+            squares[squares.len() - 1],
+            squares[squares.len() - 1],
+        )?);
     }
     if !quick {
         rows.push(gemm_row(dev, DType::F32, 1, 4096, 4096)?);
@@ -193,21 +267,49 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     if !quick {
         memory_rows(dev, DType::BF16, 16, &mut rows)?;
     }
-    for kv in if quick { &[1024][..] } else { &[1024, 2048, 4096][..] } {
+    for kv in if quick {
+        &[1024][..]
+    } else {
+        &[1024, 2048, 4096][..]
+    } {
         rows.push(attention_row(dev, DType::F32, *kv)?);
     }
     // Per-launch cost of a tiny op (16 elements), launches back to back.
-    let (a, b) = (rand(&[16], DType::F32, dev, 10)?, rand(&[16], DType::F32, dev, 11)?);
+    let (a, b) = (
+        rand(&[16], DType::F32, dev, 10)?,
+        rand(&[16], DType::F32, dev, 11)?,
+    );
     let plan = ops::elementwise::binary(ops::BinaryOp::Add, &a.desc(), &b.desc())?;
     let ms = run_plan(&plan, &[&a, &b], 2000)?;
-    rows.push(bw_row("add_tiny_per_launch", DType::F32, "16".into(), ms, 3 * 16 * 4));
-    println!("{:<20} {:<5} {:>16} {:>10} {:>10} {:>10}", "op", "dtype", "shape", "ms", "GFLOP/s", "GB/s");
+    rows.push(bw_row(
+        "add_tiny_per_launch",
+        DType::F32,
+        "16".into(),
+        ms,
+        3 * 16 * 4,
+    ));
+    println!(
+        "{:<20} {:<5} {:>16} {:>10} {:>10} {:>10}",
+        "op", "dtype", "shape", "ms", "GFLOP/s", "GB/s"
+    );
     for r in &rows {
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-        println!("{:<20} {:<5} {:>16} {:>10.4} {:>10} {:>10}", r.op, r.dtype, r.shape, r.ms, f(r.gflops), f(r.gbps));
+        println!(
+            "{:<20} {:<5} {:>16} {:>10.4} {:>10} {:>10}",
+            r.op,
+            r.dtype,
+            r.shape,
+            r.ms,
+            f(r.gflops),
+            f(r.gbps)
+        );
     }
     if let Some(p) = json {
-        let report = Report { device: dev.to_string(), threads, rows: &rows };
+        let report = Report {
+            device: dev.to_string(),
+            threads,
+            rows: &rows,
+        };
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(ExitCode::SUCCESS)

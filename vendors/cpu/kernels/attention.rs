@@ -3,7 +3,9 @@
 //! read in their dtype row by row, so decode (one query over a long cache) streams K and V
 //! once per head at memory speed.
 
-use super::util::{axpy, dot, floats, gather, par_chunks, scatter, Float, Ptr};
+use super::util::{
+    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, Float, Ptr,
+};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -62,12 +64,9 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 }
             }
             let seen = &mut scores[..visible];
-            let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for s in seen.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
+            let max = max_f32(seen);
+            seen.iter_mut().for_each(|s| *s = exp_f32(*s - max));
+            let sum = sum_f32(seen);
             acc.fill(0.0);
             let vbase = bi * vs[0] + kh * vs[1];
             for (j, &p) in seen.iter().enumerate() {

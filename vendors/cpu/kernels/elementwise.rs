@@ -2,7 +2,9 @@
 //! swiglu, where, masked_fill. Contiguous rows of f32 run as plain slice loops the compiler
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
-use super::util::{bcast, coalesce, floats, par_rows, scalar_param, Float, Ptr, BLOCK};
+use super::util::{
+    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, Float, Ptr, BLOCK,
+};
 use crate::error::Result;
 use crate::ops::{KernelCall, KernelRegistry};
 
@@ -45,31 +47,29 @@ bin! {
     Minimum(a, b) = if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) };
     Pow(a, b) = a.powf(b);
 
-    Swiglu(up, gate) = up * gate / (1.0 + (-gate).exp());
+    Swiglu(up, gate) = up * gate * sigmoid_f32(gate);
 }
 
 #[inline(always)]
 pub(super) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x * sigmoid_f32(x)
 }
 
 un! {
     Neg(x) = -x;
     Abs(x) = x.abs();
-    Exp(x) = x.exp();
+    Exp(x) = exp_f32(x);
     Log(x) = x.ln();
     Sqrt(x) = x.sqrt();
     Rsqrt(x) = 1.0 / x.sqrt();
     Sin(x) = x.sin();
     Cos(x) = x.cos();
     Tanh(x) = x.tanh();
-    Sigmoid(x) = 1.0 / (1.0 + (-x).exp());
+    Sigmoid(x) = sigmoid_f32(x);
     Relu(x) = x.max(0.0);
     Gelu(x) = 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
-    GeluTanh(x) = {
-        let c = 0.797_884_6_f32; // sqrt(2/pi)
-        0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-    };
+    // 0.5·(1 + tanh(z)) = sigmoid(2z), with z = sqrt(2/pi)·(x + 0.044715·x³).
+    GeluTanh(x) = x * sigmoid_f32(2.0 * 0.797_884_6 * (x + 0.044715 * x * x * x));
     Silu(x) = silu(x);
 }
 

@@ -1,7 +1,7 @@
-//! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers;
-//! the statistics accumulate in f64.
+//! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers,
+//! with vectorised f32 sums (eight accumulators) for the statistics.
 
-use super::util::{floats, gather, par_chunks, scatter, Float, Lanes, Ptr};
+use super::util::{dot, floats, gather, par_chunks, scatter, sum_f32, Float, Lanes, Ptr};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -35,15 +35,15 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
             // SAFETY: the rows lie in their checked views; read before write.
             unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
             if layer {
-                let mean = buf.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
-                let var = buf.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+                let mean = sum_f32(&buf) / d as f32;
+                buf.iter_mut().for_each(|v| *v -= mean);
+                let var = dot(&buf, &buf) as f64 / d as f64;
                 let inv = (1.0 / (var + eps).sqrt()) as f32;
-                let mean = mean as f32;
                 for ((v, w), b) in buf.iter_mut().zip(&w).zip(&b) {
-                    *v = (*v - mean) * inv * w + b;
+                    *v = *v * inv * w + b;
                 }
             } else {
-                let ms = buf.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
+                let ms = dot(&buf, &buf) as f64 / d as f64;
                 let inv = (1.0 / (ms + eps).sqrt()) as f32;
                 for (v, w) in buf.iter_mut().zip(&w) {
                     *v *= inv * w;

@@ -1,6 +1,8 @@
 //! softmax, log_softmax and causal softmax, one lane at a time through an f32 buffer.
 
-use super::util::{floats, gather, par_chunks, scatter, Float, Lanes, Ptr};
+use super::util::{
+    exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, Float, Lanes, Ptr,
+};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -14,18 +16,13 @@ fn softmax_lane(v: &mut [f32], visible: usize, log: bool) {
     if seen.is_empty() {
         return;
     }
-    let max = seen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_f32(seen);
     if log {
-        let sum: f32 = seen.iter().map(|&x| (x - max).exp()).sum();
-        let lse = max + sum.ln();
+        let lse = max + seen.iter().map(|&x| exp_f32(x - max)).sum::<f32>().ln();
         seen.iter_mut().for_each(|x| *x -= lse);
     } else {
-        let mut sum = 0f32;
-        for x in seen.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
+        seen.iter_mut().for_each(|x| *x = exp_f32(*x - max));
+        let inv = 1.0 / sum_f32(seen);
         seen.iter_mut().for_each(|x| *x *= inv);
     }
 }

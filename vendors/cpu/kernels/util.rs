@@ -378,3 +378,97 @@ pub(super) unsafe fn read_index(t: &TensorRef, off: usize) -> i64 {
         }
     }
 }
+
+/// `e^x` in f32, branch-free so loops over it vectorise (libm's `expf` is a call per element).
+/// Cody–Waite range reduction `x = n·ln2 + r` (|r| ≤ ln2/2) and Cephes' degree-5 minimax
+/// polynomial for `e^r`: within 2 ulp of the exact value on `[-87.3, 88]`; inputs outside are
+/// clamped (`e^-87.3` ≈ 1.2e-38 stands for smaller results), NaN stays NaN.
+#[inline(always)]
+pub(super) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.3, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = p * r * r + r + 1.0;
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    y * scale
+}
+
+/// `1 / (1 + e^-x)`, vectorisable.
+#[inline(always)]
+pub(super) fn sigmoid_f32(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-x))
+}
+
+/// Sum with eight accumulators (vectorisable).
+#[inline]
+pub(super) fn sum_f32(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let c = v.chunks_exact(8);
+    let rest: f32 = c.remainder().iter().sum();
+    for x in c {
+        for l in 0..8 {
+            acc[l] += x[l];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// Maximum with eight lanes (vectorisable); NaN if any element is NaN.
+#[inline]
+pub(super) fn max_f32(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut nan = false;
+    let c = v.chunks_exact(8);
+    let rest = c.remainder();
+    for x in c {
+        for l in 0..8 {
+            nan |= x[l].is_nan();
+            acc[l] = if x[l] > acc[l] { x[l] } else { acc[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in acc.iter().chain(rest) {
+        nan |= x.is_nan();
+        m = if x > m { x } else { m };
+    }
+    if nan {
+        f32::NAN
+    } else {
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_within_two_ulp() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp_f32(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.013;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(-1000.0), exp_f32(-87.3));
+        assert!(max_f32(&[1.0, f32::NAN, 3.0]).is_nan());
+        assert_eq!(
+            max_f32(&[1.0, 9.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 2.0, -1.0]),
+            9.0
+        );
+    }
+}
