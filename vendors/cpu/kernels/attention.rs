@@ -4,10 +4,19 @@
 //! once per head at memory speed.
 
 use super::util::{
-    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, Float, Ptr,
+    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, with_simd, Float,
+    Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+
+/// `s ← exp(s − max s)`; returns the sum.
+#[inline(always)]
+fn exp_normalised(s: &mut [f32]) -> f32 {
+    let max = max_f32(s);
+    s.iter_mut().for_each(|x| *x = exp_f32(*x - max));
+    sum_f32(s)
+}
 
 fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let Params::Attention { scale, causal } = *call.params else {
@@ -60,19 +69,17 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 let kbase = bi * ks[0] + kh * ks[1];
                 for (j, s) in scores[..visible].iter_mut().enumerate() {
                     gather(pk.at(kbase + j * ks[2]), ks[3], &mut krow);
-                    *s = dot(&qrow, &krow) * scale;
+                    *s = with_simd(|| dot(&qrow, &krow)) * scale;
                 }
             }
             let seen = &mut scores[..visible];
-            let max = max_f32(seen);
-            seen.iter_mut().for_each(|s| *s = exp_f32(*s - max));
-            let sum = sum_f32(seen);
+            let sum = with_simd(|| exp_normalised(seen));
             acc.fill(0.0);
             let vbase = bi * vs[0] + kh * vs[1];
             for (j, &p) in seen.iter().enumerate() {
                 // SAFETY: value row j of the checked view.
                 unsafe { gather(pv.at(vbase + j * vs[2]), vs[3], &mut krow) };
-                axpy(&mut acc, p, &krow);
+                with_simd(|| axpy(&mut acc, p, &krow));
             }
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             acc.iter_mut().for_each(|x| *x *= inv);

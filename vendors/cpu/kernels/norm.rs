@@ -1,9 +1,32 @@
 //! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers,
 //! with vectorised f32 sums (eight accumulators) for the statistics.
 
-use super::util::{dot, floats, gather, par_chunks, scatter, sum_f32, Float, Lanes, Ptr};
+use super::util::{
+    dot, floats, gather, par_chunks, scatter, sum_f32, with_simd, Float, Lanes, Ptr,
+};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+
+/// Normalises one row in place: layer norm with weight `w` and bias `b`, or RMS norm with `w`.
+#[inline(always)]
+fn normalize(buf: &mut [f32], w: &[f32], b: &[f32], layer: bool, eps: f64) {
+    let d = buf.len();
+    if layer {
+        let mean = sum_f32(buf) / d as f32;
+        buf.iter_mut().for_each(|v| *v -= mean);
+        let var = dot(buf, buf) as f64 / d as f64;
+        let inv = (1.0 / (var + eps).sqrt()) as f32;
+        for ((v, w), b) in buf.iter_mut().zip(w).zip(b) {
+            *v = *v * inv * w + b;
+        }
+    } else {
+        let ms = dot(buf, buf) as f64 / d as f64;
+        let inv = (1.0 / (ms + eps).sqrt()) as f32;
+        for (v, w) in buf.iter_mut().zip(w) {
+            *v *= inv * w;
+        }
+    }
+}
 
 fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
     let Params::Norm { eps } = *call.params else {
@@ -34,21 +57,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
             let [oo, ox] = lanes.offsets(i);
             // SAFETY: the rows lie in their checked views; read before write.
             unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
-            if layer {
-                let mean = sum_f32(&buf) / d as f32;
-                buf.iter_mut().for_each(|v| *v -= mean);
-                let var = dot(&buf, &buf) as f64 / d as f64;
-                let inv = (1.0 / (var + eps).sqrt()) as f32;
-                for ((v, w), b) in buf.iter_mut().zip(&w).zip(&b) {
-                    *v = *v * inv * w + b;
-                }
-            } else {
-                let ms = dot(&buf, &buf) as f64 / d as f64;
-                let inv = (1.0 / (ms + eps).sqrt()) as f32;
-                for (v, w) in buf.iter_mut().zip(&w) {
-                    *v *= inv * w;
-                }
-            }
+            with_simd(|| normalize(&mut buf, &w, &b, layer, eps));
             // SAFETY: as above.
             unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
         }

@@ -1,9 +1,28 @@
 //! Rotary embedding: the angles `pos · theta^(−2i/d)` are computed once per launch in f64
 //! (a `seq × d/2` table of cos/sin), then every (position, head) row rotates in f32.
 
-use super::util::{floats, gather, par_chunks, read_index, scatter, Float, Lanes, Ptr};
+use super::util::{floats, gather, par_chunks, read_index, scatter, with_simd, Float, Lanes, Ptr};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+
+/// Rotates the pairs of one row by the angles whose cosines and sines are `c` and `sn`.
+#[inline(always)]
+fn rotate(buf: &mut [f32], c: &[f32], sn: &[f32], interleaved: bool) {
+    if interleaved {
+        for ((p, &c), &sn) in buf.chunks_exact_mut(2).zip(c).zip(sn) {
+            let (x0, x1) = (p[0], p[1]);
+            p[0] = x0 * c - x1 * sn;
+            p[1] = x0 * sn + x1 * c;
+        }
+    } else {
+        let (lo, hi) = buf.split_at_mut(c.len());
+        for (((x0, x1), &c), &sn) in lo.iter_mut().zip(hi.iter_mut()).zip(c).zip(sn) {
+            let (a, b) = (*x0, *x1);
+            *x0 = a * c - b * sn;
+            *x1 = a * sn + b * c;
+        }
+    }
+}
 
 fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let Params::Rope { interleaved, theta } = *call.params else {
@@ -20,13 +39,14 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         x.layout.shape()[nd - 1],
     );
     let half = d / 2;
-    let mut table = vec![(0f32, 0f32); seq * half];
+    let (mut cos, mut sin) = (vec![0f32; seq * half], vec![0f32; seq * half]);
     for s in 0..seq {
         // SAFETY: element s of the checked position view.
         let p = unsafe { read_index(pos, s * pos.layout.strides()[0]) } as f64;
         for i in 0..half {
             let angle = p * theta.powf(-2.0 * i as f64 / d as f64);
-            table[s * half + i] = (angle.cos() as f32, angle.sin() as f32);
+            cos[s * half + i] = angle.cos() as f32;
+            sin[s * half + i] = angle.sin() as f32;
         }
     }
     let lanes = Lanes::new([&out.layout, &x.layout], nd - 1);
@@ -38,17 +58,11 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             let [oo, ox] = lanes.offsets(l);
             // SAFETY: row l of both checked views; read whole before writing.
             unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
-            let cs = &table[s * half..(s + 1) * half];
-            for (i, &(c, sn)) in cs.iter().enumerate() {
-                let (a, b) = if interleaved {
-                    (2 * i, 2 * i + 1)
-                } else {
-                    (i, i + half)
-                };
-                let (x0, x1) = (buf[a], buf[b]);
-                buf[a] = x0 * c - x1 * sn;
-                buf[b] = x0 * sn + x1 * c;
-            }
+            let (c, sn) = (
+                &cos[s * half..(s + 1) * half],
+                &sin[s * half..(s + 1) * half],
+            );
+            with_simd(|| rotate(&mut buf, c, sn, interleaved));
             // SAFETY: as above.
             unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
         }

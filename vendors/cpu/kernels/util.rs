@@ -98,6 +98,26 @@ impl Float for bf16 {
     }
 }
 
+/// Runs `f` compiled for AVX2 when the CPU has it, so a kernel's inner loop uses 8-wide
+/// vectors while the build targets baseline x86-64; elsewhere `f` runs as built. The check is
+/// one cached atomic load. `f` must be a small closure calling `#[inline(always)]` code: only
+/// what LLVM inlines into the AVX2 wrapper is compiled for AVX2.
+#[inline(always)]
+pub(super) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { avx2(f) };
+        }
+    }
+    f()
+}
+
 /// Elements per block when f16/bf16 go through f32 buffers.
 pub(super) const BLOCK: usize = 512;
 /// Below this many elements a kernel runs on the stream's worker alone (a rayon fork costs
@@ -303,7 +323,7 @@ impl<const N: usize> Lanes<N> {
 ///
 /// # Safety
 /// `src` must be valid for reading those elements.
-#[inline]
+#[inline(always)]
 pub(super) unsafe fn gather<T: Float>(src: *const T, stride: usize, dst: &mut [f32]) {
     if dst.is_empty() {
         // An empty tensor may have no storage at all (a null address).
@@ -322,7 +342,7 @@ pub(super) unsafe fn gather<T: Float>(src: *const T, stride: usize, dst: &mut [f
 ///
 /// # Safety
 /// `dst` must be valid for writing those elements.
-#[inline]
+#[inline(always)]
 pub(super) unsafe fn scatter<T: Float>(src: &[f32], dst: *mut T, stride: usize) {
     if src.is_empty() {
         // Nothing to write, and possibly no storage.
@@ -340,7 +360,7 @@ pub(super) unsafe fn scatter<T: Float>(src: &[f32], dst: *mut T, stride: usize) 
 }
 
 /// Dot product with eight accumulators, so the compiler vectorises it.
-#[inline]
+#[inline(always)]
 pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -358,7 +378,7 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += alpha · x`.
-#[inline]
+#[inline(always)]
 pub(super) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     for (a, b) in y.iter_mut().zip(x) {
         *a += alpha * b;
@@ -390,7 +410,10 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
     const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.3, 88.0);
+    // Comparisons rather than f32::clamp, whose form LLVM does not vectorise; NaN passes
+    // both and stays NaN.
+    let x = if x < -87.3 { -87.3 } else { x };
+    let x = if x > 88.0 { 88.0 } else { x };
     let n = (x * LOG2E + ROUND) - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4_f32;
@@ -400,7 +423,11 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5.000_000_1e-1;
     let y = p * r * r + r + 1.0;
-    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    // 2^n from n's bits: (n + 1.5·2^23) holds n in its low mantissa bits (two's complement
+    // for negative n), so integer arithmetic on the bits builds the exponent. A float→int
+    // cast would be a saturating conversion, which x86 cannot vectorise.
+    let k = (n + ROUND).to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(k.wrapping_add(127) << 23);
     y * scale
 }
 
@@ -411,7 +438,7 @@ pub(super) fn sigmoid_f32(x: f32) -> f32 {
 }
 
 /// Sum with eight accumulators (vectorisable).
-#[inline]
+#[inline(always)]
 pub(super) fn sum_f32(v: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let c = v.chunks_exact(8);
@@ -425,7 +452,7 @@ pub(super) fn sum_f32(v: &[f32]) -> f32 {
 }
 
 /// Maximum with eight lanes (vectorisable); NaN if any element is NaN.
-#[inline]
+#[inline(always)]
 pub(super) fn max_f32(v: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; 8];
     let mut nan = false;
