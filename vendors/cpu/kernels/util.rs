@@ -421,7 +421,7 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     // 2^n from n's bits: (n + 1.5·2^23) holds n in its low mantissa bits (two's complement
     // for negative n), so integer arithmetic on the bits builds the exponent. A float→int
