@@ -298,7 +298,10 @@ pub fn refuse_while_capturing(capturing: bool, what: &str) -> Result<()> {
 /// allocation nodes.
 pub fn unsupported_while_capturing(capturing: bool, what: &str, backend: DeviceKind) -> Result<()> {
     if capturing {
-        return Err(Error::unsupported(format!("{what} during capture"), backend));
+        return Err(Error::unsupported(
+            format!("{what} during capture"),
+            backend,
+        ));
     }
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! carry what a Rust caller needs to act on a failure (which backend, which handle, how many
 //! bytes). The C ABI turns every variant into a status code; nothing panics across it.
 
-use crate::device::{DeviceKind, ParseDeviceError};
+use crate::device::{Device, DeviceKind, ParseDeviceError};
+use crate::tensor::DType;
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -107,6 +108,63 @@ pub enum Error {
     /// (see [`crate::fork`]); the child opens its devices again.
     #[error("forked: {0}")]
     Forked(String),
+
+    /// No kernel is registered for (op, device kind, dtype) in the
+    /// [`KernelRegistry`](crate::ops::KernelRegistry). Never a silent fallback to another device.
+    #[error("{op} has no {dtype} kernel registered for {device}")]
+    UnsupportedKernel {
+        op: String,
+        device: DeviceKind,
+        dtype: DType,
+    },
+    /// A tensor's shape is not the one the operator needs.
+    #[error("{op}: expected shape {expected:?}, got {got:?}")]
+    ShapeMismatch {
+        op: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    /// Two shapes cannot be broadcast together (NumPy rules).
+    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast together")]
+    NotBroadcastable {
+        op: String,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+    },
+    /// An axis is outside `-ndim..ndim`.
+    #[error("{op}: axis {axis} is out of range for {ndim} dimensions")]
+    AxisOutOfRange {
+        op: String,
+        axis: isize,
+        ndim: usize,
+    },
+    /// A tensor's dtype is not the one the operator needs.
+    #[error("{op}: expected dtype {expected}, got {got}")]
+    DTypeMismatch {
+        op: String,
+        expected: DType,
+        got: DType,
+    },
+    /// A tensor lives on another device than the operator's.
+    #[error("{op}: expected a tensor on {expected}, got one on {got}")]
+    DeviceMismatch {
+        op: String,
+        expected: Device,
+        got: Device,
+    },
+    /// A reshape that the strides do not allow without a copy (call `contiguous()` first).
+    #[error("cannot view shape {shape:?} (strides {strides:?}) as {target:?} without a copy")]
+    NotAView {
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        target: Vec<usize>,
+    },
+    /// An output overlaps an input (or another output) where the operator does not allow it.
+    #[error("{op}: {detail}")]
+    Aliasing { op: String, detail: String },
+    /// An index value (an embedding id, a gather index) is outside `0..limit`.
+    #[error("{op}: index {index} is out of range 0..{limit}")]
+    IndexOutOfRange { op: String, index: i64, limit: u64 },
 }
 
 /// `infiniStatus_t` values (the C ABI's status codes), as InfiniCore's `infinicore.h` defines them.
@@ -152,6 +210,15 @@ impl Error {
             BadTensorShape(_) => InfiniStatus::BadTensorShape,
             BadTensorStrides(_) => InfiniStatus::BadTensorStrides,
             InsufficientWorkspace { .. } => InfiniStatus::InsufficientWorkspace,
+            UnsupportedKernel { .. } => InfiniStatus::NotImplemented,
+            ShapeMismatch { .. } | NotBroadcastable { .. } | AxisOutOfRange { .. } => {
+                InfiniStatus::BadTensorShape
+            }
+            DTypeMismatch { .. } => InfiniStatus::BadTensorDtype,
+            NotAView { .. } => InfiniStatus::BadTensorStrides,
+            DeviceMismatch { .. } | Aliasing { .. } | IndexOutOfRange { .. } => {
+                InfiniStatus::BadParam
+            }
             // Upstream has no OOM status; CUDA's cudaErrorMemoryAllocation surfaces as
             // INTERNAL_ERROR through infinirt, so C callers see the same code here.
             OutOfMemory { .. } => InfiniStatus::InternalError,
@@ -186,6 +253,15 @@ impl Error {
             Driver { .. } => "driver",
             KernelCompile { .. } => "kernel_compile",
             Forked(_) => "forked",
+            UnsupportedKernel { .. } => "unsupported_kernel",
+            ShapeMismatch { .. } => "shape_mismatch",
+            NotBroadcastable { .. } => "not_broadcastable",
+            AxisOutOfRange { .. } => "axis_out_of_range",
+            DTypeMismatch { .. } => "dtype_mismatch",
+            DeviceMismatch { .. } => "device_mismatch",
+            NotAView { .. } => "not_a_view",
+            Aliasing { .. } => "aliasing",
+            IndexOutOfRange { .. } => "index_out_of_range",
         }
     }
 

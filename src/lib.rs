@@ -23,6 +23,9 @@
 //! ```text
 //!  apps (Rust API)          C ABI (capi/: libinfinirt.so)     CLI (cli/)   conformance kit (conformance/)
 //!  ───────────────────────────────────────────────────────────────────────────────────────────────
+//!  ops           operator plans (validate, output layout, workspace) over the KernelRegistry
+//!                keyed by (op, DeviceKind, DType); eager methods on Tensor
+//!  tensor        Tensor = allocator storage + Layout + DType; views that copy nothing
 //!  graph/        Graph / GraphExec: stream capture's RAII handles, keeping the private pool alive;
 //!                next the operator graph (Graph -> CapturePlan -> GraphExec, see [`graph`])
 //!  context       thread-local current device + per-thread stream, InfiniCore's free functions
@@ -47,6 +50,8 @@
 //! | memory / alloc | [`Memory`] handles; the caching block allocator, graph-private pools, the pinned pool | [`memory`], [`alloc`] |
 //! | Runtime | one allocator + pinned pool + capture state per device | [`runtime`] |
 //! | context | the calling thread's device and stream (InfiniCore's `context`) | [`context`] |
+//! | tensor | [`Tensor`]: storage from the allocator, layout, dtype, views | [`tensor`] |
+//! | ops | operator plans, the [`KernelRegistry`](ops::KernelRegistry), eager tensor methods | [`ops`] |
 //! | graph | recorded graphs and their replay | [`graph`] |
 //!
 //! **Dependencies point down.** `vendors` depend on `hal`, `device`, `error` and the hidden
@@ -137,10 +142,12 @@ pub mod kernel;
 pub mod memory;
 #[doc(hidden)]
 pub mod memtable;
+pub mod ops;
 #[doc(hidden)]
 pub mod progress;
 pub mod runtime;
 pub mod stream;
+pub mod tensor;
 mod thread_state;
 
 #[path = "../vendors/mod.rs"]
@@ -161,6 +168,7 @@ pub use hal::{
 pub use memory::Memory;
 pub use runtime::Runtime;
 pub use stream::{BackendExt, DeviceRange, Event, Stream};
+pub use tensor::{DType, Tensor};
 pub use vendors::AnyBackend;
 
 /// The README's examples, compiled and run as doctests.

@@ -131,7 +131,12 @@ impl Memory {
         let addr = if bytes == 0 {
             0
         } else {
-            crate::hostmem::acquire_zeroed(bytes as u64, HOST_ALIGN, crate::DeviceKind::Cpu, "host")?
+            crate::hostmem::acquire_zeroed(
+                bytes as u64,
+                HOST_ALIGN,
+                crate::DeviceKind::Cpu,
+                "host",
+            )?
         };
         Ok(Memory(Arc::new(Inner {
             device: Device::CPU,

@@ -107,3 +107,10 @@ mod tests {
         assert_eq!(types.len(), VENDORS.len());
     }
 }
+
+/// Every vendor's operator kernels into the registry: the one list of who registers what.
+/// The CUDA and wgpu backends register none yet; their operators answer
+/// [`Error::UnsupportedKernel`](crate::Error::UnsupportedKernel).
+pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
+    cpu::register_kernels(reg);
+}

@@ -1,3 +1,6 @@
+//! `unirt kernels --list [--json FILE]`: the operator kernel registry as an op × backend ×
+//! dtype table (JSON: `[{"op", "backend", "dtype"}, …]`).
+//!
 //! `unirt kernels --compile cuda --arch sm_70,sm_80,sm_90 [--json FILE]`: compiles every CUDA
 //! kernel to CUBIN with NVRTC. No GPU and no libcuda are needed, so CI checks the kernel
 //! sources on any machine with NVRTC. Exit status 1 when any kernel fails to compile.
@@ -5,9 +8,65 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use serde::Serialize;
 use unirt::vendors::cuda;
 
 use crate::CliResult;
+
+/// One registered kernel, as `--list --json` writes it.
+#[derive(Serialize)]
+struct KernelRow {
+    op: String,
+    backend: &'static str,
+    dtype: &'static str,
+}
+
+/// Prints the registry: one line per operator, the dtypes each backend registers.
+pub fn list(json: Option<&Path>) -> CliResult<ExitCode> {
+    use std::collections::BTreeMap;
+    use unirt::DeviceKind;
+    let rows: Vec<KernelRow> = unirt::ops::kernels()
+        .into_iter()
+        .filter(|(_, _, builtin)| *builtin)
+        .map(|(k, _, _)| KernelRow {
+            op: k.op,
+            backend: k.device.as_str(),
+            dtype: k.dtype.name(),
+        })
+        .collect();
+    let mut table: BTreeMap<&str, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    for r in &rows {
+        table
+            .entry(&r.op)
+            .or_default()
+            .entry(r.backend)
+            .or_default()
+            .push(r.dtype);
+    }
+    let kinds = DeviceKind::ALL;
+    print!("{:<16}", "op");
+    for k in kinds {
+        print!(" {:<34}", k.as_str());
+    }
+    println!();
+    for (op, per) in &table {
+        print!("{op:<16}");
+        for k in kinds {
+            let cell = per.get(k.as_str()).map_or("-".to_string(), |d| d.join(" "));
+            print!(" {cell:<34}");
+        }
+        println!();
+    }
+    println!(
+        "{} kernels, {} operators (a '-' is Error::UnsupportedKernel on that backend)",
+        rows.len(),
+        table.len()
+    );
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 pub fn run(compile: &str, arch: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     if !compile.eq_ignore_ascii_case("cuda") {

@@ -53,11 +53,16 @@ enum Command {
         #[arg(long)]
         junit: Option<PathBuf>,
     },
-    /// Compiles kernels ahead of time (no GPU needed): every CUDA kernel to CUBIN with NVRTC.
+    /// Lists the operator kernels registered per backend and dtype (`--list`), or compiles
+    /// kernels ahead of time (no GPU needed): every CUDA kernel to CUBIN with NVRTC
+    /// (`--compile cuda`).
     Kernels {
+        /// Print the op × backend × dtype table of the kernel registry.
+        #[arg(long, conflicts_with = "compile")]
+        list: bool,
         /// The vendor whose kernels to compile (`cuda`).
         #[arg(long)]
-        compile: String,
+        compile: Option<String>,
         /// Comma-separated target architectures.
         #[arg(long, default_value = "sm_70,sm_80,sm_90")]
         arch: String,
@@ -105,10 +110,15 @@ fn main() -> ExitCode {
             junit.as_deref(),
         ),
         Some(Command::Kernels {
+            list,
             compile,
             arch,
             json,
-        }) => kernels::run(&compile, &arch, json.as_deref()),
+        }) => match (list, compile) {
+            (true, _) => kernels::list(json.as_deref()),
+            (false, Some(compile)) => kernels::run(&compile, &arch, json.as_deref()),
+            (false, None) => Err("kernels: give --list or --compile cuda".into()),
+        },
         Some(Command::Bench { which }) => bench::run(which),
     };
     match result {

@@ -31,9 +31,15 @@ mod cases_chaos;
 mod cases_context;
 mod cases_lifetime;
 mod cases_memcpy;
+mod cases_ops_data;
+mod cases_ops_elementwise;
+mod cases_ops_linalg;
+mod cases_ops_reduce;
+mod cases_ops_registry;
 mod cases_robust;
 mod cases_streams;
 mod cases_stress;
+pub mod ops_check;
 pub mod report;
 mod trials;
 mod util;
@@ -149,13 +155,53 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_lifetime::CASES);
     all.extend_from_slice(cases_stress::CASES);
     all.extend_from_slice(cases_robust::CASES);
+    all.extend_from_slice(cases_ops_registry::CASES);
+    all.extend(cases_ops_elementwise::cases());
+    all.extend(cases_ops_data::cases());
+    all.extend(cases_ops_reduce::cases());
+    all.extend(cases_ops_linalg::cases());
     all
+}
+
+/// Operator cases (`ops::<op>::<dtype>::<what>`) of a built-in operator for which the device's
+/// vendor registers no kernel: declared unsupported with that reason, so they show as ignored
+/// trials instead of passing or failing. (An operator planned on such a device answers
+/// `Error::UnsupportedKernel`; a case that gets it without this declaration fails.)
+pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
+    let mut parts = case.split("::");
+    let (Some("ops"), Some(op), Some(dt)) = (parts.next(), parts.next(), parts.next()) else {
+        return None;
+    };
+    let dtype: unirt::tensor::DType = dt.parse().ok()?;
+    let builtin_somewhere = unirt::ops::kernels()
+        .iter()
+        .any(|(k, _, builtin)| *builtin && k.op == op);
+    if !builtin_somewhere || unirt::ops::is_registered(op, kind, dtype) {
+        return None;
+    }
+    Some(format!(
+        "{kind} registers no {dtype} kernel for {op} (operators run on the CPU today; \
+         the {kind} kernels belong to the {kind} backend's issue)"
+    ))
 }
 
 /// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
 /// a limit of the platform; the harness reports them as `unsupported`, never as passed.
 pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
-    const LIST: &[(DeviceKind, &str, &str)] = &[];
+    const USER_KERNEL: &str = "user kernels registered from WGSL / CUDA C are accepted by the \
+        registry but their launch is not wired yet (the wgpu and CUDA operator issues)";
+    const LIST: &[(DeviceKind, &str, &str)] = &[
+        (
+            DeviceKind::Wgpu,
+            cases_ops_registry::USER_KERNEL_CASE,
+            USER_KERNEL,
+        ),
+        (
+            DeviceKind::Cuda,
+            cases_ops_registry::USER_KERNEL_CASE,
+            USER_KERNEL,
+        ),
+    ];
     LIST.iter()
         .find(|(k, c, _)| *k == kind && *c == case)
         .map(|(_, _, why)| *why)
@@ -179,6 +225,9 @@ pub fn declared_unsupported(case: &Case, device: Device) -> Option<String> {
     if let Some(why) = unsupported(device.kind, case.name) {
         return Some(why.to_string());
     }
+    if let Some(why) = unregistered_op(device.kind, case.name) {
+        return Some(why);
+    }
     let backend = unirt::open(device).ok()?;
     missing_need(&Ctx { device, backend }, case.needs)
 }
@@ -193,6 +242,8 @@ pub fn run_case(case: &Case, device: Device) -> CaseResult {
             let ctx = Ctx { device, backend };
             if let Some(why) = unsupported(device.kind, case.name) {
                 (Status::Unsupported, Some(why.to_string()))
+            } else if let Some(why) = unregistered_op(device.kind, case.name) {
+                (Status::Unsupported, Some(why))
             } else if let Some(why) = missing_need(&ctx, case.needs) {
                 (Status::Unsupported, Some(why))
             } else {

@@ -147,6 +147,24 @@ pub trait Backend: Send + Sync {
     /// table before anything is enqueued.
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()>;
 
+    /// Enqueues a host function on `stream`, on backends whose streams execute on the host
+    /// (the CPU backend, where operator kernels are Rust functions). `ranges` are the device
+    /// ranges `(address, bytes)` the function touches: each is checked against the allocation
+    /// table before anything is enqueued, and recorded when the stream is capturing. Other
+    /// backends answer [`Error::Unsupported`](crate::Error::Unsupported).
+    fn launch_host(
+        &self,
+        task: HostTask,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()> {
+        let _ = (task, ranges, stream);
+        Err(crate::Error::unsupported(
+            "host functions on device streams",
+            self.kind(),
+        ))
+    }
+
     /// Starts recording: async work on `stream` is recorded into a graph instead of running.
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()>;
     /// Stops recording and returns the graph. [`Error::NotCapturing`] if not capturing.

@@ -213,10 +213,26 @@ impl CaptureMode {
     }
 }
 
-/// One kernel argument.
+/// One kernel argument: a device pointer or a scalar of any element type.
+///
+/// The built-in `fill` / `add_f32` kernels take only `Ptr`, `U32` and `F32`; the other scalars
+/// serve registered operator kernels (see `unirt::ops`), which receive them as they are.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KernelArg {
     Ptr(DevicePtr),
     U32(u32),
     F32(f32),
+    I32(i32),
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    F16(half::f16),
+    BF16(half::bf16),
+    U8(u8),
+    Bool(bool),
 }
+
+/// A function that a host-executed stream (the CPU backend's worker) runs in stream order:
+/// how CPU operator kernels are enqueued. It may run more than once (graph replay). An error
+/// it returns is reported by the stream's next synchronisation, as a failed kernel is.
+pub type HostTask = std::sync::Arc<dyn Fn() -> Result<()> + Send + Sync>;

@@ -18,6 +18,8 @@ mod kernels;
 mod memory;
 mod stream;
 
+pub(crate) use kernels::register as register_kernels;
+
 use std::sync::Arc;
 
 use event::CpuEvent;
@@ -319,7 +321,11 @@ impl Backend for CpuBackend {
 
     fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
-        checked::unsupported_while_capturing(s.is_capturing(), "stream-ordered free", DeviceKind::Cpu)?;
+        checked::unsupported_while_capturing(
+            s.is_capturing(),
+            "stream-ordered free",
+            DeviceKind::Cpu,
+        )?;
         let Some(a) = self.mem.unregister(ptr.0)? else {
             return Ok(());
         };
@@ -420,6 +426,21 @@ impl Backend for CpuBackend {
             },
             pins,
         )
+    }
+
+    fn launch_host(
+        &self,
+        task: HostTask,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()> {
+        let s = self.stream(stream)?;
+        // The task's buffers are pinned until it has run: a racing free cannot release them.
+        let mut pins = Pins::new();
+        for &(p, len) in ranges {
+            self.mem.device_range(p.0, len, &mut pins)?;
+        }
+        self.submit(&s, Op::Host(task), pins)
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {

@@ -22,7 +22,7 @@ use super::kernels::CpuKernel;
 use crate::checked::Pins;
 use crate::error::{Error, Result};
 use crate::fork::Epoch;
-use crate::hal::KernelArg;
+use crate::hal::{HostTask, KernelArg};
 use crate::hostmem::HostBlock;
 use crate::progress::Progress;
 
@@ -63,12 +63,14 @@ pub(crate) enum Op {
     /// Stream-ordered free: nothing to run; the job's pins hold the allocation freed with
     /// `free_async` (already unregistered), released here unless other work still uses it.
     Release,
+    /// A host function (a CPU operator kernel); its ranges were checked at enqueue time.
+    Host(HostTask),
     /// A replayed graph: its commands, counted as one completion.
     Batch(Arc<[Op]>),
 }
 
 impl Op {
-    fn run(&self) {
+    fn run(&self) -> Result<()> {
         match self {
             Op::Copy { dst, src, len } => {
                 // SAFETY: ranges unirt handed out were checked when enqueued and are pinned by
@@ -86,8 +88,21 @@ impl Op {
             Op::Stamp { event, generation } => event.complete(*generation),
             Op::Wait { event, generation } => event.wait(*generation),
             Op::Release => {}
-            Op::Batch(ops) => ops.iter().for_each(Op::run),
+            Op::Host(task) => return task(),
+            // A failed command does not stop the replay (as a failed kernel does not stop a
+            // stream); the first error is the one reported.
+            Op::Batch(ops) => {
+                let mut first = Ok(());
+                for op in ops.iter() {
+                    let r = op.run();
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                return first;
+            }
         }
+        Ok(())
     }
 }
 
@@ -170,16 +185,24 @@ impl CpuStream {
 
 fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
     for job in rx {
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| job.op.run())) {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a command panicked".into());
-            shared
-                .error
-                .lock()
-                .get_or_insert(Error::Internal(format!("stream command failed: {msg}")));
+        match catch_unwind(AssertUnwindSafe(|| job.op.run())) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shared.error.lock().get_or_insert(e);
+                shared.failed.store(true, Ordering::Release);
+            }
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a command panicked".into());
+                shared
+                    .error
+                    .lock()
+                    .get_or_insert(Error::Internal(format!("stream command failed: {msg}")));
+                shared.failed.store(true, Ordering::Release);
+            }
         }
         // Release what the command held before counting it done, so memory freed meanwhile
         // is back with the host allocator when a synchronize returns.

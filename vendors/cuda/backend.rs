@@ -542,14 +542,18 @@ impl Backend for CudaBackend {
         if checked.n == 0 {
             return Ok(());
         }
-        let values: Vec<ArgValue> = args
+        let values = args
             .iter()
             .map(|a| match *a {
-                KernelArg::Ptr(p) => ArgValue::U64(p.0),
-                KernelArg::U32(v) => ArgValue::U32(v),
-                KernelArg::F32(v) => ArgValue::F32(v),
+                KernelArg::Ptr(p) => Ok(ArgValue::U64(p.0)),
+                KernelArg::U32(v) => Ok(ArgValue::U32(v)),
+                KernelArg::F32(v) => Ok(ArgValue::F32(v)),
+                // check_launch admits only the built-in kernels' Ptr/U32/F32 parameters.
+                other => Err(Error::BadParam(format!(
+                    "kernel {kernel}: argument {other:?} has no CUDA encoding"
+                ))),
             })
-            .collect();
+            .collect::<Result<Vec<ArgValue>>>()?;
         let grid = checked.n.div_ceil(BLOCK).clamp(1, MAX_GRID);
         let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
         s.note_ranges(&ranges);

@@ -285,7 +285,11 @@ impl Backend for WgpuBackend {
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
         let capturing = self.stream(stream)?.is_capturing();
-        checked::unsupported_while_capturing(capturing, "stream-ordered allocation", DeviceKind::Wgpu)?;
+        checked::unsupported_while_capturing(
+            capturing,
+            "stream-ordered allocation",
+            DeviceKind::Wgpu,
+        )?;
         // A new buffer is usable by any later submission.
         self.malloc(bytes)
     }
@@ -451,6 +455,8 @@ impl Backend for WgpuBackend {
                     slot += 1;
                 }
                 KernelArg::U32(_) => {}
+                // check_launch admits only the built-in kernels' Ptr/U32/F32 parameters.
+                _ => {}
             }
         }
         // The count goes last, as every kernel's Params has it.

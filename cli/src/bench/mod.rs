@@ -4,6 +4,7 @@ mod alloc;
 mod cuda;
 mod dispatch;
 mod memcpy;
+mod ops;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -59,6 +60,17 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 15)]
         reps: usize,
     },
+    /// Operators through plans: GEMM GFLOP/s (256–2048 square, LLM shapes), GB/s of
+    /// memory-bound operators on 16 and 64 MiB, attention decode, per-launch overhead.
+    Ops {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// A short run (small sizes only), for smoke tests.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Enqueue latency of an async command on an idle stream, and event record + query.
     Latency {
         #[arg(long, default_value = "cpu:0")]
@@ -89,5 +101,10 @@ pub fn run(which: BenchCommand) -> CliResult<ExitCode> {
             dispatch::run(&device, json.as_deref(), reps)
         }
         BenchCommand::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
+        BenchCommand::Ops {
+            device,
+            json,
+            quick,
+        } => ops::run(&device, json.as_deref(), quick),
     }
 }

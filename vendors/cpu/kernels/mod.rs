@@ -1,7 +1,45 @@
-//! The kernels of [`crate::kernel::KERNELS`] in Rust, run by a stream's worker thread.
+//! The CPU kernels, run by a stream's worker thread: the HAL's built-in `fill` / `add_f32`
+//! (by name, see [`crate::kernel::KERNELS`]) and the operator kernels of [`crate::ops`], one
+//! file per operator family with the same names in every vendor. [`register`] is the one
+//! place the CPU's operator kernels enter the [`KernelRegistry`].
+//!
+//! Kernels receive checked launches: every tensor's byte range was checked against the
+//! allocation table when the launch was enqueued, and the memory cannot be freed while the
+//! stream has not run it (free waits for the device; stream-ordered frees and cached blocks
+//! are reused in stream order). That is the safety argument of the raw accesses below.
+//! Parallelism is rayon's global pool; f16 and bf16 compute in f32.
+
+mod attention;
+mod cast;
+mod elementwise;
+mod embedding;
+mod matmul;
+mod norm;
+mod rearrange;
+mod reduce;
+mod rope;
+mod sample;
+mod softmax;
+mod util;
 
 use crate::error::{Error, Result};
 use crate::hal::KernelArg;
+use crate::ops::KernelRegistry;
+
+/// Registers every CPU operator kernel.
+pub(crate) fn register(reg: &mut KernelRegistry) {
+    elementwise::register(reg);
+    cast::register(reg);
+    rearrange::register(reg);
+    reduce::register(reg);
+    softmax::register(reg);
+    norm::register(reg);
+    matmul::register(reg);
+    embedding::register(reg);
+    rope::register(reg);
+    attention::register(reg);
+    sample::register(reg);
+}
 
 /// A kernel body: the launch arguments, already checked by [`crate::kernel::check_launch`].
 pub(crate) type CpuKernel = fn(&[KernelArg]);

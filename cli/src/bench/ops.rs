@@ -1,0 +1,316 @@
+//! `unirt bench ops --device D [--json F]`: operator throughput through the descriptor path
+//! (plan once, launch many on one stream, wait once per sample; medians of samples). GEMM in
+//! GFLOP/s (`2·m·n·k`), memory-bound operators in GB/s (bytes every input and output moves
+//! once), attention decode in GB/s of K and V read, and the per-launch cost of a tiny op.
+//! The machine's own multi-threaded copy bandwidth is measured in the same run as the
+//! memory-bound roofline. Peers (NumPy/OpenBLAS, onnxruntime): `ci/bench-peers.sh`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use unirt::ops::{self, Plan};
+use unirt::tensor::{DType, Tensor};
+use unirt::{Backend, Device, Runtime};
+
+use super::stats::{median, reps_for};
+use crate::CliResult;
+
+/// One row of the report.
+#[derive(Serialize)]
+pub struct Row {
+    op: String,
+    dtype: String,
+    shape: String,
+    ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gflops: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gbps: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    device: String,
+    threads: usize,
+    rows: &'a [Row],
+}
+
+/// Milliseconds per launch: `inner` launches per sample, samples for about 0.6 s.
+fn time_plan(
+    plan: &Plan,
+    ins: &[&Tensor],
+    outs: &[&Tensor],
+    ws: Option<&Tensor>,
+    inner: usize,
+) -> CliResult<f64> {
+    let rt = ins[0].runtime().clone();
+    let s = rt.stream()?;
+    let sample = || -> CliResult<f64> {
+        let t = Instant::now();
+        for _ in 0..inner {
+            plan.launch(ins, outs, ws, s)?;
+        }
+        rt.sync_stream()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3 / inner as f64)
+    };
+    let first = sample()?; // warm-up (page faults, caches)
+    let reps = reps_for(
+        Duration::from_secs_f64(first * inner as f64 / 1e3),
+        Duration::from_millis(600),
+        3,
+        50,
+    );
+    let mut v = (0..reps)
+        .map(|_| sample())
+        .collect::<CliResult<Vec<f64>>>()?;
+    Ok(median(&mut v))
+}
+
+fn outputs(plan: &Plan) -> CliResult<(Vec<Tensor>, Option<Tensor>)> {
+    let outs = plan
+        .outputs()
+        .iter()
+        .map(|d| Tensor::empty(d.layout.shape(), d.dtype, d.device))
+        .collect::<unirt::Result<Vec<_>>>()?;
+    let ws = match plan.workspace_size() {
+        0 => None,
+        n => Some(Tensor::empty(&[n], DType::U8, plan.device())?),
+    };
+    Ok((outs, ws))
+}
+
+fn run_plan(plan: &Plan, ins: &[&Tensor], inner: usize) -> CliResult<f64> {
+    let (outs, ws) = outputs(plan)?;
+    let o: Vec<&Tensor> = outs.iter().collect();
+    time_plan(plan, ins, &o, ws.as_ref(), inner)
+}
+
+fn rand(shape: &[usize], dt: DType, dev: Device, seed: u64) -> CliResult<Tensor> {
+    Ok(Tensor::rand_uniform(shape, -1.0, 1.0, seed, dt, dev)?)
+}
+
+fn gemm_row(dev: Device, dt: DType, m: usize, n: usize, k: usize) -> CliResult<Row> {
+    let (a, b) = (rand(&[m, k], dt, dev, 1)?, rand(&[k, n], dt, dev, 2)?);
+    let plan = ops::matmul::matmul(&a.desc(), &b.desc(), 1.0)?;
+    let ms = run_plan(&plan, &[&a, &b], 1)?;
+    let flops = 2.0 * (m * n * k) as f64;
+    Ok(Row {
+        op: "matmul".into(),
+        dtype: dt.name().into(),
+        shape: format!("{m}x{n}x{k}"),
+        ms,
+        gflops: Some(flops / (ms * 1e6)),
+        gbps: None,
+    })
+}
+
+fn bw_row(op: &str, dt: DType, shape: String, ms: f64, bytes: usize) -> Row {
+    Row {
+        op: op.into(),
+        dtype: dt.name().into(),
+        shape,
+        ms,
+        gflops: None,
+        gbps: Some(bytes as f64 / (ms * 1e6)),
+    }
+}
+
+/// Rows of memory-bound operators on tensors of `mib` MiB.
+fn memory_rows(dev: Device, dt: DType, mib: usize, rows: &mut Vec<Row>) -> CliResult<()> {
+    let n = mib * (1 << 20) / dt.size();
+    let width = 4096;
+    let shape = [n / width, width];
+    let s = format!("{}x{}", shape[0], shape[1]);
+    let (a, b) = (rand(&shape, dt, dev, 3)?, rand(&shape, dt, dev, 4)?);
+    let bytes = n * dt.size();
+    let bin = |op: ops::BinaryOp| ops::elementwise::binary(op, &a.desc(), &b.desc());
+    rows.push(bw_row(
+        "add",
+        dt,
+        s.clone(),
+        run_plan(&bin(ops::BinaryOp::Add)?, &[&a, &b], 1)?,
+        3 * bytes,
+    ));
+    rows.push(bw_row(
+        "mul",
+        dt,
+        s.clone(),
+        run_plan(&bin(ops::BinaryOp::Mul)?, &[&a, &b], 1)?,
+        3 * bytes,
+    ));
+    let silu = ops::elementwise::unary(ops::UnaryOp::Silu, &a.desc())?;
+    rows.push(bw_row(
+        "silu",
+        dt,
+        s.clone(),
+        run_plan(&silu, &[&a], 1)?,
+        2 * bytes,
+    ));
+    let sw = ops::elementwise::swiglu(&a.desc(), &b.desc())?;
+    rows.push(bw_row(
+        "swiglu",
+        dt,
+        s.clone(),
+        run_plan(&sw, &[&a, &b], 1)?,
+        3 * bytes,
+    ));
+    let w = rand(&[width], dt, dev, 5)?;
+    let rms = ops::norm::rms_norm(&a.desc(), &w.desc(), 1e-6)?;
+    rows.push(bw_row(
+        "rms_norm",
+        dt,
+        s.clone(),
+        run_plan(&rms, &[&a, &w], 1)?,
+        2 * bytes,
+    ));
+    let sm = ops::softmax::softmax(&a.desc(), -1, false)?;
+    rows.push(bw_row(
+        "softmax",
+        dt,
+        s.clone(),
+        run_plan(&sm, &[&a], 1)?,
+        2 * bytes,
+    ));
+    // rope on [seq, 32 heads, 128].
+    let seq = n / (32 * 128);
+    let x = rand(&[seq, 32, 128], dt, dev, 6)?;
+    let pos_v: Vec<i64> = (0..seq as i64).collect();
+    let pos = Tensor::from_slice(&pos_v, &[seq], dev)?;
+    let rp = ops::rope::rope(&x.desc(), &pos.desc(), 10000.0, false)?;
+    rows.push(bw_row(
+        "rope",
+        dt,
+        format!("{seq}x32x128"),
+        run_plan(&rp, &[&x, &pos], 1)?,
+        2 * bytes,
+    ));
+    Ok(())
+}
+
+/// The machine's multi-threaded copy bandwidth (read + write bytes), on host buffers split
+/// across rayon's threads: the roofline of the memory-bound rows.
+fn machine_copy_row(mib: usize) -> Row {
+    use rayon::prelude::*;
+    let n = mib << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let chunk = n.div_ceil(rayon::current_num_threads() * 4);
+    let mut copy = || {
+        let t = Instant::now();
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    copy();
+    let mut v: Vec<f64> = (0..15).map(|_| copy()).collect();
+    let ms = median(&mut v);
+    bw_row("machine_copy", DType::U8, format!("{n}"), ms, 2 * n)
+}
+
+fn attention_row(dev: Device, dt: DType, kv: usize) -> CliResult<Row> {
+    let (h, d) = (32, 128);
+    let q = rand(&[1, h, 1, d], dt, dev, 7)?;
+    let k = rand(&[1, h, kv, d], dt, dev, 8)?;
+    let v = rand(&[1, h, kv, d], dt, dev, 9)?;
+    let plan = ops::attention::attention(&q.desc(), &k.desc(), &v.desc(), true, None)?;
+    let ms = run_plan(&plan, &[&q, &k, &v], 1)?;
+    let bytes = 2 * h * kv * d * dt.size();
+    Ok(bw_row(
+        "attention_decode",
+        dt,
+        format!("1x{h}x{kv}x{d}"),
+        ms,
+        bytes,
+    ))
+}
+
+pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode> {
+    let dev: Device = device.parse()?;
+    let rt = Runtime::get(dev)?;
+    let threads = rayon::current_num_threads();
+    println!(
+        "unirt bench ops on {dev} ({}), {threads} threads",
+        rt.backend().info().name
+    );
+    let mut rows = Vec::new();
+    let squares: &[usize] = if quick {
+        &[256, 512]
+    } else {
+        &[256, 512, 1024, 2048]
+    };
+    for &n in squares {
+        rows.push(gemm_row(dev, DType::F32, n, n, n)?);
+    }
+    for dt in [DType::F16, DType::BF16] {
+        rows.push(gemm_row(
+            dev,
+            dt,
+            squares[squares.len() - 1],
+            squares[squares.len() - 1],
+            squares[squares.len() - 1],
+        )?);
+    }
+    if !quick {
+        rows.push(gemm_row(dev, DType::F32, 1, 4096, 4096)?);
+        rows.push(gemm_row(dev, DType::F32, 64, 11008, 4096)?);
+        rows.push(gemm_row(dev, DType::BF16, 1, 4096, 4096)?);
+        rows.push(gemm_row(dev, DType::BF16, 64, 11008, 4096)?);
+    }
+    let sizes: &[usize] = if quick { &[16] } else { &[16, 64] };
+    for &mib in sizes {
+        rows.push(machine_copy_row(mib));
+        memory_rows(dev, DType::F32, mib, &mut rows)?;
+    }
+    if !quick {
+        memory_rows(dev, DType::BF16, 16, &mut rows)?;
+    }
+    for kv in if quick {
+        &[1024][..]
+    } else {
+        &[1024, 2048, 4096][..]
+    } {
+        rows.push(attention_row(dev, DType::F32, *kv)?);
+    }
+    // Per-launch cost of a tiny op (16 elements), launches back to back.
+    let (a, b) = (
+        rand(&[16], DType::F32, dev, 10)?,
+        rand(&[16], DType::F32, dev, 11)?,
+    );
+    let plan = ops::elementwise::binary(ops::BinaryOp::Add, &a.desc(), &b.desc())?;
+    let ms = run_plan(&plan, &[&a, &b], 2000)?;
+    rows.push(bw_row(
+        "add_tiny_per_launch",
+        DType::F32,
+        "16".into(),
+        ms,
+        3 * 16 * 4,
+    ));
+    println!(
+        "{:<20} {:<5} {:>16} {:>10} {:>10} {:>10}",
+        "op", "dtype", "shape", "ms", "GFLOP/s", "GB/s"
+    );
+    for r in &rows {
+        let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        println!(
+            "{:<20} {:<5} {:>16} {:>10.4} {:>10} {:>10}",
+            r.op,
+            r.dtype,
+            r.shape,
+            r.ms,
+            f(r.gflops),
+            f(r.gbps)
+        );
+    }
+    if let Some(p) = json {
+        let report = Report {
+            device: dev.to_string(),
+            threads,
+            rows: &rows,
+        };
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

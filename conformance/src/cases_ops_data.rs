@@ -1,0 +1,264 @@
+//! Data-movement operator cases: cast, rearrange, concat, embedding. Their results are exact.
+
+use unirt::ops::embedding as emb;
+use unirt::tensor::{decode, encode, DType, SplitMix64, Tensor};
+
+use crate::ops_check::*;
+use crate::{Ctx, Failure};
+
+crate::op_cases! {
+    cast = "cast": [f32, f16, bf16, i32, i64, u8, bool] => [all_targets] via cast_case;
+    rearrange = "rearrange": [f32, f16, bf16, i32, i64, u8, bool] => [layouts] via rearrange_case;
+    rearrange_bad = "rearrange": [f32] => [bad_input] via rearrange_case;
+    concat = "concat": [f32, f16, bf16, i32, i64, u8, bool] => [axes] via concat_case;
+    concat_bad = "concat": [f32] => [bad_input] via concat_case;
+    embedding = "embedding": [f32, f16, bf16] => [gather, bad_input] via embedding_case;
+}
+
+/// Values that every dtype can hold approximately: integers for the integer types, 0/1 for
+/// bool, reals with a fractional part for floats (some negative, some above 255).
+fn sample_values(n: usize, dt: DType, seed: u64) -> Vec<f64> {
+    let mut r = SplitMix64::new(seed);
+    (0..n)
+        .map(|_| match dt {
+            DType::Bool => (r.next_u64() & 1) as f64,
+            DType::U8 => r.below(256) as f64,
+            DType::I32 | DType::I64 => r.below(600) as f64 - 300.0,
+            _ => (r.next_f64() - 0.5) * 600.0,
+        })
+        .collect()
+}
+
+fn tensor(v: &[f64], shape: &[usize], dt: DType, ctx: &Ctx) -> Result<(Tensor, Vec<f64>), Failure> {
+    let t = Tensor::from_f64(v, shape, dt, ctx.device).map_err(err("from_f64"))?;
+    let stored = values(&t, "stored values")?;
+    Ok((t, stored))
+}
+
+/// `v` as stored in `dt` (the rounding every cast does once).
+fn as_dtype(v: f64, dt: DType) -> f64 {
+    let mut b = Vec::new();
+    encode(dt, v, &mut b);
+    decode(dt, &b)
+}
+
+fn cast_case(ctx: &Ctx, _op: &'static str, dt: DType, _what: &str) -> Result<(), Failure> {
+    let (base, vb) = tensor(&sample_values(257 * 3, dt, 5), &[3, 257], dt, ctx)?;
+    let views = [
+        base.clone(),
+        base.transpose(0, 1).map_err(err("transpose"))?,
+        base.narrow(1, 100, 0).map_err(err("narrow"))?,
+    ];
+    for v in &views {
+        let src = host_view(&vb, v.layout());
+        for to in DType::ALL {
+            let what = format!("cast {dt} {:?} to {to}", v.shape());
+            let out = v.to_dtype(to).map_err(err(&what))?;
+            if out.dtype() != to {
+                return Err(fail(format!("{what}: result has dtype {}", out.dtype())));
+            }
+            let want: Vec<f64> = src.iter().map(|&x| as_dtype(x, to)).collect();
+            close(&what, &values(&out, &what)?, &want, to, None)?;
+        }
+    }
+    Ok(())
+}
+
+fn rearrange_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    let (base, vb) = tensor(&sample_values(120, dt, 9), &[4, 5, 6], dt, ctx)?;
+    if what == "bad_input" {
+        let dst = Tensor::zeros(&[4, 6, 5], dt, ctx.device).map_err(err("zeros"))?;
+        expect_kind(
+            dst.copy_from(&base),
+            &["shape_mismatch"],
+            "copy into another shape",
+        )?;
+        let b = Tensor::zeros(&[1, 5, 6], dt, ctx.device)
+            .and_then(|t| t.broadcast_to(&[4, 5, 6]))
+            .map_err(err("broadcast"))?;
+        expect_kind(
+            b.copy_from(&base),
+            &["aliasing"],
+            "copy into a broadcast view",
+        )?;
+        let other = Tensor::zeros(&[4, 5, 6], DType::I32, ctx.device).map_err(err("zeros"))?;
+        expect_kind(
+            other.copy_from(&base),
+            &["dtype_mismatch"],
+            "copy into another dtype",
+        )?;
+        return Ok(());
+    }
+    let views = [
+        base.permute(&[2, 0, 1]).map_err(err("permute"))?,
+        base.narrow(1, 1, 3)
+            .and_then(|t| t.narrow(2, 2, 4))
+            .map_err(err("narrow"))?,
+        base.narrow(0, 2, 1)
+            .and_then(|t| t.broadcast_to(&[3, 1, 5, 6]))
+            .map_err(err("broadcast"))?,
+        base.transpose(0, 2)
+            .and_then(|t| t.narrow(0, 5, 1))
+            .and_then(|t| t.squeeze(0))
+            .map_err(err("squeeze"))?,
+    ];
+    for v in &views {
+        let w = format!(
+            "contiguous copy of {:?} strides {:?}",
+            v.shape(),
+            v.layout().strides()
+        );
+        let c = v.contiguous().map_err(err(&w))?;
+        if !c.is_contiguous() {
+            return Err(fail(format!("{w}: result is not contiguous")));
+        }
+        close(&w, &values(&c, &w)?, &host_view(&vb, v.layout()), dt, None)?;
+    }
+    // Into a strided destination: the transpose of a [6, 5] tensor.
+    let src = base
+        .narrow(0, 1, 1)
+        .and_then(|t| t.squeeze(0))
+        .map_err(err("view"))?; // [5, 6]
+    let dst = Tensor::zeros(&[6, 5], dt, ctx.device).map_err(err("zeros"))?;
+    dst.transpose(0, 1)
+        .and_then(|t| t.copy_from(&src))
+        .map_err(err("copy into a transposed view"))?;
+    let hs = host_view(&vb, src.layout());
+    let want: Vec<f64> = (0..30).map(|i| hs[(i % 5) * 6 + i / 5]).collect();
+    close(
+        "copy into a transposed view",
+        &values(&dst, "dst")?,
+        &want,
+        dt,
+        None,
+    )?;
+    // Device to device and back (to()).
+    let same = base.to(ctx.device).map_err(err("to(same device)"))?;
+    close("to(same device)", &values(&same, "to")?, &vb, dt, None)
+}
+
+fn concat_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    if what == "bad_input" {
+        let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));
+        let (a, b) = (z(&[2, 3], dt)?, z(&[3, 3], dt)?);
+        expect_kind(
+            Tensor::concat(&[&a, &b], 1),
+            &["shape_mismatch"],
+            "[2,3] and [3,3] along 1",
+        )?;
+        expect_kind(
+            Tensor::concat(&[&a, &a], 2),
+            &["axis_out_of_range"],
+            "axis 2 of a matrix",
+        )?;
+        expect_kind(
+            Tensor::concat(&[&a, &z(&[2, 3], DType::I32)?], 0),
+            &["dtype_mismatch"],
+            "mixed dtypes",
+        )?;
+        expect_kind(
+            Tensor::concat(&[], 0),
+            &["bad_param"],
+            "nothing to concatenate",
+        )?;
+        return Ok(());
+    }
+    let shapes: [&[usize]; 3] = [&[2, 3, 4], &[2, 1, 4], &[2, 5, 4]];
+    let mut parts = Vec::new();
+    for (i, s) in shapes.iter().enumerate() {
+        let n: usize = s.iter().product();
+        parts.push(tensor(&sample_values(n, dt, 20 + i as u64), s, dt, ctx)?);
+    }
+    // Along axis 1 (the middle input strided: a transposed copy viewed back).
+    let mid_t = parts[1]
+        .0
+        .transpose(0, 2)
+        .and_then(|t| t.contiguous())
+        .and_then(|t| t.transpose(0, 2))
+        .map_err(err("strided view"))?;
+    let ins = [&parts[0].0, &mid_t, &parts[2].0];
+    let out = Tensor::concat(&ins, 1).map_err(err("concat along 1"))?;
+    let mut want = Vec::new();
+    for b in 0..2 {
+        for (s, (_, v)) in shapes.iter().zip(&parts) {
+            let rows = s[1];
+            want.extend_from_slice(&v[b * rows * 4..(b + 1) * rows * 4]);
+        }
+    }
+    close("concat along 1", &values(&out, "concat")?, &want, dt, None)?;
+    // Along the last axis, negative.
+    let (a, va) = &parts[0];
+    let out = Tensor::concat(&[a, a], -1).map_err(err("concat along -1"))?;
+    let want: Vec<f64> = (0..6)
+        .flat_map(|r| {
+            va[r * 4..r * 4 + 4]
+                .iter()
+                .chain(&va[r * 4..r * 4 + 4])
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    close("concat along -1", &values(&out, "concat")?, &want, dt, None)
+}
+
+fn embedding_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    let (vocab, dim) = (257, 7);
+    let (table, vt) = random(&[vocab, dim], -1.0, 1.0, 40, dt, ctx.device)?;
+    if what == "bad_input" {
+        for (bad, idt) in [(vocab as f64, DType::I32), (-1.0, DType::I64)] {
+            let ids =
+                Tensor::from_f64(&[3.0, bad, 5.0], &[3], idt, ctx.device).map_err(err("ids"))?;
+            // The ids live on the device: the kernel finds the bad one and the stream reports it.
+            let r = table.embedding(&ids).and_then(|o| o.to_f64_vec());
+            expect_kind(r, &["index_out_of_range"], &format!("id {bad} of {vocab}"))?;
+        }
+        let fids = Tensor::zeros(&[3], DType::F32, ctx.device).map_err(err("zeros"))?;
+        expect_kind(
+            emb::embedding(&fids.desc(), &table.desc()),
+            &["dtype_mismatch"],
+            "f32 ids",
+        )?;
+        let flat = Tensor::zeros(&[7], dt, ctx.device).map_err(err("zeros"))?;
+        let ids = Tensor::zeros(&[3], DType::I64, ctx.device).map_err(err("zeros"))?;
+        expect_kind(
+            emb::embedding(&ids.desc(), &flat.desc()),
+            &["bad_tensor_shape"],
+            "a 1-D table",
+        )?;
+        return Ok(());
+    }
+    let mut r = SplitMix64::new(41);
+    for (shape, idt) in [
+        (&[3usize, 5][..], DType::I32),
+        (&[11usize][..], DType::I64),
+        (&[0usize][..], DType::I64),
+    ] {
+        let n: usize = shape.iter().product();
+        let ids: Vec<f64> = (0..n).map(|_| r.below(vocab as u64) as f64).collect();
+        let it = Tensor::from_f64(&ids, shape, idt, ctx.device).map_err(err("ids"))?;
+        let what = format!("embedding {shape:?} {idt} ids");
+        let out = table.embedding(&it).map_err(err(&what))?;
+        let want: Vec<f64> = ids
+            .iter()
+            .flat_map(|&i| vt[i as usize * dim..(i as usize + 1) * dim].to_vec())
+            .collect();
+        close(&what, &values(&out, &what)?, &want, dt, None)?;
+    }
+    // A transposed table view.
+    let (tb, vtb) = random(&[dim, vocab], -1.0, 1.0, 42, dt, ctx.device)?;
+    let tt = tb.transpose(0, 1).map_err(err("transpose"))?;
+    let ids =
+        Tensor::from_f64(&[256.0, 0.0, 17.0], &[3], DType::I64, ctx.device).map_err(err("ids"))?;
+    let out = tt.embedding(&ids).map_err(err("transposed table"))?;
+    let want: Vec<f64> = [256usize, 0, 17]
+        .iter()
+        .flat_map(|&i| (0..dim).map(|d| vtb[d * vocab + i]).collect::<Vec<_>>())
+        .collect();
+    close(
+        "transposed table",
+        &values(&out, "embedding")?,
+        &want,
+        dt,
+        None,
+    )
+}

@@ -1,0 +1,523 @@
+//! Transformer-block operator cases: matmul / gemm, rotary embedding, attention, sampling.
+
+use unirt::ops::{attention as att, matmul as mm, rope as rp, sample};
+use unirt::tensor::{DType, SplitMix64, Tensor};
+
+use crate::ops_check::*;
+use crate::{Ctx, Failure};
+
+crate::op_cases! {
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, bad_input] via matmul_case;
+    rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
+    attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, bad_input] via attention_case;
+    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, bad_input] via sample_case;
+}
+
+/// `A @ B` on host for row-major `[batch.., m, k]` and `[batch.., k, n]` (batch broadcast
+/// into `out_batch`), with `Σ|a·b|` per output for the tolerance.
+#[allow(clippy::too_many_arguments)]
+fn matmul_ref(
+    va: &[f64],
+    sa: &[usize],
+    vb: &[f64],
+    sb: &[usize],
+    out_batch: &[usize],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let nb: usize = out_batch.iter().product();
+    let (mut out, mut scale) = (Vec::new(), Vec::new());
+    for bi in 0..nb {
+        let idx = unravel(bi, out_batch);
+        let ab = bcast_index(&idx, &sa[..sa.len() - 2]);
+        let bb = bcast_index(&idx, &sb[..sb.len() - 2]);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut a) = (0.0, 0.0);
+                for q in 0..k {
+                    let t = va[ab * m * k + i * k + q] * vb[bb * k * n + q * n + j];
+                    s += t;
+                    a += t.abs();
+                }
+                out.push(s);
+                scale.push(a);
+            }
+        }
+    }
+    (out, scale)
+}
+
+fn check_mm(ctx: &Ctx, dt: DType, sa: &[usize], sb: &[usize], seed: u64) -> Result<(), Failure> {
+    let (a, va) = random(sa, -1.0, 1.0, seed, dt, ctx.device)?;
+    let (b, vb) = random(sb, -1.0, 1.0, seed + 1, dt, ctx.device)?;
+    let w = format!("matmul {sa:?} @ {sb:?}");
+    let out = a.matmul(&b).map_err(err(&w))?;
+    let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
+    let batch = &out.shape()[..out.ndim() - 2];
+    let (want, scale) = matmul_ref(&va, sa, &vb, sb, batch, m, k, n);
+    close(&w, &values(&out, &w)?, &want, dt, Some(&scale))
+}
+
+fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    match what {
+        "shapes" => {
+            let dims: &[(usize, usize, usize)] = &[
+                (1, 1, 1),
+                (7, 5, 3),
+                (1, 257, 33),
+                (1, 64, 4099),
+                (33, 257, 7),
+                (64, 64, 64),
+                (3, 0, 4),
+                (0, 5, 2),
+                (130, 70, 90),
+            ];
+            for (i, &(m, k, n)) in dims.iter().enumerate() {
+                check_mm(ctx, dt, &[m, k], &[k, n], 500 + 2 * i as u64)?;
+            }
+            Ok(())
+        }
+        "batched_broadcast" => {
+            check_mm(ctx, dt, &[2, 1, 7, 9], &[3, 9, 5], 530)?;
+            check_mm(ctx, dt, &[4, 1, 16], &[16, 8], 532)
+        }
+        "transposed" => {
+            // A^T and B^T as views: no copies, strides only.
+            let (ab, vab) = random(&[9, 7], -1.0, 1.0, 540, dt, ctx.device)?; // A = ab^T: [7, 9]
+            let (bb, vbb) = random(&[5, 9], -1.0, 1.0, 541, dt, ctx.device)?; // B = bb^T: [9, 5]
+            let a = ab.transpose(0, 1).map_err(err("transpose"))?;
+            let b = bb.transpose(0, 1).map_err(err("transpose"))?;
+            let (ha, hb) = (host_view(&vab, a.layout()), host_view(&vbb, b.layout()));
+            let out = a.matmul(&b).map_err(err("A^T B^T"))?;
+            let (want, scale) = matmul_ref(&ha, &[7, 9], &hb, &[9, 5], &[], 7, 9, 5);
+            close(
+                "transposed operands",
+                &values(&out, "mm")?,
+                &want,
+                dt,
+                Some(&scale),
+            )?;
+            // One row against a transposed weight: the decode GEMV path.
+            let x = a.narrow(0, 3, 1).map_err(err("narrow"))?;
+            let out = x.matmul(&b).map_err(err("x W^T"))?;
+            close(
+                "one row, transposed weight",
+                &values(&out, "gemv")?,
+                &want[15..20],
+                dt,
+                Some(&scale[15..20]),
+            )
+        }
+        "alpha_beta" => {
+            let (a, va) = random(&[6, 10], -1.0, 1.0, 550, dt, ctx.device)?;
+            let (b, vb) = random(&[10, 4], -1.0, 1.0, 551, dt, ctx.device)?;
+            for (m, rows) in [(6usize, 0usize), (1, 2)] {
+                let a = a.narrow(0, rows, m).map_err(err("narrow"))?;
+                let (cbase, vc) = random(&[4, m], -1.0, 1.0, 552, dt, ctx.device)?;
+                let c = cbase.transpose(0, 1).map_err(err("transpose"))?; // a strided output
+                a.gemm_into(&b, &c, 0.5, 2.0)
+                    .map_err(err("gemm alpha 0.5 beta 2"))?;
+                let (ab, scale) =
+                    matmul_ref(&va[rows * 10..], &[m, 10], &vb, &[10, 4], &[], m, 10, 4);
+                let hc = host_view(&vc, c.layout());
+                let want: Vec<f64> = ab.iter().zip(&hc).map(|(x, c)| 0.5 * x + 2.0 * c).collect();
+                let got = values(&c, "gemm")?;
+                close(
+                    &format!("gemm alpha/beta, m = {m}"),
+                    &got,
+                    &want,
+                    dt,
+                    Some(&scale),
+                )?;
+            }
+            Ok(())
+        }
+        "bad_input" => {
+            let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));
+            let (a, b) = (z(&[3, 4], dt)?, z(&[5, 2], dt)?);
+            expect_kind(
+                mm::matmul(&a.desc(), &b.desc(), 1.0),
+                &["shape_mismatch"],
+                "[3,4] @ [5,2]",
+            )?;
+            let (a3, b3) = (z(&[2, 3, 4], dt)?, z(&[3, 4, 2], dt)?);
+            expect_kind(
+                mm::matmul(&a3.desc(), &b3.desc(), 1.0),
+                &["not_broadcastable"],
+                "batch 2 with batch 3",
+            )?;
+            let v = z(&[4], dt)?;
+            expect_kind(
+                mm::matmul(&v.desc(), &b.desc(), 1.0),
+                &["bad_tensor_shape"],
+                "a vector",
+            )?;
+            let other = if dt == DType::F32 {
+                DType::F16
+            } else {
+                DType::F32
+            };
+            expect_kind(
+                mm::matmul(&a.desc(), &z(&[4, 2], other)?.desc(), 1.0),
+                &["dtype_mismatch"],
+                "mixed dtypes",
+            )?;
+            // The output may not overlap an input.
+            let sq = z(&[4, 4], dt)?;
+            expect_kind(
+                sq.gemm_into(&sq, &sq, 1.0, 0.0),
+                &["aliasing"],
+                "C = A·C in place",
+            )?;
+            Ok(())
+        }
+        _ => Err(fail(format!("unknown case {what}"))),
+    }
+}
+
+fn rope_ref(vx: &[f64], shape: &[usize], pos: &[f64], theta: f64, interleaved: bool) -> Vec<f64> {
+    let nd = shape.len();
+    let (seq, heads, d) = (shape[nd - 3], shape[nd - 2], shape[nd - 1]);
+    let half = d / 2;
+    let mut out = vx.to_vec();
+    for (r, row) in out.chunks_mut(d).enumerate() {
+        let s = (r / heads) % seq;
+        let src = row.to_vec();
+        for i in 0..half {
+            let ang = pos[s] * theta.powf(-2.0 * i as f64 / d as f64);
+            let (a, b) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + half)
+            };
+            row[a] = src[a] * ang.cos() - src[b] * ang.sin();
+            row[b] = src[a] * ang.sin() + src[b] * ang.cos();
+        }
+    }
+    out
+}
+
+fn rope_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    let theta = 10000.0;
+    let check = |x: &Tensor,
+                 vx: &[f64],
+                 pos: &[f64],
+                 pdt: DType,
+                 inter: bool,
+                 w: &str|
+     -> Result<(), Failure> {
+        let p = Tensor::from_f64(pos, &[pos.len()], pdt, ctx.device).map_err(err("positions"))?;
+        let out = x.rope(&p, theta, inter).map_err(err(w))?;
+        close(
+            w,
+            &values(&out, w)?,
+            &rope_ref(vx, x.shape(), pos, theta, inter),
+            dt,
+            None,
+        )
+    };
+    match what {
+        "half" | "interleaved" => {
+            let inter = what == "interleaved";
+            let (x, vx) = random(&[7, 3, 8], -1.0, 1.0, 600, dt, ctx.device)?;
+            check(
+                &x,
+                &vx,
+                &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+                DType::I32,
+                inter,
+                "positions 0..7",
+            )?;
+            let (x, vx) = random(&[2, 5, 4, 128], -1.0, 1.0, 601, dt, ctx.device)?;
+            check(
+                &x,
+                &vx,
+                &[100.0, 3.0, 4095.0, 7.0, 0.0],
+                DType::I64,
+                inter,
+                "scattered positions, head dim 128",
+            )
+        }
+        "strided" => {
+            // x as a [seq, heads, dim] view of a [heads, seq, dim] tensor.
+            let (base, vb) = random(&[3, 5, 16], -1.0, 1.0, 610, dt, ctx.device)?;
+            let x = base.transpose(0, 1).map_err(err("transpose"))?;
+            check(
+                &x,
+                &host_view(&vb, x.layout()),
+                &[9.0, 8.0, 7.0, 6.0, 5.0],
+                DType::I64,
+                false,
+                "transposed x",
+            )
+        }
+        "bad_input" => {
+            let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));
+            let x = z(&[4, 2, 8], dt)?;
+            expect_kind(
+                rp::rope(
+                    &z(&[4, 2, 7], dt)?.desc(),
+                    &z(&[4], DType::I32)?.desc(),
+                    theta,
+                    false,
+                ),
+                &["bad_tensor_shape"],
+                "odd head dim",
+            )?;
+            expect_kind(
+                rp::rope(&x.desc(), &z(&[5], DType::I32)?.desc(), theta, false),
+                &["shape_mismatch"],
+                "5 positions for 4 tokens",
+            )?;
+            expect_kind(
+                rp::rope(&x.desc(), &z(&[4], DType::F32)?.desc(), theta, false),
+                &["dtype_mismatch"],
+                "f32 positions",
+            )?;
+            expect_kind(
+                rp::rope(&x.desc(), &z(&[4], DType::I32)?.desc(), -1.0, false),
+                &["bad_param"],
+                "negative theta",
+            )?;
+            Ok(())
+        }
+        _ => Err(fail(format!("unknown case {what}"))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    vq: &[f64],
+    vk: &[f64],
+    vv: &[f64],
+    b: usize,
+    hq: usize,
+    lq: usize,
+    hkv: usize,
+    lkv: usize,
+    d: usize,
+    causal: bool,
+) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = Vec::with_capacity(b * hq * lq * d);
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / (hq / hkv);
+            for i in 0..lq {
+                let visible = if causal {
+                    (i + lkv - lq + 1).min(lkv)
+                } else {
+                    lkv
+                };
+                let q = &vq[((bi * hq + h) * lq + i) * d..][..d];
+                let s: Vec<f64> = (0..visible)
+                    .map(|j| {
+                        let k = &vk[((bi * hkv + kh) * lkv + j) * d..][..d];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() * scale
+                    })
+                    .collect();
+                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for c in 0..d {
+                    out.push(
+                        (0..visible)
+                            .map(|j| e[j] / sum * vv[((bi * hkv + kh) * lkv + j) * d + c])
+                            .sum(),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+fn attention_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    let run = |b: usize,
+               hq: usize,
+               lq: usize,
+               hkv: usize,
+               lkv: usize,
+               d: usize,
+               causal: bool,
+               seed: u64|
+     -> Result<(), Failure> {
+        let (q, vq) = random(&[b, hq, lq, d], -1.0, 1.0, seed, dt, ctx.device)?;
+        let (k, vk) = random(&[b, hkv, lkv, d], -1.0, 1.0, seed + 1, dt, ctx.device)?;
+        let (v, vv) = random(&[b, hkv, lkv, d], -1.0, 1.0, seed + 2, dt, ctx.device)?;
+        let w = format!("attention b{b} hq{hq} lq{lq} hkv{hkv} lkv{lkv} d{d} causal {causal}");
+        let out = q.attention(&k, &v, causal).map_err(err(&w))?;
+        let want = attention_ref(&vq, &vk, &vv, b, hq, lq, hkv, lkv, d, causal);
+        close(&w, &values(&out, &w)?, &want, dt, None)
+    };
+    match what {
+        "prefill_causal" => run(2, 4, 7, 2, 7, 16, true, 700),
+        "decode" => {
+            run(1, 8, 1, 2, 257, 64, true, 710)?;
+            run(1, 4, 1, 4, 1, 8, true, 713)
+        }
+        "chunk_causal" => run(1, 6, 3, 3, 9, 32, true, 720),
+        "full" => run(2, 2, 5, 1, 11, 8, false, 730),
+        "bad_input" => {
+            let z = |s: &[usize]| Tensor::zeros(s, dt, ctx.device).map_err(err("zeros"));
+            let q = z(&[1, 6, 4, 8])?;
+            let k4 = z(&[1, 4, 4, 8])?;
+            expect_kind(
+                att::attention(&q.desc(), &k4.desc(), &k4.desc(), false, None),
+                &["bad_tensor_shape"],
+                "4 kv heads for 6 query heads",
+            )?;
+            let k3 = z(&[1, 3, 3, 8])?;
+            expect_kind(
+                att::attention(&q.desc(), &k3.desc(), &k3.desc(), true, None),
+                &["bad_tensor_shape"],
+                "causal, 4 queries over 3 keys",
+            )?;
+            let kd = z(&[1, 3, 4, 16])?;
+            expect_kind(
+                att::attention(&q.desc(), &kd.desc(), &kd.desc(), false, None),
+                &["shape_mismatch"],
+                "head dims 8 and 16",
+            )?;
+            let v5 = z(&[1, 3, 5, 8])?;
+            expect_kind(
+                att::attention(
+                    &q.desc(),
+                    &z(&[1, 3, 4, 8])?.desc(),
+                    &v5.desc(),
+                    false,
+                    None,
+                ),
+                &["bad_tensor_shape"],
+                "k and v of different lengths",
+            )?;
+            Ok(())
+        }
+        _ => Err(fail(format!("unknown case {what}"))),
+    }
+}
+
+/// Where `random` lands among the cumulative masses of the reference rule, and how close it is
+/// to a boundary (so f32 rounding in the kernel cannot be mistaken for a wrong pick).
+fn sample_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usize, f64) {
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by(|&a, &b| {
+        l[b].partial_cmp(&l[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    let k = if top_k == 0 {
+        l.len()
+    } else {
+        top_k.min(l.len())
+    };
+    order.truncate(k);
+    let mut cum = Vec::new();
+    let mut total = 0.0;
+    for &i in &order {
+        total += ((l[i] - l[order[0]]) / t).exp();
+        cum.push(total);
+    }
+    let keep = cum
+        .iter()
+        .position(|&c| c >= top_p * total)
+        .map_or(k, |p| p + 1);
+    let th = random * cum[keep - 1];
+    let at = cum[..keep].iter().position(|&c| c > th).unwrap_or(keep - 1);
+    let margin = cum
+        .iter()
+        .map(|c| (c - th).abs() / cum[keep - 1])
+        .fold(f64::INFINITY, f64::min);
+    (order[at], margin)
+}
+
+fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    match what {
+        "argmax" => {
+            for (i, &n) in [1usize, 7, 4099].iter().enumerate() {
+                let (x, vx) = random(&[3, n], -4.0, 4.0, 800 + i as u64, dt, ctx.device)?;
+                let w = format!("random_sample at temperature 0 over {n}");
+                let got = x
+                    .random_sample(0.5, 0.0, 0, 1.0)
+                    .and_then(|t| t.to_vec::<i64>())
+                    .map_err(err(&w))?;
+                let am = x
+                    .argmax(-1, false)
+                    .and_then(|t| t.to_vec::<i64>())
+                    .map_err(err("argmax"))?;
+                let want: Vec<i64> = vx
+                    .chunks(n)
+                    .map(|r| sample_ref(r, 0.0, 1.0, 1, 1.0).0 as i64)
+                    .collect();
+                if got != want || am != want {
+                    return Err(fail(format!(
+                        "{w}: sample {got:?}, argmax {am:?}, expected {want:?}"
+                    )));
+                }
+            }
+            Ok(())
+        }
+        "top_k_top_p" => {
+            let (x, vx) = random(&[257], -3.0, 3.0, 810, dt, ctx.device)?;
+            let mut r = SplitMix64::new(811);
+            let mut checked = 0;
+            for (t, k, p) in [
+                (1.0, 0, 1.0),
+                (0.7, 50, 0.9),
+                (1.3, 5, 1.0),
+                (1.0, 0, 0.5),
+                (2.0, 257, 0.95),
+            ] {
+                for _ in 0..8 {
+                    let random = r.next_f64();
+                    let (want, margin) = sample_ref(&vx, random, t, k, p);
+                    if margin < 1e-4 {
+                        continue; // on a boundary: f32 and f64 may both be right
+                    }
+                    let w = format!("random_sample random {random:.4} T {t} top_k {k} top_p {p}");
+                    let got = x
+                        .random_sample(random, t, k, p)
+                        .and_then(|t| t.to_vec::<i64>())
+                        .map_err(err(&w))?;
+                    if got != [want as i64] {
+                        return Err(fail(format!("{w}: picked {got:?}, expected {want}")));
+                    }
+                    checked += 1;
+                }
+            }
+            if checked < 20 {
+                return Err(fail(format!(
+                    "only {checked} draws were away from a boundary"
+                )));
+            }
+            Ok(())
+        }
+        "bad_input" => {
+            let x = Tensor::zeros(&[10], dt, ctx.device).map_err(err("zeros"))?;
+            expect_kind(
+                sample::random_sample(&x.desc(), 1.0, 1.0, 0, 1.0),
+                &["bad_param"],
+                "random 1.0",
+            )?;
+            expect_kind(
+                sample::random_sample(&x.desc(), 0.5, -1.0, 0, 1.0),
+                &["bad_param"],
+                "temperature -1",
+            )?;
+            expect_kind(
+                sample::random_sample(&x.desc(), 0.5, 1.0, 0, 0.0),
+                &["bad_param"],
+                "top_p 0",
+            )?;
+            let e = Tensor::zeros(&[3, 0], dt, ctx.device).map_err(err("zeros"))?;
+            expect_kind(
+                sample::random_sample(&e.desc(), 0.5, 1.0, 0, 1.0),
+                &["bad_tensor_shape"],
+                "an empty vocabulary",
+            )?;
+            Ok(())
+        }
+        _ => Err(fail(format!("unknown case {what}"))),
+    }
+}

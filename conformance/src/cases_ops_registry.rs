@@ -1,0 +1,180 @@
+//! The kernel registry itself: every built-in kernel of a device has cases (so a kernel
+//! cannot be registered without being checked), a missing kernel is a typed error, and user
+//! kernels run with typed scalars and a 2-D launch grid.
+
+use unirt::ops::{self, KernelCall, KernelImpl};
+use unirt::tensor::{DType, Tensor};
+use unirt::{DeviceKind, KernelArg};
+
+use crate::ops_check::*;
+use crate::{Case, Ctx, Failure};
+
+pub(super) const CASES: &[Case] = &[
+    Case {
+        name: "ops::registry::every_kernel_has_cases",
+        needs: &[],
+        run: every_kernel_has_cases,
+    },
+    Case {
+        name: "ops::registry::missing_kernel_is_typed",
+        needs: &[],
+        run: missing_kernel_is_typed,
+    },
+    Case {
+        name: USER_KERNEL_CASE,
+        needs: &[],
+        run: user_kernel,
+    },
+];
+
+/// The user-kernel case (CPU only until WGSL / CUDA C registration is wired).
+pub(super) const USER_KERNEL_CASE: &str = "ops::user_affine::f32::grid_2d_typed_scalars";
+
+fn every_kernel_has_cases(ctx: &Ctx) -> Result<(), Failure> {
+    let names: Vec<&str> = crate::cases().iter().map(|c| c.name).collect();
+    let mut missing = Vec::new();
+    let mut count = 0;
+    for (key, _, builtin) in ops::kernels() {
+        if !builtin || key.device != ctx.device.kind {
+            continue;
+        }
+        count += 1;
+        let prefix = format!("ops::{}::{}::", key.op, key.dtype);
+        if !names.iter().any(|n| n.starts_with(&prefix)) {
+            missing.push(format!("{}/{}", key.op, key.dtype));
+        }
+    }
+    if !missing.is_empty() {
+        return Err(fail(format!(
+            "{} registered kernels of {} have no conformance case: {}",
+            missing.len(),
+            ctx.device.kind,
+            missing.join(", ")
+        )));
+    }
+    if ctx.device.kind == DeviceKind::Cpu && count < 100 {
+        return Err(fail(format!("the CPU registers only {count} kernels")));
+    }
+    Ok(())
+}
+
+fn missing_kernel_is_typed(ctx: &Ctx) -> Result<(), Failure> {
+    let x = Tensor::zeros(&[4], DType::I32, ctx.device).map_err(err("zeros"))?;
+    match ops::elementwise::unary(ops::UnaryOp::Exp, &x.desc()) {
+        Err(unirt::Error::UnsupportedKernel { op, device, dtype }) => {
+            if op != "exp" || device != ctx.device.kind || dtype != DType::I32 {
+                return Err(fail(format!(
+                    "UnsupportedKernel names {op}/{device}/{dtype}"
+                )));
+            }
+        }
+        other => {
+            return Err(fail(format!(
+                "exp of i32: expected UnsupportedKernel, got {other:?}"
+            )))
+        }
+    }
+    expect_kind(
+        ops::custom(
+            "no_such_operator",
+            DType::F32,
+            &[x.desc()],
+            &[x.desc()],
+            &[],
+            [4, 1, 1],
+        ),
+        &["unsupported_kernel"],
+        "an operator nobody registered",
+    )?;
+    expect_kind(
+        ops::register_kernel(
+            "add",
+            DeviceKind::Cpu,
+            DType::F32,
+            KernelImpl::Host(|_| Ok(())),
+        ),
+        &["bad_param"],
+        "replacing a built-in kernel",
+    )?;
+    let wgsl = KernelImpl::Wgsl {
+        source: "".into(),
+        entry: "main".into(),
+        workgroup: [64, 1, 1],
+    };
+    expect_kind(
+        ops::register_kernel("x", DeviceKind::Cpu, DType::F32, wgsl),
+        &["bad_param"],
+        "WGSL for the CPU",
+    )
+}
+
+/// `out[y, x] = a[y, x] · s + bias + half + (x as f32)`, one grid point per element.
+fn affine(call: &KernelCall<'_>, at: [u32; 3]) {
+    let (a, out) = (&call.inputs[0], &call.outputs[0]);
+    let (s, bias, half) = match call.scalars {
+        [KernelArg::F32(s), KernelArg::I64(b), KernelArg::F16(h)] => (*s, *b as f32, h.to_f32()),
+        _ => return,
+    };
+    let (x, y) = (at[0] as usize, at[1] as usize);
+    let cols = a.layout.shape()[1];
+    let (ia, io) = (
+        y * a.layout.strides()[0] + x * a.layout.strides()[1],
+        y * cols + x,
+    );
+    // SAFETY: the grid is [cols, rows] and the plan made `out` a contiguous [rows, cols] f32
+    // tensor, so both elements exist; every grid point writes its own element.
+    unsafe {
+        let v = *(a.ptr() as usize as *const f32).add(ia);
+        *(out.ptr() as usize as *mut f32).add(io) = v * s + bias + half + x as f32;
+    }
+}
+
+fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
+    ops::register_kernel(
+        "user_affine",
+        DeviceKind::Cpu,
+        DType::F32,
+        KernelImpl::HostPerItem(affine),
+    )
+    .map_err(err("register"))?;
+    let (base, vb) = random(&[7, 5], -1.0, 1.0, 900, DType::F32, ctx.device)?;
+    let a = base.transpose(0, 1).map_err(err("transpose"))?; // [5, 7], strided
+    let scalars = [
+        KernelArg::F32(0.5),
+        KernelArg::I64(-3),
+        KernelArg::F16(half::f16::from_f32(0.25)),
+    ];
+    let plan = ops::custom(
+        "user_affine",
+        DType::F32,
+        &[a.desc()],
+        &[a.desc()],
+        &scalars,
+        [7, 5, 1],
+    )
+    .map_err(err("plan"))?;
+    let out = plan.run1(&[&a]).map_err(err("launch"))?;
+    let ha = host_view(&vb, a.layout());
+    let want: Vec<f64> = (0..35)
+        .map(|i| ha[i] * 0.5 - 3.0 + 0.25 + (i % 7) as f64)
+        .collect();
+    close(
+        "user kernel",
+        &values(&out, "user kernel")?,
+        &want,
+        DType::F32,
+        None,
+    )?;
+    expect_kind(
+        ops::custom(
+            "user_affine",
+            DType::F32,
+            &[a.desc()],
+            &[a.desc()],
+            &scalars,
+            [7, 0, 1],
+        ),
+        &["bad_param"],
+        "an empty grid dimension",
+    )
+}

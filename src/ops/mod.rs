@@ -1,0 +1,564 @@
+//! Operators as descriptors (infiniop's pattern), over the [`KernelRegistry`].
+//!
+//! An operator is first **planned** from tensor descriptions ([`TensorDesc`]: device, dtype,
+//! layout): the plan validates shapes, dtypes, devices and broadcasting, fixes the output
+//! layouts and the workspace size, and looks the kernel up for (op, device kind, dtype) —
+//! [`Error::UnsupportedKernel`] when none is registered. A [`Plan`] is then **launched** as
+//! often as wanted with tensors that match it, on any stream of its device; launching checks
+//! the tensors (and refuses outputs that overlap inputs where the operator does not allow it)
+//! and enqueues the kernel in stream order. The eager methods on
+//! [`Tensor`] (`a.add(&b)?`, `x.matmul(&w)?`, …) plan, allocate the outputs and launch on the
+//! calling thread's stream.
+//!
+//! One file per operator family, with the same names as the kernel files of every vendor
+//! (`vendors/<vendor>/kernels/<family>.rs`).
+//!
+//! ```
+//! use unirt::{tensor::{DType, Tensor}, Device};
+//! let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], Device::CPU)?;
+//! let b = Tensor::full(&[2, 1], 10.0, DType::F32, Device::CPU)?;
+//! let plan = unirt::ops::elementwise::binary(unirt::ops::BinaryOp::Add, &a.desc(), &b.desc())?;
+//! assert_eq!(plan.outputs()[0].layout.shape(), [2, 3]);
+//! assert_eq!(a.add(&b)?.to_vec::<f32>()?, [11.0, 12.0, 13.0, 11.0, 12.0, 13.0]);
+//! # Ok::<(), unirt::Error>(())
+//! ```
+
+pub mod attention;
+pub mod cast;
+pub mod elementwise;
+pub mod embedding;
+pub mod matmul;
+pub mod norm;
+pub mod rearrange;
+pub mod reduce;
+pub mod registry;
+pub mod rope;
+pub mod sample;
+pub mod softmax;
+
+use std::sync::Arc;
+
+pub use elementwise::{BinaryOp, UnaryOp};
+pub use registry::{
+    is_registered, kernels, lookup, register_kernel, HostItemKernel, HostKernel, KernelCall,
+    KernelImpl, KernelKey, KernelRegistry, TensorRef,
+};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::hal::{Backend, DevicePtr, HostTask, KernelArg, StreamId};
+use crate::tensor::{DType, Layout, Tensor};
+
+/// What a plan knows of a tensor: where it lives, its dtype and its layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorDesc {
+    pub device: Device,
+    pub dtype: DType,
+    pub layout: Layout,
+}
+
+impl TensorDesc {
+    pub fn new(device: Device, dtype: DType, layout: Layout) -> Self {
+        TensorDesc {
+            device,
+            dtype,
+            layout,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+}
+
+/// The parameters of a built-in operator, fixed at plan time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Params {
+    None,
+    /// The scalar of a tensor-scalar operator (`pow_scalar`, `masked_fill`, …).
+    Scalar(f64),
+    /// Reduced axes (sorted) and whether they stay as size-1 dimensions.
+    Reduce {
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
+    /// Softmax along `axis`; `causal` masks key `j > i + offset` for row `i` (the last two
+    /// dimensions are (query, key)).
+    Softmax {
+        axis: usize,
+        log: bool,
+        causal: Option<usize>,
+    },
+    /// rms_norm / layer_norm over the last dimension.
+    Norm {
+        eps: f64,
+    },
+    /// `C = alpha·A·B + beta·C`.
+    Matmul {
+        alpha: f64,
+        beta: f64,
+    },
+    /// Rotary embedding: rotate pairs `(i, i + d/2)` (half, Llama) or `(2i, 2i + 1)`
+    /// (interleaved, GPT-J) by `pos · theta^(-2i/d)`.
+    Rope {
+        interleaved: bool,
+        theta: f64,
+    },
+    /// Scaled dot-product attention.
+    Attention {
+        scale: f64,
+        causal: bool,
+    },
+    /// Random sampling from logits (InfiniCore's random_sample): `random` in [0, 1).
+    Sample {
+        random: f64,
+        temperature: f64,
+        top_k: usize,
+        top_p: f64,
+    },
+    /// Concatenation along `axis`.
+    Concat {
+        axis: usize,
+    },
+    /// Cast to `to`.
+    Cast {
+        to: DType,
+    },
+}
+
+struct PlanInner {
+    op: String,
+    device: Device,
+    dtype: DType,
+    inputs: Vec<TensorDesc>,
+    outputs: Vec<TensorDesc>,
+    params: Params,
+    scalars: Vec<KernelArg>,
+    grid: [u32; 3],
+    workspace: usize,
+    /// Whether an output may be the very same view as an input (elementwise in place).
+    in_place: bool,
+    kernel: KernelImpl,
+}
+
+/// A planned operator: validated, with its output layouts, workspace size and kernel fixed.
+/// Cheap to clone; launch it with [`Plan::launch`] as often as wanted.
+#[derive(Clone)]
+pub struct Plan(Arc<PlanInner>);
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("op", &self.0.op)
+            .field("device", &self.0.device)
+            .field("dtype", &self.0.dtype)
+            .field("outputs", &self.0.outputs)
+            .field("workspace", &self.0.workspace)
+            .finish()
+    }
+}
+
+/// How a plan is built: the family modules fill one in and call [`PlanBuilder::build`].
+pub struct PlanBuilder {
+    pub op: String,
+    pub dtype: DType,
+    pub inputs: Vec<TensorDesc>,
+    pub outputs: Vec<TensorDesc>,
+    pub params: Params,
+    pub scalars: Vec<KernelArg>,
+    pub grid: [u32; 3],
+    pub workspace: usize,
+    pub in_place: bool,
+}
+
+impl PlanBuilder {
+    /// A plan of `op` whose kernel is looked up for `dtype`; outputs, parameters and the rest
+    /// are set on the builder before [`build`](Self::build).
+    pub fn new(op: &str, dtype: DType, inputs: Vec<TensorDesc>) -> Self {
+        PlanBuilder {
+            op: op.into(),
+            dtype,
+            inputs,
+            outputs: Vec::new(),
+            params: Params::None,
+            scalars: Vec::new(),
+            grid: [1, 1, 1],
+            workspace: 0,
+            in_place: false,
+        }
+    }
+
+    /// Checks that every input lies on one device, looks up the kernel, and makes the plan.
+    pub fn build(self) -> Result<Plan> {
+        let device = self
+            .inputs
+            .first()
+            .or(self.outputs.first())
+            .map(|d| d.device)
+            .ok_or_else(|| Error::BadParam(format!("{}: an operator needs a tensor", self.op)))?;
+        for d in self.inputs.iter().chain(&self.outputs) {
+            if d.device != device {
+                return Err(Error::DeviceMismatch {
+                    op: self.op.clone(),
+                    expected: device,
+                    got: d.device,
+                });
+            }
+        }
+        for o in &self.outputs {
+            if o.layout.has_internal_overlap() {
+                return Err(Error::Aliasing {
+                    op: self.op.clone(),
+                    detail: format!("output layout {:?} writes one element twice", o.layout),
+                });
+            }
+        }
+        let kernel = registry::lookup(&self.op, device.kind, self.dtype)?;
+        Ok(Plan(Arc::new(PlanInner {
+            op: self.op,
+            device,
+            dtype: self.dtype,
+            inputs: self.inputs,
+            outputs: self.outputs,
+            params: self.params,
+            scalars: self.scalars,
+            grid: self.grid,
+            workspace: self.workspace,
+            in_place: self.in_place,
+            kernel,
+        })))
+    }
+}
+
+/// Checks that every tensor lies on `device` and has `dtype`.
+pub(crate) fn same_device_dtype(op: &str, descs: &[&TensorDesc]) -> Result<(Device, DType)> {
+    let first = descs
+        .first()
+        .ok_or_else(|| Error::BadParam(format!("{op}: no tensors")))?;
+    for d in descs {
+        if d.device != first.device {
+            return Err(Error::DeviceMismatch {
+                op: op.into(),
+                expected: first.device,
+                got: d.device,
+            });
+        }
+        if d.dtype != first.dtype {
+            return Err(Error::DTypeMismatch {
+                op: op.into(),
+                expected: first.dtype,
+                got: d.dtype,
+            });
+        }
+    }
+    Ok((first.device, first.dtype))
+}
+
+/// A contiguous output description.
+pub(crate) fn out_desc(device: Device, dtype: DType, shape: &[usize]) -> TensorDesc {
+    TensorDesc::new(device, dtype, Layout::contiguous(shape))
+}
+
+/// Byte range `[start, end)` a tensor addresses (empty for no elements).
+fn byte_range(t: &Tensor) -> (u64, u64) {
+    let l = t.layout();
+    if l.numel() == 0 {
+        return (0, 0);
+    }
+    let size = t.dtype().size() as u64;
+    let base = t.base_addr();
+    // span_end was checked when the layout was made.
+    let end = l.span_end().unwrap_or(l.offset()) as u64;
+    (base + l.offset() as u64 * size, base + end * size)
+}
+
+impl Plan {
+    pub fn op(&self) -> &str {
+        &self.0.op
+    }
+
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    pub fn inputs(&self) -> &[TensorDesc] {
+        &self.0.inputs
+    }
+
+    /// The outputs' descriptions (contiguous unless the plan was made for given outputs).
+    pub fn outputs(&self) -> &[TensorDesc] {
+        &self.0.outputs
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.0.params
+    }
+
+    /// Bytes of workspace a launch needs.
+    pub fn workspace_size(&self) -> usize {
+        self.0.workspace
+    }
+
+    fn check(&self, what: &str, want: &TensorDesc, t: &Tensor) -> Result<()> {
+        let op = format!("{} ({what})", self.0.op);
+        if t.device() != want.device {
+            return Err(Error::DeviceMismatch {
+                op,
+                expected: want.device,
+                got: t.device(),
+            });
+        }
+        if t.dtype() != want.dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: want.dtype,
+                got: t.dtype(),
+            });
+        }
+        if t.shape() != want.layout.shape() {
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: want.layout.shape().to_vec(),
+                got: t.shape().to_vec(),
+            });
+        }
+        if t.layout().strides() != want.layout.strides() {
+            return Err(Error::BadTensorStrides(format!(
+                "{op}: planned for strides {:?}, got {:?}",
+                want.layout.strides(),
+                t.layout().strides()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Enqueues the operator on `stream` (of the plan's device) with tensors that match the
+    /// plan's descriptions (device, dtype, shape, strides; the offset may differ) and a
+    /// workspace of at least [`workspace_size`](Self::workspace_size) bytes.
+    pub fn launch(
+        &self,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        workspace: Option<&Tensor>,
+        stream: StreamId,
+    ) -> Result<()> {
+        let p = &self.0;
+        if inputs.len() != p.inputs.len() || outputs.len() != p.outputs.len() {
+            return Err(Error::BadParam(format!(
+                "{} takes {} inputs and {} outputs, got {} and {}",
+                p.op,
+                p.inputs.len(),
+                p.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        for (i, (want, t)) in p.inputs.iter().zip(inputs).enumerate() {
+            self.check(&format!("input {i}"), want, t)?;
+        }
+        for (i, (want, t)) in p.outputs.iter().zip(outputs).enumerate() {
+            self.check(&format!("output {i}"), want, t)?;
+        }
+        // Outputs must not overlap one another, nor an input unless the operator works in
+        // place and the output is that very view.
+        for (i, o) in outputs.iter().enumerate() {
+            let ro = byte_range(o);
+            let overlaps = |t: &Tensor| {
+                let r = byte_range(t);
+                r.0 < r.1 && ro.0 < ro.1 && r.0 < ro.1 && ro.0 < r.1
+            };
+            for (j, o2) in outputs.iter().enumerate().skip(i + 1) {
+                if overlaps(o2) {
+                    return Err(Error::Aliasing {
+                        op: p.op.clone(),
+                        detail: format!("outputs {i} and {j} overlap"),
+                    });
+                }
+            }
+            for (j, t) in inputs.iter().enumerate() {
+                let same_view = t.base_addr() == o.base_addr() && t.layout() == o.layout();
+                if overlaps(t) && !(p.in_place && same_view) {
+                    return Err(Error::Aliasing {
+                        op: p.op.clone(),
+                        detail: format!(
+                            "output {i} overlaps input {j}{}",
+                            if p.in_place {
+                                " without being the same view"
+                            } else {
+                                " (this operator cannot work in place)"
+                            }
+                        ),
+                    });
+                }
+            }
+        }
+        let ws = match (p.workspace, workspace) {
+            (0, _) => None,
+            (need, Some(w)) if w.nbytes() >= need && w.device() == p.device => Some((
+                w.base_addr() + (w.layout().offset() * w.dtype().size()) as u64,
+                need,
+            )),
+            (need, w) => {
+                return Err(Error::InsufficientWorkspace {
+                    needed: need as u64,
+                    given: w.map_or(0, |w| w.nbytes() as u64),
+                })
+            }
+        };
+        if outputs.iter().all(|o| o.numel() == 0) && !p.outputs.is_empty() {
+            return Ok(());
+        }
+        let rt = match inputs.first().or(outputs.first()) {
+            Some(t) => t.runtime().clone(),
+            None => crate::Runtime::get(p.device)?,
+        };
+        let mut ranges = Vec::with_capacity(inputs.len() + outputs.len() + 1);
+        let refs = |ts: &[&Tensor], ranges: &mut Vec<(DevicePtr, u64)>| -> Vec<TensorRef> {
+            ts.iter()
+                .map(|t| {
+                    let (s, e) = byte_range(t);
+                    if e > s {
+                        ranges.push((DevicePtr(s), e - s));
+                    }
+                    TensorRef {
+                        base: t.base_addr(),
+                        dtype: t.dtype(),
+                        layout: t.layout().clone(),
+                    }
+                })
+                .collect()
+        };
+        let ins = refs(inputs, &mut ranges);
+        let outs = refs(outputs, &mut ranges);
+        if let Some((addr, len)) = ws {
+            ranges.push((DevicePtr(addr), len as u64));
+        }
+        if stream != rt.stream()? {
+            for t in inputs.iter().chain(outputs).chain(workspace.as_slice()) {
+                t.record_stream(stream)?;
+            }
+        }
+        let plan = self.clone();
+        let task: HostTask = match p.kernel {
+            KernelImpl::Host(f) => Arc::new(move || f(&plan.call(&ins, &outs, ws))),
+            KernelImpl::HostPerItem(f) => Arc::new(move || {
+                let call = plan.call(&ins, &outs, ws);
+                let [x, y, z] = call.grid;
+                use rayon::prelude::*;
+                (0..z).into_par_iter().for_each(|k| {
+                    (0..y).into_par_iter().for_each(|j| {
+                        (0..x).into_par_iter().for_each(|i| f(&call, [i, j, k]));
+                    })
+                });
+                Ok(())
+            }),
+            KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
+                return Err(Error::unsupported(
+                    format!(
+                        "launching registered {} kernels on {}",
+                        p.kernel.source_kind(),
+                        p.device
+                    ),
+                    p.device.kind,
+                ))
+            }
+        };
+        rt.backend().launch_host(task, &ranges, stream)
+    }
+
+    fn call<'a>(
+        &'a self,
+        inputs: &'a [TensorRef],
+        outputs: &'a [TensorRef],
+        workspace: Option<(u64, usize)>,
+    ) -> KernelCall<'a> {
+        KernelCall {
+            op: &self.0.op,
+            dtype: self.0.dtype,
+            params: &self.0.params,
+            inputs,
+            outputs,
+            scalars: &self.0.scalars,
+            grid: self.0.grid,
+            workspace,
+        }
+    }
+
+    /// Allocates the outputs (contiguous) and a workspace on the plan's device and launches
+    /// on the calling thread's stream: the eager path.
+    pub fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let outs = self
+            .0
+            .outputs
+            .iter()
+            .map(|d| Tensor::empty(d.layout.shape(), d.dtype, d.device))
+            .collect::<Result<Vec<_>>>()?;
+        let ws = match self.0.workspace {
+            0 => None,
+            n => Some(Tensor::empty(&[n], DType::U8, self.0.device)?),
+        };
+        let out_refs: Vec<&Tensor> = outs.iter().collect();
+        let stream = match inputs.first() {
+            Some(t) => t.runtime().stream()?,
+            None => crate::Runtime::get(self.0.device)?.stream()?,
+        };
+        self.launch(inputs, &out_refs, ws.as_ref(), stream)?;
+        Ok(outs)
+    }
+
+    /// [`run`](Self::run) for an operator with one output.
+    pub fn run1(&self, inputs: &[&Tensor]) -> Result<Tensor> {
+        self.run(inputs)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Internal(format!("{} has no output", self.0.op)))
+    }
+}
+
+/// A user operator (see [`register_kernel`]): a plan that hands its kernel the tensors, the
+/// scalars and a 1-, 2- or 3-D launch grid as they are.
+///
+/// ```
+/// use unirt::ops::{self, KernelCall, KernelImpl};
+/// use unirt::{tensor::{DType, Tensor}, Device, DeviceKind};
+/// // out[i] = a[i] * k, one grid point per element.
+/// fn scale(call: &KernelCall<'_>, at: [u32; 3]) {
+///     let (a, out) = (&call.inputs[0], &call.outputs[0]);
+///     let k = match call.scalars[0] { unirt::KernelArg::F32(k) => k, _ => 0.0 };
+///     let i = at[0] as usize;
+///     // SAFETY (user kernel): the plan checked that both tensors hold `grid` contiguous f32s.
+///     unsafe { *(out.ptr() as *mut f32).add(i) = *(a.ptr() as *const f32).add(i) * k };
+/// }
+/// ops::register_kernel("doc_scale", DeviceKind::Cpu, DType::F32, KernelImpl::HostPerItem(scale))?;
+/// let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], Device::CPU)?;
+/// let plan = ops::custom("doc_scale", DType::F32, &[a.desc()], &[a.desc()], &[2.0f32.into()], [3, 1, 1])?;
+/// let out = plan.run1(&[&a])?;
+/// assert_eq!(out.to_vec::<f32>()?, [2.0, 4.0, 6.0]);
+/// # Ok::<(), unirt::Error>(())
+/// ```
+pub fn custom(
+    op: &str,
+    dtype: DType,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    scalars: &[KernelArg],
+    grid: [u32; 3],
+) -> Result<Plan> {
+    if grid.contains(&0) {
+        return Err(Error::BadParam(format!(
+            "{op}: launch grid {grid:?} has an empty dimension"
+        )));
+    }
+    let mut b = PlanBuilder::new(op, dtype, inputs.to_vec());
+    b.outputs = outputs
+        .iter()
+        .map(|d| out_desc(d.device, d.dtype, d.layout.shape()))
+        .collect();
+    b.scalars = scalars.to_vec();
+    b.grid = grid;
+    b.build()
+}

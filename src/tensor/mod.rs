@@ -1,0 +1,475 @@
+//! [`Tensor`]: storage from a device's caching allocator, a [`Layout`] and a [`DType`].
+//!
+//! Views (narrow, permute, transpose, reshape, broadcast, squeeze, unsqueeze) share the
+//! storage and copy nothing; [`Tensor::contiguous`] and [`Tensor::to`] copy. Work on tensors
+//! runs on the calling thread's stream of the tensor's device (see [`crate::context`]), so
+//! eager operations queue up asynchronously and [`Tensor::to_vec`] waits for them.
+//!
+//! ```
+//! use unirt::{tensor::{DType, Tensor}, Device};
+//! let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::CPU)?.reshape(&[2, 3])?;
+//! let t = x.transpose(0, 1)?;                       // a view: shape [3, 2], no copy
+//! assert_eq!(t.shape(), [3, 2]);
+//! assert_eq!(t.to_vec::<f32>()?, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+//! let y = x.mul(&x)?.sum(&[1], false)?;             // [0+1+4, 9+16+25]
+//! assert_eq!(y.to_vec::<f32>()?, [5.0, 50.0]);
+//! # Ok::<(), unirt::Error>(())
+//! ```
+
+mod dtype;
+mod layout;
+mod random;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use dtype::{decode, encode, DType, Element};
+pub use layout::{broadcast_shapes, checked_numel, contiguous_strides, normalize_axis, Layout};
+pub use random::SplitMix64;
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::hal::{Backend, DevicePtr, StreamId};
+use crate::memory::Memory;
+use crate::ops::TensorDesc;
+use crate::runtime::Runtime;
+use crate::stream::BackendExt;
+
+struct Storage {
+    mem: Memory,
+    rt: Arc<Runtime>,
+}
+
+/// An n-dimensional array on a device. Cloning shares the storage.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    layout: Layout,
+    dtype: DType,
+}
+
+impl Tensor {
+    /// An uninitialised contiguous tensor (memory from the device's caching allocator).
+    pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        let bytes = checked_numel(shape)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| Error::TooLarge {
+                device: device.to_string(),
+                requested: u64::MAX,
+                limit: isize::MAX as u64,
+            })?;
+        let rt = Runtime::get(device)?;
+        let mem = rt.allocate_memory(bytes)?;
+        Ok(Tensor {
+            storage: Arc::new(Storage { mem, rt }),
+            layout: Layout::contiguous(shape),
+            dtype,
+        })
+    }
+
+    /// A contiguous tensor holding little-endian `bytes` of `dtype`.
+    pub fn from_bytes(
+        bytes: &[u8],
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let n = checked_numel(shape).unwrap_or(usize::MAX);
+        if n.checked_mul(dtype.size()) != Some(bytes.len()) {
+            return Err(Error::ShapeMismatch {
+                op: "from_bytes (element count)".into(),
+                expected: shape.to_vec(),
+                got: vec![bytes.len() / dtype.size()],
+            });
+        }
+        let t = Tensor::empty(shape, dtype, device)?;
+        t.upload(bytes)?;
+        Ok(t)
+    }
+
+    /// A contiguous tensor holding `data` (`shape` must have `data.len()` elements).
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
+        if checked_numel(shape) != Some(data.len()) {
+            return Err(Error::ShapeMismatch {
+                op: "from_slice (element count)".into(),
+                expected: shape.to_vec(),
+                got: vec![data.len()],
+            });
+        }
+        Tensor::from_bytes(bytemuck::cast_slice(data), shape, T::DTYPE, device)
+    }
+
+    /// A tensor whose elements are `values` converted to `dtype` (rounding as
+    /// [`Element::from_f64`]).
+    pub fn from_f64(
+        values: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        if checked_numel(shape) != Some(values.len()) {
+            return Err(Error::ShapeMismatch {
+                op: "from_f64 (element count)".into(),
+                expected: shape.to_vec(),
+                got: vec![values.len()],
+            });
+        }
+        let mut bytes = Vec::with_capacity(values.len() * dtype.size());
+        for &v in values {
+            encode(dtype, v, &mut bytes);
+        }
+        Tensor::from_bytes(&bytes, shape, dtype, device)
+    }
+
+    /// Every element `value`.
+    pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        let n = checked_numel(shape).ok_or_else(|| Error::BadTensorShape(format!("{shape:?}")))?;
+        let mut one = Vec::new();
+        encode(dtype, value, &mut one);
+        Tensor::from_bytes(&one.repeat(n), shape, dtype, device)
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype, device)
+    }
+
+    pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+
+    /// `start, start + step, …` below `end` (above it for a negative step), 1-D.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::BadParam(format!(
+                "arange step {step} from {start} to {end}"
+            )));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
+        Tensor::from_f64(&v, &[n], dtype, device)
+    }
+
+    /// Uniform random values in `[low, high)` from `seed`: the same values on every device
+    /// (generated on the host with [`SplitMix64`], then uploaded).
+    pub fn rand_uniform(
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        seed: u64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let n = checked_numel(shape).ok_or_else(|| Error::BadTensorShape(format!("{shape:?}")))?;
+        let mut rng = SplitMix64::new(seed);
+        let v: Vec<f64> = (0..n)
+            .map(|_| low + (high - low) * rng.next_f64())
+            .collect();
+        Tensor::from_f64(&v, shape, dtype, device)
+    }
+
+    /// Normal random values (`mean`, `std`) from `seed`, the same on every device.
+    pub fn rand_normal(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        seed: u64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let n = checked_numel(shape).ok_or_else(|| Error::BadTensorShape(format!("{shape:?}")))?;
+        let mut rng = SplitMix64::new(seed);
+        let v: Vec<f64> = (0..n).map(|_| mean + std * rng.next_normal()).collect();
+        Tensor::from_f64(&v, shape, dtype, device)
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let rt = &self.storage.rt;
+        // The memory may be a block that earlier work on this thread's stream still uses.
+        rt.sync_stream()?;
+        rt.backend()
+            .copy_to_device(DevicePtr(self.base_addr()), bytes)
+    }
+
+    // ---- accessors ----
+
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.storage.mem.device()
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.layout.ndim()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// Bytes the elements take when contiguous.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// The plan-time description of this tensor.
+    pub fn desc(&self) -> TensorDesc {
+        TensorDesc::new(self.device(), self.dtype, self.layout.clone())
+    }
+
+    /// The device address of the storage (element offset 0, not the view's first element).
+    pub fn base_addr(&self) -> u64 {
+        self.storage.mem.addr()
+    }
+
+    /// The runtime of the tensor's device.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.storage.rt
+    }
+
+    /// Whether two tensors share storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// Marks the storage as used by work on `stream` (see [`Memory::record_stream`]).
+    pub fn record_stream(&self, stream: StreamId) -> Result<()> {
+        self.storage.mem.record_stream(stream)
+    }
+
+    // ---- views ----
+
+    fn view(&self, layout: Layout) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype: self.dtype,
+        }
+    }
+
+    /// Indices `start..start + len` along `axis`.
+    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
+        Ok(self.view(self.layout.narrow(axis, start, len)?))
+    }
+
+    pub fn permute(&self, order: &[usize]) -> Result<Tensor> {
+        Ok(self.view(self.layout.permute(order)?))
+    }
+
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        Ok(self.view(self.layout.transpose(a, b)?))
+    }
+
+    /// A view with another shape; [`Error::NotAView`] when the strides need a copy (call
+    /// [`contiguous`](Self::contiguous) first).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(self.view(self.layout.reshape(shape)?))
+    }
+
+    /// A broadcast view (NumPy rules).
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        Ok(self.view(self.layout.broadcast_to(shape)?))
+    }
+
+    /// Same as [`broadcast_to`](Self::broadcast_to).
+    pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
+        self.broadcast_to(shape)
+    }
+
+    pub fn squeeze(&self, axis: isize) -> Result<Tensor> {
+        Ok(self.view(self.layout.squeeze(axis)?))
+    }
+
+    pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
+        Ok(self.view(self.layout.unsqueeze(axis)?))
+    }
+
+    // ---- copies ----
+
+    /// This tensor if it is contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() && self.layout.offset() == 0 {
+            return Ok(self.clone());
+        }
+        crate::ops::rearrange::copy(&self.desc())?.run1(&[self])
+    }
+
+    /// A contiguous copy on `device`: a device-to-device copy on one device, through the
+    /// host between two devices.
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return crate::ops::rearrange::copy(&self.desc())?.run1(&[self]);
+        }
+        let bytes = self.to_bytes()?;
+        Tensor::from_bytes(&bytes, self.shape(), self.dtype, device)
+    }
+
+    /// The elements in row-major order as little-endian bytes (waits for pending work).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let t = self.contiguous()?;
+        let rt = &t.storage.rt;
+        rt.sync_stream()?;
+        let mut out = vec![0u8; t.nbytes()];
+        if !out.is_empty() {
+            let start = t.base_addr() + (t.layout.offset() * t.dtype.size()) as u64;
+            rt.backend().copy_to_host(&mut out, DevicePtr(start))?;
+        }
+        Ok(out)
+    }
+
+    /// The elements in row-major order; `T` must be the tensor's dtype
+    /// ([`Error::DTypeMismatch`] otherwise).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype && !(self.dtype == DType::Bool && T::DTYPE == DType::U8) {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec".into(),
+                expected: self.dtype,
+                got: T::DTYPE,
+            });
+        }
+        let bytes = self.to_bytes()?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The elements converted to `f64`, in row-major order.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let bytes = self.to_bytes()?;
+        Ok(bytes
+            .chunks_exact(self.dtype.size())
+            .map(|b| decode(self.dtype, b))
+            .collect())
+    }
+
+    /// The backend's stream for this thread (where eager operations run).
+    pub fn stream(&self) -> Result<StreamId> {
+        self.storage.rt.stream()
+    }
+
+    /// Waits for the work queued on this thread's stream of the tensor's device.
+    pub fn synchronize(&self) -> Result<()> {
+        let rt = &self.storage.rt;
+        rt.backend().stream_synchronize(rt.stream()?)
+    }
+}
+
+/// Prints at most this many elements per dimension at each end.
+const PREVIEW_EDGE: usize = 3;
+
+impl fmt::Display for Tensor {
+    /// `Tensor[2, 3] f32 on cpu:0` and a preview of the values with at most
+    /// 3 elements at each end of every dimension.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor{:?} {} on {}",
+            self.shape(),
+            self.dtype,
+            self.device()
+        )?;
+        let values = match self.to_f64_vec() {
+            Ok(v) => v,
+            Err(e) => return write!(f, " <values unavailable: {e}>"),
+        };
+        f.write_str("\n")?;
+        fn rec(f: &mut fmt::Formatter<'_>, v: &[f64], shape: &[usize], float: bool) -> fmt::Result {
+            let Some((&n, rest)) = shape.split_first() else {
+                return match v.first() {
+                    Some(x) if float => write!(f, "{x:.4}"),
+                    Some(x) => write!(f, "{x}"),
+                    None => Ok(()),
+                };
+            };
+            let inner: usize = rest.iter().product();
+            f.write_str("[")?;
+            for i in 0..n {
+                if n > 2 * PREVIEW_EDGE && i == PREVIEW_EDGE {
+                    f.write_str(", ...")?;
+                }
+                if n > 2 * PREVIEW_EDGE && (PREVIEW_EDGE..n - PREVIEW_EDGE).contains(&i) {
+                    continue;
+                }
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                rec(f, &v[i * inner..(i + 1) * inner], rest, float)?;
+            }
+            f.write_str("]")
+        }
+        rec(f, &values, self.shape(), self.dtype.is_float())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({:?}, {}, {}, {:?})",
+            self.shape(),
+            self.dtype,
+            self.device(),
+            self.layout
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_share_storage_and_copy_on_contiguous() -> Result<()> {
+        let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::CPU)?.reshape(&[2, 3, 4])?;
+        let v = x.permute(&[2, 0, 1])?.narrow(0, 1, 2)?;
+        assert!(v.shares_storage(&x));
+        let want: Vec<f32> = (1..3)
+            .flat_map(|k| {
+                (0..2).flat_map(move |i| (0..3).map(move |j| (i * 12 + j * 4 + k) as f32))
+            })
+            .collect();
+        assert_eq!(v.to_vec::<f32>()?, want);
+        let c = v.contiguous()?;
+        assert!(!c.shares_storage(&x) && c.is_contiguous());
+        assert!(matches!(v.reshape(&[12]), Err(Error::NotAView { .. })));
+        assert!(matches!(
+            x.to_vec::<i32>(),
+            Err(Error::DTypeMismatch { .. })
+        ));
+        let s = format!(
+            "{}",
+            Tensor::arange(0.0, 10.0, 1.0, DType::I32, Device::CPU)?
+        );
+        assert!(s.contains("[0, 1, 2, ..., 7, 8, 9]"), "{s}");
+        let e = Tensor::zeros(&[0, 3], DType::BF16, Device::CPU)?;
+        assert_eq!(e.to_vec::<half::bf16>()?, []);
+        Ok(())
+    }
+
+    #[test]
+    fn random_is_seeded() -> Result<()> {
+        let a =
+            Tensor::rand_normal(&[100], 0.0, 1.0, 7, DType::F32, Device::CPU)?.to_vec::<f32>()?;
+        let b =
+            Tensor::rand_normal(&[100], 0.0, 1.0, 7, DType::F32, Device::CPU)?.to_vec::<f32>()?;
+        let c =
+            Tensor::rand_normal(&[100], 0.0, 1.0, 8, DType::F32, Device::CPU)?.to_vec::<f32>()?;
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        Ok(())
+    }
+}

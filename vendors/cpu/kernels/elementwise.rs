@@ -1,0 +1,317 @@
+//! Elementwise kernels: binary with broadcasting (tensor–tensor and tensor–scalar), unary,
+//! swiglu, where, masked_fill. Contiguous rows of f32 run as plain slice loops the compiler
+//! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
+
+use super::util::{
+    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, with_simd, Float, Ptr,
+    BLOCK,
+};
+use crate::error::Result;
+use crate::ops::{KernelCall, KernelRegistry};
+
+/// A binary function of f32s, as a type so each kernel is monomorphised.
+pub(super) trait Bin: Send + Sync + 'static {
+    fn f(a: f32, b: f32) -> f32;
+}
+
+/// A unary function of f32s.
+pub(super) trait Un: Send + Sync + 'static {
+    fn f(x: f32) -> f32;
+}
+
+macro_rules! bin {
+    ($($name:ident($a:ident, $b:ident) = $e:expr;)*) => {$(
+        pub(super) struct $name;
+        impl Bin for $name {
+            #[inline(always)]
+            fn f($a: f32, $b: f32) -> f32 { $e }
+        }
+    )*};
+}
+
+macro_rules! un {
+    ($($name:ident($x:ident) = $e:expr;)*) => {$(
+        pub(super) struct $name;
+        impl Un for $name {
+            #[inline(always)]
+            fn f($x: f32) -> f32 { $e }
+        }
+    )*};
+}
+
+bin! {
+    Add(a, b) = a + b;
+    Sub(a, b) = a - b;
+    Mul(a, b) = a * b;
+    Div(a, b) = a / b;
+    Maximum(a, b) = if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
+    Minimum(a, b) = if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) };
+    Pow(a, b) = a.powf(b);
+
+    Swiglu(up, gate) = up * gate * sigmoid_f32(gate);
+}
+
+#[inline(always)]
+pub(super) fn silu(x: f32) -> f32 {
+    x * sigmoid_f32(x)
+}
+
+un! {
+    Neg(x) = -x;
+    Abs(x) = x.abs();
+    Exp(x) = exp_f32(x);
+    Log(x) = x.ln();
+    Sqrt(x) = x.sqrt();
+    Rsqrt(x) = 1.0 / x.sqrt();
+    Sin(x) = x.sin();
+    Cos(x) = x.cos();
+    Tanh(x) = x.tanh();
+    Sigmoid(x) = sigmoid_f32(x);
+    Relu(x) = x.max(0.0);
+    Gelu(x) = 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+    // 0.5·(1 + tanh(z)) = sigmoid(2z), with z = sqrt(2/pi)·(x + 0.044715·x³).
+    GeluTanh(x) = x * sigmoid_f32(2.0 * 0.797_884_6 * (x + 0.044715 * x * x * x));
+    Silu(x) = silu(x);
+}
+
+/// One row of `o[i] = f(a[i], b[i])`.
+///
+/// # Safety
+/// `o`, `a`, `b` are valid for `len` elements at their strides; `o` is either disjoint from
+/// an input or the very same elements (the plan allows only that overlap).
+#[inline(always)]
+unsafe fn row2<T: Float>(
+    o: *mut T,
+    a: *const T,
+    b: *const T,
+    len: usize,
+    st: [usize; 3],
+    f: impl Fn(f32, f32) -> f32,
+) {
+    if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::F32 {
+        let (o, a, b) = (o as *mut f32, a as *const f32, b as *const f32);
+        // SAFETY: T is f32 (checked above); the ranges are valid; overlapping slices are
+        // only made when the pointers are equal, and then only one of them exists.
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(o, len);
+            if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
+                out.iter_mut().for_each(|x| *x = f(*x, *x));
+            } else if std::ptr::eq(o, a) {
+                let b = std::slice::from_raw_parts(b, len);
+                out.iter_mut().zip(b).for_each(|(x, y)| *x = f(*x, *y));
+            } else if std::ptr::eq(o, b) {
+                let a = std::slice::from_raw_parts(a, len);
+                out.iter_mut().zip(a).for_each(|(x, y)| *x = f(*y, *x));
+            } else {
+                let (a, b) = (
+                    std::slice::from_raw_parts(a, len),
+                    std::slice::from_raw_parts(b, len),
+                );
+                for ((x, y), z) in out.iter_mut().zip(a).zip(b) {
+                    *x = f(*y, *z);
+                }
+            }
+        }
+        return;
+    }
+    if st == [1, 1, 1] {
+        let (mut fa, mut fb) = ([0f32; BLOCK], [0f32; BLOCK]);
+        let mut i = 0;
+        while i < len {
+            let n = BLOCK.min(len - i);
+            // SAFETY: [i, i + n) is inside every row; the inputs are read into buffers before
+            // the output is written, so in-place rows are fine.
+            unsafe {
+                T::load(std::slice::from_raw_parts(a.add(i), n), &mut fa[..n]);
+                T::load(std::slice::from_raw_parts(b.add(i), n), &mut fb[..n]);
+                for k in 0..n {
+                    fa[k] = f(fa[k], fb[k]);
+                }
+                T::store(&fa[..n], std::slice::from_raw_parts_mut(o.add(i), n));
+            }
+            i += n;
+        }
+        return;
+    }
+    for i in 0..len {
+        // SAFETY: element i of each row is in range.
+        unsafe {
+            let v = f((*a.add(i * st[1])).to_f32(), (*b.add(i * st[2])).to_f32());
+            *o.add(i * st[0]) = T::from_f32(v);
+        }
+    }
+}
+
+/// One row of `o[i] = f(a[i])`.
+///
+/// # Safety
+/// As [`row2`].
+#[inline(always)]
+unsafe fn row1<T: Float>(
+    o: *mut T,
+    a: *const T,
+    len: usize,
+    st: [usize; 2],
+    f: impl Fn(f32) -> f32,
+) {
+    if st == [1, 1] && T::DTYPE == crate::tensor::DType::F32 {
+        let (o, a) = (o as *mut f32, a as *const f32);
+        // SAFETY: T is f32; equal pointers get one slice, disjoint ones two.
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(o, len);
+            if std::ptr::eq(o, a) {
+                out.iter_mut().for_each(|x| *x = f(*x));
+            } else {
+                let a = std::slice::from_raw_parts(a, len);
+                out.iter_mut().zip(a).for_each(|(x, y)| *x = f(*y));
+            }
+        }
+        return;
+    }
+    if st == [1, 1] {
+        let mut fa = [0f32; BLOCK];
+        let mut i = 0;
+        while i < len {
+            let n = BLOCK.min(len - i);
+            // SAFETY: [i, i + n) is inside both rows; read before write.
+            unsafe {
+                T::load(std::slice::from_raw_parts(a.add(i), n), &mut fa[..n]);
+                fa[..n].iter_mut().for_each(|x| *x = f(*x));
+                T::store(&fa[..n], std::slice::from_raw_parts_mut(o.add(i), n));
+            }
+            i += n;
+        }
+        return;
+    }
+    for i in 0..len {
+        // SAFETY: element i of each row is in range.
+        unsafe { *o.add(i * st[0]) = T::from_f32(f((*a.add(i * st[1])).to_f32())) };
+    }
+}
+
+fn binary_with<T: Float>(
+    call: &KernelCall<'_>,
+    f: impl Fn(f32, f32) -> f32 + Sync + Copy,
+) -> Result<()> {
+    let out = &call.outputs[0];
+    let shape = out.layout.shape();
+    let (a, b) = (
+        bcast(&call.inputs[0], shape)?,
+        bcast(&call.inputs[1], shape)?,
+    );
+    let (shape, strides) = coalesce(shape, [out.layout.strides(), a.strides(), b.strides()]);
+    let (po, pa, pb) = (
+        Ptr::<T>::of(out),
+        Ptr::<T>::of(&call.inputs[0]),
+        Ptr::<T>::of(&call.inputs[1]),
+    );
+    par_rows(&shape, &strides, |off, len, st| {
+        // SAFETY: par_rows hands out rows inside the (checked) views; tasks write disjoint
+        // output elements.
+        with_simd(|| unsafe { row2(po.at(off[0]), pa.at(off[1]), pb.at(off[2]), len, st, f) })
+    });
+    Ok(())
+}
+
+fn unary_with<T: Float>(call: &KernelCall<'_>, f: impl Fn(f32) -> f32 + Sync + Copy) -> Result<()> {
+    let out = &call.outputs[0];
+    let shape = out.layout.shape();
+    let a = bcast(&call.inputs[0], shape)?;
+    let (shape, strides) = coalesce(shape, [out.layout.strides(), a.strides()]);
+    let (po, pa) = (Ptr::<T>::of(out), Ptr::<T>::of(&call.inputs[0]));
+    par_rows(&shape, &strides, |off, len, st| {
+        // SAFETY: as in binary_with.
+        with_simd(|| unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, f) })
+    });
+    Ok(())
+}
+
+fn binary<T: Float, O: Bin>(call: &KernelCall<'_>) -> Result<()> {
+    binary_with::<T>(call, O::f)
+}
+
+fn binary_scalar<T: Float, O: Bin>(call: &KernelCall<'_>) -> Result<()> {
+    let s = scalar_param(call)? as f32;
+    unary_with::<T>(call, move |x| O::f(x, s))
+}
+
+fn unary<T: Float, O: Un>(call: &KernelCall<'_>) -> Result<()> {
+    unary_with::<T>(call, O::f)
+}
+
+/// `where(cond, a, b)` and `masked_fill(x, mask)`: a u8 condition selects per element.
+fn select<T: Float>(call: &KernelCall<'_>, cond: usize, fill: Option<f32>) -> Result<()> {
+    let out = &call.outputs[0];
+    let shape = out.layout.shape();
+    let c = bcast(&call.inputs[cond], shape)?;
+    let (ia, ib) = if fill.is_some() { (0, 0) } else { (1, 2) };
+    let (a, b) = (
+        bcast(&call.inputs[ia], shape)?,
+        bcast(&call.inputs[ib], shape)?,
+    );
+    let (shape, strides) = coalesce(
+        shape,
+        [out.layout.strides(), c.strides(), a.strides(), b.strides()],
+    );
+    let (po, pc, pa, pb) = (
+        Ptr::<T>::of(out),
+        Ptr::<u8>::of(&call.inputs[cond]),
+        Ptr::<T>::of(&call.inputs[ia]),
+        Ptr::<T>::of(&call.inputs[ib]),
+    );
+    par_rows(&shape, &strides, |off, len, st| {
+        for i in 0..len {
+            // SAFETY: element i of every row is inside its checked view; each input element
+            // is read before the (possibly same) output element is written.
+            unsafe {
+                let set = *pc.at(off[1] + i * st[1]) != 0;
+                let v = match fill {
+                    Some(v) if set => T::from_f32(v),
+                    Some(_) => *pa.at(off[2] + i * st[2]),
+                    None if set => *pa.at(off[2] + i * st[2]),
+                    None => *pb.at(off[3] + i * st[3]),
+                };
+                *po.at(off[0] + i * st[0]) = v;
+            }
+        }
+    });
+    Ok(())
+}
+
+fn where_<T: Float>(call: &KernelCall<'_>) -> Result<()> {
+    select::<T>(call, 0, None)
+}
+
+fn masked_fill<T: Float>(call: &KernelCall<'_>) -> Result<()> {
+    let v = scalar_param(call)? as f32;
+    select::<T>(call, 1, Some(v))
+}
+
+pub(super) fn register(reg: &mut KernelRegistry) {
+    macro_rules! bins {
+        ($($name:literal, $sname:literal => $t:ty;)*) => {$(
+            floats!(reg, $name, binary::<$t>);
+            floats!(reg, $sname, binary_scalar::<$t>);
+        )*};
+    }
+    bins! {
+        "add", "add_scalar" => Add;
+        "sub", "sub_scalar" => Sub;
+        "mul", "mul_scalar" => Mul;
+        "div", "div_scalar" => Div;
+        "maximum", "maximum_scalar" => Maximum;
+        "minimum", "minimum_scalar" => Minimum;
+        "pow", "pow_scalar" => Pow;
+    }
+    floats!(reg, "swiglu", binary::<Swiglu>);
+    macro_rules! uns {
+        ($($name:literal => $t:ty;)*) => {$( floats!(reg, $name, unary::<$t>); )*};
+    }
+    uns! {
+        "neg" => Neg; "abs" => Abs; "exp" => Exp; "log" => Log; "sqrt" => Sqrt;
+        "rsqrt" => Rsqrt; "sin" => Sin; "cos" => Cos; "tanh" => Tanh; "sigmoid" => Sigmoid;
+        "relu" => Relu; "gelu" => Gelu; "gelu_tanh" => GeluTanh; "silu" => Silu;
+    }
+    floats!(reg, "where", where_);
+    floats!(reg, "masked_fill", masked_fill);
+}

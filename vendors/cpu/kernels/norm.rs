@@ -1,0 +1,79 @@
+//! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers,
+//! with vectorised f32 sums (eight accumulators) for the statistics.
+
+use super::util::{
+    dot, floats, gather, par_chunks, scatter, sum_f32, with_simd, Float, Lanes, Ptr,
+};
+use crate::error::{Error, Result};
+use crate::ops::{KernelCall, KernelRegistry, Params};
+
+/// Normalises one row in place: layer norm with weight `w` and bias `b`, or RMS norm with `w`.
+#[inline(always)]
+fn normalize(buf: &mut [f32], w: &[f32], b: &[f32], layer: bool, eps: f64) {
+    let d = buf.len();
+    if layer {
+        let mean = sum_f32(buf) / d as f32;
+        buf.iter_mut().for_each(|v| *v -= mean);
+        let var = dot(buf, buf) as f64 / d as f64;
+        let inv = (1.0 / (var + eps).sqrt()) as f32;
+        for ((v, w), b) in buf.iter_mut().zip(w).zip(b) {
+            *v = *v * inv * w + b;
+        }
+    } else {
+        let ms = dot(buf, buf) as f64 / d as f64;
+        let inv = (1.0 / (ms + eps).sqrt()) as f32;
+        for (v, w) in buf.iter_mut().zip(w) {
+            *v *= inv * w;
+        }
+    }
+}
+
+fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
+    let Params::Norm { eps } = *call.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            call.op, call.params
+        )));
+    };
+    let (x, out) = (&call.inputs[0], &call.outputs[0]);
+    let axis = x.layout.ndim() - 1;
+    let lanes = Lanes::new([&out.layout, &x.layout], axis);
+    let d = lanes.len;
+    let mut w = vec![0f32; d];
+    let mut b = vec![0f32; if layer { d } else { 0 }];
+    // SAFETY: the weight (and bias) are checked views of d elements.
+    unsafe {
+        let wt = &call.inputs[1];
+        gather(Ptr::<T>::of(wt).0, wt.layout.strides()[0], &mut w);
+        if layer {
+            let bt = &call.inputs[2];
+            gather(Ptr::<T>::of(bt).0, bt.layout.strides()[0], &mut b);
+        }
+    }
+    let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
+    par_chunks(lanes.count(), d, |range| {
+        let mut buf = vec![0f32; d];
+        for i in range {
+            let [oo, ox] = lanes.offsets(i);
+            // SAFETY: the rows lie in their checked views; read before write.
+            unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
+            with_simd(|| normalize(&mut buf, &w, &b, layer, eps));
+            // SAFETY: as above.
+            unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
+        }
+    });
+    Ok(())
+}
+
+fn rms_norm<T: Float>(c: &KernelCall<'_>) -> Result<()> {
+    norm::<T>(c, false)
+}
+
+fn layer_norm<T: Float>(c: &KernelCall<'_>) -> Result<()> {
+    norm::<T>(c, true)
+}
+
+pub(super) fn register(reg: &mut KernelRegistry) {
+    floats!(reg, "rms_norm", rms_norm);
+    floats!(reg, "layer_norm", layer_norm);
+}

@@ -1,0 +1,69 @@
+//! softmax, log_softmax and causal softmax, one lane at a time through an f32 buffer.
+
+use super::util::{
+    exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, with_simd, Float, Lanes, Ptr,
+};
+use crate::error::{Error, Result};
+use crate::ops::{KernelCall, KernelRegistry, Params};
+
+/// softmax of `v[..visible]` in place (log-softmax when `log`); `v[visible..]` become 0
+/// (masked keys of a causal row).
+#[inline(always)]
+fn softmax_lane(v: &mut [f32], visible: usize, log: bool) {
+    let (seen, masked) = v.split_at_mut(visible.min(v.len()));
+    masked
+        .iter_mut()
+        .for_each(|x| *x = if log { f32::NEG_INFINITY } else { 0.0 });
+    if seen.is_empty() {
+        return;
+    }
+    let max = max_f32(seen);
+    if log {
+        let lse = max + seen.iter().map(|&x| exp_f32(x - max)).sum::<f32>().ln();
+        seen.iter_mut().for_each(|x| *x -= lse);
+    } else {
+        seen.iter_mut().for_each(|x| *x = exp_f32(*x - max));
+        let inv = 1.0 / sum_f32(seen);
+        seen.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
+    let Params::Softmax { axis, log, causal } = *call.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            call.op, call.params
+        )));
+    };
+    let (x, out) = (&call.inputs[0], &call.outputs[0]);
+    let lanes = Lanes::new([&out.layout, &x.layout], axis);
+    let nd = x.layout.ndim();
+    // For causal rows: the query index is the second-to-last dimension, which is the last
+    // of the "other" dimensions the lanes run over.
+    let q_len = if nd >= 2 { x.layout.shape()[nd - 2] } else { 1 };
+    let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
+    par_chunks(lanes.count(), lanes.len, |range| {
+        let mut buf = vec![0f32; lanes.len];
+        for i in range {
+            let [oo, ox] = lanes.offsets(i);
+            let visible = match causal {
+                Some(offset) => (i % q_len) + offset + 1,
+                None => lanes.len,
+            };
+            // SAFETY: both lanes lie in their checked views; the input lane is read whole
+            // before the output lane (possibly the same elements) is written.
+            unsafe {
+                gather(px.at(ox), lanes.stride[1], &mut buf);
+                with_simd(|| softmax_lane(&mut buf, visible, log));
+                scatter(&buf, po.at(oo), lanes.stride[0]);
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(super) fn register(reg: &mut KernelRegistry) {
+    floats!(reg, "softmax", softmax);
+    floats!(reg, "log_softmax", softmax);
+    floats!(reg, "causal_softmax", softmax);
+}

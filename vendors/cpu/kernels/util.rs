@@ -1,0 +1,501 @@
+//! What the CPU kernels share: element conversion, raw pointers that cross threads, and the
+//! parallel walk over the rows of strided operands.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::ops::{KernelCall, TensorRef};
+use crate::tensor::{DType, Layout};
+
+/// A raw pointer that may be shared with rayon's workers: kernels write disjoint parts.
+#[derive(Clone, Copy)]
+pub(super) struct Ptr<T>(pub *mut T);
+
+// SAFETY: a Ptr is only dereferenced inside a kernel whose ranges were checked at launch, by
+// tasks that touch disjoint elements of the outputs (and only read the inputs).
+unsafe impl<T> Send for Ptr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Ptr<T> {}
+
+impl<T> Ptr<T> {
+    pub fn of(t: &TensorRef) -> Self {
+        Ptr(t.ptr() as usize as *mut T)
+    }
+
+    /// The pointer `n` elements further.
+    ///
+    /// # Safety
+    /// The result must stay inside the tensor's checked range.
+    pub unsafe fn at(self, n: usize) -> *mut T {
+        // SAFETY: the caller's promise.
+        unsafe { self.0.add(n) }
+    }
+}
+
+/// A floating-point element computed in f32.
+pub(super) trait Float: Copy + Send + Sync + Default + 'static {
+    const DTYPE: DType;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    /// Converts a block (vectorised where the type allows).
+    fn load(src: &[Self], dst: &mut [f32]);
+    fn store(src: &[f32], dst: &mut [Self]);
+}
+
+impl Float for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src)
+    }
+}
+
+impl Float for f16 {
+    const DTYPE: DType = DType::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src)
+    }
+}
+
+impl Float for bf16 {
+    const DTYPE: DType = DType::BF16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src)
+    }
+}
+
+/// Runs `f` compiled for AVX2 when the CPU has it, so a kernel's inner loop uses 8-wide
+/// vectors while the build targets baseline x86-64; elsewhere `f` runs as built. The check is
+/// one cached atomic load. `f` must be a small closure calling `#[inline(always)]` code: only
+/// what LLVM inlines into the AVX2 wrapper is compiled for AVX2.
+#[inline(always)]
+pub(super) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { avx2(f) };
+        }
+    }
+    f()
+}
+
+/// Elements per block when f16/bf16 go through f32 buffers.
+pub(super) const BLOCK: usize = 512;
+/// Below this many elements a kernel runs on the stream's worker alone (a rayon fork costs
+/// more than the work).
+pub(super) const PAR_MIN: usize = 32 * 1024;
+
+/// Registers `$f::<T>` for f32, f16 and bf16 under `$op`.
+macro_rules! floats {
+    ($reg:expr, $op:expr, $f:ident $(:: <$($g:ty),*>)?) => {{
+        use crate::device::DeviceKind;
+        use crate::ops::KernelImpl;
+        use crate::tensor::DType;
+        $reg.builtin($op, DeviceKind::Cpu, DType::F32, KernelImpl::Host($f::<f32 $($(, $g)*)?>));
+        $reg.builtin($op, DeviceKind::Cpu, DType::F16, KernelImpl::Host($f::<half::f16 $($(, $g)*)?>));
+        $reg.builtin($op, DeviceKind::Cpu, DType::BF16, KernelImpl::Host($f::<half::bf16 $($(, $g)*)?>));
+    }};
+}
+pub(super) use floats;
+
+/// `t`'s layout broadcast to `shape` (the plan checked that it broadcasts).
+pub(super) fn bcast(t: &TensorRef, shape: &[usize]) -> Result<Layout> {
+    t.layout.broadcast_to(shape)
+}
+
+/// Merges dimensions that are contiguous with each other in every operand and drops
+/// dimensions of size 1, so a dense walk becomes one long row.
+pub(super) fn coalesce<const N: usize>(
+    shape: &[usize],
+    strides: [&[usize]; N],
+) -> (Vec<usize>, Vec<[usize; N]>) {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<[usize; N]> = Vec::with_capacity(shape.len());
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        let st: [usize; N] = std::array::from_fn(|k| strides[k][d]);
+        if let (Some(last_n), Some(last_st)) = (out_shape.last_mut(), out_strides.last_mut()) {
+            if (0..N).all(|k| last_st[k] == st[k] * n) {
+                *last_n *= n;
+                *last_st = st;
+                continue;
+            }
+        }
+        out_shape.push(n);
+        out_strides.push(st);
+    }
+    (out_shape, out_strides)
+}
+
+/// Calls `f(offsets, len, inner_strides)` for every row (run along the last dimension) of a
+/// walk over `shape`, with each operand's element offset at the row's start, in parallel
+/// chunks of about equal work when the walk is large. Rows may be split between tasks.
+pub(super) fn par_rows<const N: usize>(
+    shape: &[usize],
+    strides: &[[usize; N]],
+    f: impl Fn([usize; N], usize, [usize; N]) + Sync,
+) {
+    let nd = shape.len();
+    if nd == 0 {
+        f([0; N], 1, [0; N]);
+        return;
+    }
+    let inner = shape[nd - 1];
+    let inner_st = strides[nd - 1];
+    let total: usize = shape.iter().product();
+    if total == 0 {
+        return;
+    }
+    let tasks = if total < PAR_MIN {
+        1
+    } else {
+        (total / (PAR_MIN / 2)).clamp(1, rayon::current_num_threads() * 4)
+    };
+    let per = total.div_ceil(tasks);
+    let run = |t: usize| {
+        let end = ((t + 1) * per).min(total);
+        let mut pos = t * per;
+        while pos < end {
+            let (r, c) = (pos / inner, pos % inner);
+            let len = (inner - c).min(end - pos);
+            let mut offs = [0usize; N];
+            let mut rem = r;
+            for d in (0..nd - 1).rev() {
+                let i = rem % shape[d];
+                rem /= shape[d];
+                for k in 0..N {
+                    offs[k] += i * strides[d][k];
+                }
+            }
+            for k in 0..N {
+                offs[k] += c * inner_st[k];
+            }
+            f(offs, len, inner_st);
+            pos += len;
+        }
+    };
+    if tasks == 1 {
+        run(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(run);
+    }
+}
+
+/// The scalar parameter of a plan, or an internal error (the plan always sets it).
+pub(super) fn scalar_param(call: &KernelCall<'_>) -> Result<f64> {
+    match call.params {
+        crate::ops::Params::Scalar(s) => Ok(*s),
+        p => Err(Error::Internal(format!(
+            "{}: unexpected parameters {p:?}",
+            call.op
+        ))),
+    }
+}
+
+/// Offsets (in elements, from the view's first element) of every index of `shape` with
+/// `strides`, in row-major order: the small gathers of reductions over several axes.
+pub(super) fn offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    let mut out = vec![0usize];
+    for (&n, &s) in shape.iter().zip(strides) {
+        let prev = std::mem::take(&mut out);
+        out.reserve(prev.len() * n);
+        for p in prev {
+            for i in 0..n {
+                out.push(p + i * s);
+            }
+        }
+    }
+    out
+}
+
+/// Splits `0..n` into ranges run in parallel (one task when `n · work_per_item` is small),
+/// so each task can reuse its buffers across items.
+pub(super) fn par_chunks(
+    n: usize,
+    work_per_item: usize,
+    f: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
+    let work = n.saturating_mul(work_per_item.max(1));
+    if n < 2 || work < PAR_MIN {
+        f(0..n);
+        return;
+    }
+    let tasks = (work / (PAR_MIN / 2))
+        .clamp(1, rayon::current_num_threads() * 4)
+        .min(n);
+    let per = n.div_ceil(tasks);
+    (0..tasks)
+        .into_par_iter()
+        .for_each(|t| f(t * per..((t + 1) * per).min(n)));
+}
+
+/// The lanes of operands along one axis: every index of the other dimensions, with the
+/// element offset of the lane start in each operand (relative to its first element).
+pub(super) struct Lanes<const N: usize> {
+    shape: Vec<usize>,
+    strides: Vec<[usize; N]>,
+    /// Elements per lane.
+    pub len: usize,
+    /// Each operand's stride along the axis.
+    pub stride: [usize; N],
+}
+
+impl<const N: usize> Lanes<N> {
+    /// Lanes along `axis` of same-shaped layouts.
+    pub fn new(layouts: [&Layout; N], axis: usize) -> Self {
+        let shape = layouts[0].shape();
+        let mut other_shape = Vec::with_capacity(shape.len());
+        let mut other_strides = Vec::with_capacity(shape.len());
+        for d in (0..shape.len()).filter(|&d| d != axis) {
+            other_shape.push(shape[d]);
+            other_strides.push(std::array::from_fn(|k| layouts[k].strides()[d]));
+        }
+        Lanes {
+            shape: other_shape,
+            strides: other_strides,
+            len: shape[axis],
+            stride: std::array::from_fn(|k| layouts[k].strides()[axis]),
+        }
+    }
+
+    /// How many lanes.
+    pub fn count(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The offsets of lane `i` (row-major over the other dimensions).
+    pub fn offsets(&self, i: usize) -> [usize; N] {
+        let mut offs = [0usize; N];
+        let mut rem = i;
+        for d in (0..self.shape.len()).rev() {
+            let j = rem % self.shape[d];
+            rem /= self.shape[d];
+            for (o, s) in offs.iter_mut().zip(&self.strides[d]) {
+                *o += j * s;
+            }
+        }
+        offs
+    }
+}
+
+/// Reads `dst.len()` elements at `stride` from `src` into f32s.
+///
+/// # Safety
+/// `src` must be valid for reading those elements.
+#[inline(always)]
+pub(super) unsafe fn gather<T: Float>(src: *const T, stride: usize, dst: &mut [f32]) {
+    if dst.is_empty() {
+        // An empty tensor may have no storage at all (a null address).
+    } else if stride == 1 {
+        // SAFETY: the caller's promise, contiguous.
+        T::load(unsafe { std::slice::from_raw_parts(src, dst.len()) }, dst);
+    } else {
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: the caller's promise.
+            *d = unsafe { *src.add(i * stride) }.to_f32();
+        }
+    }
+}
+
+/// Writes f32s to `dst.len()` elements at `stride`.
+///
+/// # Safety
+/// `dst` must be valid for writing those elements.
+#[inline(always)]
+pub(super) unsafe fn scatter<T: Float>(src: &[f32], dst: *mut T, stride: usize) {
+    if src.is_empty() {
+        // Nothing to write, and possibly no storage.
+    } else if stride == 1 {
+        // SAFETY: the caller's promise, contiguous.
+        T::store(src, unsafe {
+            std::slice::from_raw_parts_mut(dst, src.len())
+        });
+    } else {
+        for (i, s) in src.iter().enumerate() {
+            // SAFETY: the caller's promise.
+            unsafe { *dst.add(i * stride) = T::from_f32(*s) };
+        }
+    }
+}
+
+/// Dot product with eight accumulators, so the compiler vectorises it.
+#[inline(always)]
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `y += alpha · x`.
+#[inline(always)]
+pub(super) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (a, b) in y.iter_mut().zip(x) {
+        *a += alpha * b;
+    }
+}
+
+/// Reads an i32/i64 index tensor's element `i` (contiguous offset `off`) as i64.
+///
+/// # Safety
+/// `t`'s element at `off` must be readable.
+pub(super) unsafe fn read_index(t: &TensorRef, off: usize) -> i64 {
+    // SAFETY: the caller's promise; the dtype picks the width.
+    unsafe {
+        match t.dtype {
+            DType::I32 => *(t.ptr() as usize as *const i32).add(off) as i64,
+            _ => *(t.ptr() as usize as *const i64).add(off),
+        }
+    }
+}
+
+/// `e^x` in f32, branch-free so loops over it vectorise (libm's `expf` is a call per element).
+/// Cody–Waite range reduction `x = n·ln2 + r` (|r| ≤ ln2/2) and Cephes' degree-5 minimax
+/// polynomial for `e^r`: within 2 ulp of the exact value on `[-87.3, 88]`; inputs outside are
+/// clamped (`e^-87.3` ≈ 1.2e-38 stands for smaller results), NaN stays NaN.
+#[inline(always)]
+pub(super) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
+    const ROUND: f32 = 12_582_912.0;
+    // Comparisons rather than f32::clamp, whose form LLVM does not vectorise; NaN passes
+    // both and stays NaN.
+    let x = if x < -87.3 { -87.3 } else { x };
+    let x = if x > 88.0 { 88.0 } else { x };
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    // 2^n from n's bits: (n + 1.5·2^23) holds n in its low mantissa bits (two's complement
+    // for negative n), so integer arithmetic on the bits builds the exponent. A float→int
+    // cast would be a saturating conversion, which x86 cannot vectorise.
+    let k = (n + ROUND).to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(k.wrapping_add(127) << 23);
+    y * scale
+}
+
+/// `1 / (1 + e^-x)`, vectorisable.
+#[inline(always)]
+pub(super) fn sigmoid_f32(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-x))
+}
+
+/// Sum with eight accumulators (vectorisable).
+#[inline(always)]
+pub(super) fn sum_f32(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let c = v.chunks_exact(8);
+    let rest: f32 = c.remainder().iter().sum();
+    for x in c {
+        for l in 0..8 {
+            acc[l] += x[l];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+/// Maximum with eight lanes (vectorisable); NaN if any element is NaN.
+#[inline(always)]
+pub(super) fn max_f32(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut nan = false;
+    let c = v.chunks_exact(8);
+    let rest = c.remainder();
+    for x in c {
+        for l in 0..8 {
+            nan |= x[l].is_nan();
+            acc[l] = if x[l] > acc[l] { x[l] } else { acc[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in acc.iter().chain(rest) {
+        nan |= x.is_nan();
+        m = if x > m { x } else { m };
+    }
+    if nan {
+        f32::NAN
+    } else {
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_within_two_ulp() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp_f32(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.013;
+        }
+        assert!(worst < 2.5e-7, "worst relative error {worst}");
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(-1000.0), exp_f32(-87.3));
+        assert!(max_f32(&[1.0, f32::NAN, 3.0]).is_nan());
+        assert_eq!(
+            max_f32(&[1.0, 9.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 2.0, -1.0]),
+            9.0
+        );
+    }
+}
