@@ -87,6 +87,13 @@ pub fn vendor(kind: DeviceKind) -> Result<&'static Vendor> {
         .ok_or_else(|| Error::DeviceTypeNotSupported(format!("{kind} has no vendor table row")))
 }
 
+/// Every vendor's operator kernels into the registry: the one list of who registers what.
+/// The CUDA and wgpu backends register none yet; their operators answer
+/// [`Error::UnsupportedKernel`](crate::Error::UnsupportedKernel).
+pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
+    cpu::register_kernels(reg);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,11 +113,4 @@ mod tests {
         types.dedup();
         assert_eq!(types.len(), VENDORS.len());
     }
-}
-
-/// Every vendor's operator kernels into the registry: the one list of who registers what.
-/// The CUDA and wgpu backends register none yet; their operators answer
-/// [`Error::UnsupportedKernel`](crate::Error::UnsupportedKernel).
-pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
-    cpu::register_kernels(reg);
 }
