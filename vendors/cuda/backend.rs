@@ -10,6 +10,7 @@ use super::graph::{CudaGraph, CudaGraphExec};
 use super::memory::{self, AllocKind, PeerInfo};
 use super::stream::{CaptureLog, CudaStream};
 use super::CudaBackend;
+use crate::checked;
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::{Error, Result};
 use crate::hal::*;
@@ -155,13 +156,7 @@ impl CudaBackend {
     }
 
     fn refuse_capturing(&self, s: &CudaStream, what: &str) -> Result<()> {
-        if s.is_capturing() {
-            return Err(Error::unsupported(
-                format!("{what} during capture"),
-                DeviceKind::Cuda,
-            ));
-        }
-        Ok(())
+        checked::unsupported_while_capturing(s.is_capturing(), what, DeviceKind::Cuda)
     }
 }
 
@@ -210,11 +205,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_destroy(&self, stream: StreamId) -> Result<()> {
-        if stream.0 == self.default_stream {
-            return Err(Error::BadParam(
-                "the default stream cannot be destroyed".into(),
-            ));
-        }
+        checked::check_destroyable(StreamId(self.default_stream), stream)?;
         if self.stream(stream)?.is_capturing() {
             return Err(Error::Capturing(
                 "stream_destroy on a capturing stream (end the capture first)".into(),
