@@ -36,6 +36,8 @@ pub const NO_DEVICE: CuResult = sys::CUresult::CUDA_ERROR_NO_DEVICE as i32;
 pub const NOT_READY: CuResult = sys::CUresult::CUDA_ERROR_NOT_READY as i32;
 pub const PEER_ALREADY_ENABLED: CuResult =
     sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED as i32;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: c_int = 2;
 const CAPTURE_ERRORS: std::ops::RangeInclusive<CuResult> =
     (sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as i32)
         ..=(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD as i32);
@@ -118,6 +120,7 @@ cuda_api! {
     cuGraphLaunch(sys::CUgraphExec, sys::CUstream);
     cuGraphDestroy(sys::CUgraph);
     cuGraphExecDestroy(sys::CUgraphExec);
+    cuThreadExchangeStreamCaptureMode(*mut c_int);
 }
 
 /// The loaded driver: the library, its entry points and its version.
@@ -365,10 +368,41 @@ impl Driver {
         )
     }
 
+    /// Runs `f` with the calling thread's stream-capture interaction mode set to Relaxed, then
+    /// restores the mode the thread had (also if `f` panics).
+    ///
+    /// unirt's own bookkeeping calls — allocating and freeing device and pinned memory, loading
+    /// modules, waiting for the device, copies to or from pageable host memory — are what CUDA
+    /// calls "potentially unsafe" during a capture: in the default (Global) mode such a call
+    /// from *any* thread invalidates every Global capture in the process, so one thread
+    /// allocating would break another thread's graph. None of these calls is ever part of a
+    /// capture (unirt never lets a capture depend on an allocation made inside it being
+    /// repeated at replay; freed ranges are refused at replay by the allocation table), so they
+    /// run Relaxed — the rule PyTorch's caching allocator follows for `cudaMalloc` during
+    /// capture. Work enqueued on a capturing stream is captured as before.
+    pub(super) fn relaxed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        struct Restore<'a>(&'a Driver, c_int);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                let mut mode = self.1;
+                // SAFETY: writes and reads one CUstreamCaptureMode through a valid pointer;
+                // the value is the mode this thread had before `relaxed` changed it.
+                let _ = unsafe { (self.0.api.cuThreadExchangeStreamCaptureMode)(&mut mode) };
+            }
+        }
+        let mut mode: c_int = CAPTURE_MODE_RELAXED;
+        // SAFETY: writes and reads one CUstreamCaptureMode through a valid pointer; only the
+        // calling thread's mode changes.
+        let r = unsafe { (self.api.cuThreadExchangeStreamCaptureMode)(&mut mode) };
+        self.check(r, "cuThreadExchangeStreamCaptureMode")?;
+        let _restore = Restore(self, mode);
+        f()
+    }
+
     /// Waits for all work in the current context.
     pub fn ctx_synchronize(&self) -> Result<()> {
         // SAFETY: no arguments; acts on the current context.
-        self.check(unsafe { (self.api.cuCtxSynchronize)() }, "cuCtxSynchronize")
+        self.relaxed(|| self.check(unsafe { (self.api.cuCtxSynchronize)() }, "cuCtxSynchronize"))
     }
 
     /// Lets the current context access `peer`'s memory directly (already enabled is fine).

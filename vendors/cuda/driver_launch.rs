@@ -35,7 +35,9 @@ impl Driver {
             &owned[..]
         };
         // SAFETY: data is a complete image that outlives the call (the driver copies it).
-        let r = unsafe { (self.api.cuModuleLoadData)(&mut m, data.as_ptr() as *const c_void) };
+        let r = self.relaxed(|| {
+            Ok(unsafe { (self.api.cuModuleLoadData)(&mut m, data.as_ptr() as *const c_void) })
+        })?;
         self.check(r, "cuModuleLoadData")?;
         Ok(m as u64)
     }
@@ -61,10 +63,12 @@ impl Driver {
     /// `module` is loaded and unloaded only once, after its last launch has completed.
     pub unsafe fn module_unload(&self, module: u64) -> Result<()> {
         // SAFETY: module is live and unloaded once (at backend teardown).
-        self.check(
-            unsafe { (self.api.cuModuleUnload)(module as sys::CUmodule) },
-            "cuModuleUnload",
-        )
+        self.relaxed(|| {
+            self.check(
+                unsafe { (self.api.cuModuleUnload)(module as sys::CUmodule) },
+                "cuModuleUnload",
+            )
+        })
     }
 
     /// Enqueues `f` on `stream` with a 1-D grid.

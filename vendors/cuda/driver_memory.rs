@@ -30,7 +30,7 @@ impl Driver {
     pub fn mem_alloc(&self, bytes: usize, device: &str) -> Result<u64> {
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: writes one device pointer through a valid out-pointer.
-        let r = unsafe { (self.api.cuMemAlloc_v2)(&mut p, bytes) };
+        let r = self.relaxed(|| Ok(unsafe { (self.api.cuMemAlloc_v2)(&mut p, bytes) }))?;
         self.alloc_result(r, "cuMemAlloc", bytes, device)?;
         Ok(p)
     }
@@ -41,7 +41,7 @@ impl Driver {
     pub unsafe fn mem_free(&self, p: u64) -> Result<()> {
         // SAFETY: p is the start of a live cuMemAlloc allocation, removed from the allocation
         // table before this call (freed once).
-        self.check(unsafe { (self.api.cuMemFree_v2)(p) }, "cuMemFree")
+        self.relaxed(|| self.check(unsafe { (self.api.cuMemFree_v2)(p) }, "cuMemFree"))
     }
 
     /// Stream-ordered device memory from the device's default memory pool.
@@ -73,7 +73,7 @@ impl Driver {
     pub fn mem_alloc_host(&self, bytes: usize, device: &str) -> Result<u64> {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: writes one host pointer through a valid out-pointer.
-        let r = unsafe { (self.api.cuMemAllocHost_v2)(&mut p, bytes) };
+        let r = self.relaxed(|| Ok(unsafe { (self.api.cuMemAllocHost_v2)(&mut p, bytes) }))?;
         self.alloc_result(r, "cuMemAllocHost", bytes, device)?;
         Ok(p as u64)
     }
@@ -84,10 +84,12 @@ impl Driver {
     pub unsafe fn mem_free_host(&self, p: u64) -> Result<()> {
         // SAFETY: p is the start of a live cuMemAllocHost allocation removed from the pinned
         // table before this call.
-        self.check(
-            unsafe { (self.api.cuMemFreeHost)(p as *mut c_void) },
-            "cuMemFreeHost",
-        )
+        self.relaxed(|| {
+            self.check(
+                unsafe { (self.api.cuMemFreeHost)(p as *mut c_void) },
+                "cuMemFreeHost",
+            )
+        })
     }
 
     /// Enqueues a host-to-device copy.
@@ -97,14 +99,17 @@ impl Driver {
     /// range must lie in a live allocation of the current context.
     pub unsafe fn copy_h2d(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the caller's contract above.
-        let r = unsafe {
-            (self.api.cuMemcpyHtoDAsync_v2)(
-                dst,
-                src as *const c_void,
-                bytes,
-                stream as sys::CUstream,
-            )
-        };
+        // Relaxed: a pageable source makes this a "potentially unsafe" call during any capture.
+        let r = self.relaxed(|| {
+            Ok(unsafe {
+                (self.api.cuMemcpyHtoDAsync_v2)(
+                    dst,
+                    src as *const c_void,
+                    bytes,
+                    stream as sys::CUstream,
+                )
+            })
+        })?;
         self.check(r, "cuMemcpyHtoDAsync")
     }
 
@@ -114,9 +119,17 @@ impl Driver {
     /// `[dst, dst + bytes)` must be writable host memory until the copy has run.
     pub unsafe fn copy_d2h(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the caller's contract above.
-        let r = unsafe {
-            (self.api.cuMemcpyDtoHAsync_v2)(dst as *mut c_void, src, bytes, stream as sys::CUstream)
-        };
+        // Relaxed: a pageable destination makes this "potentially unsafe" during any capture.
+        let r = self.relaxed(|| {
+            Ok(unsafe {
+                (self.api.cuMemcpyDtoHAsync_v2)(
+                    dst as *mut c_void,
+                    src,
+                    bytes,
+                    stream as sys::CUstream,
+                )
+            })
+        })?;
         self.check(r, "cuMemcpyDtoHAsync")
     }
 
@@ -168,7 +181,9 @@ impl Driver {
     /// Both host ranges must be valid for `bytes` bytes until the copy has run.
     pub unsafe fn copy_h2h(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the caller's contract above.
-        let r = unsafe { (self.api.cuMemcpyAsync)(dst, src, bytes, stream as sys::CUstream) };
+        let r = self.relaxed(|| {
+            Ok(unsafe { (self.api.cuMemcpyAsync)(dst, src, bytes, stream as sys::CUstream) })
+        })?;
         self.check(r, "cuMemcpyAsync")
     }
 
