@@ -286,6 +286,43 @@ pub fn end_capture<C>(slot: &mut Option<C>) -> Result<C> {
     slot.take().ok_or(Error::NotCapturing)
 }
 
+/// How many captures in progress have recorded an event.
+///
+/// While one has, the event's latest record is a node of a graph that has not run: CUDA
+/// invalidates the capture when such an event is queried or waited for from outside it, and
+/// on every backend a wait would never see that record complete. So every backend refuses
+/// those calls with [`Error::Capturing`] until the capture ends, and the capture holds.
+#[derive(Debug, Default)]
+pub struct InCapture(std::sync::atomic::AtomicU32);
+
+impl InCapture {
+    /// A capture in progress recorded the event.
+    pub fn enter(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// A capture that recorded the event ended (with a graph or not).
+    pub fn leave(&self) {
+        let _ = self.0.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |n| n.checked_sub(1),
+        );
+    }
+
+    /// Refuses `what` (query, synchronise, wait from outside, elapsed time) while a capture in
+    /// progress has recorded the event.
+    pub fn refuse(&self, what: &str) -> Result<()> {
+        if self.0.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            return Err(Error::Capturing(format!(
+                "{what}: the event was recorded inside a capture still in progress (that record \
+                 runs only when the graph is launched)"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Refuses `what` on a capturing stream (a wait, a synchronous call on the default stream).
 pub fn refuse_while_capturing(capturing: bool, what: &str) -> Result<()> {
     if capturing {

@@ -27,6 +27,7 @@ mod cases_api;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
+mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
 mod cases_lifetime;
@@ -98,6 +99,16 @@ pub enum Failure {
     Unsupported(String),
 }
 
+impl Failure {
+    /// The same failure, its message prefixed with where it happened.
+    pub fn context(self, at: String) -> Failure {
+        match self {
+            Failure::Failed(m) => Failure::Failed(format!("{at}: {m}")),
+            Failure::Unsupported(m) => Failure::Unsupported(format!("{at}: {m}")),
+        }
+    }
+}
+
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         match e {
@@ -146,6 +157,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_memcpy::CASES);
     all.extend_from_slice(cases_streams::CASES);
     all.extend_from_slice(cases_capture::CASES);
+    all.extend_from_slice(cases_capture_modes::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
     all.extend_from_slice(cases_chaos::CASES);
     all.extend_from_slice(cases_alloc::CASES);

@@ -192,8 +192,26 @@ impl MemcpyKind {
     }
 }
 
-/// Capture modes, with infinirt's values. unirt records only the capturing stream's own
-/// work in every mode; the modes differ in which *other* threads' unsafe calls CUDA refuses.
+/// Capture modes, with infinirt's (and `CUstreamCaptureMode`'s) values.
+///
+/// What a capture in progress allows is the same in every mode and on every backend (the
+/// conformance cases `capture::modes::*` check each call class in each mode, from the
+/// capturing thread and from another thread at once):
+///
+/// | call while a stream captures | what happens |
+/// |---|---|
+/// | async work on the capturing stream (copies, sets, launches, event records and waits, graph launches) | recorded, not run; it runs at each replay |
+/// | anything on another stream; synchronous copies and sets (default stream not capturing) | runs as usual |
+/// | raw `malloc`/`free`, `malloc_host`/`free_host`, the caching allocator (growth included) | runs; never recorded; a replay over memory freed since the capture is refused |
+/// | device `synchronize` | waits for every stream but the capturing ones |
+/// | `stream_synchronize` of the capturing stream; `event_query`/`event_synchronize`/`event_elapsed_ms`, or a wait from a non-capturing stream, on an event recorded inside the capture | refused with [`Error::Capturing`](crate::Error::Capturing); the capture goes on |
+/// | stream-ordered `malloc_async`/`free_async` on the capturing stream | [`Error::Unsupported`](crate::Error::Unsupported) (no backend records allocation nodes) |
+///
+/// Nothing in that table invalidates the capture. On CUDA the mode is passed to
+/// `cuStreamBeginCapture`, where it decides which "potentially unsafe" calls of *other* code
+/// in the process (CUDA calls made outside unirt) invalidate the capture; unirt's own
+/// allocations, frees, module loads, device waits and pageable copies run in Relaxed mode
+/// (`cuThreadExchangeStreamCaptureMode`), so they never do, whatever the mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(i32)]
 pub enum CaptureMode {

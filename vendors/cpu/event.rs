@@ -18,6 +18,8 @@ pub(crate) struct CpuEvent {
     recorded: AtomicU64,
     completed: Progress,
     stamp: Mutex<Option<Instant>>,
+    /// Captures in progress that recorded this event (waiting for it is refused meanwhile).
+    pub captured: crate::checked::InCapture,
 }
 
 impl CpuEvent {
@@ -26,6 +28,7 @@ impl CpuEvent {
             flags,
             recorded: AtomicU64::new(0),
             completed: Progress::new(),
+            captured: Default::default(),
             stamp: Mutex::new(None),
         }
     }

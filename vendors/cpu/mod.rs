@@ -226,6 +226,7 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         drop(cap);
+        e.captured.refuse("stream_wait_event from a stream that is not capturing")?;
         let generation = e.current();
         if generation == 0 || e.status() == EventStatus::Complete {
             return Ok(());
@@ -248,6 +249,7 @@ impl Backend for CpuBackend {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         let mut cap = s.capture.lock();
         if let Some(c) = cap.as_mut() {
+            e.captured.enter();
             c.nodes.push(Node::Record(e));
             return Ok(());
         }
@@ -263,17 +265,22 @@ impl Backend for CpuBackend {
     }
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
-        Ok(self.event(event)?.status())
+        let e = self.event(event)?;
+        e.captured.refuse("event_query")?;
+        Ok(e.status())
     }
 
     fn event_synchronize(&self, event: EventId) -> Result<()> {
         let e = self.event(event)?;
+        e.captured.refuse("event_synchronize")?;
         e.wait(e.current());
         Ok(())
     }
 
     fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
         let (a, b) = (self.event(start)?, self.event(end)?);
+        a.captured.refuse("event_elapsed_ms")?;
+        b.captured.refuse("event_elapsed_ms")?;
         CpuEvent::elapsed_ms(&a, &b)
     }
 
@@ -453,6 +460,11 @@ impl Backend for CpuBackend {
     fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
         let s = self.stream(stream)?;
         let c = checked::end_capture(&mut s.capture.lock())?;
+        for n in &c.nodes {
+            if let Node::Record(e) = n {
+                e.captured.leave();
+            }
+        }
         let graph = CpuGraph {
             nodes: c.nodes.into(),
             uses: Arc::new(c.uses),
@@ -475,6 +487,11 @@ impl Backend for CpuBackend {
         {
             let mut cap = s.capture.lock();
             if let Some(c) = cap.as_mut() {
+                for n in x.nodes.iter() {
+                    if let Node::Record(e) = n {
+                        e.captured.enter();
+                    }
+                }
                 c.nodes.extend(x.nodes.iter().cloned());
                 c.uses.extend(&x.uses);
                 return Ok(());

@@ -178,14 +178,21 @@ impl Backend for CudaBackend {
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
         let streams = self.streams.values();
+        // Every stream's gate, shared: none starts capturing or is destroyed while we wait
+        // (recursive reads: two synchronizing threads never wait on each other through a
+        // queued writer).
+        let _gates: Vec<_> = streams.iter().map(|s| s.gate.read_recursive()).collect();
         if !streams.iter().any(|s| s.is_capturing()) {
             return self.drv.ctx_synchronize();
         }
         // cuCtxSynchronize during a capture would invalidate it: wait stream by stream.
         let mut first = Ok(());
-        for s in streams.iter().filter(|s| !s.is_capturing()) {
-            // SAFETY: the stream is live: it came from the stream table or is the backend's
-            // default stream.
+        for s in streams.iter() {
+            if !s.waitable() {
+                continue;
+            }
+            // SAFETY: the stream is live (not destroyed, checked under the gate that destroy
+            // takes exclusively) and not capturing.
             if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
                 first = first.and(Err(e));
             }
@@ -213,12 +220,22 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         let s = self.streams.remove(stream.0)?;
+        // No device-wide synchronize on another thread is waiting on it once we hold this.
+        let _gate = s.gate.write();
         // cuStreamDestroy returns at once; work already enqueued still completes. A failed
         // destroy leaves the stream alive: keep its handle so a retry or teardown releases it.
         // SAFETY: the stream came out of the stream table, which no longer lists it: live, and
         // destroyed once (on failure it goes back to the table, still live).
-        unsafe { self.drv.stream_destroy(s.raw) }
-            .inspect_err(|_| self.streams.restore(stream.0, s.clone()))
+        match unsafe { self.drv.stream_destroy(s.raw) } {
+            Ok(()) => {
+                s.destroyed.store(true, std::sync::atomic::Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                self.streams.restore(stream.0, s.clone());
+                Err(e)
+            }
+        }
     }
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
@@ -236,6 +253,10 @@ impl Backend for CudaBackend {
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
+        if !s.is_capturing() {
+            e.captured
+                .refuse("stream_wait_event from a stream that is not capturing")?;
+        }
         self.bind()?;
         // SAFETY: both handles came from their live-handle tables.
         unsafe { self.drv.stream_wait_event(s.raw, e.raw, s.is_capturing()) }?;
@@ -267,6 +288,7 @@ impl Backend for CudaBackend {
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
         let e = self.event(event)?;
+        e.captured.refuse("event_query")?;
         self.bind()?;
         // SAFETY: the event came from the live event table.
         Ok(if unsafe { self.drv.event_query(e.raw) }? {
@@ -278,6 +300,7 @@ impl Backend for CudaBackend {
 
     fn event_synchronize(&self, event: EventId) -> Result<()> {
         let e = self.event(event)?;
+        e.captured.refuse("event_synchronize")?;
         self.bind()?;
         // SAFETY: the event came from the live event table.
         unsafe { self.drv.event_synchronize(e.raw) }
@@ -286,6 +309,7 @@ impl Backend for CudaBackend {
     fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
         let (a, b) = (self.event(start)?, self.event(end)?);
         for e in [&a, &b] {
+            e.captured.refuse("event_elapsed_ms")?;
             if !e.flags.timing() {
                 return Err(Error::BadParam(format!(
                     "event {:#x} was created with DISABLE_TIMING",
@@ -564,7 +588,14 @@ impl Backend for CudaBackend {
         self.bind()?;
         // Module loading is not allowed inside a global-mode capture: load the kernels first.
         self.preload_kernels();
+        // Waits for a device-wide synchronize that is waiting on this stream right now.
+        let _gate = s.gate.write();
         let mut cap = s.capture.lock();
+        if cap.is_some() {
+            return Err(Error::Capturing(
+                "begin_capture on a stream that is already capturing".into(),
+            ));
+        }
         // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
         // SAFETY: the stream came from the stream table and is not capturing (checked above).
         unsafe { self.drv.begin_capture(s.raw, mode as i32) }?;
@@ -574,7 +605,13 @@ impl Backend for CudaBackend {
 
     fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
         let s = self.stream(stream)?;
+        // Until the driver has ended the capture, no device synchronize may take the stream
+        // for one that is not capturing.
+        let _gate = s.gate.write();
         let rec = s.capture.lock().take().ok_or(Error::NotCapturing)?;
+        for e in &rec.events {
+            e.captured.leave();
+        }
         self.bind()?;
         // SAFETY: the stream came from the stream table and is capturing (checked above).
         let raw = unsafe { self.drv.end_capture(s.raw) }?;

@@ -13,6 +13,9 @@ pub(super) struct CudaEvent {
     pub flags: EventFlags,
     /// Recorded outside a capture at least once (elapsed time needs it).
     pub recorded: AtomicBool,
+    /// Captures in progress that recorded this event: until they end, querying or waiting
+    /// for it from outside would invalidate them, so unirt refuses it first.
+    pub captured: crate::checked::InCapture,
 }
 
 impl CudaEvent {
@@ -21,6 +24,7 @@ impl CudaEvent {
             raw,
             flags,
             recorded: AtomicBool::new(false),
+            captured: Default::default(),
         }
     }
 

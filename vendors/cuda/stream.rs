@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::{Mutex, RwLock};
 
 use super::event::CudaEvent;
 
@@ -22,6 +24,14 @@ pub(super) struct CaptureLog {
 pub(super) struct CudaStream {
     pub raw: u64,
     pub capture: Mutex<Option<CaptureLog>>,
+    /// Held shared while unirt itself waits for this stream on behalf of a device-wide
+    /// synchronize (or a free), exclusively while the stream starts capturing or is
+    /// destroyed. Another thread's device synchronize therefore never waits on a stream that
+    /// has just begun capturing (CUDA would invalidate that capture) or that is being
+    /// destroyed (a dead `CUstream` handle reaching the driver).
+    pub gate: RwLock<()>,
+    /// The native stream was destroyed (set under `gate` held exclusively).
+    pub destroyed: AtomicBool,
 }
 
 impl CudaStream {
@@ -29,7 +39,15 @@ impl CudaStream {
         CudaStream {
             raw,
             capture: Mutex::new(None),
+            gate: RwLock::new(()),
+            destroyed: AtomicBool::new(false),
         }
+    }
+
+    /// Not destroyed and not capturing: unirt may wait for it on its own account. Read with
+    /// `gate` held shared.
+    pub fn waitable(&self) -> bool {
+        !self.destroyed.load(Ordering::Acquire) && !self.is_capturing()
     }
 
     pub fn is_capturing(&self) -> bool {
@@ -40,6 +58,7 @@ impl CudaStream {
     pub fn note_event(&self, e: &Arc<CudaEvent>) -> bool {
         match self.capture.lock().as_mut() {
             Some(c) => {
+                e.captured.enter();
                 c.events.push(e.clone());
                 true
             }

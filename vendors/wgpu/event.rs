@@ -63,6 +63,8 @@ pub(crate) struct WEvent {
     /// Device timing: a one-entry query set and the buffer it resolves into.
     pub query: Option<(wgpu::QuerySet, wgpu::Buffer)>,
     pub last: Mutex<Option<Arc<Slot>>>,
+    /// Captures in progress that recorded this event (waiting for it is refused meanwhile).
+    pub captured: crate::checked::InCapture,
 }
 
 impl WEvent {
@@ -85,6 +87,7 @@ impl WEvent {
             flags,
             query,
             last: Mutex::new(None),
+            captured: Default::default(),
         })
     }
 

@@ -190,13 +190,16 @@ impl Backend for WgpuBackend {
     }
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
-        let (s, _e) = (self.stream(stream)?, self.event(event)?);
+        let (s, e) = (self.stream(stream)?, self.event(event)?);
         // Records submit at once and every stream submits to the one queue in order, so the
         // waiting stream's later work already runs after the event's work; only a capture
         // keeps the wait, to replay it in place.
         let mut st = s.lock();
-        if let Some(c) = st.capture.as_mut() {
-            c.cmds.push(Cmd::Wait);
+        match st.capture.as_mut() {
+            Some(c) => c.cmds.push(Cmd::Wait),
+            None => e
+                .captured
+                .refuse("stream_wait_event from a stream that is not capturing")?,
         }
         Ok(())
     }
@@ -213,15 +216,21 @@ impl Backend for WgpuBackend {
     }
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
-        self.event(event)?.status(&self.gpu)
+        let e = self.event(event)?;
+        e.captured.refuse("event_query")?;
+        e.status(&self.gpu)
     }
 
     fn event_synchronize(&self, event: EventId) -> Result<()> {
-        self.event(event)?.wait(&self.gpu)
+        let e = self.event(event)?;
+        e.captured.refuse("event_synchronize")?;
+        e.wait(&self.gpu)
     }
 
     fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
         let (a, b) = (self.event(start)?, self.event(end)?);
+        a.captured.refuse("event_elapsed_ms")?;
+        b.captured.refuse("event_elapsed_ms")?;
         WEvent::elapsed_ms(&self.gpu, &a, &b)
     }
 
@@ -492,6 +501,7 @@ impl Backend for WgpuBackend {
     fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
         let s = self.stream(stream)?;
         let c = checked::end_capture(&mut s.lock().capture)?;
+        stream::release_captured_records(&c.cmds);
         let graph = WGraph {
             cmds: c.cmds.into(),
             uses: Arc::new(c.uses),
@@ -513,6 +523,7 @@ impl Backend for WgpuBackend {
         let pins = self.mem.repin(&x.uses)?;
         let mut st = s.lock();
         if let Some(c) = st.capture.as_mut() {
+            stream::note_captured_records(&x.cmds);
             c.cmds.extend(x.cmds.iter().cloned());
             c.uses.extend(&x.uses);
             return Ok(());

@@ -147,6 +147,7 @@ pub(crate) fn enqueue(
 ) -> Result<()> {
     let mut st = stream.lock();
     if let Some(c) = st.capture.as_mut() {
+        note_captured_records(&cmds);
         c.cmds.extend(cmds);
         c.uses.record(&pins);
         return Ok(());
@@ -158,4 +159,23 @@ pub(crate) fn enqueue(
         flush_locked(gpu, &mut st)?;
     }
     Ok(())
+}
+
+/// Marks the events these commands record as recorded inside a capture in progress (see
+/// [`crate::checked::InCapture`]).
+pub(crate) fn note_captured_records(cmds: &[Cmd]) {
+    for c in cmds {
+        if let Cmd::Record(e) = c {
+            e.captured.enter();
+        }
+    }
+}
+
+/// Ends what [`note_captured_records`] marked: the capture holding these commands ended.
+pub(crate) fn release_captured_records(cmds: &[Cmd]) {
+    for c in cmds {
+        if let Cmd::Record(e) = c {
+            e.captured.leave();
+        }
+    }
 }
