@@ -95,8 +95,11 @@ pub trait Backend: Send + Sync {
     /// stream — live, capturing, or destroyed with work still queued — nor while a synchronous
     /// copy or set on another thread uses it. The pointer is dead for new work when this
     /// returns; the release itself may be deferred until the last such use has finished (CPU,
-    /// wgpu: no device-wide wait, see [`crate::checked`]) or done after waiting for the device
-    /// (CUDA, as `cudaFree`). A graph captured over the memory is refused at its next launch.
+    /// wgpu: no device-wide wait, see [`crate::checked`]) or done by `cuMemFree`, which waits
+    /// for the context's outstanding work itself (CUDA: unirt adds no device-wide wait of its
+    /// own, only for streams destroyed with work queued and for calls on other threads that
+    /// passed their range check before the free). A graph captured over the memory is refused
+    /// at its next launch.
     fn free(&self, ptr: DevicePtr) -> Result<()>;
     /// Page-locked host memory the device can copy from asynchronously.
     fn malloc_host(&self, bytes: usize) -> Result<HostPtr>;

@@ -24,6 +24,8 @@ const MAX_GRID: u32 = 1 << 20;
 /// Which device owns the device side(s) of a copy: `None` is this one.
 struct CopyPlan {
     ranges: Vec<(u64, u64)>,
+    /// Host sides that lie in this device's pinned memory.
+    pinned: Vec<(u64, u64)>,
     dst_peer: Option<Arc<PeerInfo>>,
     src_peer: Option<Arc<PeerInfo>>,
 }
@@ -55,9 +57,21 @@ impl CudaBackend {
 
     fn check_copy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<CopyPlan> {
         let len = bytes as u64;
+        // A device address handed over as host memory: under unified addressing it cannot be
+        // host memory, and the host side of a copy would dereference it on the CPU.
+        for (addr, host_side) in [(dst, !kind.dst_on_device()), (src, !kind.src_on_device())] {
+            if host_side && len > 0 && self.shared.mem.find(addr).is_some() {
+                return Err(Error::BadParam(format!(
+                    "{addr:#x} is device memory of {}, given as the host side of a {} copy",
+                    self.name,
+                    kind.as_str()
+                )));
+            }
+        }
         let peer_ok = kind == MemcpyKind::D2D;
         let mut plan = CopyPlan {
             ranges: Vec::with_capacity(2),
+            pinned: Vec::new(),
             dst_peer: None,
             src_peer: None,
         };
@@ -66,16 +80,16 @@ impl CudaBackend {
             if plan.dst_peer.is_none() {
                 plan.ranges.push((dst, len));
             }
-        } else {
-            self.host_mem.check_host(dst, len)?;
+        } else if self.host_mem.check_host(dst, len)?.is_some() {
+            plan.pinned.push((dst, len));
         }
         if kind.src_on_device() {
             plan.src_peer = self.device_side(src, len, peer_ok)?;
             if plan.src_peer.is_none() {
                 plan.ranges.push((src, len));
             }
-        } else {
-            self.host_mem.check_host(src, len)?;
+        } else if self.host_mem.check_host(src, len)?.is_some() {
+            plan.pinned.push((src, len));
         }
         Ok(plan)
     }
@@ -118,6 +132,14 @@ impl CudaBackend {
 
     /// Checks what a graph uses is still live: its device ranges (a replay must not write
     /// freed memory) and its recorded events (CUDA would record a destroyed event).
+    /// Pinned host ranges of a graph are still in live pinned allocations.
+    fn check_pinned(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        for &(addr, len) in ranges {
+            self.host_mem.lookup(addr, len)?;
+        }
+        Ok(())
+    }
+
     fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CudaEvent>]) -> Result<()> {
         for &(addr, len) in ranges {
             self.check_device(addr, len)?;
@@ -155,6 +177,33 @@ impl CudaBackend {
         Ok(s)
     }
 
+    /// Waits for (when `wait`) and releases the events marking the end of destroyed streams.
+    /// An event whose wait failed stays listed, so a later synchronize waits for it again.
+    fn drain_retired_streams(&self, wait: bool) -> Result<()> {
+        let retired = std::mem::take(&mut *self.retired_streams.lock());
+        let mut first = Ok(());
+        let mut keep = Vec::new();
+        for e in retired {
+            // SAFETY: the event was created and recorded by stream_destroy and is owned by
+            // the retired list, from which it was taken above (so waited for and destroyed once).
+            let waited = if wait {
+                unsafe { self.drv.event_synchronize(e) }
+            } else {
+                Ok(())
+            };
+            match waited {
+                // SAFETY: as above.
+                Ok(()) => drop(unsafe { self.drv.event_destroy(e) }),
+                Err(err) => {
+                    keep.push(e);
+                    first = first.and(Err(err));
+                }
+            }
+        }
+        self.retired_streams.lock().extend(keep);
+        first
+    }
+
     fn refuse_capturing(&self, s: &CudaStream, what: &str) -> Result<()> {
         checked::unsupported_while_capturing(s.is_capturing(), what, DeviceKind::Cuda)
     }
@@ -183,10 +232,14 @@ impl Backend for CudaBackend {
         // queued writer).
         let _gates: Vec<_> = streams.iter().map(|s| s.gate.read_recursive()).collect();
         if !streams.iter().any(|s| s.is_capturing()) {
-            return self.drv.ctx_synchronize();
+            self.drv.ctx_synchronize()?;
+            // Destroyed streams' work is the context's too; their end events are waited for
+            // anyway (already complete: no cost), so this holds whatever the driver counts.
+            return self.drain_retired_streams(true);
         }
-        // cuCtxSynchronize during a capture would invalidate it: wait stream by stream.
-        let mut first = Ok(());
+        // cuCtxSynchronize during a capture would invalidate it: wait stream by stream, and
+        // for the end of every stream destroyed with work queued.
+        let mut first = self.drain_retired_streams(true);
         for s in streams.iter() {
             if !s.waitable() {
                 continue;
@@ -222,6 +275,43 @@ impl Backend for CudaBackend {
         let s = self.streams.remove(stream.0)?;
         // No device-wide synchronize on another thread is waiting on it once we hold this.
         let _gate = s.gate.write();
+        // Its queued work must still count for device synchronize: mark its end with an event
+        // (or, if no event can be had, wait for it now).
+        let end = self
+            .drv
+            .event_create(super::event::cu_flags(EventFlags::DISABLE_TIMING))
+            .and_then(|e| {
+                // SAFETY: the event was just created; the stream is live and not capturing
+                // (checked above, and begin_capture needs the gate we hold).
+                match unsafe { self.drv.event_record(e, s.raw, false) } {
+                    Ok(()) => Ok(e),
+                    Err(err) => {
+                        // SAFETY: created above, never handed out: destroyed once.
+                        let _ = unsafe { self.drv.event_destroy(e) };
+                        Err(err)
+                    }
+                }
+            });
+        match end {
+            Ok(e) => {
+                let mut retired = self.retired_streams.lock();
+                // Release the ends already reached, so the list stays as long as the work
+                // still queued on destroyed streams, not as long as the program ran.
+                // SAFETY: each listed event is live and owned by the list; one that is
+                // complete is removed from the list and destroyed once.
+                retired.retain(|&old| match unsafe { self.drv.event_query(old) } {
+                    Ok(true) => {
+                        let _ = unsafe { self.drv.event_destroy(old) };
+                        false
+                    }
+                    _ => true,
+                });
+                retired.push(e);
+            }
+            // SAFETY: the stream is live (it came out of the stream table).
+            Err(_) => unsafe { self.drv.stream_synchronize(s.raw) }
+                .inspect_err(|_| self.streams.restore(stream.0, s.clone()))?,
+        }
         // cuStreamDestroy returns at once; work already enqueued still completes. A failed
         // destroy leaves the stream alive: keep its handle so a retry or teardown releases it.
         // SAFETY: the stream came out of the stream table, which no longer lists it: live, and
@@ -359,8 +449,22 @@ impl Backend for CudaBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        // As cudaFree: pending work that may use the memory finishes first.
-        let a = self.shared.mem.retire(ptr.0, || self.synchronize())?;
+        // Plain memory: cuMemFree itself waits for the context's outstanding work (cudaFree's
+        // implicit synchronisation) — the pointer is checked and unregistered here, and no
+        // device-wide wait of unirt's own comes before the driver's (it was one at 17-30x
+        // cudaFree's cost on an H100). Pool memory is freed stream-ordered on the default
+        // stream, so the device is synchronised first as cudaFree would.
+        let a = match self.shared.mem.get_start(ptr.0)?.payload {
+            // Only the work of streams destroyed with work queued is waited for first (the
+            // list is empty in the common case), whatever the driver counts in its own wait.
+            AllocKind::Plain => self
+                .shared
+                .mem
+                .retire(ptr.0, || self.drain_retired_streams(true))?,
+            AllocKind::Pool => self.shared.mem.retire(ptr.0, || self.synchronize())?,
+        };
+        // Calls that passed their range check before the retire finish enqueueing first.
+        drop(self.enqueue_gate.write());
         let released = match a.payload {
             // SAFETY: the allocation left the allocation table here (or was never admitted to
             // it), so it is live and freed once; the table has waited for the work that used it.
@@ -402,7 +506,14 @@ impl Backend for CudaBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        let a = self.host_mem.retire(ptr.0, || self.synchronize())?;
+        // Unregistered first (no new copy passes its check), then every copy that passed it
+        // has enqueued (the gate), then all of that work has run (synchronize).
+        let a = self.host_mem.retire(ptr.0, || Ok(()))?;
+        drop(self.enqueue_gate.write());
+        if let Err(e) = self.synchronize() {
+            let _ = self.host_mem.insert(a.base, a.size, ());
+            return Err(e);
+        }
         // SAFETY: the pinned allocation left the pinned table here (or was never admitted), so it
         // is freed once; on failure it goes back to the table.
         unsafe { self.drv.mem_free_host(a.base) }.inspect_err(|_| {
@@ -474,6 +585,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
+        let gate = self.enqueue_gate.read();
         let plan = self.check_copy(dst, src, bytes, kind)?;
         let s = self.sync_stream()?;
         self.bind()?;
@@ -492,6 +604,7 @@ impl Backend for CudaBackend {
         }
         // SAFETY: the caller's contract for host ranges; device ranges checked in `plan`.
         unsafe { self.enqueue_copy(dst, src, bytes, kind, &plan, s.raw)? };
+        drop(gate);
         // SAFETY: the stream is live: it came from the stream table or is the backend's default
         // stream.
         unsafe { self.drv.stream_synchronize(s.raw) }
@@ -506,17 +619,20 @@ impl Backend for CudaBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
+        let _gate = self.enqueue_gate.read();
         let plan = self.check_copy(dst, src, bytes, kind)?;
         if bytes == 0 {
             return Ok(());
         }
         self.bind()?;
         s.note_ranges(&plan.ranges);
+        s.note_pinned(&plan.pinned);
         // SAFETY: the caller's contract for host ranges; device ranges checked in `plan`.
         unsafe { self.enqueue_copy(dst, src, bytes, kind, &plan, s.raw) }
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        let gate = self.enqueue_gate.read();
         self.check_device(dst.0, bytes as u64)?;
         let s = self.sync_stream()?;
         self.bind()?;
@@ -525,6 +641,7 @@ impl Backend for CudaBackend {
             // stream is live.
             unsafe { self.drv.memset_d8(dst.0, value, bytes, s.raw) }?;
         }
+        drop(gate);
         // SAFETY: the stream is live: it came from the stream table or is the backend's default
         // stream.
         unsafe { self.drv.stream_synchronize(s.raw) }
@@ -538,6 +655,7 @@ impl Backend for CudaBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
+        let _gate = self.enqueue_gate.read();
         self.check_device(dst.0, bytes as u64)?;
         if bytes == 0 {
             return Ok(());
@@ -551,6 +669,7 @@ impl Backend for CudaBackend {
 
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
+        let _gate = self.enqueue_gate.read();
         let checked = check_launch(kernel, args, |p, len| self.check_device(p.0, len))?;
         self.bind()?;
         let f = self.function(kernel)?;
@@ -620,6 +739,7 @@ impl Backend for CudaBackend {
             CudaGraph {
                 raw,
                 ranges: rec.ranges.into(),
+                pinned: rec.pinned.into(),
                 events: rec.events.into(),
                 waits: rec.waits.into(),
             },
@@ -631,6 +751,7 @@ impl Backend for CudaBackend {
         let g = self.graphs.get(graph.0)?;
         self.check_graph(&g.ranges, &g.events)?;
         self.check_graph(&[], &g.waits)?;
+        self.check_pinned(&g.pinned)?;
         self.bind()?;
         // SAFETY: the graph came from the live graph table.
         let raw = unsafe { self.drv.graph_instantiate(g.raw) }?;
@@ -639,6 +760,7 @@ impl Backend for CudaBackend {
             CudaGraphExec {
                 raw,
                 ranges: g.ranges.clone(),
+                pinned: g.pinned.clone(),
                 events: g.events.clone(),
                 waits: g.waits.clone(),
             },
@@ -648,11 +770,14 @@ impl Backend for CudaBackend {
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
+        let _gate = self.enqueue_gate.read();
         // A replay must not touch memory freed (or events destroyed) since the capture.
         self.check_graph(&x.ranges, &x.events)?;
         self.check_graph(&[], &x.waits)?;
+        self.check_pinned(&x.pinned)?;
         self.bind()?;
         s.note_ranges(&x.ranges);
+        s.note_pinned(&x.pinned);
         // SAFETY: the exec and the stream came from their tables and the graph's ranges were
         // re-checked above.
         unsafe { self.drv.graph_launch(x.raw, s.raw) }?;

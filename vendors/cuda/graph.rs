@@ -10,6 +10,8 @@ pub(super) struct CudaGraph {
     pub raw: u64,
     /// Device ranges the captured work touches.
     pub ranges: Arc<[(u64, u64)]>,
+    /// Pinned host ranges (unirt's `malloc_host` memory) the captured copies touch.
+    pub pinned: Arc<[(u64, u64)]>,
     /// Events recorded inside the capture.
     pub events: Arc<[Arc<CudaEvent>]>,
     /// Events the graph waits on: a replay must not name a destroyed one.
@@ -23,6 +25,8 @@ pub(super) struct CudaGraph {
 pub(super) struct CudaGraphExec {
     pub raw: u64,
     pub ranges: Arc<[(u64, u64)]>,
+    /// Pinned host ranges, re-checked against the pinned table before every launch.
+    pub pinned: Arc<[(u64, u64)]>,
     /// Events the graph records: counted as recorded (for elapsed time) once a launch is
     /// enqueued.
     pub events: Arc<[Arc<CudaEvent>]>,

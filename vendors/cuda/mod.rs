@@ -258,6 +258,16 @@ pub struct CudaBackend {
     graphs: HandleTable<CudaGraph>,
     execs: HandleTable<CudaGraphExec>,
     default_stream: u64,
+    /// One event per stream destroyed with work possibly queued, recorded at its end just
+    /// before the destroy: device synchronize waits for these when it cannot use
+    /// cuCtxSynchronize (a capture in progress), so a destroyed stream's work still counts.
+    retired_streams: Mutex<Vec<u64>>,
+    /// Held shared by every call from the moment it checks its ranges until its work is
+    /// enqueued; `free`/`free_host` take it exclusively (an instant) after unregistering the
+    /// memory, so no copy, set, launch or replay that passed its check before the free can
+    /// enqueue after the driver released the memory. (Work enqueued before is what cuMemFree
+    /// and the synchronize of `free_host` wait for.)
+    enqueue_gate: parking_lot::RwLock<()>,
     /// Kernel name → (CUmodule, CUfunction), loaded at first launch.
     functions: Mutex<HashMap<&'static str, (u64, u64)>>,
 }
@@ -315,6 +325,8 @@ impl CudaBackend {
             graphs: HandleTable::new(GraphId::KIND),
             execs: HandleTable::new(GraphExecId::KIND),
             default_stream,
+            retired_streams: Mutex::new(Vec::new()),
+            enqueue_gate: parking_lot::RwLock::new(()),
             functions: Mutex::new(HashMap::new()),
         })
     }
@@ -416,6 +428,11 @@ impl Drop for CudaBackend {
             // SAFETY: the graph came out of the graph table, which no longer lists it: destroyed
             // once.
             let _ = unsafe { self.drv.graph_destroy(g.raw) };
+        }
+        for e in self.retired_streams.lock().drain(..) {
+            // SAFETY: the retired-stream event was created by this backend and is destroyed
+            // once: it is drained from the list here.
+            let _ = unsafe { self.drv.event_destroy(e) };
         }
         for e in self.events.values() {
             // SAFETY: the event came out of the event table, which no longer lists it: destroyed

@@ -13,6 +13,8 @@ use super::event::CudaEvent;
 #[derive(Debug, Default)]
 pub(super) struct CaptureLog {
     pub ranges: Vec<(u64, u64)>,
+    /// Pinned host ranges the captured copies use.
+    pub pinned: Vec<(u64, u64)>,
     /// Events recorded inside the capture: each replay records them.
     pub events: Vec<Arc<CudaEvent>>,
     /// Events the captured work waits on (event-wait nodes): the graph names them too.
@@ -70,6 +72,16 @@ impl CudaStream {
     pub fn note_wait(&self, e: &Arc<CudaEvent>) {
         if let Some(c) = self.capture.lock().as_mut() {
             c.waits.push(e.clone());
+        }
+    }
+
+    /// Notes pinned host ranges used by copies enqueued now, when capturing.
+    pub fn note_pinned(&self, ranges: &[(u64, u64)]) {
+        if ranges.is_empty() {
+            return;
+        }
+        if let Some(c) = self.capture.lock().as_mut() {
+            c.pinned.extend_from_slice(ranges);
         }
     }
 

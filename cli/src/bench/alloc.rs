@@ -1,5 +1,7 @@
 //! `unirt bench alloc`: alloc + free pairs through the caching allocator, beside the backend's
-//! raw allocation and the system malloc, per size, in one run.
+//! raw allocation and the system malloc, per size, in one run. On a CUDA device a fourth
+//! column is the driver's own `cuMemAlloc` + `cuMemFree` (through cudarc, in the same process),
+//! the floor the raw column is held to (issue 11: ≤ 1.2×).
 //!
 //! Each figure is the median over batches of the time per pair, with the batch long enough
 //! (≥ 20 µs) that the clock's own cost does not count. The cached figure is a cache hit: one
@@ -25,7 +27,36 @@ struct Row {
     /// flush, the best-fit search, a split and a merge.
     cached_best_fit_ns: f64,
     raw_ns: f64,
+    /// CUDA only: plain `cuMemAlloc` + `cuMemFree` through cudarc.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_driver_ns: Option<f64>,
     system_malloc_ns: f64,
+}
+
+/// Plain `cuMemAlloc_v2` + `cuMemFree_v2` pairs of `n` bytes on cudarc's own handle to the
+/// same device: the floor for unirt's raw CUDA allocation.
+fn cuda_driver_pair_ns(base: &super::cuda::Baseline, n: usize) -> CliResult<f64> {
+    base.ctx.bind_to_thread()?;
+    let mut err = None;
+    let ns = per_call_ns(Duration::from_millis(300), || {
+        // SAFETY: the context is current on this thread (bound above); the pointer is freed
+        // once, right after it was allocated, and never used.
+        match unsafe { cudarc::driver::result::malloc_sync(n) } {
+            Ok(p) => {
+                // SAFETY: as above.
+                if let Err(e) = unsafe { cudarc::driver::result::free_sync(p) } {
+                    err.get_or_insert(e);
+                }
+            }
+            Err(e) => {
+                err.get_or_insert(e);
+            }
+        }
+    });
+    match err {
+        Some(e) => Err(e.into()),
+        None => Ok(ns),
+    }
 }
 
 /// Median nanoseconds per call of `f`, over batches of calls.
@@ -57,6 +88,11 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
     let device: Device = device.parse()?;
     let dev = unirt::open(device)?;
     let alloc = CachingAllocator::new(dev.clone());
+    let cuda = if device.kind == DeviceKind::Cuda {
+        Some(super::cuda::baseline(device.index)?)
+    } else {
+        None
+    };
     let stream = dev.default_stream();
     println!(
         "alloc + free pairs on {device} ({}): caching allocator (cache hit), raw backend \
@@ -64,8 +100,18 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         dev.info().name
     );
     println!(
-        "{:>11} {:>11} {:>13} {:>13} {:>13} {:>10}",
-        "bytes", "cached ns", "best-fit ns", "raw ns", "malloc ns", "raw/cached"
+        "{:>11} {:>11} {:>13} {:>13} {:>13} {:>10}{}",
+        "bytes",
+        "cached ns",
+        "best-fit ns",
+        "raw ns",
+        "malloc ns",
+        "raw/cached",
+        if cuda.is_some() {
+            "  cuMemAlloc+Free ns  raw/driver"
+        } else {
+            ""
+        }
     );
     let max = max_mib.max(1) << 20;
     let sizes: Vec<usize> = std::iter::successors(Some(512usize), |s| Some(s * 2))
@@ -117,6 +163,15 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         if let Some(e) = err.take() {
             return Err(e.into());
         }
+        let cuda_driver_ns = match &cuda {
+            Some(base) => Some(
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    cuda_driver_pair_ns(base, n)
+                }))
+                .unwrap_or_else(|_| Err("cudarc panicked during the allocation baseline".into()))?,
+            ),
+            None => None,
+        };
         // `Vec::with_capacity` + drop is one malloc and one free through the global
         // allocator (the system malloc); black_box keeps the pair from being optimised out.
         let system_malloc_ns = per_call_ns(Duration::from_millis(100), || {
@@ -125,14 +180,18 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         });
         println!(
             "{n:>11} {cached_ns:>11.1} {cached_best_fit_ns:>13.1} {raw_ns:>13.1} \
-             {system_malloc_ns:>13.1} {:>10.1}",
-            raw_ns / cached_ns
+             {system_malloc_ns:>13.1} {:>10.1}{}",
+            raw_ns / cached_ns,
+            cuda_driver_ns
+                .map(|d| format!(" {d:>19.1} {:>11.2}", raw_ns / d))
+                .unwrap_or_default()
         );
         rows.push(Row {
             bytes: n,
             cached_ns,
             cached_best_fit_ns,
             raw_ns,
+            cuda_driver_ns,
             system_malloc_ns,
         });
         // Give each size's segments back so the next size starts from the backend.

@@ -58,12 +58,12 @@ fn gbps(bytes: usize, secs: f64) -> f64 {
 }
 
 /// The cudarc baseline: its own context handle on the same device, one non-blocking stream.
-struct Baseline {
+pub(super) struct Baseline {
     stream: Arc<CudaStream>,
-    ctx: Arc<CudaContext>,
+    pub(super) ctx: Arc<CudaContext>,
 }
 
-fn baseline(index: usize) -> CliResult<Baseline> {
+pub(super) fn baseline(index: usize) -> CliResult<Baseline> {
     // cudarc loads libcuda by name and panics when that fails: check first, and catch any
     // panic from a symbol it lacks as an error rather than a crash of the benchmark.
     // SAFETY: is_culib_present only tries to dlopen cudarc's candidate names.
