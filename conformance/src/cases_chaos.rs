@@ -26,7 +26,21 @@ pub(super) const CASES: &[Case] = &[
         needs: &[],
         run: |c| chaos(c, 0x5eed_0002, 2000),
     },
+    Case {
+        name: "bad::random_call_sequences_20_more_seeds",
+        needs: &[],
+        run: twenty_seeds,
+    },
 ];
+
+/// Twenty more seeds (2000 calls each), every one on a fresh private instance; a failure names
+/// its seed so the sequence can be replayed alone.
+fn twenty_seeds(c: &Ctx) -> Result<(), Failure> {
+    for seed in 0x5eed_0003..0x5eed_0003 + 20u64 {
+        chaos(c, seed, 2000).map_err(|f| f.context(format!("seed {seed:#x}")))?;
+    }
+    Ok(())
+}
 
 /// A small xorshift generator: the sequence depends on the seed only.
 struct Rng(u64);
