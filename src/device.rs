@@ -188,6 +188,24 @@ impl DeviceClass {
     }
 }
 
+/// A device a vendor found but could not open, as discovery reports it: listed with the
+/// driver's reason, never numbered, so it is not a [`Device`] anywhere (conformance, the main
+/// job, the C ABI) and the indices of the devices that open stay dense.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnusableDevice {
+    /// The device's name as the driver reports it, e.g. "NVIDIA GeForce RTX 4090".
+    pub name: String,
+    /// The vendor, e.g. "NVIDIA", "Mesa".
+    pub vendor: String,
+    /// Driver name and version as the driver reports it.
+    pub driver: String,
+    /// The API the device would be driven through ("vulkan", "gl", …).
+    pub api: String,
+    /// Why it cannot be opened, in the driver's words (e.g. "request_device: Parent device is
+    /// lost").
+    pub reason: String,
+}
+
 /// A description of one device, as discovery reports it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceInfo {

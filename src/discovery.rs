@@ -8,6 +8,17 @@
 //! `UNIRT_BACKENDS=cpu,wgpu` restricts which vendors are probed; the others report
 //! "disabled by UNIRT_BACKENDS".
 //!
+//! **Adapters that cannot be opened are not devices.** A vendor whose driver lists devices that
+//! may still refuse to open (wgpu: an adapter whose `request_device` fails, like NVIDIA's GL/EGL
+//! adapter answering "Parent device is lost") test-opens each one while probing. One that fails
+//! is listed in [`BackendReport::unusable`] with its name and the driver's reason, and is not a
+//! [`Device`]: not in [`Discovery::devices`], [`Discovery::count`], [`Discovery::ranked`], so
+//! not in conformance, the main job or the C ABI's counts, and the devices that open are
+//! numbered densely without it (indices stable for the life of the process). The wgpu device a
+//! test-open created is kept and handed to the first [`open`], so probing does not open a
+//! device twice. `UNIRT_WGPU_FAIL_OPEN=gl` (or a part of an adapter's name) makes the test-open
+//! of the matching wgpu adapters fail, as fault injection for tests.
+//!
 //! "Once per process" is meant literally: a child made by `fork` probes and opens afresh (see
 //! [`crate::fork`]); the parent's devices answer [`Error::Forked`] there.
 
@@ -18,7 +29,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::device::{Device, DeviceInfo, DeviceKind};
+use crate::device::{Device, DeviceInfo, DeviceKind, UnusableDevice};
 use crate::error::{Error, Result};
 use crate::fork::PerProcess;
 use crate::hal::Probe;
@@ -33,6 +44,9 @@ pub struct BackendReport {
     /// Why the vendor is unavailable, or null.
     pub reason: Option<String>,
     pub devices: Vec<DeviceInfo>,
+    /// Devices the vendor found but could not open, with the driver's reason: not devices
+    /// (never numbered, never counted), listed so a person sees what was left out and why.
+    pub unusable: Vec<UnusableDevice>,
 }
 
 impl BackendReport {
@@ -156,6 +170,19 @@ fn probe_one(kind: DeviceKind) -> Probe {
     })
 }
 
+/// The reason of a vendor that found devices but could open none of them.
+fn none_opened(kind: DeviceKind, unusable: &[UnusableDevice]) -> String {
+    let each: Vec<String> = unusable
+        .iter()
+        .map(|u| format!("{} ({}): {}", u.name, u.api, u.reason))
+        .collect();
+    format!(
+        "no {kind} device could be opened ({} found: {})",
+        unusable.len(),
+        each.join("; ")
+    )
+}
+
 /// Probes every vendor now, without the cache.
 pub fn probe_all() -> Discovery {
     let backends = vendors::VENDORS
@@ -167,12 +194,28 @@ pub fn probe_all() -> Discovery {
                 status: "available",
                 reason: None,
                 devices,
+                unusable: Vec::new(),
+            },
+            Probe::Opened { devices, unusable } if devices.is_empty() => BackendReport {
+                kind,
+                status: "unavailable",
+                reason: Some(none_opened(kind, &unusable)),
+                devices,
+                unusable,
+            },
+            Probe::Opened { devices, unusable } => BackendReport {
+                kind,
+                status: "available",
+                reason: None,
+                devices,
+                unusable,
             },
             Probe::Unavailable(reason) => BackendReport {
                 kind,
                 status: "unavailable",
                 reason: Some(reason),
                 devices: Vec::new(),
+                unusable: Vec::new(),
             },
         })
         .collect();

@@ -157,6 +157,7 @@ pub use alloc::{CachingAllocator, MemoryStats};
 pub use completion::Completion;
 pub use device::{
     Capabilities, Device, DeviceClass, DeviceInfo, DeviceKind, DeviceRank, EventTiming, MemInfo,
+    UnusableDevice,
 };
 pub use discovery::{best_device, discover, open, BackendReport, Discovery};
 pub use error::{Error, InfiniStatus, Result};

@@ -20,9 +20,22 @@ fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-/// The human table: one block per vendor, one line per device.
+/// The human table: one block per vendor, one line per device, then one line per device found
+/// that could not be opened (not numbered: it is not a device), with the driver's reason.
 pub fn print_table(d: &Discovery) {
     for b in &d.backends {
+        print_backend(b);
+        for u in &b.unusable {
+            println!(
+                "  unusable  {:<44} {:<8} {}: {}",
+                u.name, u.api, u.driver, u.reason
+            );
+        }
+    }
+}
+
+fn print_backend(b: &unirt::BackendReport) {
+    {
         match &b.reason {
             Some(reason) => println!("{:<5} unavailable: {reason}", b.kind.as_str()),
             None => {

@@ -52,6 +52,7 @@ fn devices_json_shape() {
             "reason iff unavailable: {b}"
         );
         assert!(b["devices"].is_array());
+        assert!(b["unusable"].is_array(), "{b}");
         if status == "unavailable" {
             assert!(!b["reason"].as_str().unwrap().is_empty());
             assert_eq!(b["devices"].as_array().unwrap().len(), 0);
@@ -286,4 +287,81 @@ fn nothing_to_run_on_is_an_error() {
         !out.status.success(),
         "bench dispatch on cpu printed zeros and passed"
     );
+}
+
+/// `UNIRT_WGPU_FAIL_OPEN` makes the test-open of the adapters of `wgpu:0`'s API fail: the table
+/// and the JSON list them as unusable with the reason and their names, the others renumber, and
+/// `conformance --device` finds the renumbered devices and not the old last index.
+#[test]
+fn an_adapter_that_fails_to_open_is_listed_unusable() {
+    let base = json_of(&unirt(&["devices", "--json"], &[]));
+    let wgpu = &base["backends"][2];
+    let devices = wgpu["devices"].as_array().unwrap();
+    let api = devices
+        .first()
+        .map(|d| d["api"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| "vulkan".into());
+    let env = [("UNIRT_WGPU_FAIL_OPEN", api.as_str())];
+    let out = unirt(&["devices", "--json"], &env);
+    no_panic(&out);
+    assert!(out.status.success());
+    let v = json_of(&out);
+    let hurt = &v["backends"][2];
+    let left: Vec<&Value> = devices
+        .iter()
+        .filter(|d| d["api"] != api.as_str())
+        .collect();
+    let refused: Vec<&Value> = devices
+        .iter()
+        .filter(|d| d["api"] == api.as_str())
+        .collect();
+    let now = hurt["devices"].as_array().unwrap();
+    assert_eq!(now.len(), left.len(), "{hurt}");
+    for (i, (d, was)) in now.iter().zip(&left).enumerate() {
+        assert_eq!(d["index"], i, "{hurt}");
+        assert_eq!((&d["api"], &d["name"]), (&was["api"], &was["name"]));
+    }
+    let unusable = hurt["unusable"].as_array().unwrap();
+    assert_eq!(unusable.len(), refused.len(), "{hurt}");
+    for (u, was) in unusable.iter().zip(&refused) {
+        assert_eq!((&u["api"], &u["name"]), (&was["api"], &was["name"]));
+        assert!(u["reason"]
+            .as_str()
+            .unwrap()
+            .contains("UNIRT_WGPU_FAIL_OPEN"));
+    }
+    if !refused.is_empty() {
+        let table = unirt(&["devices"], &env);
+        let text = String::from_utf8_lossy(&table.stdout);
+        let name = refused[0]["name"].as_str().unwrap();
+        assert!(
+            text.lines().any(|l| l.contains("unusable")
+                && l.contains(name)
+                && l.contains("UNIRT_WGPU_FAIL_OPEN")),
+            "{text}"
+        );
+    }
+    let filter = ["--filter", "discovery::device_listed"];
+    let past = format!("wgpu:{}", left.len());
+    let out = unirt(
+        &[&["conformance", "--device", past.as_str()][..], &filter].concat(),
+        &env,
+    );
+    no_panic(&out);
+    assert!(
+        !out.status.success(),
+        "{past} ran though it is past the devices"
+    );
+    if !left.is_empty() {
+        let out = unirt(
+            &[&["conformance", "--device", "wgpu:0"][..], &filter].concat(),
+            &env,
+        );
+        no_panic(&out);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }

@@ -22,7 +22,7 @@ pub use types::*;
 
 use enum_dispatch::enum_dispatch;
 
-use crate::device::{DeviceInfo, DeviceKind, MemInfo};
+use crate::device::{DeviceInfo, DeviceKind, MemInfo, UnusableDevice};
 use crate::error::Result;
 
 /// What a vendor's probe found: its devices, or why it has none ("libcuda not found
@@ -31,6 +31,15 @@ use crate::error::Result;
 pub enum Probe {
     /// The vendor works here; one description per device, index order.
     Available(Vec<DeviceInfo>),
+    /// The vendor found devices and opened (or test-opened) each: those that opened, in index
+    /// order, and those that did not, with the driver's reason. With no device that opened,
+    /// discovery reports the vendor unavailable (and still lists the unusable ones).
+    Opened {
+        /// The devices that opened; their indices are dense, 0..n.
+        devices: Vec<DeviceInfo>,
+        /// The devices that failed to open: listed, never numbered.
+        unusable: Vec<UnusableDevice>,
+    },
     /// The vendor cannot be used here, and why, in words a person can act on.
     Unavailable(String),
 }

@@ -5,12 +5,22 @@
 //! device uses the very adapter that discovery described. `UNIRT_WGPU_BACKENDS=vulkan,gl`
 //! restricts the wgpu backends; adapters without compute shaders are left out (unirt needs
 //! them for every kernel and for unaligned copies).
+//!
+//! Each adapter is test-opened once (its wgpu device requested, as opening it would): one whose
+//! `request_device` fails is listed as unusable with the driver's reason and its name, and is
+//! not numbered, so `wgpu:N` always names an adapter that opened. The device and queue the
+//! test-open created are kept for the first open of that device, so discovery requests no
+//! device twice. `UNIRT_WGPU_FAIL_OPEN=gl` (a comma-separated list: a backend name matches
+//! that backend's adapters, anything else a case-insensitive part of an adapter's name) makes
+//! the test-open of the matching adapters fail, as fault injection.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use parking_lot::Mutex;
+
 use crate::fork::PerProcess;
 
-use crate::device::{Capabilities, DeviceClass, DeviceInfo, EventTiming};
+use crate::device::{Capabilities, DeviceClass, DeviceInfo, EventTiming, UnusableDevice};
 use crate::error::{Error, Result};
 use crate::hal::Probe;
 
@@ -18,6 +28,16 @@ use crate::hal::Probe;
 pub(crate) struct Found {
     pub adapter: wgpu::Adapter,
     pub info: DeviceInfo,
+    /// The device and queue discovery's test-open created, until the first open takes them.
+    opened: Mutex<Option<(wgpu::Device, wgpu::Queue)>>,
+}
+
+impl Found {
+    /// The test-opened device and queue, for the first open only (later opens request their
+    /// own).
+    pub fn take_opened(&self) -> Option<(wgpu::Device, wgpu::Queue)> {
+        self.opened.lock().take()
+    }
 }
 
 /// The result of the one enumeration of this process.
@@ -27,6 +47,8 @@ enum Enumerated {
         /// GL adapters the parent listed, which this forked child cannot use: listed after
         /// the usable ones (where GL adapters always sort), so the indices stay the parent's.
         forked_gl: Vec<DeviceInfo>,
+        /// Adapters whose test-open failed: listed, not numbered.
+        unusable: Vec<UnusableDevice>,
     },
     None(String),
 }
@@ -50,13 +72,18 @@ fn enumerated() -> &'static Enumerated {
 /// Discovery for the wgpu vendor.
 pub(crate) fn probe() -> Probe {
     match enumerated() {
-        Enumerated::Adapters { usable, forked_gl } => Probe::Available(
-            usable
+        Enumerated::Adapters {
+            usable,
+            forked_gl,
+            unusable,
+        } => Probe::Opened {
+            devices: usable
                 .iter()
                 .map(|f| f.info.clone())
                 .chain(forked_gl.iter().cloned())
                 .collect(),
-        ),
+            unusable: unusable.clone(),
+        },
         Enumerated::None(reason) => Probe::Unavailable(reason.clone()),
     }
 }
@@ -64,7 +91,9 @@ pub(crate) fn probe() -> Probe {
 /// The adapter discovery listed as `wgpu:index`.
 pub(crate) fn adapter(index: usize) -> Result<&'static Found> {
     match enumerated() {
-        Enumerated::Adapters { usable, forked_gl } => {
+        Enumerated::Adapters {
+            usable, forked_gl, ..
+        } => {
             if let Some(found) = usable.get(index) {
                 return Ok(found);
             }
@@ -199,6 +228,46 @@ pub(crate) fn host_memory() -> Option<(u64, u64)> {
     ))
 }
 
+/// The adapters `UNIRT_WGPU_FAIL_OPEN` names: a backend name (vulkan, metal, dx12, gl) matches
+/// every adapter of that backend, anything else a case-insensitive part of the adapter's name.
+fn injected_failure(info: &wgpu::AdapterInfo) -> Option<String> {
+    let list = std::env::var("UNIRT_WGPU_FAIL_OPEN").ok()?;
+    let name = info.name.to_lowercase();
+    let backend = backend_name(info.backend);
+    list.split(',')
+        .map(|p| p.trim().to_lowercase())
+        .filter(|p| !p.is_empty())
+        .find(|p| p == backend || (!is_backend_name(p) && name.contains(p.as_str())))
+        .map(|p| {
+            format!("request_device: refused by fault injection (UNIRT_WGPU_FAIL_OPEN names {p:?})")
+        })
+}
+
+fn is_backend_name(s: &str) -> bool {
+    ["vulkan", "metal", "dx12", "gl"].contains(&s)
+}
+
+/// Test-opens an adapter as opening its device would: the device and queue, or the driver's
+/// reason.
+fn test_open(a: &wgpu::Adapter) -> std::result::Result<(wgpu::Device, wgpu::Queue), String> {
+    if let Some(reason) = injected_failure(&a.get_info()) {
+        return Err(reason);
+    }
+    super::gpu::request(a)
+}
+
+/// The listing of an adapter whose test-open failed.
+fn unusable(a: &wgpu::Adapter, reason: String) -> UnusableDevice {
+    let info = describe(0, a);
+    UnusableDevice {
+        name: info.name,
+        vendor: info.vendor,
+        driver: info.driver,
+        api: info.api,
+        reason,
+    }
+}
+
 fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
     let i = a.get_info();
     let l = a.limits();
@@ -291,13 +360,20 @@ fn enumerate(parent: Option<&'static Enumerated>) -> Enumerated {
     let generation = crate::fork::generation();
     let gl_started = GL_STARTED.load(Ordering::SeqCst);
     let mut forked_gl = Vec::new();
+    let mut unusable_gl = Vec::new();
     if gl_started != 0 && gl_started != generation + 1 && backends.contains(wgpu::Backends::GL) {
         backends.remove(wgpu::Backends::GL);
         if let Some(Enumerated::Adapters {
             usable,
             forked_gl: older,
+            unusable,
         }) = parent
         {
+            unusable_gl = unusable
+                .iter()
+                .filter(|u| u.api == backend_name(wgpu::Backend::Gl))
+                .cloned()
+                .collect();
             forked_gl = usable
                 .iter()
                 .map(|f| &f.info)
@@ -362,18 +438,30 @@ fn enumerate(parent: Option<&'static Enumerated>) -> Enumerated {
         reason.push_str("; install a Vulkan, Metal, DX12 or GL driver, e.g. Mesa's lavapipe)");
         return Enumerated::None(reason);
     }
-    let usable: Vec<Found> = usable
-        .into_iter()
-        .enumerate()
-        .map(|(index, adapter)| Found {
-            info: describe(index, &adapter),
-            adapter,
-        })
-        .collect();
+    // Adapters that cannot be opened are not devices: the others are numbered densely.
+    let mut found: Vec<Found> = Vec::with_capacity(usable.len());
+    let mut failed = Vec::new();
+    for adapter in usable {
+        match test_open(&adapter) {
+            Ok(pair) => found.push(Found {
+                info: describe(found.len(), &adapter),
+                adapter,
+                opened: Mutex::new(Some(pair)),
+            }),
+            Err(reason) => failed.push(unusable(&adapter, reason)),
+        }
+    }
+    let usable = found;
+    // In a forked child GL is not enumerated again: the parent's unusable GL adapters stay listed.
+    failed.extend(unusable_gl);
     for (i, info) in forked_gl.iter_mut().enumerate() {
         info.index = usable.len() + i;
         info.details
             .push(("unusable_here".into(), FORKED_GL.to_string()));
     }
-    Enumerated::Adapters { usable, forked_gl }
+    Enumerated::Adapters {
+        usable,
+        forked_gl,
+        unusable: failed,
+    }
 }

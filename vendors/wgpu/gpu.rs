@@ -93,26 +93,43 @@ fn driver(call: &str, message: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Requests the wgpu device of `adapter` with the adapter's own limits and the features unirt
+/// uses; the error is the driver's reason, e.g. "request_device: Parent device is lost".
+pub(crate) fn request(
+    adapter: &wgpu::Adapter,
+) -> std::result::Result<(wgpu::Device, wgpu::Queue), String> {
+    let features = super::adapter::wanted_features(&adapter.features());
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("unirt"),
+        required_features: features,
+        required_limits: adapter.limits(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    };
+    // request_device panics on some misuse (documented); the arguments come from the adapter
+    // itself, and the unwind guard keeps a driver surprise from escaping.
+    let requested = catch_unwind(AssertUnwindSafe(|| {
+        pollster::block_on(adapter.request_device(&desc))
+    }))
+    .map_err(|_| "request_device panicked".to_string())?;
+    requested.map_err(|e| format!("request_device: {e}"))
+}
+
 impl Gpu {
-    /// Creates the wgpu device for `adapter` with the adapter's own limits.
-    pub fn open(adapter: &wgpu::Adapter, name: String) -> Result<Self> {
-        let features = super::adapter::wanted_features(&adapter.features());
-        let desc = wgpu::DeviceDescriptor {
-            label: Some("unirt"),
-            required_features: features,
-            required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
+    /// Sets up the opened wgpu device of `adapter`: `opened` is the device and queue the
+    /// discovery's test-open created (taken by the first open), else they are requested now.
+    pub fn open(
+        adapter: &wgpu::Adapter,
+        opened: Option<(wgpu::Device, wgpu::Queue)>,
+        name: String,
+    ) -> Result<Self> {
+        let (device, queue) = match opened {
+            Some(pair) => pair,
+            None => {
+                request(adapter).map_err(|e| Error::DeviceNotInitialized(format!("{name}: {e}")))?
+            }
         };
-        // request_device panics on some misuse (documented); the arguments come from the
-        // adapter itself, and the unwind guard keeps a driver surprise from escaping.
-        let requested = catch_unwind(AssertUnwindSafe(|| {
-            pollster::block_on(adapter.request_device(&desc))
-        }))
-        .map_err(|_| Error::DeviceNotInitialized(format!("{name}: request_device panicked")))?;
-        let (device, queue) = requested
-            .map_err(|e| Error::DeviceNotInitialized(format!("{name}: request_device: {e}")))?;
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {

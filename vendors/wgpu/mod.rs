@@ -1,7 +1,9 @@
 //! The wgpu backend: every Vulkan / Metal / DX12 / GL adapter wgpu finds, as a unirt device.
 //!
-//! - **Devices**: one per adapter with compute shaders, in a stable order (`adapter.rs`); the
-//!   wgpu device is requested with the adapter's own limits when the device is opened.
+//! - **Devices**: one per adapter with compute shaders whose wgpu device can be created, in a
+//!   stable order (`adapter.rs`). Discovery test-opens each adapter (requests its device with
+//!   the adapter's own limits); one that fails is listed unusable with the driver's reason, not
+//!   numbered. The first open of a device takes the device discovery created.
 //! - **Memory**: device pointers are virtual addresses mapped to (buffer, offset)
 //!   (`memory.rs`), so interior pointers and pointer arithmetic work; copies and sets of any
 //!   size at any byte offset (`copy.rs`).
@@ -81,7 +83,11 @@ impl WgpuBackend {
     pub fn open(index: usize) -> Result<Self> {
         let found = adapter::adapter(index)?;
         let name = format!("wgpu:{index}");
-        let gpu = Gpu::open(&found.adapter, format!("{name} ({})", found.info.name))?;
+        let gpu = Gpu::open(
+            &found.adapter,
+            found.take_opened(),
+            format!("{name} ({})", found.info.name),
+        )?;
         let name_for_mem = name.clone();
         let streams = HandleTable::new(StreamId::KIND);
         let (default_stream, _) = streams.insert(WStream::new())?;
