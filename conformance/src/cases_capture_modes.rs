@@ -87,11 +87,19 @@ fn around_capture(
             "{mode:?}: the capture did not hold through the calls: {e}"
         ))
     })?;
-    same(&marker.read()?, &[0; MARK], &format!("{mode:?}: marker before replay"))?;
+    same(
+        &marker.read()?,
+        &[0; MARK],
+        &format!("{mode:?}: marker before replay"),
+    )?;
     let x = ctx.graph_instantiate(g)?;
     ctx.graph_launch(x, s.id())?;
     s.synchronize()?;
-    same(&marker.read()?, &[7; MARK], &format!("{mode:?}: marker after replay"))?;
+    same(
+        &marker.read()?,
+        &[7; MARK],
+        &format!("{mode:?}: marker after replay"),
+    )?;
     ctx.graph_exec_destroy(x)?;
     ctx.graph_destroy(g)?;
     Ok(())
@@ -115,22 +123,24 @@ fn sync_copies(ctx: &Ctx) -> Result<(), Failure> {
         let b = Buf::new(&ctx.backend, data.len())?;
         // Synchronous copies and sets run on the default stream, which is not capturing.
         // SAFETY: `data` is a live host buffer of that length.
-        unsafe {
-            ctx.memcpy(b.ptr.0, data.as_ptr() as u64, data.len(), MemcpyKind::H2D)?
-        };
+        unsafe { ctx.memcpy(b.ptr.0, data.as_ptr() as u64, data.len(), MemcpyKind::H2D)? };
         same(&b.read()?, &data, "a synchronous H2D + D2H round trip")?;
         ctx.memset(b.ptr, 9, 100)?;
-        ensure!(b.read()?[..100] == [9; 100], "a synchronous memset did not land");
+        ensure!(
+            b.read()?[..100] == [9; 100],
+            "a synchronous memset did not land"
+        );
         // Async work on another stream runs and can be waited for.
         let other = Stream::new(&ctx.backend)?;
         let c = Buf::new(&ctx.backend, data.len())?;
         // SAFETY: device-only copy, checked by the backend.
-        unsafe {
-            ctx.memcpy_async(c.ptr.0, b.ptr.0, data.len(), MemcpyKind::D2D, other.id())?
-        };
+        unsafe { ctx.memcpy_async(c.ptr.0, b.ptr.0, data.len(), MemcpyKind::D2D, other.id())? };
         other.synchronize()?;
         let got = c.read()?;
-        ensure!(got[..100] == [9; 100] && got[100..] == data[100..], "a D2D copy on another stream");
+        ensure!(
+            got[..100] == [9; 100] && got[100..] == data[100..],
+            "a D2D copy on another stream"
+        );
         Ok(())
     };
     for mode in MODES {

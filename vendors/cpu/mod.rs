@@ -226,7 +226,8 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         drop(cap);
-        e.captured.refuse("stream_wait_event from a stream that is not capturing")?;
+        e.captured
+            .refuse("stream_wait_event from a stream that is not capturing")?;
         let generation = e.current();
         if generation == 0 || e.status() == EventStatus::Complete {
             return Ok(());

@@ -318,7 +318,8 @@ impl Backend for CudaBackend {
         // destroyed once (on failure it goes back to the table, still live).
         match unsafe { self.drv.stream_destroy(s.raw) } {
             Ok(()) => {
-                s.destroyed.store(true, std::sync::atomic::Ordering::Release);
+                s.destroyed
+                    .store(true, std::sync::atomic::Ordering::Release);
                 Ok(())
             }
             Err(e) => {
