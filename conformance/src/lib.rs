@@ -214,19 +214,6 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             USER_KERNEL,
         ),
     ];
-    // The CUDA half of the lifetime guarantee (issue 11) holds except for a stream-ordered
-    // free racing another stream's queued work: CUDA releases the memory when the freeing
-    // stream gets there and leaves ordering with other streams to the caller; unirt does not
-    // join the other streams into the free yet, so over the fake driver the other stream's
-    // 64 MiB write ends in a sticky ILLEGAL_ADDRESS that poisons the device.
-    const CUDA_FREE_ASYNC: &str = "a stream-ordered free on CUDA is not yet ordered after \
-        other streams' queued work on the same memory (CUDA leaves that to the caller; unirt \
-        would have to join every other stream into the free) — issue 11";
-    if kind == DeviceKind::Cuda
-        && case.starts_with("lifetime::free_async_while_another_stream_writes")
-    {
-        return Some(CUDA_FREE_ASYNC);
-    }
     LIST.iter()
         .find(|(k, c, _)| *k == kind && *c == case)
         .map(|(_, _, why)| *why)

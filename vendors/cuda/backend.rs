@@ -177,6 +177,43 @@ impl CudaBackend {
         Ok(s)
     }
 
+    /// Makes `s` wait for the work queued so far on every other stream of the device that is
+    /// not capturing, and for the ends of destroyed streams (stream-ordered, no host wait).
+    fn join_other_streams(&self, s: &CudaStream) -> Result<()> {
+        let streams = self.streams.values();
+        for o in streams.iter().filter(|o| o.raw != s.raw) {
+            let _gate = o.gate.read_recursive();
+            if !o.waitable() {
+                continue;
+            }
+            // A fresh event per join, destroyed at once: the wait keeps what it needs (CUDA
+            // releases an event's resources after its pending uses), and no event outlives
+            // the call.
+            let e = self
+                .drv
+                .event_create(cu_flags(EventFlags::DISABLE_TIMING))?;
+            // SAFETY: `o` is live and not capturing (checked under its gate, which destroy and
+            // begin_capture take exclusively); `e` was just created; `s` is live and not
+            // capturing (free_async refused that).
+            let joined = unsafe {
+                self.drv
+                    .event_record(e, o.raw, false)
+                    .and_then(|()| self.drv.stream_wait_event(s.raw, e, false))
+            };
+            // SAFETY: created above and used only here: destroyed once (or, if the driver
+            // refuses now, listed with the retired ends, whose release is retried).
+            if unsafe { self.drv.event_destroy(e) }.is_err() {
+                self.retired_streams.lock().push(e);
+            }
+            joined?;
+        }
+        for &e in self.retired_streams.lock().iter() {
+            // SAFETY: a retired-stream event stays live while listed (the lock is held).
+            unsafe { self.drv.stream_wait_event(s.raw, e, false) }?;
+        }
+        Ok(())
+    }
+
     /// Waits for (when `wait`) and releases the events marking the end of destroyed streams.
     /// An event whose wait failed stays listed, so a later synchronize waits for it again.
     fn drain_retired_streams(&self, wait: bool) -> Result<()> {
@@ -192,8 +229,12 @@ impl CudaBackend {
                 Ok(())
             };
             match waited {
-                // SAFETY: as above.
-                Ok(()) => drop(unsafe { self.drv.event_destroy(e) }),
+                // SAFETY: as above. One the driver does not release stays listed.
+                Ok(()) => {
+                    if unsafe { self.drv.event_destroy(e) }.is_err() {
+                        keep.push(e);
+                    }
+                }
                 Err(err) => {
                     keep.push(e);
                     first = first.and(Err(err));
@@ -300,10 +341,8 @@ impl Backend for CudaBackend {
                 // SAFETY: each listed event is live and owned by the list; one that is
                 // complete is removed from the list and destroyed once.
                 retired.retain(|&old| match unsafe { self.drv.event_query(old) } {
-                    Ok(true) => {
-                        let _ = unsafe { self.drv.event_destroy(old) };
-                        false
-                    }
+                    // One the driver does not release stays listed (retried later).
+                    Ok(true) => unsafe { self.drv.event_destroy(old) }.is_err(),
                     _ => true,
                 });
                 retired.push(e);
@@ -567,10 +606,17 @@ impl Backend for CudaBackend {
         self.bind()?;
         // Dead for new work at once; released when the stream gets here.
         let a = self.shared.mem.remove(ptr.0)?;
+        // Calls that passed their range check before the remove finish enqueueing first.
+        drop(self.enqueue_gate.write());
         let released = match a.payload {
-            // SAFETY: the allocation left the allocation table here, so it is freed once; the
-            // stream is live.
-            AllocKind::Pool => unsafe { self.drv.mem_free_async(a.base, s.raw) },
+            // The release waits for the work already queued on every other stream too (CUDA
+            // orders it after this stream's work only): a free racing another stream's use
+            // never becomes a use-after-free.
+            AllocKind::Pool => self.join_other_streams(&s).and_then(|()| {
+                // SAFETY: the allocation left the allocation table here, so it is freed once;
+                // the stream is live.
+                unsafe { self.drv.mem_free_async(a.base, s.raw) }
+            }),
             AllocKind::Plain => {
                 // Without a pool, "when the stream gets here" is after the stream drains.
                 // SAFETY: the stream is live (from the stream table or the default stream); the
