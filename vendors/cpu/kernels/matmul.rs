@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::util::{
-    axpy, coalesce, dot, floats, gather, par_chunks, par_rows, with_simd, Float, Ptr,
+    axpy, coalesce, dot, floats, gather, par_chunks, par_rows, simd, Float, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -135,7 +135,7 @@ unsafe fn gemv<T: Float>(
                 for (i, &xi) in x.iter().enumerate() {
                     // SAFETY: row i, columns j0..j0+w of B.
                     unsafe { gather(b.at(i * rsb + j0 * csb), csb, &mut row[..w]) };
-                    with_simd(|| axpy(&mut acc[..w], xi, &row[..w]));
+                    simd!(axpy(&mut acc[..w], xi, &row[..w]));
                 }
                 for (t, &v) in acc[..w].iter().enumerate() {
                     finish(j0 + t, v);
@@ -149,7 +149,7 @@ unsafe fn gemv<T: Float>(
             for j in cols {
                 // SAFETY: column j of B.
                 unsafe { gather(b.at(j * csb), rsb, &mut col) };
-                finish(j, with_simd(|| dot(x, &col)));
+                finish(j, simd!(dot(x, &col)));
             }
         });
     }
