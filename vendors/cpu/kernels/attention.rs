@@ -4,7 +4,7 @@
 //! once per head at memory speed.
 
 use super::util::{
-    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, with_simd, Float,
+    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, simd, Float,
     Ptr,
 };
 use crate::error::{Error, Result};
@@ -69,17 +69,17 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 let kbase = bi * ks[0] + kh * ks[1];
                 for (j, s) in scores[..visible].iter_mut().enumerate() {
                     gather(pk.at(kbase + j * ks[2]), ks[3], &mut krow);
-                    *s = with_simd(|| dot(&qrow, &krow)) * scale;
+                    *s = simd!(dot(&qrow, &krow)) * scale;
                 }
             }
             let seen = &mut scores[..visible];
-            let sum = with_simd(|| exp_normalised(seen));
+            let sum = simd!(exp_normalised(seen));
             acc.fill(0.0);
             let vbase = bi * vs[0] + kh * vs[1];
             for (j, &p) in seen.iter().enumerate() {
                 // SAFETY: value row j of the checked view.
                 unsafe { gather(pv.at(vbase + j * vs[2]), vs[3], &mut krow) };
-                with_simd(|| axpy(&mut acc, p, &krow));
+                simd!(axpy(&mut acc, p, &krow));
             }
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             acc.iter_mut().for_each(|x| *x *= inv);

@@ -3,7 +3,7 @@
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
 use super::util::{
-    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, with_simd, Float, Ptr,
+    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, Float, Ptr,
     BLOCK,
 };
 use crate::error::Result;
@@ -208,7 +208,7 @@ fn binary_with<T: Float>(
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: par_rows hands out rows inside the (checked) views; tasks write disjoint
         // output elements.
-        with_simd(|| unsafe { row2(po.at(off[0]), pa.at(off[1]), pb.at(off[2]), len, st, f) })
+        simd!(unsafe { row2(po.at(off[0]), pa.at(off[1]), pb.at(off[2]), len, st, f) })
     });
     Ok(())
 }
@@ -221,7 +221,7 @@ fn unary_with<T: Float>(call: &KernelCall<'_>, f: impl Fn(f32) -> f32 + Sync + C
     let (po, pa) = (Ptr::<T>::of(out), Ptr::<T>::of(&call.inputs[0]));
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: as in binary_with.
-        with_simd(|| unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, f) })
+        simd!(unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, f) })
     });
     Ok(())
 }

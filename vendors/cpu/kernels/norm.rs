@@ -2,7 +2,7 @@
 //! with vectorised f32 sums (eight accumulators) for the statistics.
 
 use super::util::{
-    dot, floats, gather, par_chunks, scatter, sum_f32, with_simd, Float, Lanes, Ptr,
+    dot, floats, gather, par_chunks, scatter, sum_f32, simd, Float, Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -57,7 +57,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
             let [oo, ox] = lanes.offsets(i);
             // SAFETY: the rows lie in their checked views; read before write.
             unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
-            with_simd(|| normalize(&mut buf, &w, &b, layer, eps));
+            simd!(normalize(&mut buf, &w, &b, layer, eps));
             // SAFETY: as above.
             unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
         }

@@ -1,7 +1,7 @@
 //! Rotary embedding: the angles `pos · theta^(−2i/d)` are computed once per launch in f64
 //! (a `seq × d/2` table of cos/sin), then every (position, head) row rotates in f32.
 
-use super::util::{floats, gather, par_chunks, read_index, scatter, with_simd, Float, Lanes, Ptr};
+use super::util::{floats, gather, par_chunks, read_index, scatter, simd, Float, Lanes, Ptr};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -62,7 +62,7 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 &cos[s * half..(s + 1) * half],
                 &sin[s * half..(s + 1) * half],
             );
-            with_simd(|| rotate(&mut buf, c, sn, interleaved));
+            simd!(rotate(&mut buf, c, sn, interleaved));
             // SAFETY: as above.
             unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
         }

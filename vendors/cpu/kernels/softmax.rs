@@ -1,7 +1,7 @@
 //! softmax, log_softmax and causal softmax, one lane at a time through an f32 buffer.
 
 use super::util::{
-    exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, with_simd, Float, Lanes, Ptr,
+    exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, simd, Float, Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -54,7 +54,7 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             // before the output lane (possibly the same elements) is written.
             unsafe {
                 gather(px.at(ox), lanes.stride[1], &mut buf);
-                with_simd(|| softmax_lane(&mut buf, visible, log));
+                simd!(softmax_lane(&mut buf, visible, log));
                 scatter(&buf, po.at(oo), lanes.stride[0]);
             }
         }

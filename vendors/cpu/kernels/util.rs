@@ -98,25 +98,41 @@ impl Float for bf16 {
     }
 }
 
-/// Runs `f` compiled for AVX2 when the CPU has it, so a kernel's inner loop uses 8-wide
-/// vectors while the build targets baseline x86-64; elsewhere `f` runs as built. The check is
-/// one cached atomic load. `f` must be a small closure calling `#[inline(always)]` code: only
-/// what LLVM inlines into the AVX2 wrapper is compiled for AVX2.
+/// Runs `f` compiled for AVX2 and FMA when the CPU has them, so a kernel's inner loop uses
+/// 8-wide vectors while the build targets baseline x86-64; elsewhere `f` runs as built. The
+/// check is one cached atomic load. Only code inlined into the AVX2 wrapper is compiled for
+/// AVX2, and LLVM does not inline a large closure on its own (the kernels then ran 4-wide SSE,
+/// issue 13): call it through [`simd!`], which marks the closure `#[inline(always)]`, with a
+/// body that calls `#[inline(always)]` code. Plain `a * b + c` stays two roundings (Rust never
+/// contracts to FMA), so results do not depend on the CPU.
 #[inline(always)]
 pub(super) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            #[target_feature(enable = "avx2")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
                 f()
             }
-            // SAFETY: the CPU supports AVX2 (checked just above).
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
             return unsafe { avx2(f) };
         }
     }
     f()
 }
+
+/// `simd!(expr)`: evaluates `expr` through [`with_simd`] in an `#[inline(always)]` closure, so
+/// the expression really is compiled for AVX2.
+macro_rules! simd {
+    ($e:expr) => {
+        super::util::with_simd(
+            #[inline(always)]
+            || $e,
+        )
+    };
+}
+pub(super) use simd;
 
 /// Elements per block when f16/bf16 go through f32 buffers.
 pub(super) const BLOCK: usize = 512;
