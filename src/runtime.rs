@@ -146,6 +146,7 @@ impl Runtime {
         bytes: usize,
         asynchronous: bool,
     ) -> Result<()> {
+        self.allocator.check_not_freed(dst, bytes)?;
         let s = self.stream()?;
         let src = src as usize as u64;
         // SAFETY: the caller's promise above is the HAL's.
@@ -165,6 +166,7 @@ impl Runtime {
     /// # Safety
     /// `dst` must be writable for `bytes` bytes.
     pub unsafe fn memcpy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: usize) -> Result<()> {
+        self.allocator.check_not_freed(src, bytes)?;
         let s = self.stream()?;
         // SAFETY: the caller's promise; the copy completes before this returns.
         unsafe {
@@ -182,6 +184,8 @@ impl Runtime {
         bytes: usize,
         asynchronous: bool,
     ) -> Result<()> {
+        self.allocator.check_not_freed(dst, bytes)?;
+        self.allocator.check_not_freed(src, bytes)?;
         let s = self.stream()?;
         // SAFETY: both ranges are device ranges, bounds-checked by the backend.
         unsafe {

@@ -82,6 +82,9 @@ pub enum BlockState {
     /// Freed while its private pool was recording after use on other streams: kept out of
     /// reuse until the pool is released (events recorded during capture mean nothing).
     Retired,
+    /// Freed in strict mode ([`super::strict`]): held out of reuse (and away from its free
+    /// neighbours) while it is in the quarantine, so a stale pointer to it is caught.
+    Quarantined,
 }
 
 /// One block of a segment.

@@ -32,6 +32,7 @@ mod fault;
 mod host;
 mod pool;
 mod stats;
+pub mod strict;
 
 pub use block::{
     round_size, segment_size, LARGE_DIRECT, LARGE_ROUND, LARGE_SEGMENT, MIN_BLOCK, QUICK,
@@ -41,6 +42,7 @@ pub use fault::FaultInjector;
 pub use host::PinnedHostPool;
 pub use stats::{HostStats, MemoryStats, Stat};
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -101,10 +103,13 @@ pub struct CachingAllocator {
     state: Mutex<State>,
     /// The pool of [`set_pin_mode`](Self::set_pin_mode), while pin mode is on.
     pinned: Mutex<Option<Arc<PrivatePool>>>,
+    /// Strict mode's quarantine limit in bytes, 0 when off ([`strict`]).
+    strict: AtomicU64,
 }
 
 impl CachingAllocator {
-    /// An allocator over `raw` (an `Arc<AnyBackend>` or a wrapper of one).
+    /// An allocator over `raw` (an `Arc<AnyBackend>` or a wrapper of one); strict mode
+    /// ([`strict`]) is on when `UNIRT_ALLOC_STRICT` asks for it.
     pub fn new(raw: Arc<dyn RawAllocator>) -> Arc<Self> {
         let device = device_of(raw.backend());
         Arc::new(CachingAllocator {
@@ -112,6 +117,7 @@ impl CachingAllocator {
             device,
             state: Mutex::new(State::default()),
             pinned: Mutex::new(None),
+            strict: AtomicU64::new(strict::limit_from_env().map_or(0, |l| l.max(1))),
         })
     }
 
@@ -162,6 +168,7 @@ impl CachingAllocator {
         st.stats.retries += 1;
         self.process_events(&mut st, true);
         let mut out = take_deferred_raw(&mut st);
+        st.flush_quarantine(&mut out);
         st.drain_cache(&mut out);
         drop(st);
         self.free_raw(out);
@@ -211,22 +218,25 @@ impl CachingAllocator {
 
     /// Returns a block. Reuse waits for the streams named by
     /// [`record_stream`](Self::record_stream). Null is a no-op; a pointer this allocator did
-    /// not hand out (or already took back) is [`Error::InvalidHandle`].
+    /// not hand out (or already took back) is [`Error::InvalidHandle`] — in strict mode
+    /// ([`strict`]) with kind [`strict::FREED_KIND`] while the block is quarantined.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         if ptr.is_null() {
             return Ok(());
         }
         let mut st = self.state.lock();
-        let idx = st
-            .unlive(ptr.0)
-            .ok_or_else(|| Error::invalid("device pointer", ptr.0))?;
+        let Some(idx) = st.unlive(ptr.0) else {
+            return Err(st.not_live(ptr.0));
+        };
         let uses = match st.blocks.get_mut(idx) {
             Some(b) if !b.uses.is_empty() => std::mem::take(&mut b.uses),
             _ => Vec::new(),
         };
         let mut out = take_deferred_raw(&mut st);
         if uses.is_empty() {
-            st.park(idx, &mut out);
+            if !st.quarantine(idx, self.strict_limit(), &mut out) {
+                st.park(idx, &mut out);
+            }
         } else if st.in_recording_pool(idx) {
             // Events recorded now would be captured into the graph, not run; keep the block
             // out of reuse until its pool goes.
@@ -297,7 +307,7 @@ impl CachingAllocator {
                 }
                 None => false,
             };
-            if last {
+            if last && !st.quarantine(idx, self.strict_limit(), &mut out) {
                 st.release_block(idx, &mut out);
             }
         }
@@ -323,11 +333,12 @@ impl CachingAllocator {
     }
 
     /// Returns every cached, wholly free segment to the backend. Blocks in use, blocks waiting
-    /// on streams and live graph-private pools stay.
+    /// on streams and live graph-private pools stay; strict mode's quarantine is emptied first.
     pub fn empty_cache(&self) -> Result<()> {
         let mut st = self.state.lock();
         self.process_events(&mut st, false);
         let mut out = take_deferred_raw(&mut st);
+        st.flush_quarantine(&mut out);
         st.drain_cache(&mut out);
         drop(st);
         self.free_raw_checked(out)

@@ -78,6 +78,8 @@ pub struct State {
     pub deferred_raw: Released,
     /// Recently freed blocks `(stream, size, pool, index)`, newest last.
     pub quick: Vec<(u64, u64, u32, u32)>,
+    /// Strict mode's quarantine: freed blocks held out of reuse, oldest first.
+    pub quarantine: super::strict::Quarantine,
 }
 
 impl Default for State {
@@ -95,6 +97,7 @@ impl Default for State {
             next_private: 1,
             deferred_raw: Released::new(),
             quick: Vec::with_capacity(QUICK),
+            quarantine: Default::default(),
         }
     }
 }
@@ -107,6 +110,10 @@ impl State {
             Some(p) => p.pools[which],
             None => SHARED[which],
         }
+    }
+
+    pub(super) fn pool_owner(&self, pool: u32) -> Option<PoolOwner> {
+        self.pools.get(pool as usize)?.as_ref().map(|p| p.owner)
     }
 
     fn pool_mut(&mut self, i: u32) -> Option<&mut Pool> {

@@ -184,3 +184,118 @@ fn dropping_a_private_pool_keeps_the_shared_cache() {
         "the shared cache is still warm"
     );
 }
+
+/// Strict mode (issue 17): a stale pointer kept after its block was freed is a typed error,
+/// not a silent alias of the next allocation. The same sequence without strict mode shows the
+/// alias, so the test fails if quarantining stops happening.
+#[test]
+fn strict_mode_turns_stale_pointers_into_errors() {
+    let (dev, a) = alloc();
+    let s = dev.default_stream();
+    a.set_strict(None);
+    // Default: the freed block comes straight back, and a stale free frees the new owner's.
+    let p = a.malloc(4096, s).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(4096, s).unwrap();
+    assert_eq!(q, p, "without strict mode the next allocation aliases the stale pointer");
+    a.free(q).unwrap();
+
+    a.set_strict(Some(1 << 20));
+    assert_eq!(a.strict(), Some(1 << 20));
+    let p = a.malloc(4096, s).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(4096, s).unwrap();
+    assert_ne!(q, p, "a quarantined block was handed out again");
+    let freed = |e: Error| {
+        matches!(e, Error::InvalidHandle { kind, handle }
+            if kind == strict::FREED_KIND && (p.0..p.0 + 4096).contains(&handle))
+    };
+    assert!(freed(a.free(p).unwrap_err()), "double free");
+    assert!(freed(a.check_not_freed(DevicePtr(p.0 + 100), 8).unwrap_err()));
+    assert!(a.check_not_freed(q, 4096).is_ok(), "a live block is not stale");
+    a.free(q).unwrap();
+
+    // Beyond the limit the oldest blocks go back to the cache (reusable, no longer caught).
+    let many: Vec<DevicePtr> = (0..300).map(|_| a.malloc(4096, s).unwrap()).collect();
+    for &m in &many {
+        a.free(m).unwrap();
+    }
+    let st = a.stats();
+    assert_eq!(st.allocated_bytes.current, 0);
+    assert!(
+        st.active_bytes.current <= (1 << 20) + 4096,
+        "quarantine over its limit: {}",
+        st.active_bytes.current
+    );
+    assert!(a.check_not_freed(many[0], 1).is_ok(), "the oldest left the quarantine");
+    assert!(a.check_not_freed(many[299], 1).is_err(), "the newest is still there");
+
+    // empty_cache and turning strict mode off both release the quarantine.
+    a.empty_cache().unwrap();
+    assert!(a.check_not_freed(many[299], 1).is_ok());
+    let st = a.stats();
+    assert_eq!((st.active_bytes.current, st.reserved_bytes.current), (0, 0));
+    let p = a.malloc(4096, s).unwrap();
+    a.free(p).unwrap();
+    a.set_strict(None);
+    assert!(a.check_not_freed(p, 1).is_ok());
+    assert_eq!(a.malloc(4096, s).unwrap(), p, "turning strict off released the quarantine");
+}
+
+/// The environment switch: the off words, the on words, and the size variable.
+#[test]
+fn strict_mode_environment_values() {
+    use strict::limit_from;
+    for off in [None, Some(""), Some("0"), Some("off"), Some("FALSE"), Some("no")] {
+        assert_eq!(limit_from(off, None), None, "{off:?}");
+    }
+    assert_eq!(limit_from(Some("1"), None), Some(256 << 20));
+    assert_eq!(limit_from(Some("on"), Some("8")), Some(8 << 20));
+    assert_eq!(limit_from(Some("yes"), Some("lots")), Some(256 << 20));
+}
+
+/// A block freed after use on another stream is quarantined once its events complete.
+#[test]
+fn strict_mode_covers_blocks_freed_after_other_streams() {
+    let (dev, a) = alloc();
+    let s = dev.default_stream();
+    let other = dev.stream_create().unwrap();
+    a.set_strict(Some(1 << 20));
+    let p = a.malloc(4096, s).unwrap();
+    a.record_stream(p, other).unwrap();
+    a.free(p).unwrap();
+    dev.synchronize().unwrap();
+    let q = a.malloc(4096, s).unwrap();
+    assert_ne!(q, p);
+    assert!(a.check_not_freed(p, 1).is_err());
+    a.free(q).unwrap();
+    a.empty_cache().unwrap();
+    dev.stream_destroy(other).unwrap();
+}
+
+/// Through the Runtime: a pointer kept after its `Memory` dropped is refused by the copies.
+#[test]
+fn strict_mode_refuses_copies_through_a_dropped_memory() {
+    let rt = crate::Runtime::standalone(crate::open(Device::CPU).expect("cpu opens"));
+    rt.allocator().set_strict(Some(1 << 20));
+    let live = rt.allocate_memory(64).unwrap();
+    let m = rt.allocate_memory(64).unwrap();
+    let stale = m.device_ptr();
+    rt.memcpy_d2d(stale, live.device_ptr(), 64, false).unwrap();
+    drop(m);
+    let again = rt.allocate_memory(64).unwrap();
+    assert_ne!(again.device_ptr(), stale);
+    for r in [
+        rt.memcpy_d2d(stale, live.device_ptr(), 64, false),
+        rt.memcpy_d2d(live.device_ptr(), stale, 64, false),
+    ] {
+        assert!(
+            matches!(r, Err(Error::InvalidHandle { kind, .. }) if kind == strict::FREED_KIND),
+            "{r:?}"
+        );
+    }
+    let mut host = [0u8; 64];
+    // SAFETY: `host` is writable for 64 bytes; the copy is refused before it is enqueued.
+    let r = unsafe { rt.memcpy_d2h(host.as_mut_ptr(), stale, 64) };
+    assert!(r.is_err());
+}
