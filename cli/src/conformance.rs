@@ -91,20 +91,7 @@ pub fn run(
     print_summary(&results);
     // Write every report even when one fails; a failed report is reported, and the exit code
     // still says whether the suite passed (1) before it says a report is missing (2).
-    let mut report_errors = Vec::new();
-    if let Some(p) = json {
-        if let Err(e) = write_json(p, &results) {
-            report_errors.push(format!("cannot write the JSON report {}: {e}", p.display()));
-        }
-    }
-    if let Some(p) = junit {
-        if let Err(e) = write_junit(p, &results) {
-            report_errors.push(format!(
-                "cannot write the JUnit report {}: {e}",
-                p.display()
-            ));
-        }
-    }
+    let report_errors = write_reports(json, junit, &results);
     for e in &report_errors {
         eprintln!("unirt: {e}");
     }
@@ -118,8 +105,33 @@ pub fn run(
     })
 }
 
+/// Writes each report asked for; one that fails does not stop the other. Returns the errors,
+/// each naming its file.
+fn write_reports(
+    json: Option<&Path>,
+    junit: Option<&Path>,
+    results: &[CaseResult],
+) -> Vec<String> {
+    let mut report_errors = Vec::new();
+    if let Some(p) = json {
+        if let Err(e) = write_json(p, results) {
+            report_errors.push(format!("cannot write the JSON report {}: {e}", p.display()));
+        }
+    }
+    if let Some(p) = junit {
+        if let Err(e) = write_junit(p, results) {
+            report_errors.push(format!(
+                "cannot write the JUnit report {}: {e}",
+                p.display()
+            ));
+        }
+    }
+    report_errors
+}
+
 /// Fails, naming the file, when `path` cannot be written: its folder is missing, it is a
-/// folder, or opening it for writing fails. An existing file is left as it is.
+/// folder, opening it for writing fails, or a write of nothing to it fails (`/dev/full`, a
+/// full or read-only file system). An existing file is left as it is.
 fn check_writable(path: &Path) -> CliResult<()> {
     let bad = |why: String| -> CliResult<()> {
         Err(format!("cannot write the report {}: {why}", path.display()).into())
@@ -133,7 +145,16 @@ fn check_writable(path: &Path) -> CliResult<()> {
         .create(true)
         .open(path)
     {
-        Ok(_) => {
+        Ok(mut f) => {
+            // A zero-length write reaches the file's driver (unlike `write_all(&[])`), which
+            // is where /dev/full says ENOSPC; on a regular file or a terminal it changes nothing.
+            if let Err(e) = std::io::Write::write(&mut f, &[]) {
+                drop(f);
+                if !existed {
+                    let _ = std::fs::remove_file(path);
+                }
+                return bad(e.to_string());
+            }
             if !existed {
                 let _ = std::fs::remove_file(path);
             }
@@ -151,4 +172,33 @@ pub fn no_device_message() -> String {
         .map(|b| format!("{}: {}", b.kind, b.reason.as_deref().unwrap_or("no device")))
         .collect();
     format!("no available device to run on ({})", reasons.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report that fails while being written does not stop the other (the CLI checks both
+    /// files first, so this path is reached only when a disk fills during the run).
+    #[test]
+    fn one_failed_report_spares_the_other() {
+        let junit = std::env::temp_dir().join(format!("unirt-unit-{}.xml", std::process::id()));
+        let errors = write_reports(Some(Path::new("/dev/full")), Some(&junit), &[]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("/dev/full"), "{errors:?}");
+        assert!(std::fs::read_to_string(&junit).unwrap().contains("<testsuites"));
+        std::fs::remove_file(&junit).ok();
+    }
+
+    #[test]
+    fn unwritable_report_files_are_caught_first() {
+        for bad in ["/dev/full", "/proc/x", "/tmp", "/nonexistent-dir/r.json"] {
+            let e = check_writable(Path::new(bad)).unwrap_err().to_string();
+            assert!(e.contains(bad), "{e}");
+        }
+        let fresh = std::env::temp_dir().join(format!("unirt-check-{}.json", std::process::id()));
+        check_writable(&fresh).unwrap();
+        assert!(!fresh.exists(), "the check left a file behind");
+        check_writable(Path::new("/dev/null")).unwrap();
+    }
 }
