@@ -123,6 +123,14 @@ fn len(r: &mut Rng) -> usize {
     }
 }
 
+/// Runs `steps` random calls chosen by `seed` on a private instance of `shared`'s device, then
+/// requires the device to work: the conformance cases and the time-bounded fuzzer
+/// (`cargo test -p unirt-conformance --test fuzz`) both run it. The same seed replays the same
+/// sequence.
+pub fn random_sequence(shared: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
+    chaos(shared, seed, steps)
+}
+
 fn chaos(shared: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
     let ctx = &Ctx {
         device: shared.device,
@@ -141,6 +149,8 @@ fn chaos(shared: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
                 let n = match r.below(6) {
                     0 => usize::MAX,
                     1 => 1usize << 50,
+                    // Now and then tens to hundreds of MiB, so unmapping paths run too.
+                    2 if r.below(16) == 0 => (32 << 20) + r.below(224 << 20) as usize,
                     _ => len(&mut r),
                 };
                 if let Ok(p) = ctx.malloc(n) {

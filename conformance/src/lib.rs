@@ -45,6 +45,7 @@ pub mod report;
 mod trials;
 mod util;
 
+pub use cases_chaos::random_sequence;
 pub use trials::{devices, trials};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,0 +1,102 @@
+//! The Rust API fuzzer (issue 17): seeded random call sequences
+//! ([`unirt_conformance::random_sequence`]: live, freed, interior and bogus pointers and
+//! handles, every entry point, captures begun and ended at random, sizes from 0 B to hundreds
+//! of MiB, streams destroyed with work queued) on every available device, for a bounded time.
+//!
+//! - `UNIRT_FUZZ_SECONDS` (default 5): the total time, shared equally by the devices.
+//! - `UNIRT_FUZZ_SEED`: the first seed (default: from the clock); seed `i` of a run is
+//!   `first + i`. Every seed is printed before it runs, so the last line before a crash names
+//!   it. `UNIRT_FUZZ_SEED=0x… UNIRT_FUZZ_RUNS=1` replays exactly that sequence.
+//! - `UNIRT_FUZZ_STEPS` (default 2000): calls per seed.
+//! - `UNIRT_CONFORMANCE_DEVICES` restricts the devices, as for the suite.
+//!
+//! A sequence that ends with a failure (the device unusable afterwards, an unexpected error)
+//! fails the run with its device and seed; a panic or crash ends the process after the seed
+//! line.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use unirt_conformance::{random_sequence, Ctx, Failure};
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim();
+    match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+fn say(line: String) {
+    // Straight to the file descriptor, flushed, so it is in the log before any crash.
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(e, "{line}");
+    let _ = e.flush();
+}
+
+fn main() {
+    let seconds = env_u64("UNIRT_FUZZ_SECONDS").unwrap_or(5);
+    let steps = env_u64("UNIRT_FUZZ_STEPS").unwrap_or(2000) as usize;
+    let max_runs = env_u64("UNIRT_FUZZ_RUNS");
+    let first = env_u64("UNIRT_FUZZ_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let devices: Vec<_> = unirt_conformance::devices()
+        .into_iter()
+        .filter(|(_, unavailable)| unavailable.is_none())
+        .map(|(d, _)| d)
+        .collect();
+    if devices.is_empty() {
+        say("fuzz: no available device".into());
+        std::process::exit(1);
+    }
+    let share = Duration::from_secs(seconds) / devices.len() as u32;
+    say(format!(
+        "fuzz: {} s over {} device(s), {steps} calls per seed, first seed {first:#x} \
+         (replay one: UNIRT_FUZZ_SEED=<seed> UNIRT_FUZZ_RUNS=1 UNIRT_CONFORMANCE_DEVICES=<device>)",
+        seconds,
+        devices.len()
+    ));
+    let mut failures = Vec::new();
+    for device in devices {
+        let backend = match unirt::open(device) {
+            Ok(b) => b,
+            Err(e) => {
+                failures.push(format!("{device}: does not open: {e}"));
+                continue;
+            }
+        };
+        let ctx = Ctx { device, backend };
+        let start = Instant::now();
+        let mut runs = 0u64;
+        // At least one seed per device, then as many as the time allows.
+        while runs == 0 || (start.elapsed() < share && max_runs.is_none_or(|m| runs < m)) {
+            let seed = first.wrapping_add(runs);
+            say(format!("fuzz: {device} seed {seed:#x}"));
+            match random_sequence(&ctx, seed, steps) {
+                Ok(()) | Err(Failure::Unsupported(_)) => {}
+                Err(Failure::Failed(m)) => {
+                    say(format!("fuzz: FAILED {device} seed {seed:#x}: {m}"));
+                    failures.push(format!("{device} seed {seed:#x}: {m}"));
+                }
+            }
+            runs += 1;
+        }
+        say(format!(
+            "fuzz: {device}: {runs} seed(s) in {:.1} s",
+            start.elapsed().as_secs_f64()
+        ));
+    }
+    if !failures.is_empty() {
+        say(format!("fuzz: {} failure(s):", failures.len()));
+        for f in &failures {
+            say(format!("  {f}"));
+        }
+        std::process::exit(1);
+    }
+    say("fuzz: ok".into());
+}
