@@ -107,11 +107,7 @@ pub fn run(
 
 /// Writes each report asked for; one that fails does not stop the other. Returns the errors,
 /// each naming its file.
-fn write_reports(
-    json: Option<&Path>,
-    junit: Option<&Path>,
-    results: &[CaseResult],
-) -> Vec<String> {
+fn write_reports(json: Option<&Path>, junit: Option<&Path>, results: &[CaseResult]) -> Vec<String> {
     let mut report_errors = Vec::new();
     if let Some(p) = json {
         if let Err(e) = write_json(p, results) {
@@ -186,7 +182,9 @@ mod tests {
         let errors = write_reports(Some(Path::new("/dev/full")), Some(&junit), &[]);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].contains("/dev/full"), "{errors:?}");
-        assert!(std::fs::read_to_string(&junit).unwrap().contains("<testsuites"));
+        assert!(std::fs::read_to_string(&junit)
+            .unwrap()
+            .contains("<testsuites"));
         std::fs::remove_file(&junit).ok();
     }
 

@@ -197,7 +197,10 @@ fn strict_mode_turns_stale_pointers_into_errors() {
     let p = a.malloc(4096, s).unwrap();
     a.free(p).unwrap();
     let q = a.malloc(4096, s).unwrap();
-    assert_eq!(q, p, "without strict mode the next allocation aliases the stale pointer");
+    assert_eq!(
+        q, p,
+        "without strict mode the next allocation aliases the stale pointer"
+    );
     a.free(q).unwrap();
 
     a.set_strict(Some(1 << 20));
@@ -211,8 +214,13 @@ fn strict_mode_turns_stale_pointers_into_errors() {
             if kind == strict::FREED_KIND && (p.0..p.0 + 4096).contains(&handle))
     };
     assert!(freed(a.free(p).unwrap_err()), "double free");
-    assert!(freed(a.check_not_freed(DevicePtr(p.0 + 100), 8).unwrap_err()));
-    assert!(a.check_not_freed(q, 4096).is_ok(), "a live block is not stale");
+    assert!(freed(
+        a.check_not_freed(DevicePtr(p.0 + 100), 8).unwrap_err()
+    ));
+    assert!(
+        a.check_not_freed(q, 4096).is_ok(),
+        "a live block is not stale"
+    );
     a.free(q).unwrap();
 
     // Beyond the limit the oldest blocks go back to the cache (reusable, no longer caught).
@@ -227,8 +235,14 @@ fn strict_mode_turns_stale_pointers_into_errors() {
         "quarantine over its limit: {}",
         st.active_bytes.current
     );
-    assert!(a.check_not_freed(many[0], 1).is_ok(), "the oldest left the quarantine");
-    assert!(a.check_not_freed(many[299], 1).is_err(), "the newest is still there");
+    assert!(
+        a.check_not_freed(many[0], 1).is_ok(),
+        "the oldest left the quarantine"
+    );
+    assert!(
+        a.check_not_freed(many[299], 1).is_err(),
+        "the newest is still there"
+    );
 
     // empty_cache and turning strict mode off both release the quarantine.
     a.empty_cache().unwrap();
@@ -239,14 +253,25 @@ fn strict_mode_turns_stale_pointers_into_errors() {
     a.free(p).unwrap();
     a.set_strict(None);
     assert!(a.check_not_freed(p, 1).is_ok());
-    assert_eq!(a.malloc(4096, s).unwrap(), p, "turning strict off released the quarantine");
+    assert_eq!(
+        a.malloc(4096, s).unwrap(),
+        p,
+        "turning strict off released the quarantine"
+    );
 }
 
 /// The environment switch: the off words, the on words, and the size variable.
 #[test]
 fn strict_mode_environment_values() {
     use strict::limit_from;
-    for off in [None, Some(""), Some("0"), Some("off"), Some("FALSE"), Some("no")] {
+    for off in [
+        None,
+        Some(""),
+        Some("0"),
+        Some("off"),
+        Some("FALSE"),
+        Some("no"),
+    ] {
         assert_eq!(limit_from(off, None), None, "{off:?}");
     }
     assert_eq!(limit_from(Some("1"), None), Some(256 << 20));

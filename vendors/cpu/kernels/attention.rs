@@ -4,8 +4,7 @@
 //! once per head at memory speed.
 
 use super::util::{
-    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, simd, Float,
-    Ptr,
+    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};

@@ -3,8 +3,7 @@
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
 use super::util::{
-    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, Float, Ptr,
-    BLOCK,
+    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, Float, Ptr, BLOCK,
 };
 use crate::error::Result;
 use crate::ops::{KernelCall, KernelRegistry};

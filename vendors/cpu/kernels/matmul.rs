@@ -7,9 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::util::{
-    axpy, coalesce, dot, floats, gather, par_chunks, par_rows, simd, Float, Ptr,
-};
+use super::util::{axpy, coalesce, dot, floats, gather, par_chunks, par_rows, simd, Float, Ptr};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 use crate::tensor::{DType, Layout};

@@ -1,9 +1,7 @@
 //! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers,
 //! with vectorised f32 sums (eight accumulators) for the statistics.
 
-use super::util::{
-    dot, floats, gather, par_chunks, scatter, sum_f32, simd, Float, Lanes, Ptr,
-};
+use super::util::{dot, floats, gather, par_chunks, scatter, simd, sum_f32, Float, Lanes, Ptr};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 

@@ -1,7 +1,7 @@
 //! softmax, log_softmax and causal softmax, one lane at a time through an f32 buffer.
 
 use super::util::{
-    exp_f32, floats, gather, max_f32, par_chunks, scatter, sum_f32, simd, Float, Lanes, Ptr,
+    exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
