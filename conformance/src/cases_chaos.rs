@@ -31,7 +31,24 @@ pub(super) const CASES: &[Case] = &[
         needs: &[],
         run: twenty_seeds,
     },
+    Case {
+        name: "bad::random_call_sequences_regressions",
+        needs: &[],
+        run: regressions,
+    },
 ];
+
+/// Seeds the fuzzer (`conformance/tests/fuzz.rs`) found a fault with, replayed on every device.
+/// 0x100d: a graph launched into a capture, whose event wait was not carried into the new
+/// graph, reached `cuGraphInstantiateWithFlags` with a destroyed event (over the fake driver).
+const REGRESSION_SEEDS: &[u64] = &[0x100d];
+
+fn regressions(c: &Ctx) -> Result<(), Failure> {
+    for &seed in REGRESSION_SEEDS {
+        chaos(c, seed, 2000).map_err(|f| f.context(format!("seed {seed:#x}")))?;
+    }
+    Ok(())
+}
 
 /// Twenty more seeds (2000 calls each), every one on a fresh private instance; a failure names
 /// its seed so the sequence can be replayed alone.

@@ -833,6 +833,12 @@ impl Backend for CudaBackend {
                 e.mark_recorded();
             }
         }
+        // Launched into a capture, the graph's event waits become the new graph's too: its
+        // instantiate and launches must see them (a destroyed one is refused, never handed to
+        // the driver).
+        for e in x.waits.iter() {
+            s.note_wait(e);
+        }
         Ok(())
     }
 
