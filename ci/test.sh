@@ -33,7 +33,7 @@ UNIRT_FAKECUDA_POOLS=0 UNIRT_FAKECUDA_CC=100 cargo test -p unirt-conformance --t
 # for its default 5 s); a failing or crashing seed is printed, see docs/RELIABILITY.md.
 fuzz_seconds="${UNIRT_FUZZ_SECONDS_CI:-40}"
 echo "== Rust API fuzzer: ${fuzz_seconds} s over every device (UNIRT_FUZZ_SECONDS_CI)"
-UNIRT_FUZZ_SECONDS="$fuzz_seconds" cargo test -p unirt-conformance --test fuzz
+UNIRT_FUZZ_FAKECUDA=1 UNIRT_FUZZ_SECONDS="$fuzz_seconds" cargo test -p unirt-conformance --test fuzz
 
 echo "== ci/gpu.sh (GPU runner; on a machine without an NVIDIA GPU it says so and exits 0)"
 UNIRT_BIN="$target/debug/unirt" bash ci/gpu.sh "$target/gpu-results"

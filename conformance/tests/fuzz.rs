@@ -9,6 +9,8 @@
 //!   it. `UNIRT_FUZZ_SEED=0x… UNIRT_FUZZ_RUNS=1` replays exactly that sequence.
 //! - `UNIRT_FUZZ_STEPS` (default 2000): calls per seed.
 //! - `UNIRT_CONFORMANCE_DEVICES` restricts the devices, as for the suite.
+//! - `UNIRT_FUZZ_FAKECUDA=1`: the CUDA backend runs over the fake driver (unirt-fakecuda) as
+//!   well, and any call it records as driver misuse fails the seed.
 //!
 //! A sequence that ends with a failure (the device unusable afterwards, an unexpected error)
 //! fails the run with its device and seed; a panic or crash ends the process after the seed
@@ -35,7 +37,14 @@ fn say(line: String) {
     let _ = e.flush();
 }
 
+mod fakecuda_support;
+
 fn main() {
+    // With UNIRT_FUZZ_FAKECUDA=1 the CUDA backend runs over the fake driver too, and a call the
+    // fake records as driver misuse (one a real driver may crash on) fails the seed.
+    let fake = std::env::var_os("UNIRT_FUZZ_FAKECUDA")
+        .is_some_and(|v| v == "1")
+        .then(|| fakecuda_support::use_fake_driver(&[]).1);
     let seconds = env_u64("UNIRT_FUZZ_SECONDS").unwrap_or(5);
     let steps = env_u64("UNIRT_FUZZ_STEPS").unwrap_or(2000) as usize;
     let max_runs = env_u64("UNIRT_FUZZ_RUNS");
@@ -77,12 +86,23 @@ fn main() {
         while runs == 0 || (start.elapsed() < share && max_runs.is_none_or(|m| runs < m)) {
             let seed = first.wrapping_add(runs);
             say(format!("fuzz: {device} seed {seed:#x}"));
-            match random_sequence(&ctx, seed, steps) {
-                Ok(()) | Err(Failure::Unsupported(_)) => {}
-                Err(Failure::Failed(m)) => {
-                    say(format!("fuzz: FAILED {device} seed {seed:#x}: {m}"));
-                    failures.push(format!("{device} seed {seed:#x}: {m}"));
-                }
+            let misused_before = fake.as_ref().map_or(0, |c| c.misuses());
+            let outcome = match random_sequence(&ctx, seed, steps) {
+                Ok(()) | Err(Failure::Unsupported(_)) => None,
+                Err(Failure::Failed(m)) => Some(m),
+            };
+            let outcome = outcome.or_else(|| {
+                let c = fake.as_ref()?;
+                (c.misuses() > misused_before).then(|| {
+                    format!(
+                        "the fake driver recorded a call a real driver may crash on:\n{}",
+                        c.misuse_log()
+                    )
+                })
+            });
+            if let Some(m) = outcome {
+                say(format!("fuzz: FAILED {device} seed {seed:#x}: {m}"));
+                failures.push(format!("{device} seed {seed:#x}: {m}"));
             }
             runs += 1;
         }
