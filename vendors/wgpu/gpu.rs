@@ -149,6 +149,7 @@ impl Gpu {
         let handed = Arc::new(Progress::new());
         let (jobs, rx) = crossbeam_channel::unbounded();
         let submitter = Submitter {
+            device: device.clone(),
             queue: queue.clone(),
             completed: completed.clone(),
             handed: handed.clone(),
@@ -198,25 +199,58 @@ impl Gpu {
         self.submitted.lock().clone()
     }
 
-    /// Encodes `plan` into one command buffer (on this thread) and hands it to the submitter
-    /// thread; returns the submission's ticket. `keep` — the memory the commands use — is
-    /// held until the submission has completed, read-backs included. `scoped`: encode inside
-    /// an error scope and fail on a validation error; a graph's plan, validated once at
-    /// instantiate ([`Gpu::validate`]), is encoded without one (anything wgpu still reports
-    /// reaches the uncaptured-error sink, which the next wait reports).
-    pub fn submit(&self, plan: &Plan, keep: Pins<DevBuf>, scoped: bool) -> Result<Ticket> {
+    /// Encodes `plan` into one command buffer (on this thread, inside an error scope) and
+    /// hands it to the submitter thread; returns the submission's ticket. `keep` — the memory
+    /// the commands use — is held until the submission has completed, read-backs included.
+    pub fn submit(&self, plan: &Plan, keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
-        let scope = scoped.then(|| self.device.push_error_scope(wgpu::ErrorFilter::Validation));
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let records = plan.encode(&mut enc, || self.timestamp_buffer());
         let cb = enc.finish();
-        if let Some(scope) = scope {
-            if let Some(e) = pollster::block_on(scope.pop()) {
-                return Err(wgpu_error("command encoding", e));
-            }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(wgpu_error("command encoding", e));
         }
+        self.hand_over(Work::Encoded(cb), records, plan.io.clone(), keep)
+    }
+
+    /// Hands a graph's plan — validated at instantiate ([`Gpu::validate`]) — to the submitter
+    /// thread, which encodes and submits it: the caller's thread only makes the buffers its
+    /// event records' timestamps land in. Returns the submission's ticket; `keep` as in
+    /// [`Gpu::submit`].
+    pub fn submit_prepared(&self, plan: &Arc<Plan>, keep: Pins<DevBuf>) -> Result<Ticket> {
+        self.alive()?;
+        let mut stamps = Vec::new();
+        let mut records = Vec::with_capacity(plan.records.len());
+        for e in &plan.records {
+            let read = match e.query {
+                Some(_) => {
+                    let b = self.timestamp_buffer();
+                    stamps.push(b.clone());
+                    b
+                }
+                None => None,
+            };
+            records.push((e.clone(), read));
+        }
+        let work = Work::Plan {
+            plan: plan.clone(),
+            stamps,
+        };
+        self.hand_over(work, records, plan.io.clone(), keep)
+    }
+
+    /// Gives the submission its ticket, ties its event records to it, and sends it to the
+    /// submitter thread.
+    fn hand_over(
+        &self,
+        work: Work,
+        records: Vec<(Arc<super::event::WEvent>, Option<wgpu::Buffer>)>,
+        io: Option<Arc<super::plan::Io>>,
+        keep: Pins<DevBuf>,
+    ) -> Result<Ticket> {
         let mut last = self.submitted.lock();
         let ticket = Ticket { seq: last.seq + 1 };
         let slots: Vec<Arc<Slot>> = records
@@ -229,8 +263,8 @@ impl Gpu {
             .collect();
         let job = Job {
             seq: ticket.seq,
-            cb,
-            io: plan.io.clone(),
+            work,
+            io,
             slots,
             keep,
         };
@@ -427,12 +461,25 @@ impl Completion {
 /// One command buffer on its way to the queue, with what must happen around its submit.
 struct Job {
     seq: u64,
-    cb: wgpu::CommandBuffer,
+    work: Work,
     /// Uploads before the submit, read-backs and recycled buffers after it.
     io: Option<Arc<super::plan::Io>>,
     slots: Vec<Arc<Slot>>,
     /// The memory the commands use (pinned host memory a read-back writes, in particular).
     keep: Pins<DevBuf>,
+}
+
+/// What a job submits.
+enum Work {
+    /// Encoded by the caller (a stream's batch, inside an error scope there).
+    Encoded(wgpu::CommandBuffer),
+    /// A graph's validated plan, encoded on the submitter thread; `stamps`: the buffers for
+    /// the timestamps of its records that have a query set, in order (made by the caller, as
+    /// the records' slots name them).
+    Plan {
+        plan: Arc<Plan>,
+        stamps: Vec<Option<wgpu::Buffer>>,
+    },
 }
 
 /// The thread that submits to the queue, in sequence order.
@@ -441,6 +488,7 @@ struct Job {
 /// runs the work before it returns (GL on llvmpipe executes compute dispatches inside
 /// `queue.submit`), so an event recorded behind long work is NOT_READY there as well.
 struct Submitter {
+    device: wgpu::Device,
     queue: wgpu::Queue,
     completed: Arc<Completion>,
     handed: Arc<Progress>,
@@ -480,7 +528,20 @@ impl Submitter {
             words[start..start + u.len].copy_from_slice(src);
             self.queue.write_buffer(&u.staging, 0, &words);
         }
-        self.queue.submit([job.cb]);
+        let cb = match job.work {
+            Work::Encoded(cb) => cb,
+            Work::Plan { plan, stamps } => {
+                let mut enc = self
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                let mut stamps = stamps.into_iter();
+                // Validated at instantiate: anything wgpu still reports reaches the
+                // uncaptured-error sink, which the next wait reports.
+                drop(plan.encode(&mut enc, || stamps.next().flatten()));
+                enc.finish()
+            }
+        };
+        self.queue.submit([cb]);
         for b in io.map_or(&[][..], |io| &io.recycle[..]) {
             self.staging.recycle_upload(b.clone());
         }

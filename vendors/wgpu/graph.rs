@@ -52,7 +52,7 @@ pub(crate) struct WGraphExec {
     /// The commands, for a replay launched inside another capture.
     pub cmds: Arc<[Cmd]>,
     /// What each replay encodes and does around its submit, validated at instantiate.
-    pub plan: Plan,
+    pub plan: Arc<Plan>,
     /// The memory the graph uses, one entry per allocation: re-checked at each replay.
     pub uses: Arc<Recorded<DevBuf>>,
     /// The graph reads back to the host through its own staging buffers, which must not be
@@ -70,7 +70,7 @@ impl WGraphExec {
         Ok(WGraphExec {
             cmds: g.cmds.clone(),
             reads_back: plan.reads_back(),
-            plan,
+            plan: Arc::new(plan),
             uses: g.uses.clone(),
             last: Mutex::new(Ticket::default()),
         })

@@ -565,7 +565,7 @@ impl Backend for WgpuBackend {
             // The previous replay's read-back buffers must be unmapped before reuse.
             self.gpu.wait(&last)?;
         }
-        let t = self.gpu.submit(&x.plan, pins, false)?;
+        let t = self.gpu.submit_prepared(&x.plan, pins)?;
         *last = t.clone();
         st.last = t;
         Ok(())

@@ -75,6 +75,8 @@ impl Io {
 /// A prepared submission.
 pub(crate) struct Plan {
     pub steps: Vec<Step>,
+    /// The events the steps record, in order.
+    pub records: Vec<Arc<WEvent>>,
     /// None when there is nothing to do around the submit (the usual kernel batch).
     pub io: Option<Arc<Io>>,
 }
@@ -83,6 +85,7 @@ impl Plan {
     /// Prepares `cmds`, in order.
     pub fn new(cmds: impl IntoIterator<Item = Cmd>) -> Self {
         let mut steps = Vec::new();
+        let mut records = Vec::new();
         let mut io = Io::default();
         let mut in_pass = false;
         let mut pipe: Option<wgpu::ComputePipeline> = None;
@@ -131,7 +134,10 @@ impl Plan {
                     size,
                 }),
                 Cmd::Clear { buf, off, size } => Some(Step::Clear { buf, off, size }),
-                Cmd::Record(e) => Some(Step::Record(e)),
+                Cmd::Record(e) => {
+                    records.push(e.clone());
+                    Some(Step::Record(e))
+                }
                 Cmd::Upload {
                     host,
                     staging,
@@ -182,6 +188,7 @@ impl Plan {
         }
         Plan {
             steps,
+            records,
             io: (!io.is_empty()).then(|| Arc::new(io)),
         }
     }
@@ -196,8 +203,9 @@ impl Plan {
         self.io.as_ref().is_some_and(|io| !io.readbacks.is_empty())
     }
 
-    /// Records the steps into `enc`; `timestamp` makes the buffer an event record's timestamp
-    /// is copied into (None: that record has host timing). Returns the event records with
+    /// Records the steps into `enc`; `timestamp` gives, for each event record with a query
+    /// set in turn, the buffer its timestamp is copied into (None: that record has host
+    /// timing). Returns the event records with
     /// their timestamp buffers, to be tied to the submission.
     pub fn encode(
         &self,

@@ -131,7 +131,7 @@ pub(crate) fn flush_locked(gpu: &Gpu, st: &mut StreamState) -> Result<Ticket> {
     let cmds = std::mem::take(&mut st.pending);
     let keep = std::mem::take(&mut st.keep);
     st.pending_bytes = 0;
-    let t = gpu.submit(&Plan::new(cmds), keep, true)?;
+    let t = gpu.submit(&Plan::new(cmds), keep)?;
     st.last = t.clone();
     Ok(t)
 }
