@@ -1,6 +1,7 @@
 //! wgpu stream capture: the captured commands, with their pipelines and bind groups already
-//! made, prepared at instantiate into a [`Plan`] that each replay encodes into one encoder and
-//! submits once (wgpu command buffers cannot be resubmitted).
+//! made, prepared at instantiate into a [`Plan`]; each replay hands that plan to the submitter
+//! thread, which encodes it into one encoder and submits it once (wgpu command buffers cannot
+//! be resubmitted).
 //!
 //! Event records inside a capture complete with the replay's submission (timestamped when the
 //! device can); waits are kept for their place but need no device work, as one queue already

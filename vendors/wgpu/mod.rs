@@ -10,7 +10,9 @@
 //! - **Streams**: each stream gathers commands and submits them as one encoder on flush; all
 //!   streams share the one queue, whose submission order is execution order (`stream.rs`,
 //!   `gpu.rs`). Events are timestamp queries where the adapter has them (`event.rs`).
-//! - **Capture**: a captured stream replays as one encoder and one submit (`graph.rs`).
+//! - **Submissions**: every batch is encoded from a prepared plan (`plan.rs`); a graph's plan
+//!   is made and validated once at instantiate, and each replay hands it to the submitter
+//!   thread, which encodes it as one encoder and one submit (`graph.rs`, `gpu.rs`).
 //! - **Kernels**: WGSL in `kernels/`, pipelines and bind groups cached per device
 //!   (`kernels.rs`).
 //!
