@@ -145,6 +145,48 @@ impl<D> Recorded<D> {
     pub fn extend(&mut self, other: &Recorded<D>) {
         self.uses.extend(other.uses.iter().cloned());
     }
+
+    /// Merges the uses that name the same allocation into one use covering all of them (the
+    /// smallest range holding each), keeping first-use order: a replay then re-checks each
+    /// allocation once, however many recorded commands use it. Each merged range lies inside
+    /// its allocation, as every part was checked against it, so the re-check refuses exactly
+    /// what re-checking the parts would (the allocation freed since, or its address reused).
+    pub fn coalesce(&mut self) {
+        let mut at: std::collections::HashMap<(bool, *const ()), usize> =
+            std::collections::HashMap::with_capacity(self.uses.len());
+        let mut merged: Vec<RecordedUse<D>> = Vec::with_capacity(self.uses.len());
+        for u in self.uses.drain(..) {
+            let (addr, len, key) = match &u {
+                RecordedUse::Device(a, l, w) => (*a, *l, (false, w.as_ptr().cast::<()>())),
+                RecordedUse::Pinned(a, l, w) => (*a, *l, (true, w.as_ptr().cast::<()>())),
+            };
+            match at.get(&key) {
+                Some(&i) => {
+                    let (ma, ml) = match &mut merged[i] {
+                        RecordedUse::Device(a, l, _) | RecordedUse::Pinned(a, l, _) => (a, l),
+                    };
+                    let end = (*ma + *ml).max(addr + len);
+                    *ma = (*ma).min(addr);
+                    *ml = end - *ma;
+                }
+                None => {
+                    at.insert(key, merged.len());
+                    merged.push(u);
+                }
+            }
+        }
+        self.uses = merged;
+    }
+
+    /// Number of recorded uses.
+    pub fn len(&self) -> usize {
+        self.uses.len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.uses.is_empty()
+    }
 }
 
 /// Device memory and pinned host memory of one device, with the checks every operation makes.
@@ -430,6 +472,45 @@ mod tests {
             Err(Error::OutOfBounds { .. })
         ));
         mem.pinned.free(again)?;
+        Ok(())
+    }
+
+    #[test]
+    fn coalesced_uses_check_each_allocation_once_and_still_refuse_freed_memory() -> Result<()> {
+        let mem: CheckedMemory<()> = CheckedMemory::new(DeviceKind::Cpu, "test:0", false);
+        mem.device.insert(0x1000, 0x100, ())?;
+        mem.device.insert(0x2000, 0x100, ())?;
+        let mut recorded = Recorded::default();
+        // Ten "launches" over the two allocations, at different ranges of the first.
+        for i in 0..10u64 {
+            let mut pins = Pins::new();
+            mem.device_range(0x1000 + 8 * i, 16, &mut pins)?;
+            mem.device_range(0x2000, 0x100, &mut pins)?;
+            recorded.record(&pins);
+        }
+        assert_eq!(recorded.len(), 20);
+        recorded.coalesce();
+        assert_eq!(recorded.len(), 2);
+        let ranges: Vec<(u64, u64)> = recorded
+            .uses
+            .iter()
+            .map(|u| match u {
+                RecordedUse::Device(a, l, _) | RecordedUse::Pinned(a, l, _) => (*a, *l),
+            })
+            .collect();
+        assert_eq!(ranges, vec![(0x1000, 8 * 9 + 16), (0x2000, 0x100)]);
+        assert_eq!(mem.repin(&recorded)?.device().count(), 2);
+        // Freed, then the address handed out again (larger): still refused.
+        mem.unregister(0x1000)?;
+        assert!(matches!(
+            mem.repin(&recorded),
+            Err(Error::OutOfBounds { .. })
+        ));
+        mem.device.insert(0x1000, 0x200, ())?;
+        assert!(matches!(
+            mem.repin(&recorded),
+            Err(Error::OutOfBounds { .. })
+        ));
         Ok(())
     }
 

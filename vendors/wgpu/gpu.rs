@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::event::{Slot, WEvent};
+use super::event::Slot;
 use super::kernels::Kernels;
 use super::memory::{create_buffer, wgpu_error, DevBuf, StagingPool};
-use super::stream::Cmd;
+use super::plan::Plan;
 use crate::checked::Pins;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
@@ -149,6 +149,7 @@ impl Gpu {
         let handed = Arc::new(Progress::new());
         let (jobs, rx) = crossbeam_channel::unbounded();
         let submitter = Submitter {
+            device: device.clone(),
             queue: queue.clone(),
             completed: completed.clone(),
             handed: handed.clone(),
@@ -198,44 +199,58 @@ impl Gpu {
         self.submitted.lock().clone()
     }
 
-    /// Encodes `cmds` into one command buffer (on this thread, inside an error scope) and
+    /// Encodes `plan` into one command buffer (on this thread, inside an error scope) and
     /// hands it to the submitter thread; returns the submission's ticket. `keep` — the memory
     /// the commands use — is held until the submission has completed, read-backs included.
-    pub fn submit(&self, cmds: &[Cmd], keep: Pins<DevBuf>) -> Result<Ticket> {
+    pub fn submit(&self, plan: &Plan, keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("unirt"),
-            });
-        let records = self.encode(cmds, &mut enc);
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let records = plan.encode(&mut enc, || self.timestamp_buffer());
         let cb = enc.finish();
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(wgpu_error("command encoding", e));
         }
-        let mut uploads = Vec::new();
-        let mut readbacks = Vec::new();
-        let mut recycle = Vec::new();
-        for c in cmds {
-            match c {
-                Cmd::Upload {
-                    host,
-                    staging,
-                    off,
-                    len,
-                } => uploads.push((*host, staging.clone(), *off, *len)),
-                Cmd::Readback {
-                    staging,
-                    skip,
-                    host,
-                    len,
-                    pooled,
-                } => readbacks.push((staging.clone(), *skip, *host, *len, *pooled)),
-                Cmd::Recycle(b) => recycle.push(b.clone()),
-                _ => {}
-            }
+        self.hand_over(Work::Encoded(cb), records, plan.io.clone(), keep)
+    }
+
+    /// Hands a graph's plan — validated at instantiate ([`Gpu::validate`]) — to the submitter
+    /// thread, which encodes and submits it: the caller's thread only makes the buffers its
+    /// event records' timestamps land in. Returns the submission's ticket; `keep` as in
+    /// [`Gpu::submit`].
+    pub fn submit_prepared(&self, plan: &Arc<Plan>, keep: Pins<DevBuf>) -> Result<Ticket> {
+        self.alive()?;
+        let mut stamps = Vec::new();
+        let mut records = Vec::with_capacity(plan.records.len());
+        for e in &plan.records {
+            let read = match e.query {
+                Some(_) => {
+                    let b = self.timestamp_buffer();
+                    stamps.push(b.clone());
+                    b
+                }
+                None => None,
+            };
+            records.push((e.clone(), read));
         }
+        let work = Work::Plan {
+            plan: plan.clone(),
+            stamps,
+        };
+        self.hand_over(work, records, plan.io.clone(), keep)
+    }
+
+    /// Gives the submission its ticket, ties its event records to it, and sends it to the
+    /// submitter thread.
+    fn hand_over(
+        &self,
+        work: Work,
+        records: Vec<(Arc<super::event::WEvent>, Option<wgpu::Buffer>)>,
+        io: Option<Arc<super::plan::Io>>,
+        keep: Pins<DevBuf>,
+    ) -> Result<Ticket> {
         let mut last = self.submitted.lock();
         let ticket = Ticket { seq: last.seq + 1 };
         let slots: Vec<Arc<Slot>> = records
@@ -248,10 +263,8 @@ impl Gpu {
             .collect();
         let job = Job {
             seq: ticket.seq,
-            cb,
-            uploads,
-            readbacks,
-            recycle,
+            work,
+            io,
             slots,
             keep,
         };
@@ -262,90 +275,31 @@ impl Gpu {
         Ok(ticket)
     }
 
-    /// Records the commands into `enc`; returns the event records with their timestamp
-    /// buffers, to be tied to the submission.
-    fn encode(
-        &self,
-        cmds: &[Cmd],
-        enc: &mut wgpu::CommandEncoder,
-    ) -> Vec<(Arc<WEvent>, Option<wgpu::Buffer>)> {
-        let mut records = Vec::new();
-        let mut pass: Option<wgpu::ComputePass<'static>> = None;
-        let mut last_pipe: Option<&wgpu::ComputePipeline> = None;
-        let mut last_group: Option<&wgpu::BindGroup> = None;
-        let mut last_imm: Option<&[u32; 4]> = None;
-        for c in cmds {
-            if let Cmd::Dispatch {
-                pipeline,
-                group,
-                imm,
-                groups,
-            } = c
-            {
-                let p = pass.get_or_insert_with(|| {
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default())
-                        .forget_lifetime()
-                });
-                if last_pipe != Some(pipeline) {
-                    p.set_pipeline(pipeline);
-                    last_pipe = Some(pipeline);
-                }
-                if last_group != Some(group) {
-                    p.set_bind_group(0, group, &[]);
-                    last_group = Some(group);
-                }
-                if last_imm != Some(imm) {
-                    p.set_immediates(0, bytemuck::cast_slice(imm));
-                    last_imm = Some(imm);
-                }
-                p.dispatch_workgroups(groups[0], groups[1], 1);
-                continue;
-            }
-            // Anything else is outside a compute pass.
-            pass = None;
-            last_pipe = None;
-            last_group = None;
-            last_imm = None;
-            match c {
-                Cmd::Copy {
-                    src,
-                    src_off,
-                    dst,
-                    dst_off,
-                    size,
-                } => enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size),
-                Cmd::Clear { buf, off, size } => enc.clear_buffer(buf, *off, Some(*size)),
-                Cmd::Record(e) => {
-                    let read = match &e.query {
-                        Some((qs, resolve)) => {
-                            match self.buffer(
-                                8,
-                                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                            ) {
-                                Ok(read) => {
-                                    enc.write_timestamp(qs, 0);
-                                    enc.resolve_query_set(qs, 0..1, resolve, 0);
-                                    enc.copy_buffer_to_buffer(resolve, 0, &read, 0, 8);
-                                    Some(read)
-                                }
-                                // No timestamp for this record: elapsed time falls back to
-                                // the host clock.
-                                Err(_) => None,
-                            }
-                        }
-                        None => None,
-                    };
-                    records.push((e.clone(), read));
-                }
-                Cmd::Dispatch { .. }
-                | Cmd::Upload { .. }
-                | Cmd::Readback { .. }
-                | Cmd::Recycle(_)
-                | Cmd::Wait => {}
-            }
+    /// Encodes `plan` inside an error scope without submitting it: what a replay encodes
+    /// later is valid.
+    pub fn validate(&self, plan: &Plan) -> Result<()> {
+        self.alive()?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        // Timestamps need no buffer to be validated.
+        drop(plan.encode(&mut enc, || None));
+        drop(enc.finish());
+        match pollster::block_on(scope.pop()) {
+            Some(e) => Err(wgpu_error("command encoding", e)),
+            None => Ok(()),
         }
-        drop(pass);
-        records
+    }
+
+    /// The buffer an event record's timestamp is copied into (None: the record falls back
+    /// to the host clock).
+    fn timestamp_buffer(&self) -> Option<wgpu::Buffer> {
+        self.buffer(
+            8,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )
+        .ok()
     }
 
     /// Whether the submission has completed (polls the device without blocking).
@@ -507,13 +461,25 @@ impl Completion {
 /// One command buffer on its way to the queue, with what must happen around its submit.
 struct Job {
     seq: u64,
-    cb: wgpu::CommandBuffer,
-    uploads: Vec<(u64, wgpu::Buffer, u64, usize)>,
-    readbacks: Vec<(wgpu::Buffer, u64, u64, usize, bool)>,
-    recycle: Vec<wgpu::Buffer>,
+    work: Work,
+    /// Uploads before the submit, read-backs and recycled buffers after it.
+    io: Option<Arc<super::plan::Io>>,
     slots: Vec<Arc<Slot>>,
     /// The memory the commands use (pinned host memory a read-back writes, in particular).
     keep: Pins<DevBuf>,
+}
+
+/// What a job submits.
+enum Work {
+    /// Encoded by the caller (a stream's batch, inside an error scope there).
+    Encoded(wgpu::CommandBuffer),
+    /// A graph's validated plan, encoded on the submitter thread; `stamps`: the buffers for
+    /// the timestamps of its records that have a query set, in order (made by the caller, as
+    /// the records' slots name them).
+    Plan {
+        plan: Arc<Plan>,
+        stamps: Vec<Option<wgpu::Buffer>>,
+    },
 }
 
 /// The thread that submits to the queue, in sequence order.
@@ -522,6 +488,7 @@ struct Job {
 /// runs the work before it returns (GL on llvmpipe executes compute dispatches inside
 /// `queue.submit`), so an event recorded behind long work is NOT_READY there as well.
 struct Submitter {
+    device: wgpu::Device,
     queue: wgpu::Queue,
     completed: Arc<Completion>,
     handed: Arc<Progress>,
@@ -545,26 +512,45 @@ impl Submitter {
     }
 
     fn submit(&self, job: Job) {
-        for (host, staging, off, len) in &job.uploads {
+        let io = job.io.as_deref();
+        for u in io.map_or(&[][..], |io| &io.uploads[..]) {
             // SAFETY: `host` is the source of a captured host-to-device copy; the caller of
             // memcpy_async promised it stays readable for `len` bytes while the graph is
             // replayed (the same contract as CUDA's graph memcpy nodes).
-            let src = unsafe { std::slice::from_raw_parts(*host as usize as *const u8, *len) };
+            let src = unsafe { std::slice::from_raw_parts(u.host as usize as *const u8, u.len) };
+            if u.off == 0 && u.len % 4 == 0 {
+                self.queue.write_buffer(&u.staging, 0, src);
+                continue;
+            }
             // write_buffer moves whole words: the bytes sit at their phase `off`.
-            let start = *off as usize;
-            let mut words = vec![0u8; (start + *len).div_ceil(4) * 4];
-            words[start..start + *len].copy_from_slice(src);
-            self.queue.write_buffer(staging, 0, &words);
+            let start = u.off as usize;
+            let mut words = vec![0u8; (start + u.len).div_ceil(4) * 4];
+            words[start..start + u.len].copy_from_slice(src);
+            self.queue.write_buffer(&u.staging, 0, &words);
         }
-        self.queue.submit([job.cb]);
-        for b in job.recycle {
-            self.staging.recycle_upload(b);
+        let cb = match job.work {
+            Work::Encoded(cb) => cb,
+            Work::Plan { plan, stamps } => {
+                let mut enc = self
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                let mut stamps = stamps.into_iter();
+                // Validated at instantiate: anything wgpu still reports reaches the
+                // uncaptured-error sink, which the next wait reports.
+                drop(plan.encode(&mut enc, || stamps.next().flatten()));
+                enc.finish()
+            }
+        };
+        self.queue.submit([cb]);
+        for b in io.map_or(&[][..], |io| &io.recycle[..]) {
+            self.staging.recycle_upload(b.clone());
         }
+        let readbacks = io.map_or(&[][..], |io| &io.readbacks[..]);
         // The submission counts as complete once the queue has run it and every read-back has
         // reached the host; wgpu does not promise an order between the two kinds of callback
         // when several threads poll, so each one checks in.
         let (seq, slots) = (job.seq, job.slots);
-        let parts = Arc::new(AtomicUsize::new(job.readbacks.len() + 1));
+        let parts = Arc::new(AtomicUsize::new(readbacks.len() + 1));
         let keep = Mutex::new(Some(job.keep));
         let check_in = {
             let completed = self.completed.clone();
@@ -577,11 +563,12 @@ impl Submitter {
             }
         };
         let check_in = Arc::new(check_in);
-        for (staging, skip, host, len, pooled) in job.readbacks {
+        for rb in readbacks {
             let done = check_in.clone();
             let errors = self.errors.clone();
             let pool = self.staging.clone();
-            readback(&staging, skip, host, len, move |r, buf| {
+            let pooled = rb.pooled;
+            readback(&rb.staging, rb.skip, rb.host, rb.len, move |r, buf| {
                 if r.is_ok() && pooled {
                     pool.recycle_read(buf);
                 }

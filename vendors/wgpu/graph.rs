@@ -1,5 +1,7 @@
 //! wgpu stream capture: the captured commands, with their pipelines and bind groups already
-//! made, replayed as one encoder and one submit.
+//! made, prepared at instantiate into a [`Plan`]; each replay hands that plan to the submitter
+//! thread, which encodes it into one encoder and submits it once (wgpu command buffers cannot
+//! be resubmitted).
 //!
 //! Event records inside a capture complete with the replay's submission (timestamped when the
 //! device can); waits are kept for their place but need no device work, as one queue already
@@ -12,10 +14,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::gpu::Ticket;
+use super::gpu::{Gpu, Ticket};
 use super::memory::DevBuf;
+use super::plan::Plan;
 use super::stream::Cmd;
 use crate::checked::Recorded;
+use crate::error::Result;
 use crate::hal::CaptureMode;
 
 /// The recording in progress on a stream.
@@ -40,12 +44,17 @@ impl Capture {
 /// A finished capture.
 pub(crate) struct WGraph {
     pub cmds: Arc<[Cmd]>,
+    /// One entry per allocation ([`Recorded::coalesce`]).
     pub uses: Arc<Recorded<DevBuf>>,
 }
 
-/// An instantiated graph.
+/// An instantiated graph: its commands prepared once into the plan every replay encodes.
 pub(crate) struct WGraphExec {
+    /// The commands, for a replay launched inside another capture.
     pub cmds: Arc<[Cmd]>,
+    /// What each replay encodes and does around its submit, validated at instantiate.
+    pub plan: Arc<Plan>,
+    /// The memory the graph uses, one entry per allocation: re-checked at each replay.
     pub uses: Arc<Recorded<DevBuf>>,
     /// The graph reads back to the host through its own staging buffers, which must not be
     /// mapped by one replay while the next one is submitted.
@@ -55,12 +64,16 @@ pub(crate) struct WGraphExec {
 }
 
 impl WGraphExec {
-    pub fn new(g: &WGraph) -> Self {
-        WGraphExec {
+    /// Prepares and validates the graph's plan.
+    pub fn new(gpu: &Gpu, g: &WGraph) -> Result<Self> {
+        let plan = Plan::new(g.cmds.iter().cloned());
+        gpu.validate(&plan)?;
+        Ok(WGraphExec {
             cmds: g.cmds.clone(),
+            reads_back: plan.reads_back(),
+            plan: Arc::new(plan),
             uses: g.uses.clone(),
-            reads_back: g.cmds.iter().any(|c| matches!(c, Cmd::Readback { .. })),
             last: Mutex::new(Ticket::default()),
-        }
+        })
     }
 }

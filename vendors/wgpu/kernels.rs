@@ -128,9 +128,9 @@ impl Which {
 }
 
 /// One buffer binding: the buffer, and the window of it that is bound.
-#[derive(Clone)]
-pub(crate) struct Window {
-    pub buf: DevBuf,
+#[derive(Clone, Copy)]
+pub(crate) struct Window<'a> {
+    pub buf: &'a DevBuf,
     pub offset: u64,
     pub size: u64,
 }
@@ -265,11 +265,11 @@ impl Kernels {
 
     /// The window to bind for `len` bytes at byte `off` of `buf` (padded size `buf_size`), and
     /// the byte offset of `off` inside it.
-    pub fn window(&self, buf: &DevBuf, off: u64, len: u64) -> Result<(Window, u64)> {
+    pub fn window<'a>(&self, buf: &'a DevBuf, off: u64, len: u64) -> Result<(Window<'a>, u64)> {
         let size = buf.buffer.size();
         if size <= self.max_binding {
             let w = Window {
-                buf: buf.clone(),
+                buf,
                 offset: 0,
                 size,
             };
@@ -285,7 +285,7 @@ impl Kernels {
             });
         }
         let w = Window {
-            buf: buf.clone(),
+            buf,
             offset: start,
             size: end - start,
         };
@@ -294,15 +294,15 @@ impl Kernels {
 
     /// A window starting exactly at byte `off` (so the kernel needs no offset), when the
     /// offset meets the binding alignment and the range fits one binding.
-    pub fn direct_window(&self, buf: &DevBuf, off: u64, len: u64) -> Option<Window> {
+    pub fn direct_window<'a>(&self, buf: &'a DevBuf, off: u64, len: u64) -> Option<Window<'a>> {
         let size = buf.buffer.size();
         // The alignment is a power of two (a WebGPU rule for this limit).
         if off & (self.binding_align - 1) != 0 || off >= size {
             return None;
         }
         let span = (size - off).min(self.max_binding) & !3;
-        (span >= ceil4(len) && span > 0).then(|| Window {
-            buf: buf.clone(),
+        (span >= ceil4(len) && span > 0).then_some(Window {
+            buf,
             offset: off,
             size: span,
         })

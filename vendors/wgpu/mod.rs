@@ -10,7 +10,9 @@
 //! - **Streams**: each stream gathers commands and submits them as one encoder on flush; all
 //!   streams share the one queue, whose submission order is execution order (`stream.rs`,
 //!   `gpu.rs`). Events are timestamp queries where the adapter has them (`event.rs`).
-//! - **Capture**: a captured stream replays as one encoder and one submit (`graph.rs`).
+//! - **Submissions**: every batch is encoded from a prepared plan (`plan.rs`); a graph's plan
+//!   is made and validated once at instantiate, and each replay hands it to the submitter
+//!   thread, which encodes it as one encoder and one submit (`graph.rs`, `gpu.rs`).
 //! - **Kernels**: WGSL in `kernels/`, pipelines and bind groups cached per device
 //!   (`kernels.rs`).
 //!
@@ -32,6 +34,7 @@ mod graph;
 mod kernels;
 mod loaders;
 mod memory;
+mod plan;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -420,40 +423,58 @@ impl Backend for WgpuBackend {
         }
         let k = &self.gpu.kernels;
         let len = u64::from(checked.n) * 4;
-        let mut resolved = Vec::with_capacity(checked.buffers.len());
-        for (p, _) in &checked.buffers {
-            resolved.push(self.resolve(p.0, len, &mut pins)?);
+        // The allocations check_launch pinned: one per buffer argument, in order (every range
+        // is non-empty, as n > 0), so nothing is looked up twice.
+        let mut resolved: [Option<(&DevBuf, u64)>; 3] = [None; 3];
+        let mut nbuf = 0;
+        for ((p, _), a) in checked.buffers.iter().zip(pins.device()) {
+            let slot = resolved
+                .get_mut(nbuf)
+                .ok_or_else(|| Error::Internal("a kernel with over 3 buffers".into()))?;
+            *slot = Some((&a.payload, p.0 - a.base));
+            nbuf += 1;
+        }
+        let Some((first, _)) = resolved[0] else {
+            return Err(Error::Internal("a kernel without buffers".into()));
+        };
+        if nbuf != checked.buffers.len() {
+            return Err(Error::Internal(
+                "kernel buffers and their pins disagree".into(),
+            ));
         }
         // Bound exactly at each pointer when alignment allows (the faster kernel variant),
         // else windows with the element offsets passed as immediates.
-        let direct: Option<Vec<kernels::Window>> = resolved
-            .iter()
-            .map(|(buf, off)| k.direct_window(buf, *off, len))
-            .collect();
-        let is_direct = direct.is_some();
-        let mut windows = Vec::with_capacity(resolved.len());
-        let mut rels = Vec::with_capacity(resolved.len());
-        match direct {
-            Some(ws) => {
-                rels.resize(ws.len(), 0);
-                windows = ws;
-            }
-            None => {
-                for (buf, off) in &resolved {
-                    let (w, rel) = k.window(buf, *off, len)?;
-                    windows.push(w);
-                    rels.push(rel);
+        let dummy = kernels::Window {
+            buf: first,
+            offset: 0,
+            size: 0,
+        };
+        let mut windows = [dummy; 3];
+        let mut rels = [0u64; 3];
+        let mut is_direct = true;
+        for (i, (buf, off)) in resolved.iter().flatten().enumerate() {
+            match k.direct_window(buf, *off, len) {
+                Some(w) => windows[i] = w,
+                None => {
+                    is_direct = false;
+                    break;
                 }
             }
         }
+        if !is_direct {
+            for (i, (buf, off)) in resolved.iter().flatten().enumerate() {
+                (windows[i], rels[i]) = k.window(buf, *off, len)?;
+            }
+        }
+        let windows = &windows[..nbuf];
         let mut imm = [0u32; 4];
         let mut slot = 0;
-        let mut rels = rels.into_iter();
+        let mut rels = rels[..nbuf].iter();
         for (i, a) in args.iter().enumerate() {
             match a {
                 KernelArg::Ptr(_) => {
                     if let Some(x) = imm.get_mut(slot) {
-                        *x = (rels.next().unwrap_or(0) / 4) as u32;
+                        *x = (rels.next().copied().unwrap_or(0) / 4) as u32;
                     }
                     slot += 1;
                 }
@@ -487,7 +508,7 @@ impl Backend for WgpuBackend {
             w => w,
         };
         let pipeline = k.pipeline_variant(&self.gpu.device, which, is_direct)?;
-        let group = k.bind_group(&self.gpu.device, which, &windows)?;
+        let group = k.bind_group(&self.gpu.device, which, windows)?;
         let cmd = Cmd::Dispatch {
             pipeline,
             group,
@@ -495,7 +516,7 @@ impl Backend for WgpuBackend {
             groups: k.groups_for(u64::from(checked.n)),
         };
         let work = checked.buffers.iter().map(|(_, l)| *l).sum();
-        enqueue(&self.gpu, &s, vec![cmd], pins, work, false)
+        enqueue(&self.gpu, &s, [cmd], pins, work, false)
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
@@ -508,9 +529,11 @@ impl Backend for WgpuBackend {
         let s = self.stream(stream)?;
         let c = checked::end_capture(&mut s.lock().capture)?;
         stream::release_captured_records(&c.cmds);
+        let mut uses = c.uses;
+        uses.coalesce();
         let graph = WGraph {
             cmds: c.cmds.into(),
-            uses: Arc::new(c.uses),
+            uses: Arc::new(uses),
         };
         Ok(GraphId(self.graphs.insert(graph)?.0))
     }
@@ -519,7 +542,8 @@ impl Backend for WgpuBackend {
         let g = self.graphs.get(graph.0)?;
         // Refused when memory the graph uses was freed since the capture.
         self.mem.repin(&g.uses)?;
-        Ok(GraphExecId(self.execs.insert(WGraphExec::new(&g))?.0))
+        let exec = WGraphExec::new(&self.gpu, &g)?;
+        Ok(GraphExecId(self.execs.insert(exec)?.0))
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
@@ -534,7 +558,7 @@ impl Backend for WgpuBackend {
             c.uses.extend(&x.uses);
             return Ok(());
         }
-        if x.cmds.is_empty() {
+        if x.plan.is_empty() {
             return Ok(());
         }
         flush_locked(&self.gpu, &mut st)?;
@@ -543,7 +567,7 @@ impl Backend for WgpuBackend {
             // The previous replay's read-back buffers must be unmapped before reuse.
             self.gpu.wait(&last)?;
         }
-        let t = self.gpu.submit(&x.cmds, pins)?;
+        let t = self.gpu.submit_prepared(&x.plan, pins)?;
         *last = t.clone();
         st.last = t;
         Ok(())

@@ -12,6 +12,7 @@ use super::event::WEvent;
 use super::gpu::{Gpu, Ticket};
 use super::graph::Capture;
 use super::memory::DevBuf;
+use super::plan::Plan;
 use crate::checked::Pins;
 use crate::error::Result;
 
@@ -130,7 +131,7 @@ pub(crate) fn flush_locked(gpu: &Gpu, st: &mut StreamState) -> Result<Ticket> {
     let cmds = std::mem::take(&mut st.pending);
     let keep = std::mem::take(&mut st.keep);
     st.pending_bytes = 0;
-    let t = gpu.submit(&cmds, keep)?;
+    let t = gpu.submit(&Plan::new(cmds), keep)?;
     st.last = t.clone();
     Ok(t)
 }
@@ -140,15 +141,16 @@ pub(crate) fn flush_locked(gpu: &Gpu, st: &mut StreamState) -> Result<Ticket> {
 pub(crate) fn enqueue(
     gpu: &Gpu,
     stream: &WStream,
-    cmds: Vec<Cmd>,
+    cmds: impl IntoIterator<Item = Cmd>,
     pins: Pins<DevBuf>,
     work: u64,
     flush: bool,
 ) -> Result<()> {
     let mut st = stream.lock();
     if let Some(c) = st.capture.as_mut() {
-        note_captured_records(&cmds);
+        let from = c.cmds.len();
         c.cmds.extend(cmds);
+        note_captured_records(&c.cmds[from..]);
         c.uses.record(&pins);
         return Ok(());
     }

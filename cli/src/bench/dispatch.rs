@@ -5,8 +5,10 @@
 //!   through unirt and through a hand-written plain-wgpu program doing the same on the same
 //!   adapter (one bind group made ahead, 100 dispatches in one compute pass, one submit, a
 //!   mapped read-back) — the best a direct wgpu user writes;
-//! - launch-bound: 100 × `add_f32` on 256 floats issued eagerly, against the same 100
-//!   captured once and replayed.
+//! - launch-bound, in two shapes (100 × `add_f32` on 256 floats, 1000 × `add_f32` on 1
+//!   float): issued eagerly, against the same launches captured once and replayed, against
+//!   the plain-wgpu program doing the same dispatches (one pass, one prepared bind group, one
+//!   submit); each also timed for issue alone (no wait).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ use crate::CliResult;
 const LAUNCHES: usize = 100;
 const BIG: u32 = 1 << 20;
 const SMALL: u32 = 256;
+/// Launches of the 1-element shape.
+const TINY_LAUNCHES: usize = 1000;
 
 #[derive(Serialize)]
 #[serde(untagged)]
@@ -32,16 +36,18 @@ enum Row {
         plain_wgpu_ms: f64,
     },
     Launch {
-        workload: &'static str,
+        workload: String,
         eager_ms: f64,
         replay_ms: f64,
-        /// Issuing the 100 launches alone (no wait): unirt's own per-launch cost.
+        /// Issuing the launches alone (no wait): unirt's own per-launch cost.
         eager_issue_ms: f64,
-        /// `graph_launch` alone (no wait).
+        /// `graph_launch` alone (no wait): encoding the prepared plan and handing it over.
         replay_issue_ms: f64,
-        /// The same 100 dispatches in hand-written wgpu (one pass, one prepared bind group,
+        /// The same dispatches in hand-written wgpu (one pass, one prepared bind group,
         /// one submit, then a wait): the floor this device allows.
-        plain_wgpu_ms: Option<f64>,
+        plain_wgpu_ms: f64,
+        /// The plain program's encode and submit alone (no wait).
+        plain_issue_ms: f64,
     },
 }
 
@@ -175,27 +181,46 @@ pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode
     dev.free(b)?;
     dev.free(out)?;
 
-    // Launch-bound: eager against replay.
-    let small = 4 * SMALL as usize;
-    let (a, b, out) = (dev.malloc(small)?, dev.malloc(small)?, dev.malloc(small)?);
-    dev.memset(a, 0, small)?;
-    dev.memset(b, 0, small)?;
-    let args = [a.into(), b.into(), out.into(), KernelArg::U32(SMALL)];
+    // Launch-bound: eager against replay against plain wgpu, in two shapes.
+    for (launches, elems) in [(LAUNCHES, SMALL), (TINY_LAUNCHES, 1)] {
+        rows.push(launch_bound(&dev, s, &info, launches, elems, reps)?);
+    }
+    dev.stream_destroy(s)?;
+    write_rows(json, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One launch-bound shape: `launches` × `add_f32` on `elems` floats, issued eagerly then
+/// synchronized, against the same launches captured once and replayed, against plain wgpu.
+fn launch_bound(
+    dev: &Arc<unirt::AnyBackend>,
+    s: StreamId,
+    info: &unirt::DeviceInfo,
+    launches: usize,
+    elems: u32,
+    reps: usize,
+) -> CliResult<Row> {
+    let workload = format!("add_f32_{elems}_x{launches}");
+    let bytes = 4 * elems as usize;
+    let (a, b, out) = (dev.malloc(bytes)?, dev.malloc(bytes)?, dev.malloc(bytes)?);
+    dev.memset(a, 0, bytes)?;
+    dev.memset(b, 0, bytes)?;
+    let args = [a.into(), b.into(), out.into(), KernelArg::U32(elems)];
     let issue = |dev: &Arc<unirt::AnyBackend>, s: StreamId| -> unirt::Result<()> {
-        for _ in 0..LAUNCHES {
+        for _ in 0..launches {
             dev.launch("add_f32", &args, s)?;
         }
         Ok(())
     };
     dev.begin_capture(s, CaptureMode::Global)?;
-    let captured = issue(&dev, s);
+    let captured = issue(dev, s);
     let graph = dev.end_capture(s)?;
     captured?;
     let exec = dev.graph_instantiate(graph)?;
     let (eager_ms, replay_ms) = time_pair(
         reps,
         || {
-            issue(&dev, s)?;
+            issue(dev, s)?;
             dev.stream_synchronize(s)?;
             Ok(())
         },
@@ -205,40 +230,35 @@ pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode
             Ok(())
         },
     )?;
-    let (eager_issue_ms, replay_issue_ms) = issue_only(&dev, s, exec, reps, &issue)?;
-    let small_plain = if device.kind == DeviceKind::Wgpu {
-        let zeros = vec![0f32; SMALL as usize];
-        let p = plain::Plain::new(&info.name, &info.api, &zeros, &zeros)?;
-        let mut out = vec![0f32; SMALL as usize];
-        let (ms, _) = time_pair(reps, || p.run(LAUNCHES, &mut out, false), || Ok(()))?;
-        Some(ms)
-    } else {
-        None
-    };
+    let (eager_issue_ms, replay_issue_ms) = issue_only(dev, s, exec, reps, &issue)?;
+    let zeros = vec![0f32; elems as usize];
+    let p = plain::Plain::new(&info.name, &info.api, &zeros, &zeros)?;
+    let mut host = vec![0f32; elems as usize];
+    let (plain_ms, _) = time_pair(reps, || p.run(launches, &mut host, false), || Ok(()))?;
+    let plain_issue_ms = p.issue_only(launches, reps)?;
     println!(
-        "add_f32_256_x100  eager {eager_ms:8.3} ms   replay {replay_ms:8.3} ms   eager/replay {:.2}",
-        eager_ms / replay_ms
+        "{workload:<18}eager {eager_ms:8.3} ms   replay {replay_ms:8.3} ms   plain wgpu {plain_ms:8.3} ms   eager/plain {:.2}  replay/plain {:.2}",
+        eager_ms / plain_ms,
+        replay_ms / plain_ms
     );
     println!(
-        "                  issue only: eager {eager_issue_ms:.3} ms, replay {replay_issue_ms:.3} ms; plain wgpu (one pass, prepared bind group): {}",
-        small_plain.map(|m| format!("{m:.3} ms")).unwrap_or_else(|| "n/a".into())
+        "{:<18}issue only: eager {eager_issue_ms:.3} ms, replay {replay_issue_ms:.3} ms, plain wgpu (encode + submit) {plain_issue_ms:.3} ms",
+        ""
     );
-    rows.push(Row::Launch {
-        workload: "add_f32_256_x100",
-        eager_ms,
-        replay_ms,
-        eager_issue_ms,
-        replay_issue_ms,
-        plain_wgpu_ms: small_plain,
-    });
     dev.graph_exec_destroy(exec)?;
     dev.graph_destroy(graph)?;
     dev.free(a)?;
     dev.free(b)?;
     dev.free(out)?;
-    dev.stream_destroy(s)?;
-    write_rows(json, &rows)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Row::Launch {
+        workload,
+        eager_ms,
+        replay_ms,
+        eager_issue_ms,
+        replay_issue_ms,
+        plain_wgpu_ms: plain_ms,
+        plain_issue_ms,
+    })
 }
 
 /// The plain-wgpu baseline: what a direct wgpu user writes for the same work.
@@ -393,9 +413,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
 
-        /// `launches` dispatches in one pass, one submit, then the result read back (`read`)
-        /// or just waited for.
-        pub fn run(&self, launches: usize, result: &mut [f32], read: bool) -> CliResult<()> {
+        /// Median milliseconds of encoding `launches` dispatches and submitting them (the
+        /// wait after each is not timed).
+        pub fn issue_only(&self, launches: usize, reps: usize) -> CliResult<f64> {
+            let mut t = Vec::with_capacity(reps.max(1));
+            for _ in 0..reps.max(1) {
+                let start = std::time::Instant::now();
+                self.queue.submit([self.encode(launches)]);
+                t.push(start.elapsed().as_secs_f64() * 1e3);
+                self.device.poll(wgpu::PollType::wait_indefinitely())?;
+            }
+            self.check()?;
+            Ok(super::median(&mut t))
+        }
+
+        fn encode(&self, launches: usize) -> wgpu::CommandBuffer {
             let mut enc = self
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
@@ -407,13 +439,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                     pass.dispatch_workgroups(self.n.div_ceil(256), 1, 1);
                 }
             }
+            enc.finish()
+        }
+
+        /// `launches` dispatches in one pass, one submit, then the result read back (`read`)
+        /// or just waited for.
+        pub fn run(&self, launches: usize, result: &mut [f32], read: bool) -> CliResult<()> {
             if !read {
-                self.queue.submit([enc.finish()]);
+                self.queue.submit([self.encode(launches)]);
                 self.device.poll(wgpu::PollType::wait_indefinitely())?;
                 return self.check();
             }
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
             enc.copy_buffer_to_buffer(&self.out, 0, &self.staging, 0, None);
-            self.queue.submit([enc.finish()]);
+            self.queue.submit([self.encode(launches), enc.finish()]);
             let (tx, rx) = crossbeam_channel::bounded(1);
             self.staging
                 .slice(..)
