@@ -1,4 +1,4 @@
-//! CPU softmax and rope launched in place (output = the input's very view) give exactly the
+//! CPU softmax, rms_norm and rope launched in place (output = the input's very view) give exactly the
 //! out-of-place results: contiguous f32 lanes take separate in-place and input→output paths.
 
 use unirt::ops::{self, Plan};
@@ -37,6 +37,17 @@ fn softmax_in_place_matches_out_of_place() -> unirt::Result<()> {
         let first_row: f32 = out[..37].iter().sum();
         assert!(out.iter().all(|v| v.is_finite()) && first_row != 0.0);
     }
+    Ok(())
+}
+
+#[test]
+fn rms_norm_in_place_matches_out_of_place() -> unirt::Result<()> {
+    let x = Tensor::rand_uniform(&[4, 37], -2.0, 2.0, 3, DType::F32, cpu())?;
+    let w = Tensor::rand_uniform(&[37], 0.5, 1.5, 4, DType::F32, cpu())?;
+    let plan = ops::norm::rms_norm(&x.desc(), &w.desc(), 1e-6)?;
+    let (out, in_place) = both_ways(&plan, &[&x, &w])?;
+    assert_eq!(out, in_place);
+    assert_ne!(out, x.to_vec::<f32>()?);
     Ok(())
 }
 
