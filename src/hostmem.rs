@@ -78,7 +78,33 @@ fn acquire_with(
     if p.is_null() {
         return Err(oom("the host allocator refused"));
     }
+    advise_huge_pages(p as usize, size_usize);
     Ok(p as usize as u64)
+}
+
+/// Bytes of a transparent huge page (x86-64 and aarch64 with 4 KiB base pages).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Asks Linux to back the whole 2 MiB pages inside a large allocation with transparent huge
+/// pages (where the system leaves that to `madvise`, its default): streaming kernels over
+/// tensors of many MiB then take one page fault per 2 MiB instead of 512 and far fewer TLB
+/// misses. Advice only: a refusal, or a system without THP, changes nothing.
+fn advise_huge_pages(addr: usize, size: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        if size < 2 * HUGE_PAGE {
+            return;
+        }
+        let start = addr.next_multiple_of(HUGE_PAGE);
+        let end = (addr + size) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: [start, end) lies inside the allocation just made; MADV_HUGEPAGE only
+            // changes how the kernel backs those pages, never their contents or validity.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, size, HUGE_PAGE);
 }
 
 /// Frees memory from [`acquire`] with the same size and alignment.

@@ -1,9 +1,11 @@
-//! rms_norm and layer_norm over the last dimension, one row at a time through f32 buffers,
-//! with vectorised f32 sums (eight accumulators) for the statistics.
+//! rms_norm and layer_norm over the last dimension, one row at a time (contiguous f32 rms_norm
+//! rows input → output, others through f32 buffers), with vectorised f32 sums (eight
+//! accumulators) for the statistics.
 
 use super::util::{dot, floats, gather, par_chunks, scatter, simd, sum_f32, Float, Lanes, Ptr};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+use crate::tensor::DType;
 
 /// Normalises one row in place: layer norm with weight `w` and bias `b`, or RMS norm with `w`.
 #[inline(always)]
@@ -23,6 +25,17 @@ fn normalize(buf: &mut [f32], w: &[f32], b: &[f32], layer: bool, eps: f64) {
         for (v, w) in buf.iter_mut().zip(w) {
             *v *= inv * w;
         }
+    }
+}
+
+/// RMS norm of the f32 row `x` into `o` (distinct, same length), without a buffer: the same
+/// arithmetic as [`normalize`].
+#[inline(always)]
+fn rms_to(x: &[f32], o: &mut [f32], w: &[f32], eps: f64) {
+    let ms = dot(x, x) as f64 / x.len() as f64;
+    let inv = (1.0 / (ms + eps).sqrt()) as f32;
+    for ((y, &v), w) in o.iter_mut().zip(x).zip(w) {
+        *y = v * (inv * w);
     }
 }
 
@@ -49,6 +62,28 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
         }
     }
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
+    if !layer && T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0 {
+        let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
+        par_chunks(lanes.count(), d, |range| {
+            for i in range {
+                let [oo, ox] = lanes.offsets(i);
+                // SAFETY: T is f32 (checked above); both rows are contiguous runs of d
+                // elements inside their checked views, and the plan lets the output overlap
+                // the input only as the very same view, so the rows are identical (one
+                // slice) or disjoint (two).
+                unsafe {
+                    let o = std::slice::from_raw_parts_mut(po.at(oo), d);
+                    if std::ptr::eq(po.at(oo), px.at(ox)) {
+                        simd!(normalize(o, &w, &[], false, eps));
+                    } else {
+                        let x = std::slice::from_raw_parts(px.at(ox), d);
+                        simd!(rms_to(x, o, &w, eps));
+                    }
+                }
+            }
+        });
+        return Ok(());
+    }
     par_chunks(lanes.count(), d, |range| {
         let mut buf = vec![0f32; d];
         for i in range {

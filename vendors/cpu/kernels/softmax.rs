@@ -1,10 +1,12 @@
-//! softmax, log_softmax and causal softmax, one lane at a time through an f32 buffer.
+//! softmax, log_softmax and causal softmax, one lane at a time: contiguous f32 lanes are read
+//! and written in place (input → output, no buffer); other lanes go through an f32 buffer.
 
 use super::util::{
     exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+use crate::tensor::DType;
 
 /// softmax of `v[..visible]` in place (log-softmax when `log`); `v[visible..]` become 0
 /// (masked keys of a causal row).
@@ -28,6 +30,32 @@ fn softmax_lane(v: &mut [f32], visible: usize, log: bool) {
     }
 }
 
+/// softmax of the contiguous f32 lane `x` written to `o` (log-softmax when `log`; elements
+/// from `visible` on become 0 / −∞), reading `x` once from memory: the max pass reads it,
+/// the exp pass writes `o`, the sum and scale passes run on `o` (now in L1).
+#[inline(always)]
+fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool) {
+    let v = visible.min(x.len());
+    let (seen, rest) = o.split_at_mut(v);
+    rest.iter_mut()
+        .for_each(|y| *y = if log { f32::NEG_INFINITY } else { 0.0 });
+    if v == 0 {
+        return;
+    }
+    let x = &x[..v];
+    let max = max_f32(x);
+    if log {
+        let lse = max + x.iter().map(|&a| exp_f32(a - max)).sum::<f32>().ln();
+        seen.iter_mut().zip(x).for_each(|(y, &a)| *y = a - lse);
+    } else {
+        seen.iter_mut()
+            .zip(x)
+            .for_each(|(y, &a)| *y = exp_f32(a - max));
+        let inv = 1.0 / sum_f32(seen);
+        seen.iter_mut().for_each(|y| *y *= inv);
+    }
+}
+
 fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let Params::Softmax { axis, log, causal } = *call.params else {
         return Err(Error::Internal(format!(
@@ -42,19 +70,41 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     // of the "other" dimensions the lanes run over.
     let q_len = if nd >= 2 { x.layout.shape()[nd - 2] } else { 1 };
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
+    let visible = |i: usize| match causal {
+        Some(offset) => (i % q_len) + offset + 1,
+        None => lanes.len,
+    };
+    if T::DTYPE == DType::F32 && lanes.stride == [1, 1] && lanes.len > 0 {
+        let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
+        par_chunks(lanes.count(), lanes.len, |range| {
+            for i in range {
+                let [oo, ox] = lanes.offsets(i);
+                // SAFETY: T is f32 (checked above); both lanes are contiguous runs inside
+                // their checked views, and the plan lets the output overlap the input only
+                // as the very same view, so the lanes are either identical (one slice) or
+                // disjoint (two).
+                unsafe {
+                    let o = std::slice::from_raw_parts_mut(po.at(oo), lanes.len);
+                    if std::ptr::eq(po.at(oo), px.at(ox)) {
+                        simd!(softmax_lane(o, visible(i), log));
+                    } else {
+                        let x = std::slice::from_raw_parts(px.at(ox), lanes.len);
+                        simd!(softmax_lane_to(x, o, visible(i), log));
+                    }
+                }
+            }
+        });
+        return Ok(());
+    }
     par_chunks(lanes.count(), lanes.len, |range| {
         let mut buf = vec![0f32; lanes.len];
         for i in range {
             let [oo, ox] = lanes.offsets(i);
-            let visible = match causal {
-                Some(offset) => (i % q_len) + offset + 1,
-                None => lanes.len,
-            };
             // SAFETY: both lanes lie in their checked views; the input lane is read whole
             // before the output lane (possibly the same elements) is written.
             unsafe {
                 gather(px.at(ox), lanes.stride[1], &mut buf);
-                simd!(softmax_lane(&mut buf, visible, log));
+                simd!(softmax_lane(&mut buf, visible(i), log));
                 scatter(&buf, po.at(oo), lanes.stride[0]);
             }
         }
