@@ -10,7 +10,7 @@
 use super::gpu::Gpu;
 use super::kernels::Which;
 use super::memory::{ceil4, floor4, DevBuf};
-use super::stream::Cmd;
+use super::stream::{BufClear, BufCopy, Cmd};
 use crate::error::{Error, Result};
 
 /// The largest piece one byte-kernel dispatch handles.
@@ -79,13 +79,13 @@ pub(crate) fn device_copy(
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::STORAGE,
         )?;
-        out.push(Cmd::Copy {
+        out.push(Cmd::Copy(BufCopy {
             src: src.buffer.clone(),
             src_off: lo,
             dst: scratch.clone(),
             dst_off: 0,
             size: hi - lo,
-        });
+        }));
         let scratch = DevBuf::new(scratch, true);
         return device_copy(gpu, out, dst, doff, &scratch, soff - lo, n);
     }
@@ -99,13 +99,13 @@ pub(crate) fn device_copy(
         kernel_copy(gpu, out, dst, doff, src, soff, head)?;
     }
     if mid > 0 {
-        out.push(Cmd::Copy {
+        out.push(Cmd::Copy(BufCopy {
             src: src.buffer.clone(),
             src_off: soff + head,
             dst: dst.buffer.clone(),
             dst_off: doff + head,
             size: mid,
-        });
+        }));
     }
     if tail > 0 {
         kernel_copy(
@@ -134,11 +134,11 @@ pub(crate) fn device_set(
         return Ok(());
     }
     if value == 0 && (off | n) & 3 == 0 {
-        out.push(Cmd::Clear {
+        out.push(Cmd::Clear(BufClear {
             buf: dst.buffer.clone(),
             off,
             size: n,
-        });
+        }));
         return Ok(());
     }
     let k = &gpu.kernels;
@@ -211,13 +211,13 @@ pub(crate) unsafe fn upload(
             view.copy_from_slice(&src[head..head + mid]);
         }
         b.unmap();
-        out.push(Cmd::Copy {
+        out.push(Cmd::Copy(BufCopy {
             src: b.clone(),
             src_off: 0,
             dst: dst.buffer.clone(),
             dst_off: doff + head as u64,
             size: mid as u64,
-        });
+        }));
         out.push(Cmd::Recycle(b));
     }
     for (at, bytes) in [(0, &src[..head]), (head + mid, &src[head + mid..])] {
@@ -271,13 +271,13 @@ pub(crate) fn download(
     } else {
         gpu.staging.read(&gpu.device, hi - lo, &gpu.name)?
     };
-    out.push(Cmd::Copy {
+    out.push(Cmd::Copy(BufCopy {
         src: src.buffer.clone(),
         src_off: lo,
         dst: staging.clone(),
         dst_off: 0,
         size: hi - lo,
-    });
+    }));
     out.push(Cmd::Readback {
         staging,
         skip: soff - lo,

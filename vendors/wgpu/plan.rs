@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::event::WEvent;
-use super::stream::Cmd;
+use super::stream::{BufClear, BufCopy, Cmd};
 
 /// One encoder call.
 pub(crate) enum Step {
@@ -22,18 +22,8 @@ pub(crate) enum Step {
     Group(wgpu::BindGroup),
     Immediates([u32; 4]),
     Dispatch([u32; 2]),
-    Copy {
-        src: wgpu::Buffer,
-        src_off: u64,
-        dst: wgpu::Buffer,
-        dst_off: u64,
-        size: u64,
-    },
-    Clear {
-        buf: wgpu::Buffer,
-        off: u64,
-        size: u64,
-    },
+    Copy(BufCopy),
+    Clear(BufClear),
     /// An event record (a timestamp where the event has a query set).
     Record(Arc<WEvent>),
 }
@@ -120,20 +110,8 @@ impl Plan {
             }
             // Everything else is host work or encoder work outside a compute pass.
             let step = match c {
-                Cmd::Copy {
-                    src,
-                    src_off,
-                    dst,
-                    dst_off,
-                    size,
-                } => Some(Step::Copy {
-                    src,
-                    src_off,
-                    dst,
-                    dst_off,
-                    size,
-                }),
-                Cmd::Clear { buf, off, size } => Some(Step::Clear { buf, off, size }),
+                Cmd::Copy(c) => Some(Step::Copy(c)),
+                Cmd::Clear(c) => Some(Step::Clear(c)),
                 Cmd::Record(e) => {
                     records.push(e.clone());
                     Some(Step::Record(e))
@@ -243,14 +221,8 @@ impl Plan {
                         pass.dispatch_workgroups(*x, *y, 1)
                     }
                 }
-                Step::Copy {
-                    src,
-                    src_off,
-                    dst,
-                    dst_off,
-                    size,
-                } => enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size),
-                Step::Clear { buf, off, size } => enc.clear_buffer(buf, *off, Some(*size)),
+                Step::Copy(c) => c.encode(enc),
+                Step::Clear(c) => c.encode(enc),
                 Step::Record(e) => {
                     let read = match &e.query {
                         Some((qs, resolve)) => timestamp().inspect(|read| {

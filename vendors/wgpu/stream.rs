@@ -22,23 +22,43 @@ pub(crate) const FLUSH_COMMANDS: usize = 1024;
 /// submits them: bounds how long one submission runs (GL holds its context lock meanwhile).
 pub(crate) const FLUSH_BYTES: u64 = 1 << 30;
 
+/// A 4-byte-aligned buffer-to-buffer copy: a recorded command and, unchanged, a plan step.
+#[derive(Clone)]
+pub(crate) struct BufCopy {
+    pub src: wgpu::Buffer,
+    pub src_off: u64,
+    pub dst: wgpu::Buffer,
+    pub dst_off: u64,
+    pub size: u64,
+}
+
+impl BufCopy {
+    pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.copy_buffer_to_buffer(&self.src, self.src_off, &self.dst, self.dst_off, self.size);
+    }
+}
+
+/// A 4-byte-aligned clear to zero: a recorded command and, unchanged, a plan step.
+#[derive(Clone)]
+pub(crate) struct BufClear {
+    pub buf: wgpu::Buffer,
+    pub off: u64,
+    pub size: u64,
+}
+
+impl BufClear {
+    pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.clear_buffer(&self.buf, self.off, Some(self.size));
+    }
+}
+
 /// One recorded command.
 #[derive(Clone)]
 pub(crate) enum Cmd {
     /// A 4-byte-aligned buffer copy.
-    Copy {
-        src: wgpu::Buffer,
-        src_off: u64,
-        dst: wgpu::Buffer,
-        dst_off: u64,
-        size: u64,
-    },
+    Copy(BufCopy),
     /// A 4-byte-aligned clear to zero.
-    Clear {
-        buf: wgpu::Buffer,
-        off: u64,
-        size: u64,
-    },
+    Clear(BufClear),
     Dispatch {
         pipeline: wgpu::ComputePipeline,
         group: wgpu::BindGroup,
