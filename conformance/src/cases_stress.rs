@@ -69,15 +69,6 @@ struct Worker<'a> {
     seed: u64,
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
-
 fn stress(ctx: &Ctx) -> Result<(), Failure> {
     let seed = env_u64("UNIRT_STRESS_SEED").unwrap_or(DEFAULT_SEED);
     let seconds = env_u64("UNIRT_STRESS_SECONDS").unwrap_or(6);

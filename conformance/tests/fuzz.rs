@@ -19,16 +19,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use unirt_conformance::{random_sequence, Ctx, Failure};
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
+use unirt_conformance::{env_u64, random_sequence, Ctx, Failure};
 
 fn say(line: String) {
     // Straight to the file descriptor, flushed, so it is in the log before any crash.
