@@ -108,13 +108,25 @@ impl CudaBackend {
         stream: u64,
     ) -> Result<()> {
         let d = self.drv;
-        match kind {
+        let host_copy = || match kind {
             // SAFETY: host ranges are the caller's contract; device ranges were checked.
             MemcpyKind::H2D => unsafe { d.copy_h2d(dst, src, bytes, stream) },
             // SAFETY: as above.
             MemcpyKind::D2H => unsafe { d.copy_d2h(dst, src, bytes, stream) },
             // SAFETY: as above.
-            MemcpyKind::H2H => unsafe { d.copy_h2h(dst, src, bytes, stream) },
+            _ => unsafe { d.copy_h2h(dst, src, bytes, stream) },
+        };
+        // A copy to or from pageable host memory is a "potentially unsafe" call during any
+        // capture: it runs Relaxed. One whose host sides are all unirt's pinned memory is not,
+        // and pays nothing extra.
+        let host_sides = usize::from(!kind.src_on_device()) + usize::from(!kind.dst_on_device());
+        match kind {
+            MemcpyKind::H2D | MemcpyKind::D2H | MemcpyKind::H2H
+                if plan.pinned.len() < host_sides =>
+            {
+                d.relaxed(host_copy)
+            }
+            MemcpyKind::H2D | MemcpyKind::D2H | MemcpyKind::H2H => host_copy(),
             MemcpyKind::D2D => match (&plan.dst_peer, &plan.src_peer) {
                 // SAFETY: both ranges were bounds-checked against the allocation table above and
                 // the stream is live.
@@ -130,8 +142,6 @@ impl CudaBackend {
         }
     }
 
-    /// Checks what a graph uses is still live: its device ranges (a replay must not write
-    /// freed memory) and its recorded events (CUDA would record a destroyed event).
     /// Pinned host ranges of a graph are still in live pinned allocations.
     fn check_pinned(&self, ranges: &[(u64, u64)]) -> Result<()> {
         for &(addr, len) in ranges {
@@ -140,6 +150,8 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Checks what a graph uses is still live: its device ranges (a replay must not write
+    /// freed memory) and its recorded events (CUDA would record a destroyed event).
     fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CudaEvent>]) -> Result<()> {
         for &(addr, len) in ranges {
             self.check_device(addr, len)?;
@@ -214,27 +226,28 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Waits for (when `wait`) and releases the events marking the end of destroyed streams.
-    /// An event whose wait failed stays listed, so a later synchronize waits for it again.
-    fn drain_retired_streams(&self, wait: bool) -> Result<()> {
+    /// Releases the events marking the ends of destroyed streams: all of them after waiting
+    /// for each (`wait`), or only those already reached (a query each, no waiting). An event
+    /// whose wait failed, or that the driver does not release, stays listed for a later call.
+    fn release_retired_streams(&self, wait: bool) -> Result<()> {
         let retired = std::mem::take(&mut *self.retired_streams.lock());
         let mut first = Ok(());
         let mut keep = Vec::new();
         for e in retired {
-            // SAFETY: the event was created and recorded by stream_destroy and is owned by
-            // the retired list, from which it was taken above (so waited for and destroyed once).
-            let waited = if wait {
-                unsafe { self.drv.event_synchronize(e) }
-            } else {
-                Ok(())
-            };
-            match waited {
-                // SAFETY: as above. One the driver does not release stays listed.
-                Ok(()) => {
-                    if unsafe { self.drv.event_destroy(e) }.is_err() {
-                        keep.push(e);
-                    }
+            // SAFETY: the event was created and recorded by stream_destroy (or a stream-ordered
+            // free) and is owned by the retired list, from which it was taken above, so it is
+            // waited for, queried and destroyed by this call alone.
+            let reached = unsafe {
+                if wait {
+                    self.drv.event_synchronize(e).map(|()| true)
+                } else {
+                    Ok(self.drv.event_query(e).unwrap_or(false))
                 }
+            };
+            match reached {
+                // SAFETY: as above.
+                Ok(true) if unsafe { self.drv.event_destroy(e) }.is_ok() => {}
+                Ok(_) => keep.push(e),
                 Err(err) => {
                     keep.push(e);
                     first = first.and(Err(err));
@@ -276,11 +289,11 @@ impl Backend for CudaBackend {
             self.drv.ctx_synchronize()?;
             // Destroyed streams' work is the context's too; their end events are waited for
             // anyway (already complete: no cost), so this holds whatever the driver counts.
-            return self.drain_retired_streams(true);
+            return self.release_retired_streams(true);
         }
         // cuCtxSynchronize during a capture would invalidate it: wait stream by stream, and
         // for the end of every stream destroyed with work queued.
-        let mut first = self.drain_retired_streams(true);
+        let mut first = self.release_retired_streams(true);
         for s in streams.iter() {
             if !s.waitable() {
                 continue;
@@ -335,17 +348,10 @@ impl Backend for CudaBackend {
             });
         match end {
             Ok(e) => {
-                let mut retired = self.retired_streams.lock();
                 // Release the ends already reached, so the list stays as long as the work
                 // still queued on destroyed streams, not as long as the program ran.
-                // SAFETY: each listed event is live and owned by the list; one that is
-                // complete is removed from the list and destroyed once.
-                retired.retain(|&old| match unsafe { self.drv.event_query(old) } {
-                    // One the driver does not release stays listed (retried later).
-                    Ok(true) => unsafe { self.drv.event_destroy(old) }.is_err(),
-                    _ => true,
-                });
-                retired.push(e);
+                let _ = self.release_retired_streams(false);
+                self.retired_streams.lock().push(e);
             }
             // SAFETY: the stream is live (it came out of the stream table).
             Err(_) => unsafe { self.drv.stream_synchronize(s.raw) }
@@ -489,30 +495,27 @@ impl Backend for CudaBackend {
         if ptr.is_null() {
             return Ok(());
         }
-        // Plain memory: cuMemFree itself waits for the context's outstanding work (cudaFree's
-        // implicit synchronisation) — the pointer is checked and unregistered here, and no
-        // device-wide wait of unirt's own comes before the driver's (it was one at 17-30x
-        // cudaFree's cost on an H100). Pool memory is freed stream-ordered on the default
-        // stream, so the device is synchronised first as cudaFree would.
-        let a = match self.shared.mem.get_start(ptr.0)?.payload {
-            // Only the work of streams destroyed with work queued is waited for first (the
-            // list is empty in the common case), whatever the driver counts in its own wait.
-            AllocKind::Plain => self
-                .shared
-                .mem
-                .retire(ptr.0, || self.drain_retired_streams(true))?,
-            AllocKind::Pool => self.shared.mem.retire(ptr.0, || self.synchronize())?,
-        };
-        // Calls that passed their range check before the retire finish enqueueing first.
+        // Unregistered first (no new call passes its range check), then every call that passed
+        // it has enqueued (the gate).
+        let a = self.shared.mem.remove(ptr.0)?;
         drop(self.enqueue_gate.write());
         let released = match a.payload {
-            // SAFETY: the allocation left the allocation table here (or was never admitted to
-            // it), so it is live and freed once; the table has waited for the work that used it.
-            AllocKind::Plain => unsafe { self.drv.mem_free(a.base) },
-            // SAFETY: as above, and the stream is live (the backend's sync stream).
-            AllocKind::Pool => self
-                .sync_stream()
-                .and_then(|s| unsafe { self.drv.mem_free_async(a.base, s.raw) }),
+            // cuMemFree waits for the context's outstanding work itself (cudaFree's implicit
+            // synchronisation): no device-wide wait of unirt's own comes first (it was one at
+            // 17-30x cudaFree's cost on an H100), only for the ends of streams destroyed with
+            // work queued (the list is empty in the common case).
+            // SAFETY: the allocation left the allocation table here, so it is live and freed
+            // once.
+            AllocKind::Plain => self
+                .release_retired_streams(true)
+                .and_then(|()| unsafe { self.drv.mem_free(a.base) }),
+            // Pool memory is released stream-ordered on the default stream, after every other
+            // stream's queued work (as free_async does).
+            AllocKind::Pool => self.sync_stream().and_then(|s| {
+                self.join_other_streams(&s)?;
+                // SAFETY: as above, and the stream is live (the backend's sync stream).
+                unsafe { self.drv.mem_free_async(a.base, s.raw) }
+            }),
         };
         // Memory the driver did not release stays live and tracked (a retry or the teardown
         // frees it), instead of being forgotten.
@@ -746,15 +749,11 @@ impl Backend for CudaBackend {
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
         let s = self.stream(stream)?;
-        if s.is_capturing() {
-            return Err(Error::Capturing(
-                "begin_capture on a stream that is already capturing".into(),
-            ));
-        }
         self.bind()?;
         // Module loading is not allowed inside a global-mode capture: load the kernels first.
         self.preload_kernels();
-        // Waits for a device-wide synchronize that is waiting on this stream right now.
+        // Waits for a device-wide synchronize that is waiting on this stream right now; the
+        // capture state is checked under it (a check before could be stale by now).
         let _gate = s.gate.write();
         let mut cap = s.capture.lock();
         if cap.is_some() {

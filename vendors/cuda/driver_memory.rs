@@ -99,17 +99,14 @@ impl Driver {
     /// range must lie in a live allocation of the current context.
     pub unsafe fn copy_h2d(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the caller's contract above.
-        // Relaxed: a pageable source makes this a "potentially unsafe" call during any capture.
-        let r = self.relaxed(|| {
-            Ok(unsafe {
-                (self.api.cuMemcpyHtoDAsync_v2)(
-                    dst,
-                    src as *const c_void,
-                    bytes,
-                    stream as sys::CUstream,
-                )
-            })
-        })?;
+        let r = unsafe {
+            (self.api.cuMemcpyHtoDAsync_v2)(
+                dst,
+                src as *const c_void,
+                bytes,
+                stream as sys::CUstream,
+            )
+        };
         self.check(r, "cuMemcpyHtoDAsync")
     }
 
@@ -119,17 +116,9 @@ impl Driver {
     /// `[dst, dst + bytes)` must be writable host memory until the copy has run.
     pub unsafe fn copy_d2h(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the caller's contract above.
-        // Relaxed: a pageable destination makes this "potentially unsafe" during any capture.
-        let r = self.relaxed(|| {
-            Ok(unsafe {
-                (self.api.cuMemcpyDtoHAsync_v2)(
-                    dst as *mut c_void,
-                    src,
-                    bytes,
-                    stream as sys::CUstream,
-                )
-            })
-        })?;
+        let r = unsafe {
+            (self.api.cuMemcpyDtoHAsync_v2)(dst as *mut c_void, src, bytes, stream as sys::CUstream)
+        };
         self.check(r, "cuMemcpyDtoHAsync")
     }
 
@@ -181,9 +170,7 @@ impl Driver {
     /// Both host ranges must be valid for `bytes` bytes until the copy has run.
     pub unsafe fn copy_h2h(&self, dst: u64, src: u64, bytes: usize, stream: u64) -> Result<()> {
         // SAFETY: the caller's contract above.
-        let r = self.relaxed(|| {
-            Ok(unsafe { (self.api.cuMemcpyAsync)(dst, src, bytes, stream as sys::CUstream) })
-        })?;
+        let r = unsafe { (self.api.cuMemcpyAsync)(dst, src, bytes, stream as sys::CUstream) };
         self.check(r, "cuMemcpyAsync")
     }
 
