@@ -352,4 +352,41 @@ pub(super) const CASES: &[Case] = &[
         needs: &[],
         run: stats_arithmetic,
     },
+    Case {
+        name: "alloc::strict_mode_refuses_stale_pointers",
+        needs: &[],
+        run: strict_mode,
+    },
 ];
+
+/// Strict mode (`UNIRT_ALLOC_STRICT`, here switched on per allocator): a pointer kept after
+/// its block was freed is a typed error instead of an alias of the next allocation, and the
+/// quarantine gives its memory back on `empty_cache`.
+fn strict_mode(ctx: &Ctx) -> Result<(), Failure> {
+    let a = fresh(ctx);
+    let s = ctx.default_stream();
+    a.set_strict(Some(1 << 20));
+    let p = a.malloc(4096, s)?;
+    roundtrip(ctx, p, 4096, 21)?;
+    a.free(p)?;
+    let q = a.malloc(4096, s)?;
+    ensure!(q != p, "a quarantined block was handed out again");
+    expect_err(a.free(p), &["invalid_handle"], "freeing a stale pointer")?;
+    expect_err(
+        a.check_not_freed(DevicePtr(p.0 + 100), 8),
+        &["invalid_handle"],
+        "using a stale interior pointer",
+    )?;
+    a.check_not_freed(q, 4096)?;
+    roundtrip(ctx, q, 4096, 22)?;
+    a.free(q)?;
+    a.empty_cache()?;
+    let st = a.stats();
+    ensure!(
+        st.reserved_bytes.current == 0,
+        "empty_cache kept {} bytes reserved in strict mode",
+        st.reserved_bytes.current
+    );
+    a.check_not_freed(p, 1)?;
+    Ok(())
+}
