@@ -41,7 +41,7 @@ use std::sync::Arc;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use registry::{
     is_registered, kernels, lookup, register_kernel, HostItemKernel, HostKernel, KernelCall,
-    KernelImpl, KernelKey, KernelRegistry, TensorRef,
+    KernelImpl, KernelKey, KernelRegistry, PlanSpec, PrepareKernel, PreparedKernel, TensorRef,
 };
 
 use crate::device::Device;
@@ -139,6 +139,8 @@ struct PlanInner {
     /// Whether an output may be the very same view as an input (elementwise in place).
     in_place: bool,
     kernel: KernelImpl,
+    /// The device kernel prepared for this plan ([`KernelImpl::Prepared`]).
+    prepared: Option<Arc<dyn PreparedKernel>>,
 }
 
 /// A planned operator: validated, with its output layouts, workspace size and kernel fixed.
@@ -214,6 +216,20 @@ impl PlanBuilder {
             }
         }
         let kernel = registry::lookup(&self.op, device.kind, self.dtype)?;
+        let prepared = match &kernel {
+            KernelImpl::Prepared { prepare, .. } => Some(prepare(&PlanSpec {
+                op: &self.op,
+                device,
+                dtype: self.dtype,
+                params: &self.params,
+                inputs: &self.inputs,
+                outputs: &self.outputs,
+                scalars: &self.scalars,
+                grid: self.grid,
+                workspace: self.workspace,
+            })?),
+            _ => None,
+        };
         Ok(Plan(Arc::new(PlanInner {
             op: self.op,
             device,
@@ -226,6 +242,7 @@ impl PlanBuilder {
             workspace: self.workspace,
             in_place: self.in_place,
             kernel,
+            prepared,
         })))
     }
 }
@@ -456,6 +473,13 @@ impl Plan {
                 });
                 Ok(())
             }),
+            KernelImpl::Prepared { .. } => {
+                let prepared = p
+                    .prepared
+                    .as_ref()
+                    .ok_or_else(|| Error::Internal(format!("{}: prepared kernel missing", p.op)))?;
+                return prepared.launch(rt.backend(), &self.call(&ins, &outs, ws), &ranges, stream);
+            }
             KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
                 return Err(Error::unsupported(
                     format!(

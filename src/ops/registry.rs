@@ -10,11 +10,12 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 
-use super::Params;
-use crate::device::DeviceKind;
+use super::{Params, TensorDesc};
+use crate::device::{Device, DeviceKind};
 use crate::error::{Error, Result};
-use crate::hal::KernelArg;
+use crate::hal::{DevicePtr, KernelArg, StreamId};
 use crate::tensor::{DType, Layout};
+use crate::vendors::AnyBackend;
 
 /// A tensor as a kernel receives it: the address of its storage, its dtype and its layout
 /// (element `[i, j, …]` is at `base + (offset + Σ i·stride) · dtype.size()`).
@@ -57,6 +58,42 @@ pub type HostKernel = fn(&KernelCall<'_>) -> Result<()>;
 /// shape of a GPU kernel, for user kernels written once per item.
 pub type HostItemKernel = fn(&KernelCall<'_>, [u32; 3]);
 
+/// What a device kernel is prepared from when an operator is planned: everything the plan
+/// fixed (the tensors' layouts, not their addresses).
+#[derive(Debug)]
+pub struct PlanSpec<'a> {
+    pub op: &'a str,
+    pub device: Device,
+    pub dtype: DType,
+    pub params: &'a Params,
+    pub inputs: &'a [TensorDesc],
+    pub outputs: &'a [TensorDesc],
+    pub scalars: &'a [KernelArg],
+    pub grid: [u32; 3],
+    pub workspace: usize,
+}
+
+/// A device kernel made ready for one plan — compiled, with its pipeline, binding layout and
+/// launch shape fixed — and launched as often as the plan is (infiniop's descriptor: the
+/// expensive part is paid at plan time, never per launch).
+pub trait PreparedKernel: Send + Sync {
+    /// Enqueues one launch on `stream` of `backend` (the plan's device). `call` carries the
+    /// tensors' addresses; `ranges` are the `(address, bytes)` the launch touches, which the
+    /// implementation checks against the backend's allocation table before anything is
+    /// enqueued and records when the stream is capturing (as `launch_host` does), so a launch
+    /// can be captured into a graph like any other stream work.
+    fn launch(
+        &self,
+        backend: &AnyBackend,
+        call: &KernelCall<'_>,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()>;
+}
+
+/// Prepares a device kernel for a plan (what a GPU vendor registers per operator).
+pub type PrepareKernel = fn(&PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>>;
+
 /// One registered kernel.
 #[derive(Clone)]
 pub enum KernelImpl {
@@ -76,6 +113,12 @@ pub enum KernelImpl {
         entry: Arc<str>,
         block: [u32; 3],
     },
+    /// A device kernel generated and prepared per plan (the built-in operators of the GPU
+    /// vendors): `kind` is its source language (`"wgsl"`, `"cuda-c"`).
+    Prepared {
+        kind: &'static str,
+        prepare: PrepareKernel,
+    },
 }
 
 impl KernelImpl {
@@ -85,6 +128,7 @@ impl KernelImpl {
             KernelImpl::Host(_) | KernelImpl::HostPerItem(_) => "rust",
             KernelImpl::Wgsl { .. } => "wgsl",
             KernelImpl::CudaC { .. } => "cuda-c",
+            KernelImpl::Prepared { kind, .. } => kind,
         }
     }
 }
@@ -203,6 +247,13 @@ pub fn register_kernel(
             KernelImpl::Host(_) | KernelImpl::HostPerItem(_)
         ) | (DeviceKind::Wgpu, KernelImpl::Wgsl { .. })
             | (DeviceKind::Cuda, KernelImpl::CudaC { .. })
+    ) || matches!(
+        (device, &kernel),
+        (DeviceKind::Wgpu, KernelImpl::Prepared { kind: "wgsl", .. })
+            | (
+                DeviceKind::Cuda,
+                KernelImpl::Prepared { kind: "cuda-c", .. }
+            )
     );
     if !fits {
         return Err(Error::BadParam(format!(
