@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::alloc::{MemoryStats, PrivatePool};
 use crate::device::{Device, DeviceKind};
 use crate::error::Result;
-use crate::graph::Graph;
+use crate::graph::CapturedGraph;
 use crate::hal::{Backend, EventFlags, EventId, EventStatus, MemcpyKind, StreamId};
 use crate::memory::Memory;
 use crate::runtime::Runtime;
@@ -215,7 +215,7 @@ pub fn add_graph_operator(op: impl FnOnce(StreamId) -> Result<()>) -> Result<()>
 }
 
 /// Stops recording and returns the graph (which keeps its private pool reserved).
-pub fn stop_graph_recording() -> Result<Graph> {
+pub fn stop_graph_recording() -> Result<CapturedGraph> {
     runtime()?.end_capture()
 }
 

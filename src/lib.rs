@@ -26,8 +26,8 @@
 //!  ops           operator plans (validate, output layout, workspace) over the KernelRegistry
 //!                keyed by (op, DeviceKind, DType); eager methods on Tensor
 //!  tensor        Tensor = allocator storage + Layout + DType; views that copy nothing
-//!  graph/        Graph / GraphExec: stream capture's RAII handles, keeping the private pool alive;
-//!                next the operator graph (Graph -> CapturePlan -> GraphExec, see [`graph`])
+//!  graph/        the operator graph: Graph -> CapturePlan -> GraphExec (see [`graph`]), over
+//!                stream capture's CapturedGraph / CapturedExec, which keep the private pool alive
 //!  context       thread-local current device + per-thread stream, InfiniCore's free functions
 //!  Runtime       one per device, lazily: caching allocator, pinned pool, capture + private pools
 //!  memory        Memory (RAII, from the allocator or the pinned pool); alloc/ the allocators
@@ -161,7 +161,7 @@ pub use device::{
 };
 pub use discovery::{best_device, discover, open, BackendReport, Discovery};
 pub use error::{Error, InfiniStatus, Result};
-pub use graph::{Graph, GraphExec};
+pub use graph::{CapturePlan, CapturedExec, CapturedGraph, Graph, GraphExec};
 pub use hal::{
     Backend, CaptureMode, DevicePtr, EventFlags, EventId, EventStatus, GraphExecId, GraphId,
     HostPtr, KernelArg, MemcpyKind, StreamId,

@@ -1,6 +1,6 @@
 //! [`Runtime`]: one per device, created lazily in a process-wide table — the device's caching
 //! allocator, its pinned-host pool, per-thread streams, and graph recording that switches the
-//! allocator into a graph-private pool (the recorded [`Graph`] lives in [`crate::graph`]).
+//! allocator into a graph-private pool (the recorded [`CapturedGraph`] lives in [`crate::graph`]).
 //!
 //! InfiniCore keeps one runtime per device per thread and, in places, assumes device 0; here
 //! every device gets its runtime on first use ([`Runtime::get`]) and threads share it (the
@@ -15,7 +15,7 @@ use crate::alloc::{CachingAllocator, MemoryStats, PinnedHostPool, PrivatePool};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::fork::PerProcess;
-use crate::graph::Graph;
+use crate::graph::CapturedGraph;
 use crate::hal::{Backend, CaptureMode, DevicePtr, MemcpyKind, StreamId};
 use crate::memory::Memory;
 use crate::stream::Stream;
@@ -219,11 +219,11 @@ impl Runtime {
     }
 
     /// Stops recording and returns the graph, which keeps the private pool reserved.
-    pub fn end_capture(&self) -> Result<Graph> {
+    pub fn end_capture(&self) -> Result<CapturedGraph> {
         let rec = self.recording.lock().take().ok_or(Error::NotCapturing)?;
         self.allocator.end_private(&rec.pool);
         let id = self.backend.end_capture(rec.stream)?;
-        Ok(Graph::from_capture(self.backend.clone(), id, rec.pool))
+        Ok(CapturedGraph::from_capture(self.backend.clone(), id, rec.pool))
     }
 
     /// Whether a graph is being recorded on this device.
@@ -234,6 +234,31 @@ impl Runtime {
     /// The stream being recorded, if any.
     pub fn capturing_stream(&self) -> Option<StreamId> {
         self.recording.lock().as_ref().map(|r| r.stream)
+    }
+
+    /// Starts recording an operator graph on this device from the calling thread: the eager
+    /// Tensor API records instead of running until
+    /// [`stop_graph_recording`](Self::stop_graph_recording) (see [`crate::graph::record`]).
+    pub fn start_graph_recording(&self) -> Result<()> {
+        crate::graph::record::start_recording(self.device)
+    }
+
+    /// Stops the calling thread's operator-graph recording and returns the graph.
+    pub fn stop_graph_recording(&self) -> Result<crate::graph::Graph> {
+        match crate::graph::record::recording_device() {
+            Some(d) if d != self.device => Err(Error::DeviceMismatch {
+                op: "stop_graph_recording".into(),
+                expected: d,
+                got: self.device,
+            }),
+            _ => crate::graph::record::stop_recording(),
+        }
+    }
+
+    /// Runs `graph` eagerly on the calling thread's stream, every operator through its
+    /// planned kernel (TinyInfiniTensor's `RuntimeObj::run`), into the graph's own tensors.
+    pub fn run(&self, graph: &crate::graph::Graph) -> Result<()> {
+        crate::graph::graph::run_eager(self, graph)
     }
 
     /// InfiniCore's pin mode, mapped onto graph-private pools: see

@@ -1,4 +1,4 @@
-//! Stream capture's RAII handles: [`Graph`] (what a recording captured) and [`GraphExec`] (the
+//! Stream capture's RAII handles: [`CapturedGraph`] (what a recording captured) and [`CapturedExec`] (the
 //! instantiated, replayable form). Both keep the recording's graph-private pool reserved, so a
 //! replay never touches memory the allocator has handed to someone else.
 
@@ -12,13 +12,13 @@ use crate::vendors::AnyBackend;
 
 /// A recorded graph. It holds its graph-private pool, so memory allocated while recording
 /// stays reserved as long as the graph or an executable made from it lives.
-pub struct Graph {
+pub struct CapturedGraph {
     backend: Arc<AnyBackend>,
     id: GraphId,
     pool: Arc<PrivatePool>,
 }
 
-impl Graph {
+impl CapturedGraph {
     /// Wraps a graph the backend returned from `end_capture`; `pool` is the private pool the
     /// recording allocated from.
     pub(crate) fn from_capture(
@@ -26,7 +26,7 @@ impl Graph {
         id: GraphId,
         pool: Arc<PrivatePool>,
     ) -> Self {
-        Graph { backend, id, pool }
+        CapturedGraph { backend, id, pool }
     }
 
     /// The backend's handle.
@@ -40,8 +40,8 @@ impl Graph {
     }
 
     /// Prepares the graph for replay.
-    pub fn instantiate(&self) -> Result<GraphExec> {
-        Ok(GraphExec {
+    pub fn instantiate(&self) -> Result<CapturedExec> {
+        Ok(CapturedExec {
             id: self.backend.graph_instantiate(self.id)?,
             backend: self.backend.clone(),
             pool: self.pool.clone(),
@@ -49,32 +49,32 @@ impl Graph {
     }
 }
 
-impl std::fmt::Debug for Graph {
+impl std::fmt::Debug for CapturedGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Graph({:?}, {:?})", self.id, self.pool)
+        write!(f, "CapturedGraph({:?}, {:?})", self.id, self.pool)
     }
 }
 
-impl std::fmt::Debug for GraphExec {
+impl std::fmt::Debug for CapturedExec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GraphExec({:?}, {:?})", self.id, self.pool)
+        write!(f, "CapturedExec({:?}, {:?})", self.id, self.pool)
     }
 }
 
-impl Drop for Graph {
+impl Drop for CapturedGraph {
     fn drop(&mut self) {
         let _ = self.backend.graph_destroy(self.id);
     }
 }
 
 /// A launchable graph; it too keeps the private pool reserved.
-pub struct GraphExec {
+pub struct CapturedExec {
     backend: Arc<AnyBackend>,
     id: GraphExecId,
     pool: Arc<PrivatePool>,
 }
 
-impl GraphExec {
+impl CapturedExec {
     /// The backend's handle.
     pub fn id(&self) -> GraphExecId {
         self.id
@@ -96,7 +96,7 @@ impl GraphExec {
     }
 }
 
-impl Drop for GraphExec {
+impl Drop for CapturedExec {
     fn drop(&mut self) {
         let _ = self.backend.graph_exec_destroy(self.id);
     }

@@ -1,33 +1,43 @@
-//! Graphs: record work once, replay it many times.
-//!
-//! What exists today is the bottom layer, **stream capture** ([`capture`]): a stream's async
-//! work recorded by the backend (native CUDA graphs; a recorded command list on CPU; one
-//! encoder and one submit on wgpu) into a [`Graph`], instantiated into a [`GraphExec`] and
-//! launched on any stream of the device. [`Runtime::begin_capture`](crate::Runtime::begin_capture)
-//! / [`end_capture`](crate::Runtime::end_capture) and the context's
-//! `start_graph_recording` / `stop_graph_recording` make them; allocations made while
-//! recording come from a graph-private pool that both handles keep reserved.
-//!
-//! The operator-graph layers that come next (issue 16) sit above the tensor and ops layers and
-//! use capture as their replay engine on CUDA:
+//! Graphs: record operators once, plan once, replay many times — on every backend.
 //!
 //! ```text
-//!  Graph        operators over tensors, built by recording (the eager Tensor API records
-//!               instead of running) or by a builder; shapes and dtypes inferred at record time
-//!      │  plan once per device
-//!  CapturePlan  topological order; each op capture-safe or not (host reads, data-dependent
-//!               shapes are not) and maximal safe segments; a liveness-based memory plan in one
-//!               arena from a private pool; fused elementwise chains and GEMM epilogues;
-//!               descriptors and workspaces made here, not at replay
-//!      │  instantiate (warm-ups, then per backend)
-//!  GraphExec    CUDA graphs per safe segment, prepared command buffers on wgpu, a prepared
-//!               call list on the CPU; unsafe segments run eagerly between them; static
-//!               input/output addresses; bitwise equal to eager execution
+//!  Graph        operators over tensors (graph.rs), built by recording — the eager Tensor API
+//!               records instead of running (record.rs) — or by a GraphBuilder; shapes and
+//!               dtypes inferred at record time (each operator's Plan); Runtime::run executes
+//!               it eagerly through the KernelRegistry
+//!      │  plan once for the device
+//!  CapturePlan  topological order; capture-safe steps (host functions — reads back to the
+//!               host, data-dependent decisions — are not) split into maximal segments;
+//!               fused elementwise chains (fusion.rs); a liveness-based memory plan in one
+//!               arena (memory.rs); descriptors and workspace made here (plan.rs)
+//!      │  instantiate (exec.rs)
+//!  GraphExec    warm-ups, then per capture-safe segment a captured stream graph (a prepared
+//!               call list on the CPU, prepared command buffers on wgpu, a CUDA graph), the
+//!               unsafe segments run eagerly between them; static input/output addresses in a
+//!               private pool; bitwise equal to eager execution
 //! ```
 //!
-//! When those land, the capture handles here keep their job (a captured segment is a
-//! [`GraphExec`]) under a more specific name, and the operator graph takes `Graph`.
+//! The bottom layer is **stream capture** ([`capture`]): a stream's async work recorded by
+//! the backend into a [`CapturedGraph`], instantiated into a [`CapturedExec`] and launched on
+//! any stream of the device ([`Runtime::begin_capture`](crate::Runtime::begin_capture) /
+//! [`end_capture`](crate::Runtime::end_capture), and the context's `start_graph_recording` /
+//! `stop_graph_recording`). Allocations made while capturing come from a graph-private pool
+//! that both handles keep reserved. A [`GraphExec`] replays its safe segments through it.
+//!
+//! See [`Graph`] for an example.
 
 pub mod capture;
+pub mod exec;
+pub mod fusion;
+#[allow(clippy::module_inception)]
+pub mod graph;
+pub mod memory;
+pub mod plan;
+pub mod record;
 
-pub use capture::{Graph, GraphExec};
+pub use capture::{CapturedExec, CapturedGraph};
+pub use exec::{ExecOptions, GraphExec};
+pub use graph::{Buffer, BufferId, BufferRole, Graph, GraphBuilder, HostFn, Node, NodeKind, Operand};
+pub use memory::MemoryPlan;
+pub use plan::{CapturePlan, PlanOptions, Segment, Step};
+pub use record::{host_op, start_recording, stop_recording};

@@ -27,6 +27,7 @@ pub mod attention;
 pub mod cast;
 pub mod elementwise;
 pub mod embedding;
+pub mod fused;
 pub mod matmul;
 pub mod norm;
 pub mod rearrange;
@@ -116,6 +117,8 @@ pub enum Params {
         top_k: usize,
         top_p: f64,
     },
+    /// A fused chain of elementwise operators ([`fused`]).
+    Fused(Arc<fused::FusedProgram>),
     /// Concatenation along `axis`.
     Concat {
         axis: usize,
@@ -412,6 +415,11 @@ impl Plan {
                     });
                 }
             }
+        }
+        // While the calling thread records an operator graph on this device, the checked
+        // launch is recorded instead of run (see `crate::graph::record`).
+        if crate::graph::record::is_recording(p.device) {
+            return crate::graph::record::record_launch(self, inputs, outputs);
         }
         let ws = match (p.workspace, workspace) {
             (0, _) => None,

@@ -248,6 +248,32 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
+    /// Bytes of the storage this tensor views (all views of one storage share it).
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.mem.size()
+    }
+
+    /// Another view of this tensor's storage with `layout` (offset in elements of `dtype`) and
+    /// `dtype`: how a planned graph places its tensors in one arena. [`Error::BadTensorShape`]
+    /// when the view reaches past the storage.
+    pub fn view_storage(&self, layout: Layout, dtype: DType) -> Result<Tensor> {
+        let end = layout.span_end().unwrap_or(layout.offset());
+        let fits = end
+            .checked_mul(dtype.size())
+            .is_some_and(|b| layout.numel() == 0 || b <= self.storage_bytes());
+        if !fits {
+            return Err(Error::BadTensorShape(format!(
+                "a {dtype} view {layout:?} reaches past a storage of {} bytes",
+                self.storage_bytes()
+            )));
+        }
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype,
+        })
+    }
+
     /// Marks the storage as used by work on `stream` (see [`Memory::record_stream`]).
     pub fn record_stream(&self, stream: StreamId) -> Result<()> {
         self.storage.mem.record_stream(stream)
@@ -322,6 +348,8 @@ impl Tensor {
 
     /// The elements in row-major order as little-endian bytes (waits for pending work).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        // A tensor a graph recording produced holds no values yet.
+        crate::graph::record::check_host_read(self)?;
         let t = self.contiguous()?;
         let rt = &t.storage.rt;
         rt.sync_stream()?;

@@ -13,6 +13,7 @@ mod attention;
 mod cast;
 mod elementwise;
 mod embedding;
+mod fused;
 mod matmul;
 mod norm;
 mod rearrange;
@@ -36,6 +37,7 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     norm::register(reg);
     matmul::register(reg);
     embedding::register(reg);
+    fused::register(reg);
     rope::register(reg);
     attention::register(reg);
     sample::register(reg);

@@ -1,0 +1,346 @@
+//! [`GraphExec`]: a [`CapturePlan`] instantiated on its device and replayed.
+//!
+//! Instantiating allocates, from a graph-private pool that stays reserved while the exec
+//! lives, the arena of the memory plan, the shared workspace and a static copy of every named
+//! input; binds every step to its tensors (arena views, static inputs, external tensors held
+//! by the exec); runs the steps eagerly `warmups` times; then captures every capture-safe
+//! segment through the HAL's stream capture — a recorded call list on the CPU, prepared
+//! command buffers on wgpu, a CUDA graph on CUDA. A replay launches the captured segments and
+//! runs the unsafe ones eagerly between them, in stream order on the calling thread's stream,
+//! with the same kernels on the same addresses as an eager run: bitwise the same result.
+//!
+//! The addresses never change while the exec lives, so the exec outlives its graph and its
+//! plan, and new inputs are copied in ([`GraphExec::set_input`]).
+
+use std::sync::Arc;
+
+use super::capture::CapturedExec;
+use super::graph::{BufferRole, HostFn, NodeKind, Operand};
+use super::plan::CapturePlan;
+use crate::alloc::PrivatePool;
+use crate::error::{Error, Result};
+use crate::hal::{Backend, CaptureMode, DevicePtr, StreamId};
+use crate::ops::Plan;
+use crate::runtime::Runtime;
+use crate::tensor::{DType, Tensor};
+
+/// How to instantiate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// Eager runs of the whole plan before capturing (default 1). They execute the graph:
+    /// its writes to external state and its host functions happen.
+    pub warmups: usize,
+    /// Capture the capture-safe segments (default true); false runs every step eagerly on
+    /// replay (the bound, pre-planned eager path).
+    pub capture: bool,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            warmups: 1,
+            capture: true,
+        }
+    }
+}
+
+enum Bound {
+    Op {
+        plan: Plan,
+        ins: Vec<Tensor>,
+        outs: Vec<Tensor>,
+    },
+    Host {
+        f: HostFn,
+        tensors: Vec<Tensor>,
+    },
+}
+
+enum SegmentExec {
+    Captured(CapturedExec),
+    Eager(std::ops::Range<usize>),
+}
+
+/// A replayable instance of a [`CapturePlan`]; see the [module](self) docs.
+pub struct GraphExec {
+    rt: Arc<Runtime>,
+    steps: Vec<Bound>,
+    segments: Vec<SegmentExec>,
+    inputs: Vec<(String, Tensor)>,
+    outputs: Vec<(String, Tensor)>,
+    workspace: Option<Tensor>,
+    arena: Option<Tensor>,
+    /// Keeps every address above reserved while the exec lives.
+    pool: Arc<PrivatePool>,
+}
+
+fn alloc_in(pool_owner: &Runtime, bytes: usize) -> Result<Tensor> {
+    Tensor::empty(&[bytes.max(1)], DType::U8, pool_owner.device())
+}
+
+impl GraphExec {
+    /// Instantiates `plan` (see the [module](self) docs). Refused while the calling thread
+    /// records an operator graph on the device.
+    pub fn instantiate(plan: &CapturePlan, options: ExecOptions) -> Result<GraphExec> {
+        let graph = &plan.graph;
+        let device = graph.device();
+        if super::record::is_recording(device) {
+            return Err(Error::Capturing(
+                "instantiating a graph while this thread records one".into(),
+            ));
+        }
+        let rt = Runtime::get(device)?;
+        let stream = rt.stream()?;
+        // Everything the exec owns comes from one private pool.
+        let pool = rt.allocator().begin_private()?;
+        let owned = (|| -> Result<_> {
+            let arena = match plan.memory.arena_bytes {
+                0 => None,
+                n => Some(alloc_in(&rt, n)?),
+            };
+            let workspace = match plan.workspace {
+                0 => None,
+                n => Some(alloc_in(&rt, n)?),
+            };
+            let mut statics = Vec::new();
+            for (i, b) in graph.buffers().iter().enumerate() {
+                if let BufferRole::Input(_) = b.role {
+                    statics.push((i, alloc_in(&rt, b.tensor.storage_bytes())?));
+                }
+            }
+            Ok((arena, workspace, statics))
+        })();
+        rt.allocator().end_private(&pool);
+        let (arena, workspace, statics) = owned?;
+        // The static inputs start with the graph's values.
+        for (i, s) in &statics {
+            let src = &graph.buffers()[*i].tensor;
+            let n = src.storage_bytes();
+            if n > 0 {
+                rt.memcpy_d2d(DevicePtr(s.base_addr()), DevicePtr(src.base_addr()), n, true)?;
+            }
+        }
+        let tensor = |o: &Operand| -> Result<Tensor> {
+            let b = &graph.buffers()[o.buffer.0];
+            match &b.role {
+                BufferRole::Input(_) => match statics.iter().find(|(i, _)| *i == o.buffer.0) {
+                    Some((_, s)) => o.view_in(s, 0),
+                    None => Err(Error::Internal("a static input is missing".into())),
+                },
+                BufferRole::External => o.view_in(&b.tensor, 0),
+                BufferRole::Intermediate => {
+                    match (plan.memory.offset_of(o.buffer.0), arena.as_ref()) {
+                        (Some(off), Some(a)) => o.view_in(a, off),
+                        _ => Err(Error::Internal(format!(
+                            "intermediate buffer {} has no arena offset",
+                            o.buffer.0
+                        ))),
+                    }
+                }
+            }
+        };
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for s in &plan.steps {
+            let ins = s.inputs.iter().map(&tensor).collect::<Result<Vec<_>>>()?;
+            let outs = s.outputs.iter().map(&tensor).collect::<Result<Vec<_>>>()?;
+            steps.push(match &s.kind {
+                NodeKind::Op(p) => Bound::Op {
+                    plan: p.clone(),
+                    ins,
+                    outs,
+                },
+                NodeKind::Host { f, .. } => Bound::Host {
+                    f: f.clone(),
+                    tensors: ins,
+                },
+            });
+        }
+        let inputs = graph
+            .buffers()
+            .iter()
+            .zip(0..)
+            .filter_map(|(b, i)| match &b.role {
+                BufferRole::Input(name) => statics
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .map(|(_, s)| {
+                        s.view_storage(b.tensor.layout().clone(), b.tensor.dtype())
+                            .map(|t| (name.clone(), t))
+                    }),
+                _ => None,
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = plan
+            .outputs
+            .iter()
+            .map(|(n, o)| Ok((n.clone(), tensor(o)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut exec = GraphExec {
+            rt: rt.clone(),
+            steps,
+            segments: Vec::new(),
+            inputs,
+            outputs,
+            workspace,
+            arena,
+            pool,
+        };
+        for _ in 0..options.warmups {
+            exec.run_steps(0..exec.steps.len(), stream)?;
+        }
+        for seg in &plan.segments {
+            let captured = if seg.capture_safe && options.capture {
+                Some(exec.capture(seg.steps.clone(), stream)?)
+            } else {
+                None
+            };
+            exec.segments.push(match captured {
+                Some(c) => SegmentExec::Captured(c),
+                None => SegmentExec::Eager(seg.steps.clone()),
+            });
+        }
+        Ok(exec)
+    }
+
+    fn capture(&self, steps: std::ops::Range<usize>, stream: StreamId) -> Result<CapturedExec> {
+        self.rt.begin_capture(stream, CaptureMode::ThreadLocal)?;
+        let launched = self.run_steps(steps, stream);
+        let graph = self.rt.end_capture();
+        launched?;
+        graph?.instantiate()
+    }
+
+    fn run_steps(&self, steps: std::ops::Range<usize>, stream: StreamId) -> Result<()> {
+        for b in &self.steps[steps] {
+            match b {
+                Bound::Op { plan, ins, outs } => {
+                    let ins: Vec<&Tensor> = ins.iter().collect();
+                    let outs: Vec<&Tensor> = outs.iter().collect();
+                    let ws = if plan.workspace_size() > 0 {
+                        self.workspace.as_ref()
+                    } else {
+                        None
+                    };
+                    plan.launch(&ins, &outs, ws, stream)?;
+                }
+                Bound::Host { f, tensors } => {
+                    self.rt.backend().stream_synchronize(stream)?;
+                    f(tensors)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues one replay on the calling thread's stream of the device (asynchronous: read
+    /// the outputs, or synchronise, to wait). Host steps wait for the device work before
+    /// them.
+    pub fn replay(&self) -> Result<()> {
+        if super::record::is_recording(self.rt.device()) {
+            return Err(Error::Capturing(
+                "replaying a graph while this thread records one".into(),
+            ));
+        }
+        let stream = self.rt.stream()?;
+        for seg in &self.segments {
+            match seg {
+                SegmentExec::Captured(x) => x.launch(stream)?,
+                SegmentExec::Eager(r) => self.run_steps(r.clone(), stream)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `t` into static input `name` (in stream order, before the next replay).
+    pub fn set_input(&self, name: &str, t: &Tensor) -> Result<()> {
+        let dst = self.input(name)?;
+        if t.dtype() != dst.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: format!("set_input {name:?}"),
+                expected: dst.dtype(),
+                got: t.dtype(),
+            });
+        }
+        if t.shape() != dst.shape() {
+            return Err(Error::ShapeMismatch {
+                op: format!("set_input {name:?}"),
+                expected: dst.shape().to_vec(),
+                got: t.shape().to_vec(),
+            });
+        }
+        if super::record::is_recording(self.rt.device()) {
+            return Err(Error::Capturing(
+                "feeding a graph exec while this thread records a graph".into(),
+            ));
+        }
+        crate::ops::rearrange::copy_into(&t.desc(), &dst.desc())?.launch(
+            &[t],
+            &[dst],
+            None,
+            self.rt.stream()?,
+        )
+    }
+
+    /// The static tensor of input `name` (its address never changes while the exec lives).
+    pub fn input(&self, name: &str) -> Result<&Tensor> {
+        self.inputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| Error::BadParam(format!("the graph has no input {name:?}")))
+    }
+
+    /// The static tensor of output `name`, which every replay rewrites.
+    pub fn output(&self, name: &str) -> Result<&Tensor> {
+        self.outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| Error::BadParam(format!("the graph has no output {name:?}")))
+    }
+
+    /// The names of the inputs and of the outputs.
+    pub fn names(&self) -> (Vec<&str>, Vec<&str>) {
+        (
+            self.inputs.iter().map(|(n, _)| n.as_str()).collect(),
+            self.outputs.iter().map(|(n, _)| n.as_str()).collect(),
+        )
+    }
+
+    /// How many segments replay as captured graphs, and how many run eagerly.
+    pub fn segment_counts(&self) -> (usize, usize) {
+        let captured = self
+            .segments
+            .iter()
+            .filter(|s| matches!(s, SegmentExec::Captured(_)))
+            .count();
+        (captured, self.segments.len() - captured)
+    }
+
+    /// Bytes of the arena holding the intermediates.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.as_ref().map_or(0, |a| a.storage_bytes())
+    }
+
+    /// The private pool the exec's memory comes from (reserved while the exec lives).
+    pub fn pool(&self) -> &Arc<PrivatePool> {
+        &self.pool
+    }
+
+    /// Waits for the replays queued on the calling thread's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.rt.sync_stream()
+    }
+}
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (c, e) = self.segment_counts();
+        write!(
+            f,
+            "GraphExec({}, {} steps, {c} captured / {e} eager segments)",
+            self.rt.device(),
+            self.steps.len()
+        )
+    }
+}

@@ -1,0 +1,122 @@
+//! Recording an operator graph from the eager Tensor API (InfiniCore's
+//! `start_graph_recording` / `stop_graph_recording`).
+//!
+//! While the calling thread records on a device, every operator launched on that device
+//! ([`Plan::launch`](crate::ops::Plan::launch), which the eager Tensor methods call) is
+//! checked as usual and then added to the graph instead of running. The tensors the eager
+//! methods return are real allocations that hold no values until the graph runs
+//! ([`Runtime::run`](crate::Runtime::run) computes into them); reading one back to the host
+//! while recording is an error ([`Error::Capturing`]). Tensors the recording did not produce
+//! become external buffers (weights, inputs, state). Host work belongs in a host node:
+//! [`host_op`].
+
+use std::cell::{Cell, RefCell};
+
+use super::graph::{BufferRole, Graph, GraphBuilder, HostFn};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ops::Plan;
+use crate::tensor::Tensor;
+
+thread_local! {
+    /// The device being recorded (checked on every launch: one cheap read).
+    static DEVICE: Cell<Option<Device>> = const { Cell::new(None) };
+    static BUILDER: RefCell<Option<GraphBuilder>> = const { RefCell::new(None) };
+}
+
+/// Whether the calling thread records an operator graph on `device`.
+pub fn is_recording(device: Device) -> bool {
+    DEVICE.with(|d| d.get() == Some(device))
+}
+
+/// The device the calling thread records on, if any.
+pub fn recording_device() -> Option<Device> {
+    DEVICE.with(|d| d.get())
+}
+
+/// Starts recording the calling thread's operators on `device`.
+/// [`Error::Capturing`] if this thread already records.
+pub fn start_recording(device: Device) -> Result<()> {
+    if let Some(d) = recording_device() {
+        return Err(Error::Capturing(format!(
+            "this thread is already recording an operator graph on {d}"
+        )));
+    }
+    BUILDER.with(|b| *b.borrow_mut() = Some(GraphBuilder::new(device)));
+    DEVICE.with(|d| d.set(Some(device)));
+    Ok(())
+}
+
+/// Stops recording and returns the graph. [`Error::NotCapturing`] if this thread does not
+/// record.
+pub fn stop_recording() -> Result<Graph> {
+    DEVICE.with(|d| d.set(None));
+    let b = BUILDER
+        .with(|b| b.borrow_mut().take())
+        .ok_or(Error::NotCapturing)?;
+    b.build()
+}
+
+fn with_builder<R>(f: impl FnOnce(&mut GraphBuilder) -> Result<R>) -> Result<R> {
+    BUILDER.with(|b| match b.borrow_mut().as_mut() {
+        Some(b) => f(b),
+        None => Err(Error::NotCapturing),
+    })
+}
+
+/// Records a checked launch of `plan` (called by `Plan::launch` while recording).
+pub(crate) fn record_launch(plan: &Plan, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+    with_builder(|b| {
+        let ins = inputs
+            .iter()
+            .map(|t| b.operand_of(t, BufferRole::External))
+            .collect::<Result<Vec<_>>>()?;
+        // An output the recording has not seen is a fresh tensor (the eager methods allocate
+        // their outputs) unless it is a storage some earlier op read: then it is external
+        // state the graph writes.
+        let outs = outputs
+            .iter()
+            .map(|t| b.operand_of(t, BufferRole::Intermediate))
+            .collect::<Result<Vec<_>>>()?;
+        b.push_op(plan.clone(), ins, outs)
+    })
+}
+
+/// Refuses a host read of a tensor the current recording produced (it holds no values yet).
+pub(crate) fn check_host_read(t: &Tensor) -> Result<()> {
+    if !is_recording(t.device()) {
+        return Ok(());
+    }
+    let produced = BUILDER.with(|b| b.borrow().as_ref().is_some_and(|b| b.is_intermediate(t)));
+    if produced {
+        return Err(Error::Capturing(
+            "reading back a tensor the graph recording has not computed yet (record the host \
+             read with graph::host_op)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A host function over `tensors`: recorded as a host node while the calling thread records
+/// on their device (it runs whenever the graph runs, after the device work before it), run
+/// at once otherwise (after the thread's stream has drained).
+pub fn host_op(name: &str, tensors: &[&Tensor], f: HostFn) -> Result<()> {
+    let device = match tensors.first() {
+        Some(t) => t.device(),
+        None => return Err(Error::BadParam(format!("host op {name:?} needs a tensor"))),
+    };
+    if is_recording(device) {
+        return with_builder(|b| {
+            let ops = tensors
+                .iter()
+                .map(|t| b.operand_of(t, BufferRole::External))
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<_> = ops.iter().collect();
+            b.host_op(name, &refs, f)
+        });
+    }
+    crate::Runtime::get(device)?.sync_stream()?;
+    let owned: Vec<Tensor> = tensors.iter().map(|t| (*t).clone()).collect();
+    f(&owned)
+}

@@ -1,0 +1,116 @@
+//! `fused_elementwise`: a chain of elementwise operators run as one kernel, as a
+//! [`CapturePlan`](crate::graph::CapturePlan) makes it from consecutive elementwise operators.
+//!
+//! The chain is a [`FusedProgram`]: steps over the kernel's inputs and earlier steps' results,
+//! the last step being the output. Every operand has the output's shape and is contiguous (the
+//! planner fuses nothing else). Each step rounds its result to the dtype exactly as the
+//! unfused operator stores it, so a fused chain gives bitwise the unfused result.
+//!
+//! A backend runs fused chains once it registers a `fused_elementwise` kernel for the dtype
+//! (the CPU does; a WGSL or CUDA C kernel generated from the program can be registered the
+//! same way). Where none is registered, the planner simply does not fuse.
+
+use std::sync::Arc;
+
+use super::{out_desc, same_device_dtype, BinaryOp, Params, Plan, PlanBuilder, TensorDesc, UnaryOp};
+use crate::error::{Error, Result};
+use crate::tensor::Layout;
+
+/// The registry name of the fused operator.
+pub const FUSED_ELEMENTWISE: &str = "fused_elementwise";
+
+/// Where a step reads an operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedSrc {
+    /// The kernel's input `i`.
+    Input(usize),
+    /// The result of step `i` (an earlier step).
+    Step(usize),
+}
+
+/// One operator of a fused chain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FusedStep {
+    Unary(UnaryOp, FusedSrc),
+    Binary(BinaryOp, FusedSrc, FusedSrc),
+    /// `src op scalar` (the `*_scalar` operators).
+    Scalar(BinaryOp, FusedSrc, f64),
+    /// `up · silu(gate)`.
+    Swiglu(FusedSrc, FusedSrc),
+}
+
+impl FusedStep {
+    /// The operands the step reads.
+    pub fn sources(&self) -> Vec<FusedSrc> {
+        match *self {
+            FusedStep::Unary(_, a) | FusedStep::Scalar(_, a, _) => vec![a],
+            FusedStep::Binary(_, a, b) | FusedStep::Swiglu(a, b) => vec![a, b],
+        }
+    }
+
+    /// The step in `f64` (the reference of conformance checks).
+    pub fn eval(&self, read: impl Fn(FusedSrc) -> f64) -> f64 {
+        match *self {
+            FusedStep::Unary(op, a) => op.eval(read(a)),
+            FusedStep::Binary(op, a, b) => op.eval(read(a), read(b)),
+            FusedStep::Scalar(op, a, s) => op.eval(read(a), s),
+            FusedStep::Swiglu(u, g) => {
+                let (u, g) = (read(u), read(g));
+                u * g / (1.0 + (-g).exp())
+            }
+        }
+    }
+}
+
+/// A chain of elementwise steps; the last step is the output.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FusedProgram {
+    pub steps: Vec<FusedStep>,
+}
+
+impl FusedProgram {
+    /// Checks that every step reads an existing input or an earlier step.
+    pub fn validate(&self, inputs: usize) -> Result<()> {
+        if self.steps.is_empty() {
+            return Err(Error::BadParam(format!(
+                "{FUSED_ELEMENTWISE}: an empty program"
+            )));
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            for src in s.sources() {
+                let ok = match src {
+                    FusedSrc::Input(k) => k < inputs,
+                    FusedSrc::Step(k) => k < i,
+                };
+                if !ok {
+                    return Err(Error::BadParam(format!(
+                        "{FUSED_ELEMENTWISE}: step {i} reads {src:?}, which does not exist yet"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Plans `program` over `inputs`: all of one device and dtype, contiguous, of one shape (the
+/// output's).
+pub fn fused_elementwise(inputs: &[TensorDesc], program: FusedProgram) -> Result<Plan> {
+    let refs: Vec<&TensorDesc> = inputs.iter().collect();
+    let (device, dtype) = same_device_dtype(FUSED_ELEMENTWISE, &refs)?;
+    program.validate(inputs.len())?;
+    let shape = inputs[0].shape().to_vec();
+    for d in inputs {
+        if d.shape() != shape || d.layout.strides() != Layout::contiguous(&shape).strides() {
+            return Err(Error::BadParam(format!(
+                "{FUSED_ELEMENTWISE}: every input must be contiguous with shape {shape:?}, got {:?}",
+                d.layout
+            )));
+        }
+    }
+    let mut p = PlanBuilder::new(FUSED_ELEMENTWISE, dtype, inputs.to_vec());
+    p.outputs = vec![out_desc(device, dtype, &shape)];
+    p.params = Params::Fused(Arc::new(program));
+    p.in_place = true;
+    p.build()
+}

@@ -1,0 +1,151 @@
+//! `fused_elementwise`: a chain of elementwise steps in one pass over memory. Blocks of
+//! [`BLOCK`] elements are loaded once, every step runs over the block with the same f32
+//! function as its unfused kernel (and is rounded to the dtype as the unfused kernel stores
+//! it), and only the last step is stored — bitwise the unfused chain, one memory pass.
+
+use super::elementwise::{self as ew, Bin, Un};
+use super::util::{floats, par_rows, simd, Float, Ptr, BLOCK};
+use crate::error::{Error, Result};
+use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep};
+use crate::ops::{BinaryOp, KernelCall, KernelRegistry, Params, UnaryOp};
+
+#[inline(always)]
+fn un<O: Un>(a: &[f32], o: &mut [f32]) {
+    o.iter_mut().zip(a).for_each(|(x, y)| *x = O::f(*y));
+}
+
+#[inline(always)]
+fn bin<O: Bin>(a: &[f32], b: &[f32], o: &mut [f32]) {
+    for ((x, y), z) in o.iter_mut().zip(a).zip(b) {
+        *x = O::f(*y, *z);
+    }
+}
+
+#[inline(always)]
+fn bin_scalar<O: Bin>(a: &[f32], s: f32, o: &mut [f32]) {
+    o.iter_mut().zip(a).for_each(|(x, y)| *x = O::f(*y, s));
+}
+
+#[inline(always)]
+fn unary(op: UnaryOp, a: &[f32], o: &mut [f32]) {
+    match op {
+        UnaryOp::Neg => un::<ew::Neg>(a, o),
+        UnaryOp::Abs => un::<ew::Abs>(a, o),
+        UnaryOp::Exp => un::<ew::Exp>(a, o),
+        UnaryOp::Log => un::<ew::Log>(a, o),
+        UnaryOp::Sqrt => un::<ew::Sqrt>(a, o),
+        UnaryOp::Rsqrt => un::<ew::Rsqrt>(a, o),
+        UnaryOp::Sin => un::<ew::Sin>(a, o),
+        UnaryOp::Cos => un::<ew::Cos>(a, o),
+        UnaryOp::Tanh => un::<ew::Tanh>(a, o),
+        UnaryOp::Sigmoid => un::<ew::Sigmoid>(a, o),
+        UnaryOp::Relu => un::<ew::Relu>(a, o),
+        UnaryOp::Gelu => un::<ew::Gelu>(a, o),
+        UnaryOp::GeluTanh => un::<ew::GeluTanh>(a, o),
+        UnaryOp::Silu => un::<ew::Silu>(a, o),
+    }
+}
+
+#[inline(always)]
+fn binary(op: BinaryOp, a: &[f32], b: &[f32], o: &mut [f32]) {
+    match op {
+        BinaryOp::Add => bin::<ew::Add>(a, b, o),
+        BinaryOp::Sub => bin::<ew::Sub>(a, b, o),
+        BinaryOp::Mul => bin::<ew::Mul>(a, b, o),
+        BinaryOp::Div => bin::<ew::Div>(a, b, o),
+        BinaryOp::Maximum => bin::<ew::Maximum>(a, b, o),
+        BinaryOp::Minimum => bin::<ew::Minimum>(a, b, o),
+        BinaryOp::Pow => bin::<ew::Pow>(a, b, o),
+    }
+}
+
+#[inline(always)]
+fn scalar(op: BinaryOp, a: &[f32], s: f32, o: &mut [f32]) {
+    match op {
+        BinaryOp::Add => bin_scalar::<ew::Add>(a, s, o),
+        BinaryOp::Sub => bin_scalar::<ew::Sub>(a, s, o),
+        BinaryOp::Mul => bin_scalar::<ew::Mul>(a, s, o),
+        BinaryOp::Div => bin_scalar::<ew::Div>(a, s, o),
+        BinaryOp::Maximum => bin_scalar::<ew::Maximum>(a, s, o),
+        BinaryOp::Minimum => bin_scalar::<ew::Minimum>(a, s, o),
+        BinaryOp::Pow => bin_scalar::<ew::Pow>(a, s, o),
+    }
+}
+
+/// Runs the program over `len` elements starting `off` elements into every operand.
+///
+/// # Safety
+/// Every input pointer and the output are valid for `off + len` contiguous elements; the
+/// output is disjoint from the inputs or the very same elements (read before written).
+#[inline(always)]
+unsafe fn run_rows<T: Float>(
+    prog: &FusedProgram,
+    ins: &[Ptr<T>],
+    out: Ptr<T>,
+    off: usize,
+    len: usize,
+    bufs: &mut [[f32; BLOCK]],
+) {
+    let (inputs, steps) = bufs.split_at_mut(ins.len());
+    let round = T::DTYPE != crate::tensor::DType::F32;
+    let mut i = 0;
+    while i < len {
+        let n = BLOCK.min(len - i);
+        for (k, p) in ins.iter().enumerate() {
+            // SAFETY: [off + i, off + i + n) is inside every input (the caller's promise).
+            let src = unsafe { std::slice::from_raw_parts(p.at(off + i), n) };
+            T::load(src, &mut inputs[k][..n]);
+        }
+        for (s, step) in prog.steps.iter().enumerate() {
+            let (done, rest) = steps.split_at_mut(s);
+            let o = &mut rest[0][..n];
+            let read = |src: FusedSrc| -> &[f32] {
+                match src {
+                    FusedSrc::Input(k) => &inputs[k][..n],
+                    FusedSrc::Step(k) => &done[k][..n],
+                }
+            };
+            match *step {
+                FusedStep::Unary(op, a) => unary(op, read(a), o),
+                FusedStep::Binary(op, a, b) => binary(op, read(a), read(b), o),
+                FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
+                FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
+            }
+            if round {
+                // The unfused operator stores each result in the dtype.
+                o.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
+            }
+        }
+        if let Some(last) = steps.last() {
+            // SAFETY: [off + i, off + i + n) is inside the output; inputs were read above.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.at(off + i), n) };
+            T::store(&last[..n], dst);
+        }
+        i += n;
+    }
+}
+
+fn fused<T: Float>(call: &KernelCall<'_>) -> Result<()> {
+    let Params::Fused(prog) = call.params else {
+        return Err(Error::Internal(format!(
+            "{}: unexpected parameters {:?}",
+            call.op, call.params
+        )));
+    };
+    let out = &call.outputs[0];
+    let total = out.layout.numel();
+    let ins: Vec<Ptr<T>> = call.inputs.iter().map(Ptr::of).collect();
+    let po = Ptr::<T>::of(out);
+    let nbufs = ins.len() + prog.steps.len();
+    par_rows(&[total], &[[1usize; 1]], |off, len, _| {
+        let mut bufs = vec![[0f32; BLOCK]; nbufs];
+        // SAFETY: the plan made every operand contiguous of the output's shape and the launch
+        // checked their ranges; par_rows hands out disjoint element ranges.
+        simd!(unsafe { run_rows(prog, &ins, po, off[0], len, &mut bufs) })
+    });
+    Ok(())
+}
+
+pub(super) fn register(reg: &mut KernelRegistry) {
+    floats!(reg, crate::ops::fused::FUSED_ELEMENTWISE, fused);
+}
