@@ -223,7 +223,11 @@ impl Runtime {
         let rec = self.recording.lock().take().ok_or(Error::NotCapturing)?;
         self.allocator.end_private(&rec.pool);
         let id = self.backend.end_capture(rec.stream)?;
-        Ok(CapturedGraph::from_capture(self.backend.clone(), id, rec.pool))
+        Ok(CapturedGraph::from_capture(
+            self.backend.clone(),
+            id,
+            rec.pool,
+        ))
     }
 
     /// Whether a graph is being recorded on this device.

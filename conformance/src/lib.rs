@@ -30,6 +30,7 @@ mod cases_capture;
 mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
+mod cases_graph;
 mod cases_lifetime;
 mod cases_memcpy;
 mod cases_ops_data;
@@ -173,6 +174,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_data::cases());
     all.extend(cases_ops_reduce::cases());
     all.extend(cases_ops_linalg::cases());
+    all.extend(cases_graph::cases());
     all
 }
 
@@ -181,6 +183,9 @@ pub fn cases() -> Vec<Case> {
 /// trials instead of passing or failing. (An operator planned on such a device answers
 /// `Error::UnsupportedKernel`; a case that gets it without this declaration fails.)
 pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
+    if let Some(why) = cases_graph::unsupported_here(kind, case) {
+        return Some(why);
+    }
     let mut parts = case.split("::");
     let (Some("ops"), Some(op), Some(dt)) = (parts.next(), parts.next(), parts.next()) else {
         return None;

@@ -117,7 +117,12 @@ impl GraphExec {
             let src = &graph.buffers()[*i].tensor;
             let n = src.storage_bytes();
             if n > 0 {
-                rt.memcpy_d2d(DevicePtr(s.base_addr()), DevicePtr(src.base_addr()), n, true)?;
+                rt.memcpy_d2d(
+                    DevicePtr(s.base_addr()),
+                    DevicePtr(src.base_addr()),
+                    n,
+                    true,
+                )?;
             }
         }
         let tensor = |o: &Operand| -> Result<Tensor> {
@@ -160,13 +165,10 @@ impl GraphExec {
             .iter()
             .zip(0..)
             .filter_map(|(b, i)| match &b.role {
-                BufferRole::Input(name) => statics
-                    .iter()
-                    .find(|(k, _)| *k == i)
-                    .map(|(_, s)| {
-                        s.view_storage(b.tensor.layout().clone(), b.tensor.dtype())
-                            .map(|t| (name.clone(), t))
-                    }),
+                BufferRole::Input(name) => statics.iter().find(|(k, _)| *k == i).map(|(_, s)| {
+                    s.view_storage(b.tensor.layout().clone(), b.tensor.dtype())
+                        .map(|t| (name.clone(), t))
+                }),
                 _ => None,
             })
             .collect::<Result<Vec<_>>>()?;

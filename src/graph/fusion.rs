@@ -86,7 +86,10 @@ pub(crate) fn fuse_chains(
     let mut out = Vec::with_capacity(steps.len());
     let mut fused = 0;
     let mut chain: Vec<(Step, ElementOp)> = Vec::new();
-    let flush = |chain: &mut Vec<(Step, ElementOp)>, out: &mut Vec<Step>, fused: &mut usize| -> Result<()> {
+    let flush = |chain: &mut Vec<(Step, ElementOp)>,
+                 out: &mut Vec<Step>,
+                 fused: &mut usize|
+     -> Result<()> {
         if chain.len() < 2 {
             out.extend(chain.drain(..).map(|(s, _)| s));
             return Ok(());

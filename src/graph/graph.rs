@@ -221,7 +221,9 @@ impl Graph {
     /// exec feeds with [`GraphExec::set_input`](super::GraphExec::set_input).
     pub fn mark_input(&mut self, name: &str, t: &Tensor) -> Result<()> {
         let id = self.buffer_of(t).ok_or_else(|| {
-            Error::BadParam(format!("input {name:?}: the graph does not use this tensor"))
+            Error::BadParam(format!(
+                "input {name:?}: the graph does not use this tensor"
+            ))
         })?;
         if self.inputs().iter().any(|(n, b)| n == name && *b != id) {
             return Err(Error::BadParam(format!("input {name:?} is already named")));
@@ -245,7 +247,9 @@ impl Graph {
     /// Names the tensor `t`, which a node of the graph computes, as output `name`.
     pub fn mark_output(&mut self, name: &str, t: &Tensor) -> Result<()> {
         let id = self.buffer_of(t).ok_or_else(|| {
-            Error::BadParam(format!("output {name:?}: the graph does not use this tensor"))
+            Error::BadParam(format!(
+                "output {name:?}: the graph does not use this tensor"
+            ))
         })?;
         if self.0.buffers[id.0].role != BufferRole::Intermediate {
             return Err(Error::BadParam(format!(
@@ -384,7 +388,11 @@ impl GraphBuilder {
 
     /// A named input of `shape` and `dtype` (a contiguous tensor the builder allocates).
     pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Operand> {
-        if self.buffers.iter().any(|b| b.role == BufferRole::Input(name.into())) {
+        if self
+            .buffers
+            .iter()
+            .any(|b| b.role == BufferRole::Input(name.into()))
+        {
             return Err(Error::BadParam(format!("input {name:?} is already named")));
         }
         let t = Tensor::zeros(shape, dtype, self.device)?;
@@ -453,7 +461,11 @@ impl GraphBuilder {
                 outputs.len()
             )));
         }
-        for (o, want) in inputs.iter().zip(plan.inputs()).chain(outputs.iter().zip(plan.outputs())) {
+        for (o, want) in inputs
+            .iter()
+            .zip(plan.inputs())
+            .chain(outputs.iter().zip(plan.outputs()))
+        {
             self.check_operand(o)?;
             if o.dtype != want.dtype || o.layout.shape() != want.layout.shape() {
                 return Err(Error::ShapeMismatch {

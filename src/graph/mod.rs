@@ -37,7 +37,9 @@ pub mod record;
 
 pub use capture::{CapturedExec, CapturedGraph};
 pub use exec::{ExecOptions, GraphExec};
-pub use graph::{Buffer, BufferId, BufferRole, Graph, GraphBuilder, HostFn, Node, NodeKind, Operand};
+pub use graph::{
+    Buffer, BufferId, BufferRole, Graph, GraphBuilder, HostFn, Node, NodeKind, Operand,
+};
 pub use memory::MemoryPlan;
 pub use plan::{CapturePlan, PlanOptions, Segment, Step};
 pub use record::{host_op, start_recording, stop_recording};

@@ -150,14 +150,19 @@ fn topological_order(graph: &Graph) -> Result<Vec<usize>> {
 fn capture_hazard(graph: &Graph, kind: &NodeKind, can_capture: bool) -> Option<String> {
     match kind {
         NodeKind::Host { name, .. } => Some(format!("host function {name:?}")),
-        NodeKind::Op(_) if !can_capture => {
-            Some(format!("{} does not support stream capture", graph.device()))
-        }
+        NodeKind::Op(_) if !can_capture => Some(format!(
+            "{} does not support stream capture",
+            graph.device()
+        )),
         NodeKind::Op(p) => match crate::ops::lookup(p.op(), graph.device().kind, p.dtype()) {
             Ok(KernelImpl::Host(_) | KernelImpl::HostPerItem(_) | KernelImpl::Prepared { .. }) => {
                 None
             }
-            Ok(k) => Some(format!("{} kernel of {} is not recordable", k.source_kind(), p.op())),
+            Ok(k) => Some(format!(
+                "{} kernel of {} is not recordable",
+                k.source_kind(),
+                p.op()
+            )),
             Err(e) => Some(e.to_string()),
         },
     }
@@ -285,5 +290,10 @@ impl CapturePlan {
     /// Instantiates the plan (see [`GraphExec::instantiate`](super::GraphExec::instantiate)).
     pub fn instantiate(&self) -> Result<super::GraphExec> {
         super::GraphExec::instantiate(self, super::ExecOptions::default())
+    }
+
+    /// Instantiates the plan with `options`.
+    pub fn instantiate_with(&self, options: super::ExecOptions) -> Result<super::GraphExec> {
+        super::GraphExec::instantiate(self, options)
     }
 }

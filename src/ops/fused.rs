@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
-use super::{out_desc, same_device_dtype, BinaryOp, Params, Plan, PlanBuilder, TensorDesc, UnaryOp};
+use super::{
+    out_desc, same_device_dtype, BinaryOp, Params, Plan, PlanBuilder, TensorDesc, UnaryOp,
+};
 use crate::error::{Error, Result};
 use crate::tensor::Layout;
 

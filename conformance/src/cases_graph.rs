@@ -1,0 +1,590 @@
+//! Operator graphs (`graph::…`): recording, capture-safe and unsafe segments, the memory
+//! plan, fusion, replay after input changes, an exec outliving its graph, misuse — and the
+//! `fused_elementwise` operator the planner generates (`ops::fused_elementwise::…`).
+//!
+//! Every case runs operators; on a device whose vendor registers no kernel for one it needs,
+//! the case is declared unsupported with that reason ([`unsupported_here`]), derived from the
+//! registry as `unregistered_op` does for operator cases.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use unirt::graph::{self, ExecOptions, GraphExec, PlanOptions};
+use unirt::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep};
+use unirt::ops::{BinaryOp, UnaryOp};
+use unirt::tensor::{DType, Tensor};
+use unirt::{DeviceKind, Runtime};
+
+use crate::{ensure, expect_err, Case, Ctx, Failure};
+
+/// The operator kernels the graph cases run (all f32).
+const GRAPH_OPS: &[&str] = &[
+    "mul",
+    "add",
+    "add_scalar",
+    "mul_scalar",
+    "tanh",
+    "relu",
+    "sub",
+    "sum",
+    "rearrange",
+];
+
+pub(super) fn cases() -> Vec<Case> {
+    let mut v = vec![
+        Case {
+            name: "graph::recording_records_instead_of_running",
+            needs: &[],
+            run: recording,
+        },
+        Case {
+            name: "graph::safe_and_unsafe_segments",
+            needs: &[],
+            run: segments,
+        },
+        Case {
+            name: "graph::memory_plan_reuses_intermediates",
+            needs: &[],
+            run: memory_plan,
+        },
+        Case {
+            name: "graph::fusion_matches_unfused",
+            needs: &[],
+            run: fusion,
+        },
+        Case {
+            name: "graph::replay_100_times_with_changing_inputs",
+            needs: &[],
+            run: replay_changing_inputs,
+        },
+        Case {
+            name: "graph::exec_outlives_graph",
+            needs: &[],
+            run: exec_outlives_graph,
+        },
+        Case {
+            name: "graph::misuse_is_an_error",
+            needs: &[],
+            run: misuse,
+        },
+        Case {
+            name: "graph::builder_and_state_update",
+            needs: &[],
+            run: builder_state,
+        },
+    ];
+    v.extend([
+        Case {
+            name: "ops::fused_elementwise::f32::matches_unfused_chain",
+            needs: &[],
+            run: |c| fused_op(c, DType::F32),
+        },
+        Case {
+            name: "ops::fused_elementwise::f16::matches_unfused_chain",
+            needs: &[],
+            run: |c| fused_op(c, DType::F16),
+        },
+        Case {
+            name: "ops::fused_elementwise::bf16::matches_unfused_chain",
+            needs: &[],
+            run: |c| fused_op(c, DType::BF16),
+        },
+    ]);
+    v
+}
+
+/// Why a `graph::…` case cannot run on `kind`: an operator it needs has no kernel there.
+pub fn unsupported_here(kind: DeviceKind, case: &str) -> Option<String> {
+    if !case.starts_with("graph::") {
+        return None;
+    }
+    let missing: Vec<&str> = GRAPH_OPS
+        .iter()
+        .copied()
+        .filter(|op| !unirt::ops::is_registered(op, kind, DType::F32))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "{kind} registers no f32 kernel for {} (the graph cases run operators; the {kind} \
+             kernels belong to the {kind} operator issue)",
+            missing.join(", ")
+        )
+    })
+}
+
+fn bytes(t: &Tensor) -> Result<Vec<u8>, Failure> {
+    Ok(t.to_bytes()?)
+}
+
+fn rand(ctx: &Ctx, shape: &[usize], seed: u64) -> Result<Tensor, Failure> {
+    Ok(Tensor::rand_uniform(
+        shape,
+        -2.0,
+        2.0,
+        seed,
+        DType::F32,
+        ctx.device,
+    )?)
+}
+
+/// `y = tanh(x·w + b)·0.5 - x` — a small chain over inputs x, w, b.
+fn model(x: &Tensor, w: &Tensor, b: &Tensor) -> unirt::Result<Tensor> {
+    x.mul(w)?.add(b)?.tanh()?.mul_scalar(0.5)?.sub(x)
+}
+
+fn recording(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let (x, w, b) = (
+        rand(ctx, &[64, 33], 1)?,
+        rand(ctx, &[64, 33], 2)?,
+        rand(ctx, &[33], 3)?,
+    );
+    let want = bytes(&model(&x, &w, &b)?)?;
+    rt.start_graph_recording()?;
+    let r = (|| -> Result<Tensor, Failure> {
+        let y = model(&x, &w, &b)?;
+        // Nothing ran: the output holds no values yet, and reading it is refused.
+        expect_err(y.to_bytes(), &["capturing"], "reading a recorded tensor")?;
+        Ok(y)
+    })();
+    let mut g = rt.stop_graph_recording()?;
+    let y = r?;
+    ensure!(
+        g.nodes().len() == 5,
+        "recorded {} nodes, want 5: {:?}",
+        g.nodes().len(),
+        g.nodes()
+    );
+    let names: Vec<&str> = g.nodes().iter().map(|n| n.name()).collect();
+    ensure!(
+        names == ["mul", "add", "tanh", "mul_scalar", "sub"],
+        "recorded {names:?}"
+    );
+    // Shapes were inferred at record time.
+    ensure!(
+        y.shape() == [64, 33],
+        "recorded output shape {:?}",
+        y.shape()
+    );
+    g.mark_input("x", &x)?;
+    g.mark_output("y", &y)?;
+    rt.run(&g)?;
+    ensure!(
+        bytes(&y)? == want,
+        "Runtime::run differs from eager execution"
+    );
+    ensure!(
+        bytes(&g.output("y")?)? == want,
+        "the graph's output differs from eager execution"
+    );
+    Ok(())
+}
+
+fn segments(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let x = rand(ctx, &[256], 4)?;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let flag = Tensor::zeros(&[256], DType::F32, ctx.device)?;
+    rt.start_graph_recording()?;
+    let r = (|| -> unirt::Result<Tensor> {
+        let a = x.mul(&x)?.add_scalar(1.0)?; // a >= 1
+        let s = a.sum(&[0], false)?;
+        // A host read: the sum comes back to the host and decides what is written next.
+        let seen = seen.clone();
+        graph::host_op(
+            "sum_to_host",
+            &[&s, &flag],
+            Arc::new(move |t: &[Tensor]| {
+                let v = t[0].to_vec::<f32>()?[0];
+                seen.fetch_add(1, Ordering::SeqCst);
+                let fill = Tensor::full(
+                    &[256],
+                    if v > 256.0 { 2.0 } else { -1.0 },
+                    DType::F32,
+                    t[1].device(),
+                )?;
+                t[1].copy_from(&fill)
+            }),
+        )?;
+        a.mul(&flag)?.relu()
+    })();
+    let mut g = rt.stop_graph_recording()?;
+    let y = r?;
+    g.mark_input("x", &x)?;
+    g.mark_output("y", &y)?;
+    let plan = g.plan()?;
+    let kinds: Vec<bool> = plan.segments().iter().map(|s| s.capture_safe).collect();
+    ensure!(
+        kinds == [true, false, true],
+        "segments {:?}, want safe, unsafe, safe",
+        plan.segments()
+    );
+    rt.run(&g)?;
+    let want = bytes(&y)?;
+    let exec = plan.instantiate()?;
+    let before = seen.load(Ordering::SeqCst);
+    exec.replay()?;
+    ensure!(
+        bytes(exec.output("y")?)? == want,
+        "replay differs from eager"
+    );
+    ensure!(
+        seen.load(Ordering::SeqCst) == before + 1,
+        "the host step ran {} times in one replay",
+        seen.load(Ordering::SeqCst) - before
+    );
+    let (captured, eager) = exec.segment_counts();
+    let caps = unirt::Backend::info(&*ctx.backend).capabilities.capture;
+    ensure!(
+        eager >= 1 && (captured == 2 || !caps),
+        "{captured} captured and {eager} eager segments"
+    );
+    Ok(())
+}
+
+fn memory_plan(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let x = rand(ctx, &[1024], 5)?;
+    rt.start_graph_recording()?;
+    let r = (|| -> unirt::Result<Tensor> {
+        let mut h = x.clone();
+        for i in 0..12 {
+            h = if i % 2 == 0 { h.tanh()? } else { h.add(&x)? };
+        }
+        Ok(h)
+    })();
+    let mut g = rt.stop_graph_recording()?;
+    let y = r?;
+    g.mark_input("x", &x)?;
+    g.mark_output("y", &y)?;
+    let plan = unirt::CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let m = plan.memory();
+    ensure!(
+        m.naive_bytes == 12 * 4096,
+        "naive bytes {} for 12 intermediates of 4 KiB",
+        m.naive_bytes
+    );
+    ensure!(
+        m.arena_bytes * 2 <= m.naive_bytes,
+        "planned {} bytes against {} naive",
+        m.arena_bytes,
+        m.naive_bytes
+    );
+    // Live intermediates never share bytes.
+    for (i, s) in plan.steps().iter().enumerate() {
+        for o in &s.outputs {
+            for inp in &s.inputs {
+                let (Some(a), Some(b)) = (m.offset_of(o.buffer.0), m.offset_of(inp.buffer.0))
+                else {
+                    continue;
+                };
+                ensure!(a != b, "step {i} writes the arena slot it reads");
+            }
+        }
+    }
+    rt.run(&g)?;
+    let want = bytes(&y)?;
+    let exec = plan.instantiate()?;
+    exec.replay()?;
+    ensure!(
+        bytes(exec.output("y")?)? == want,
+        "replay differs from eager"
+    );
+    ensure!(
+        exec.arena_bytes() == m.arena_bytes,
+        "arena of {} bytes",
+        exec.arena_bytes()
+    );
+    Ok(())
+}
+
+fn fusion(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let (x, w) = (rand(ctx, &[3000], 6)?, rand(ctx, &[3000], 7)?);
+    rt.start_graph_recording()?;
+    let r =
+        (|| -> unirt::Result<Tensor> { x.mul(&w)?.add_scalar(0.25)?.tanh()?.sub(&x)?.relu() })();
+    let mut g = rt.stop_graph_recording()?;
+    let y = r?;
+    g.mark_input("x", &x)?;
+    g.mark_output("y", &y)?;
+    rt.run(&g)?;
+    let want = bytes(&y)?;
+    let fused = g.plan()?;
+    let unfused = unirt::CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let can_fuse = unirt::ops::is_registered("fused_elementwise", ctx.device.kind, DType::F32);
+    if can_fuse {
+        ensure!(
+            fused.fused_chains() == 1 && fused.steps().len() == 1,
+            "{} chains fused into {} steps",
+            fused.fused_chains(),
+            fused.steps().len()
+        );
+    } else {
+        ensure!(
+            fused.fused_chains() == 0 && fused.steps().len() == 5,
+            "fused without a fused_elementwise kernel"
+        );
+    }
+    ensure!(
+        unfused.steps().len() == 5,
+        "the unfused plan has {} steps",
+        unfused.steps().len()
+    );
+    for (what, p) in [("fused", &fused), ("unfused", &unfused)] {
+        let exec = p.instantiate()?;
+        exec.replay()?;
+        ensure!(
+            bytes(exec.output("y")?)? == want,
+            "{what} replay differs from eager"
+        );
+    }
+    Ok(())
+}
+
+fn replay_changing_inputs(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let (x, w, b) = (
+        rand(ctx, &[16, 40], 8)?,
+        rand(ctx, &[16, 40], 9)?,
+        rand(ctx, &[40], 10)?,
+    );
+    rt.start_graph_recording()?;
+    let r = model(&x, &w, &b);
+    let mut g = rt.stop_graph_recording()?;
+    let y = r?;
+    g.mark_input("x", &x)?;
+    g.mark_input("w", &w)?;
+    g.mark_output("y", &y)?;
+    let exec = g.plan()?.instantiate()?;
+    let (in_addr, out_addr) = (exec.input("x")?.base_addr(), exec.output("y")?.base_addr());
+    for i in 0..100u64 {
+        let (nx, nw) = (
+            rand(ctx, &[16, 40], 100 + i)?,
+            rand(ctx, &[16, 40], 1000 + i)?,
+        );
+        exec.set_input("x", &nx)?;
+        exec.set_input("w", &nw)?;
+        exec.replay()?;
+        let want = bytes(&model(&nx, &nw, &b)?)?;
+        ensure!(
+            bytes(exec.output("y")?)? == want,
+            "replay {i} differs from eager execution of the same inputs"
+        );
+    }
+    ensure!(
+        exec.input("x")?.base_addr() == in_addr && exec.output("y")?.base_addr() == out_addr,
+        "static addresses moved"
+    );
+    Ok(())
+}
+
+fn exec_outlives_graph(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let (x, w, b) = (
+        rand(ctx, &[500], 11)?,
+        rand(ctx, &[500], 12)?,
+        rand(ctx, &[500], 13)?,
+    );
+    let want = bytes(&model(&x, &w, &b)?)?;
+    let exec: GraphExec = {
+        rt.start_graph_recording()?;
+        let r = model(&x, &w, &b);
+        let mut g = rt.stop_graph_recording()?;
+        let y = r?;
+        g.mark_input("x", &x)?;
+        g.mark_output("y", &y)?;
+        let plan = g.plan()?;
+        plan.instantiate()?
+        // graph, plan and the recorded tensors drop here
+    };
+    // Fresh allocations of the same sizes must not land on the exec's memory.
+    let churn: Vec<Tensor> = (0..8)
+        .map(|i| Tensor::full(&[500], i as f64, DType::F32, ctx.device))
+        .collect::<unirt::Result<_>>()?;
+    exec.replay()?;
+    ensure!(
+        bytes(exec.output("y")?)? == want,
+        "replay after the graph died differs"
+    );
+    for (i, t) in churn.iter().enumerate() {
+        ensure!(
+            t.to_vec::<f32>()?.iter().all(|&v| v == i as f32),
+            "the replay wrote into memory allocated after the graph died"
+        );
+    }
+    drop(churn);
+    Ok(())
+}
+
+fn misuse(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    expect_err(
+        rt.stop_graph_recording(),
+        &["not_capturing"],
+        "stop without start",
+    )?;
+    let (x, w, b) = (
+        rand(ctx, &[8], 14)?,
+        rand(ctx, &[8], 15)?,
+        rand(ctx, &[8], 16)?,
+    );
+    rt.start_graph_recording()?;
+    let inner = (|| -> Result<Tensor, Failure> {
+        expect_err(rt.start_graph_recording(), &["capturing"], "a second start")?;
+        let y = model(&x, &w, &b)?;
+        Ok(y)
+    })();
+    let g0 = rt.stop_graph_recording()?;
+    let y = inner?;
+    let mut g = g0.clone();
+    expect_err(
+        g.mark_output("y", &x),
+        &["bad_param"],
+        "an external tensor as output",
+    )?;
+    expect_err(
+        g.mark_input("x", &y),
+        &["bad_param"],
+        "a computed tensor as input",
+    )?;
+    let stranger = rand(ctx, &[8], 17)?;
+    expect_err(
+        g.mark_input("s", &stranger),
+        &["bad_param"],
+        "an unused tensor as input",
+    )?;
+    g.mark_input("x", &x)?;
+    g.mark_output("y", &y)?;
+    expect_err(
+        g.mark_output("y", &y),
+        &["bad_param"],
+        "an output named twice",
+    )?;
+    let plan = g.plan()?;
+    let exec = plan.instantiate()?;
+    expect_err(
+        exec.set_input("nope", &x),
+        &["bad_param"],
+        "an unknown input",
+    )?;
+    expect_err(
+        exec.set_input("x", &rand(ctx, &[9], 18)?),
+        &["shape_mismatch"],
+        "an input of another shape",
+    )?;
+    expect_err(
+        exec.set_input("x", &Tensor::zeros(&[8], DType::I32, ctx.device)?),
+        &["dtype_mismatch"],
+        "an input of another dtype",
+    )?;
+    expect_err(
+        exec.output("nope").map(|_| ()),
+        &["bad_param"],
+        "an unknown output",
+    )?;
+    // While this thread records, running, instantiating and replaying are refused.
+    rt.start_graph_recording()?;
+    let during = (|| -> Result<(), Failure> {
+        expect_err(rt.run(&g), &["capturing"], "run while recording")?;
+        expect_err(
+            plan.instantiate().map(|_| ()),
+            &["capturing"],
+            "instantiate while recording",
+        )?;
+        expect_err(exec.replay(), &["capturing"], "replay while recording")?;
+        Ok(())
+    })();
+    let empty = rt.stop_graph_recording()?;
+    during?;
+    expect_err(
+        empty.plan().map(|_| ()),
+        &["bad_param"],
+        "planning an empty graph",
+    )?;
+    // The exec still works after all that.
+    exec.replay()?;
+    ensure!(
+        bytes(exec.output("y")?)? == bytes(&model(&x, &w, &b)?)?,
+        "replay after misuse differs"
+    );
+    Ok(())
+}
+
+fn builder_state(ctx: &Ctx) -> Result<(), Failure> {
+    use unirt::ops::elementwise::{binary, binary_scalar};
+    // acc ← acc + x·2, a state tensor the graph updates in place, fed x by name.
+    let acc = Tensor::zeros(&[64], DType::F32, ctx.device)?;
+    let mut b = graph::GraphBuilder::new(ctx.device);
+    let x = b.input("x", &[64], DType::F32)?;
+    let a = b.constant(&acc)?;
+    let x2 = b.op(binary_scalar(BinaryOp::Mul, &b.desc(&x), 2.0)?, &[&x])?;
+    b.op_into(
+        binary(BinaryOp::Add, &b.desc(&a), &b.desc(&x2[0]))?,
+        &[&a, &x2[0]],
+        &[&a],
+    )?;
+    let g = b.build()?;
+    let exec = g.plan()?.instantiate_with(ExecOptions {
+        warmups: 0,
+        capture: true,
+    })?;
+    let one = Tensor::full(&[64], 1.0, DType::F32, ctx.device)?;
+    exec.set_input("x", &one)?;
+    for _ in 0..10 {
+        exec.replay()?;
+    }
+    let got = acc.to_vec::<f32>()?;
+    ensure!(
+        got.iter().all(|&v| v == 20.0),
+        "state after 10 replays: {:?}",
+        &got[..4]
+    );
+    Ok(())
+}
+
+fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
+    let n = 5000;
+    let mk = |seed| Tensor::rand_uniform(&[n], -2.0, 2.0, seed, dtype, ctx.device);
+    let (a, b) = (mk(21)?, mk(22)?);
+    // swiglu(a·b + 0.5, sigmoid(b)) - a, step by step and fused.
+    let want = a.mul(&b)?.add_scalar(0.5)?.swiglu(&b.sigmoid()?)?.sub(&a)?;
+    let prog = FusedProgram {
+        steps: vec![
+            FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+            FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(0), 0.5),
+            FusedStep::Unary(UnaryOp::Sigmoid, FusedSrc::Input(1)),
+            FusedStep::Swiglu(FusedSrc::Step(1), FusedSrc::Step(2)),
+            FusedStep::Binary(BinaryOp::Sub, FusedSrc::Step(3), FusedSrc::Input(0)),
+        ],
+    };
+    let got = fused_elementwise(&[a.desc(), b.desc()], prog)?.run1(&[&a, &b])?;
+    ensure!(
+        got.to_bytes()? == want.to_bytes()?,
+        "the fused chain differs from the unfused operators"
+    );
+    // Bad programs and operands are typed errors.
+    let bad = FusedProgram {
+        steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Step(0))],
+    };
+    expect_err(
+        fused_elementwise(&[a.desc()], bad),
+        &["bad_param"],
+        "a step reading itself",
+    )?;
+    expect_err(
+        fused_elementwise(&[a.desc()], FusedProgram::default()),
+        &["bad_param"],
+        "an empty program",
+    )?;
+    let t = Tensor::rand_uniform(&[10, 20], -1.0, 1.0, 3, dtype, ctx.device)?.transpose(0, 1)?;
+    let prog = FusedProgram {
+        steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Input(0))],
+    };
+    expect_err(
+        fused_elementwise(&[t.desc()], prog),
+        &["bad_param"],
+        "a strided operand",
+    )?;
+    Ok(())
+}
