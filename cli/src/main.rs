@@ -7,6 +7,10 @@ mod bench;
 mod conformance;
 mod devices;
 mod kernels;
+/// The Llama decode step of `examples/llama_block.rs`, shared with the main job and
+/// `bench graph`.
+#[path = "../../examples/llama/model.rs"]
+mod llama_model;
 mod main_job;
 
 use std::path::PathBuf;

@@ -94,9 +94,14 @@ pub(crate) fn fuse_chains(
             out.extend(chain.drain(..).map(|(s, _)| s));
             return Ok(());
         }
-        out.push(fuse(chain, device)?);
-        chain.clear();
-        *fused += 1;
+        match fuse(chain, device)? {
+            Some(step) => {
+                out.push(step);
+                chain.clear();
+                *fused += 1;
+            }
+            None => out.extend(chain.drain(..).map(|(s, _)| s)),
+        }
         Ok(())
     };
     for step in steps {
@@ -125,7 +130,8 @@ pub(crate) fn fuse_chains(
 }
 
 /// One fused step from a chain (at least two steps, each reading the previous one's result).
-fn fuse(chain: &[(Step, ElementOp)], device: crate::Device) -> Result<Step> {
+/// `None` when the chain reads more tensors than one fused kernel takes.
+fn fuse(chain: &[(Step, ElementOp)], device: crate::Device) -> Result<Option<Step>> {
     let mut inputs: Vec<Operand> = Vec::new();
     let mut program = FusedProgram::default();
     let mut nodes = Vec::new();
@@ -159,14 +165,17 @@ fn fuse(chain: &[(Step, ElementOp)], device: crate::Device) -> Result<Step> {
         program.steps.push(fs);
         nodes.extend(step.nodes.iter().copied());
     }
+    if inputs.len() > crate::ops::fused::MAX_FUSED_INPUTS {
+        return Ok(None);
+    }
     let descs: Vec<_> = inputs.iter().map(|o| o.desc(device)).collect();
     let plan = fused_elementwise(&descs, program)?;
     let last = &chain[chain.len() - 1].0;
-    Ok(Step {
+    Ok(Some(Step {
         kind: NodeKind::Op(plan),
         inputs,
         outputs: last.outputs.clone(),
         nodes,
         unsafe_reason: None,
-    })
+    }))
 }

@@ -4,7 +4,8 @@
 //! The chain is a [`FusedProgram`]: steps over the kernel's inputs and earlier steps' results,
 //! the last step being the output. Every operand has the output's shape and is contiguous (the
 //! planner fuses nothing else). Each step rounds its result to the dtype exactly as the
-//! unfused operator stores it, so a fused chain gives bitwise the unfused result.
+//! unfused operator stores it, so a fused chain gives bitwise the unfused result. The output
+//! may not overlap an input.
 //!
 //! A backend runs fused chains once it registers a `fused_elementwise` kernel for the dtype
 //! (the CPU does; a WGSL or CUDA C kernel generated from the program can be registered the
@@ -20,6 +21,9 @@ use crate::tensor::Layout;
 
 /// The registry name of the fused operator.
 pub const FUSED_ELEMENTWISE: &str = "fused_elementwise";
+
+/// The most inputs one fused kernel takes (the planner fuses no wider chain).
+pub const MAX_FUSED_INPUTS: usize = 8;
 
 /// Where a step reads an operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +105,12 @@ pub fn fused_elementwise(inputs: &[TensorDesc], program: FusedProgram) -> Result
     let refs: Vec<&TensorDesc> = inputs.iter().collect();
     let (device, dtype) = same_device_dtype(FUSED_ELEMENTWISE, &refs)?;
     program.validate(inputs.len())?;
+    if inputs.len() > MAX_FUSED_INPUTS {
+        return Err(Error::BadParam(format!(
+            "{FUSED_ELEMENTWISE}: {} inputs (at most {MAX_FUSED_INPUTS})",
+            inputs.len()
+        )));
+    }
     let shape = inputs[0].shape().to_vec();
     for d in inputs {
         if d.shape() != shape || d.layout.strides() != Layout::contiguous(&shape).strides() {
@@ -113,6 +123,5 @@ pub fn fused_elementwise(inputs: &[TensorDesc], program: FusedProgram) -> Result
     let mut p = PlanBuilder::new(FUSED_ELEMENTWISE, dtype, inputs.to_vec());
     p.outputs = vec![out_desc(device, dtype, &shape)];
     p.params = Params::Fused(Arc::new(program));
-    p.in_place = true;
     p.build()
 }

@@ -3,6 +3,7 @@
 mod alloc;
 mod cuda;
 mod dispatch;
+mod graph;
 mod memcpy;
 mod ops;
 pub mod stats;
@@ -71,6 +72,14 @@ pub enum BenchCommand {
         #[arg(long)]
         quick: bool,
     },
+    /// Operator graphs: 100 tiny operators, a Llama decode step and a 4-operator elementwise
+    /// chain over 16 MiB, eager vs replayed (fused vs unfused; planned vs naive memory).
+    Graph {
+        #[arg(long, default_value = "cpu:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Enqueue latency of an async command on an idle stream, and event record + query.
     Latency {
         #[arg(long, default_value = "cpu:0")]
@@ -100,6 +109,7 @@ pub fn run(which: BenchCommand) -> CliResult<ExitCode> {
         BenchCommand::Dispatch { device, json, reps } => {
             dispatch::run(&device, json.as_deref(), reps)
         }
+        BenchCommand::Graph { device, json } => graph::run(&device, json.as_deref()),
         BenchCommand::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
         BenchCommand::Ops {
             device,

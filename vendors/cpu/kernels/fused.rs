@@ -2,11 +2,12 @@
 //! [`BLOCK`] elements are loaded once, every step runs over the block with the same f32
 //! function as its unfused kernel (and is rounded to the dtype as the unfused kernel stores
 //! it), and only the last step is stored — bitwise the unfused chain, one memory pass.
+//! f32 operands are read and written where they are (no block copies).
 
 use super::elementwise::{self as ew, Bin, Un};
 use super::util::{floats, par_rows, simd, Float, Ptr, BLOCK};
 use crate::error::{Error, Result};
-use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep};
+use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep, MAX_FUSED_INPUTS};
 use crate::ops::{BinaryOp, KernelCall, KernelRegistry, Params, UnaryOp};
 
 #[inline(always)]
@@ -72,11 +73,12 @@ fn scalar(op: BinaryOp, a: &[f32], s: f32, o: &mut [f32]) {
     }
 }
 
-/// Runs the program over `len` elements starting `off` elements into every operand.
+/// Runs the program over `len` elements starting `off` elements into every operand. f32
+/// operands are read and the last step written in place; other dtypes go through f32 blocks.
 ///
 /// # Safety
-/// Every input pointer and the output are valid for `off + len` contiguous elements; the
-/// output is disjoint from the inputs or the very same elements (read before written).
+/// Every input pointer and the output are valid for `off + len` contiguous elements, and the
+/// output is disjoint from the inputs (the plan refuses in-place use).
 #[inline(always)]
 unsafe fn run_rows<T: Float>(
     prog: &FusedProgram,
@@ -86,22 +88,36 @@ unsafe fn run_rows<T: Float>(
     len: usize,
     bufs: &mut [[f32; BLOCK]],
 ) {
-    let (inputs, steps) = bufs.split_at_mut(ins.len());
-    let round = T::DTYPE != crate::tensor::DType::F32;
+    let (loaded, steps) = bufs.split_at_mut(ins.len());
+    let direct = T::DTYPE == crate::tensor::DType::F32;
+    let last = prog.steps.len() - 1;
     let mut i = 0;
     while i < len {
         let n = BLOCK.min(len - i);
-        for (k, p) in ins.iter().enumerate() {
-            // SAFETY: [off + i, off + i + n) is inside every input (the caller's promise).
-            let src = unsafe { std::slice::from_raw_parts(p.at(off + i), n) };
-            T::load(src, &mut inputs[k][..n]);
+        let mut srcs: [&[f32]; MAX_FUSED_INPUTS] = [&[]; MAX_FUSED_INPUTS];
+        for (k, (p, buf)) in ins.iter().zip(loaded.iter_mut()).enumerate() {
+            srcs[k] = if direct {
+                // SAFETY: T is f32; [off + i, off + i + n) is inside the input.
+                unsafe { std::slice::from_raw_parts(p.at(off + i) as *const f32, n) }
+            } else {
+                // SAFETY: as above.
+                let src = unsafe { std::slice::from_raw_parts(p.at(off + i), n) };
+                T::load(src, &mut buf[..n]);
+                &buf[..n]
+            };
         }
         for (s, step) in prog.steps.iter().enumerate() {
             let (done, rest) = steps.split_at_mut(s);
-            let o = &mut rest[0][..n];
+            let o: &mut [f32] = if direct && s == last {
+                // SAFETY: T is f32; the output range is inside the output and disjoint from
+                // every input and buffer.
+                unsafe { std::slice::from_raw_parts_mut(out.at(off + i) as *mut f32, n) }
+            } else {
+                &mut rest[0][..n]
+            };
             let read = |src: FusedSrc| -> &[f32] {
                 match src {
-                    FusedSrc::Input(k) => &inputs[k][..n],
+                    FusedSrc::Input(k) => srcs[k],
                     FusedSrc::Step(k) => &done[k][..n],
                 }
             };
@@ -111,15 +127,15 @@ unsafe fn run_rows<T: Float>(
                 FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
                 FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
             }
-            if round {
+            if !direct {
                 // The unfused operator stores each result in the dtype.
                 o.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
             }
         }
-        if let Some(last) = steps.last() {
-            // SAFETY: [off + i, off + i + n) is inside the output; inputs were read above.
+        if !direct {
+            // SAFETY: [off + i, off + i + n) is inside the output.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.at(off + i), n) };
-            T::store(&last[..n], dst);
+            T::store(&steps[last][..n], dst);
         }
         i += n;
     }
@@ -133,6 +149,9 @@ fn fused<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         )));
     };
     let out = &call.outputs[0];
+    if call.inputs.len() > MAX_FUSED_INPUTS || prog.steps.is_empty() {
+        return Err(Error::Internal(format!("{}: unchecked program", call.op)));
+    }
     let total = out.layout.numel();
     let ins: Vec<Ptr<T>> = call.inputs.iter().map(Ptr::of).collect();
     let po = Ptr::<T>::of(out);

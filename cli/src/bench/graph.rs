@@ -1,0 +1,220 @@
+//! `unirt bench graph --device D [--json F]`: operator graphs, eager vs replayed.
+//!
+//! - `tiny_ops_x100`: 100 elementwise operators on 64 floats — the eager Tensor API (plan,
+//!   allocate, launch per operator) against one replay of the recorded graph, planned without
+//!   fusion so every operator still runs (per-operator overhead = replay time / 100).
+//! - `decode_step`: one decode step of the tiny Llama model (hidden 256, 2 layers) eager vs
+//!   replayed, with the planned and one-buffer-per-tensor peak of intermediate memory.
+//! - `elementwise_chain4_16MiB`: `relu(x·y + 0.5)·2` over 4 Mi floats (memory-bound: four
+//!   passes over 16 MiB unfused, one fused), eager, replayed fused (one `fused_elementwise`
+//!   pass) and replayed unfused.
+//!
+//! Every figure is the median of repeated timed runs, each ending with a stream sync.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use serde::Serialize;
+use unirt::graph::{ExecOptions, PlanOptions};
+use unirt::tensor::{DType, Tensor};
+use unirt::{CapturePlan, Device, Runtime};
+
+use super::stats::median;
+use crate::llama_model::{self as model, Config};
+use crate::CliResult;
+
+#[derive(Serialize, Default)]
+struct Row {
+    workload: &'static str,
+    eager_ms: f64,
+    replay_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_op_replay_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_op_eager_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_bytes_planned: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_bytes_naive: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fused_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unfused_ms: Option<f64>,
+}
+
+/// Median milliseconds of `f` over `reps` runs (after one untimed run).
+fn time_ms(reps: usize, mut f: impl FnMut() -> unirt::Result<()>) -> unirt::Result<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(median(&mut v))
+}
+
+fn tiny_ops(x: &Tensor) -> unirt::Result<Tensor> {
+    let mut h = x.clone();
+    for i in 0..100 {
+        h = if i % 2 == 0 {
+            h.mul_scalar(1.0001)?
+        } else {
+            h.add_scalar(0.5)?
+        };
+    }
+    Ok(h)
+}
+
+fn chain4(x: &Tensor, y: &Tensor) -> unirt::Result<Tensor> {
+    x.mul(y)?.add_scalar(0.5)?.relu()?.mul_scalar(2.0)
+}
+
+fn record(
+    device: Device,
+    inputs: &[&Tensor],
+    f: impl FnOnce() -> unirt::Result<Tensor>,
+) -> unirt::Result<unirt::Graph> {
+    let rt = Runtime::get(device)?;
+    rt.start_graph_recording()?;
+    let r = f();
+    let mut g = rt.stop_graph_recording()?;
+    let out = r?;
+    g.mark_output("out", &out)?;
+    for (i, t) in inputs.iter().enumerate() {
+        g.mark_input(&format!("in{i}"), t)?;
+    }
+    Ok(g)
+}
+
+pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
+    let device: Device = device.parse()?;
+    let missing = model::missing_kernels(device);
+    if !missing.is_empty() {
+        println!(
+            "{device}: graph benchmarks not run, no kernels for {}",
+            missing.join(", ")
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rt = Runtime::get(device)?;
+    let sync = || rt.sync_stream();
+    let mut rows = Vec::new();
+
+    // 100 tiny operators.
+    let x = Tensor::rand_uniform(&[64], -1.0, 1.0, 1, DType::F32, device)?;
+    let g = record(device, &[&x], || tiny_ops(&x))?;
+    let exec = CapturePlan::with_options(&g, PlanOptions { fuse: false })?.instantiate()?;
+    let eager = time_ms(200, || {
+        tiny_ops(&x)?;
+        sync()
+    })?;
+    let replay = time_ms(200, || {
+        exec.replay()?;
+        sync()
+    })?;
+    rows.push(Row {
+        workload: "tiny_ops_x100",
+        eager_ms: eager,
+        replay_ms: replay,
+        per_op_eager_us: Some(eager * 10.0),
+        per_op_replay_us: Some(replay * 10.0),
+        ..Row::default()
+    });
+
+    // One decode step of the tiny model (the host step included on both sides).
+    let cfg = Config::TINY;
+    let w = model::Weights::new(cfg, 42, device)?;
+    let st = model::State::new(&cfg, 1, device)?;
+    let eager = time_ms(50, || {
+        model::decode_step(&w, &st)?;
+        sync()
+    })?;
+    let st2 = model::State::new(&cfg, 1, device)?;
+    let (g, _) = model::record_step(&w, &st2)?;
+    let plan = g.plan()?;
+    let exec = plan.instantiate_with(ExecOptions {
+        warmups: 0,
+        capture: true,
+    })?;
+    let replay = time_ms(50, || {
+        exec.replay()?;
+        sync()
+    })?;
+    rows.push(Row {
+        workload: "decode_step",
+        eager_ms: eager,
+        replay_ms: replay,
+        peak_bytes_planned: Some(plan.memory().arena_bytes),
+        peak_bytes_naive: Some(plan.memory().naive_bytes),
+        ..Row::default()
+    });
+
+    // A chain of 4 elementwise operators over 16 MiB.
+    let n = 4 << 20;
+    let x = Tensor::rand_uniform(&[n], -1.0, 1.0, 2, DType::F32, device)?;
+    let y = Tensor::rand_uniform(&[n], -1.0, 1.0, 3, DType::F32, device)?;
+    let g = record(device, &[&x, &y], || chain4(&x, &y))?;
+    let fused = g.plan()?;
+    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
+    let eager = time_ms(15, || {
+        chain4(&x, &y)?;
+        sync()
+    })?;
+    let fused_ms = time_ms(15, || {
+        fx.replay()?;
+        sync()
+    })?;
+    let unfused_ms = time_ms(15, || {
+        ux.replay()?;
+        sync()
+    })?;
+    rows.push(Row {
+        workload: "elementwise_chain4_16MiB",
+        eager_ms: eager,
+        replay_ms: fused_ms,
+        fused_ms: Some(fused_ms),
+        unfused_ms: Some(unfused_ms),
+        ..Row::default()
+    });
+    if fused.fused_chains() == 0 {
+        println!("note: {device} registers no fused_elementwise kernel; the chain ran unfused");
+    }
+
+    println!(
+        "{:<26} {:>11} {:>11} {:>8}  extra",
+        "workload", "eager ms", "replay ms", "speedup"
+    );
+    for r in &rows {
+        let mut extra = String::new();
+        if let Some(us) = r.per_op_replay_us {
+            extra += &format!(
+                "per op: {us:.3} µs replay, {:.3} µs eager",
+                r.per_op_eager_us.unwrap_or(0.0)
+            );
+        }
+        if let (Some(p), Some(n)) = (r.peak_bytes_planned, r.peak_bytes_naive) {
+            extra += &format!(
+                "intermediates: {p} B planned vs {n} B naive ({:.2}x)",
+                p as f64 / n.max(1) as f64
+            );
+        }
+        if let (Some(f), Some(u)) = (r.fused_ms, r.unfused_ms) {
+            extra += &format!("fused {f:.3} ms vs unfused {u:.3} ms ({:.2}x)", u / f);
+        }
+        println!(
+            "{:<26} {:>11.4} {:>11.4} {:>7.2}x  {extra}",
+            r.workload,
+            r.eager_ms,
+            r.replay_ms,
+            r.eager_ms / r.replay_ms
+        );
+    }
+    if let Some(p) = json {
+        let report = serde_json::json!({ "device": device.to_string(), "rows": rows });
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
