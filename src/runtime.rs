@@ -226,7 +226,7 @@ impl Runtime {
         Ok(CapturedGraph::from_capture(
             self.backend.clone(),
             id,
-            rec.pool,
+            Some(rec.pool),
         ))
     }
 

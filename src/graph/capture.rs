@@ -15,16 +15,17 @@ use crate::vendors::AnyBackend;
 pub struct CapturedGraph {
     backend: Arc<AnyBackend>,
     id: GraphId,
-    pool: Arc<PrivatePool>,
+    pool: Option<Arc<PrivatePool>>,
 }
 
 impl CapturedGraph {
     /// Wraps a graph the backend returned from `end_capture`; `pool` is the private pool the
-    /// recording allocated from.
+    /// recording allocated from (`None` when the capture allocated nothing: an operator
+    /// graph's segment, whose memory its [`GraphExec`](super::GraphExec) holds).
     pub(crate) fn from_capture(
         backend: Arc<AnyBackend>,
         id: GraphId,
-        pool: Arc<PrivatePool>,
+        pool: Option<Arc<PrivatePool>>,
     ) -> Self {
         CapturedGraph { backend, id, pool }
     }
@@ -35,8 +36,8 @@ impl CapturedGraph {
     }
 
     /// The private pool the recording allocated from.
-    pub fn pool(&self) -> &Arc<PrivatePool> {
-        &self.pool
+    pub fn pool(&self) -> Option<&Arc<PrivatePool>> {
+        self.pool.as_ref()
     }
 
     /// Prepares the graph for replay.
@@ -71,7 +72,7 @@ impl Drop for CapturedGraph {
 pub struct CapturedExec {
     backend: Arc<AnyBackend>,
     id: GraphExecId,
-    pool: Arc<PrivatePool>,
+    pool: Option<Arc<PrivatePool>>,
 }
 
 impl CapturedExec {
@@ -81,8 +82,8 @@ impl CapturedExec {
     }
 
     /// The private pool the recording allocated from (kept reserved while this lives).
-    pub fn pool(&self) -> &Arc<PrivatePool> {
-        &self.pool
+    pub fn pool(&self) -> Option<&Arc<PrivatePool>> {
+        self.pool.as_ref()
     }
 
     /// Enqueues one replay on the stream with id `stream`.

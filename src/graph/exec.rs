@@ -1,7 +1,6 @@
 //! [`GraphExec`]: a [`CapturePlan`] instantiated on its device and replayed.
 //!
-//! Instantiating allocates, from a graph-private pool that stays reserved while the exec
-//! lives, the arena of the memory plan, the shared workspace and a static copy of every named
+//! Instantiating allocates, and holds while the exec lives, the arena of the memory plan, the shared workspace and a static copy of every named
 //! input; binds every step to its tensors (arena views, static inputs, external tensors held
 //! by the exec); runs the steps eagerly `warmups` times; then captures every capture-safe
 //! segment through the HAL's stream capture — a recorded call list on the CPU, prepared
@@ -14,10 +13,9 @@
 
 use std::sync::Arc;
 
-use super::capture::CapturedExec;
+use super::capture::{CapturedExec, CapturedGraph};
 use super::graph::{BufferRole, HostFn, NodeKind, Operand};
 use super::plan::CapturePlan;
-use crate::alloc::PrivatePool;
 use crate::error::{Error, Result};
 use crate::hal::{Backend, CaptureMode, DevicePtr, StreamId};
 use crate::ops::Plan;
@@ -69,13 +67,12 @@ pub struct GraphExec {
     inputs: Vec<(String, Tensor)>,
     outputs: Vec<(String, Tensor)>,
     workspace: Option<Tensor>,
+    /// With `workspace` and the static inputs: memory the exec holds while it lives.
     arena: Option<Tensor>,
-    /// Keeps every address above reserved while the exec lives.
-    pool: Arc<PrivatePool>,
 }
 
-fn alloc_in(pool_owner: &Runtime, bytes: usize) -> Result<Tensor> {
-    Tensor::empty(&[bytes.max(1)], DType::U8, pool_owner.device())
+fn alloc_in(rt: &Runtime, bytes: usize) -> Result<Tensor> {
+    Tensor::empty(&[bytes.max(1)], DType::U8, rt.device())
 }
 
 impl GraphExec {
@@ -91,8 +88,10 @@ impl GraphExec {
         }
         let rt = Runtime::get(device)?;
         let stream = rt.stream()?;
-        // Everything the exec owns comes from one private pool.
-        let pool = rt.allocator().begin_private()?;
+        // The exec holds its arena, workspace and static inputs for its whole life, so no
+        // other allocation can be handed their addresses while it lives. (It does not route
+        // the device's allocations into a private pool meanwhile: that switch is device-wide
+        // and exclusive, and two threads instantiating at once would refuse each other.)
         let owned = (|| -> Result<_> {
             let arena = match plan.memory.arena_bytes {
                 0 => None,
@@ -110,7 +109,6 @@ impl GraphExec {
             }
             Ok((arena, workspace, statics))
         })();
-        rt.allocator().end_private(&pool);
         let (arena, workspace, statics) = owned?;
         // The static inputs start with the graph's values.
         for (i, s) in &statics {
@@ -185,7 +183,6 @@ impl GraphExec {
             outputs,
             workspace,
             arena,
-            pool,
         };
         for _ in 0..options.warmups {
             exec.run_steps(0..exec.steps.len(), stream)?;
@@ -204,12 +201,18 @@ impl GraphExec {
         Ok(exec)
     }
 
+    /// Captures `steps` on `stream` through the backend's stream capture. The steps allocate
+    /// nothing (their memory is bound), so the capture needs no private pool — and does not
+    /// take the runtime's one-recording-per-device slot, so threads instantiating execs at
+    /// once do not refuse each other.
     fn capture(&self, steps: std::ops::Range<usize>, stream: StreamId) -> Result<CapturedExec> {
-        self.rt.begin_capture(stream, CaptureMode::ThreadLocal)?;
+        let backend = self.rt.backend();
+        backend.begin_capture(stream, CaptureMode::ThreadLocal)?;
         let launched = self.run_steps(steps, stream);
-        let graph = self.rt.end_capture();
+        let id = backend.end_capture(stream);
+        let graph = CapturedGraph::from_capture(backend.clone(), id?, None);
         launched?;
-        graph?.instantiate()
+        graph.instantiate()
     }
 
     fn run_steps(&self, steps: std::ops::Range<usize>, stream: StreamId) -> Result<()> {
@@ -322,11 +325,6 @@ impl GraphExec {
     /// Bytes of the arena holding the intermediates.
     pub fn arena_bytes(&self) -> usize {
         self.arena.as_ref().map_or(0, |a| a.storage_bytes())
-    }
-
-    /// The private pool the exec's memory comes from (reserved while the exec lives).
-    pub fn pool(&self) -> &Arc<PrivatePool> {
-        &self.pool
     }
 
     /// Waits for the replays queued on the calling thread's stream.

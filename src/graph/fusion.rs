@@ -130,7 +130,8 @@ pub(crate) fn fuse_chains(
 }
 
 /// One fused step from a chain (at least two steps, each reading the previous one's result).
-/// `None` when the chain reads more tensors than one fused kernel takes.
+/// `None` when the chain reads more tensors than one fused kernel takes, or updates one of
+/// them in place.
 fn fuse(chain: &[(Step, ElementOp)], device: crate::Device) -> Result<Option<Step>> {
     let mut inputs: Vec<Operand> = Vec::new();
     let mut program = FusedProgram::default();
@@ -165,12 +166,16 @@ fn fuse(chain: &[(Step, ElementOp)], device: crate::Device) -> Result<Option<Ste
         program.steps.push(fs);
         nodes.extend(step.nodes.iter().copied());
     }
-    if inputs.len() > crate::ops::fused::MAX_FUSED_INPUTS {
+    let last = &chain[chain.len() - 1].0;
+    // The fused kernel writes its output while it reads its inputs: no in-place update.
+    let in_place = inputs
+        .iter()
+        .any(|i| last.outputs.iter().any(|o| o.buffer == i.buffer));
+    if inputs.len() > crate::ops::fused::MAX_FUSED_INPUTS || in_place {
         return Ok(None);
     }
     let descs: Vec<_> = inputs.iter().map(|o| o.desc(device)).collect();
     let plan = fused_elementwise(&descs, program)?;
-    let last = &chain[chain.len() - 1].0;
     Ok(Some(Step {
         kind: NodeKind::Op(plan),
         inputs,

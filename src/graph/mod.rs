@@ -13,8 +13,8 @@
 //!      │  instantiate (exec.rs)
 //!  GraphExec    warm-ups, then per capture-safe segment a captured stream graph (a prepared
 //!               call list on the CPU, prepared command buffers on wgpu, a CUDA graph), the
-//!               unsafe segments run eagerly between them; static input/output addresses in a
-//!               private pool; bitwise equal to eager execution
+//!               unsafe segments run eagerly between them; static input/output addresses (memory
+//!               the exec holds while it lives); bitwise equal to eager execution
 //! ```
 //!
 //! The bottom layer is **stream capture** ([`capture`]): a stream's async work recorded by
