@@ -58,7 +58,7 @@ impl Operand {
     /// The same view of another storage placed `byte_offset` bytes into `base`.
     pub(crate) fn view_in(&self, base: &Tensor, byte_offset: usize) -> Result<Tensor> {
         let elem = self.dtype.size();
-        if byte_offset % elem != 0 {
+        if !byte_offset.is_multiple_of(elem) {
             return Err(Error::Internal(format!(
                 "graph buffer at byte {byte_offset} is not aligned for {}",
                 self.dtype
@@ -111,6 +111,7 @@ impl std::fmt::Debug for Node {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct GraphInner {
     pub device: Device,
     pub buffers: Vec<Buffer>,
@@ -202,19 +203,7 @@ impl Graph {
 
     fn inner_mut(&mut self) -> &mut GraphInner {
         // Copy on write: a plan made earlier keeps the graph as it was.
-        if Arc::get_mut(&mut self.0).is_none() {
-            let g = &self.0;
-            self.0 = Arc::new(GraphInner {
-                device: g.device,
-                buffers: g.buffers.clone(),
-                nodes: g.nodes.clone(),
-                outputs: g.outputs.clone(),
-            });
-        }
-        match Arc::get_mut(&mut self.0) {
-            Some(g) => g,
-            None => unreachable!("the Arc was just made unique"),
-        }
+        Arc::make_mut(&mut self.0)
     }
 
     /// Names the external tensor `t` (the whole storage it views) as input `name`, which an

@@ -9,7 +9,8 @@
 //!   passes over 16 MiB unfused, one fused), eager, replayed fused (one `fused_elementwise`
 //!   pass) and replayed unfused.
 //!
-//! Every figure is the median of repeated timed runs, each ending with a stream sync.
+//! Every figure is the median of repeated timed runs, each ending with a stream sync; the
+//! sides of a workload are sampled alternately, so load from other processes hits them alike.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -43,16 +44,24 @@ struct Row {
     unfused_ms: Option<f64>,
 }
 
-/// Median milliseconds of `f` over `reps` runs (after one untimed run).
-fn time_ms(reps: usize, mut f: impl FnMut() -> unirt::Result<()>) -> unirt::Result<f64> {
-    f()?;
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
+/// Median milliseconds of each of `fs` over `reps` rounds (after one untimed round), the
+/// sides sampled alternately so that load from other processes hits them alike.
+fn time_ms<const N: usize>(
+    reps: usize,
+    mut fs: [&mut dyn FnMut() -> unirt::Result<()>; N],
+) -> unirt::Result<[f64; N]> {
+    for f in fs.iter_mut() {
         f()?;
-        v.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(median(&mut v))
+    let mut v: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(reps));
+    for _ in 0..reps {
+        for (f, samples) in fs.iter_mut().zip(v.iter_mut()) {
+            let t = Instant::now();
+            f()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(v.map(|mut s| median(&mut s)))
 }
 
 fn tiny_ops(x: &Tensor) -> unirt::Result<Tensor> {
@@ -106,14 +115,19 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     let x = Tensor::rand_uniform(&[64], -1.0, 1.0, 1, DType::F32, device)?;
     let g = record(device, &[&x], || tiny_ops(&x))?;
     let exec = CapturePlan::with_options(&g, PlanOptions { fuse: false })?.instantiate()?;
-    let eager = time_ms(200, || {
-        tiny_ops(&x)?;
-        sync()
-    })?;
-    let replay = time_ms(200, || {
-        exec.replay()?;
-        sync()
-    })?;
+    let [eager, replay] = time_ms(
+        500,
+        [
+            &mut || {
+                tiny_ops(&x)?;
+                sync()
+            },
+            &mut || {
+                exec.replay()?;
+                sync()
+            },
+        ],
+    )?;
     rows.push(Row {
         workload: "tiny_ops_x100",
         eager_ms: eager,
@@ -127,10 +141,6 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     let cfg = Config::TINY;
     let w = model::Weights::new(cfg, 42, device)?;
     let st = model::State::new(&cfg, 1, device)?;
-    let eager = time_ms(50, || {
-        model::decode_step(&w, &st)?;
-        sync()
-    })?;
     let st2 = model::State::new(&cfg, 1, device)?;
     let (g, _) = model::record_step(&w, &st2)?;
     let plan = g.plan()?;
@@ -138,10 +148,19 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
         warmups: 0,
         capture: true,
     })?;
-    let replay = time_ms(50, || {
-        exec.replay()?;
-        sync()
-    })?;
+    let [eager, replay] = time_ms(
+        200,
+        [
+            &mut || {
+                model::decode_step(&w, &st)?;
+                sync()
+            },
+            &mut || {
+                exec.replay()?;
+                sync()
+            },
+        ],
+    )?;
     rows.push(Row {
         workload: "decode_step",
         eager_ms: eager,
@@ -159,18 +178,23 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     let fused = g.plan()?;
     let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
     let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
-    let eager = time_ms(15, || {
-        chain4(&x, &y)?;
-        sync()
-    })?;
-    let fused_ms = time_ms(15, || {
-        fx.replay()?;
-        sync()
-    })?;
-    let unfused_ms = time_ms(15, || {
-        ux.replay()?;
-        sync()
-    })?;
+    let [eager, fused_ms, unfused_ms] = time_ms(
+        21,
+        [
+            &mut || {
+                chain4(&x, &y)?;
+                sync()
+            },
+            &mut || {
+                fx.replay()?;
+                sync()
+            },
+            &mut || {
+                ux.replay()?;
+                sync()
+            },
+        ],
+    )?;
     rows.push(Row {
         workload: "elementwise_chain4_16MiB",
         eager_ms: eager,
