@@ -93,6 +93,12 @@ for dev in $cuda_devs; do
   "$bin" bench cuda --device "$dev" --json "$out/bench-cuda-$tag.json" || fail "bench cuda on $dev"
   "$bin" bench alloc --device "$dev" --json "$out/bench-alloc-$tag.json" || fail "bench alloc on $dev"
   "$bin" bench memcpy --device "$dev" --json "$out/bench-memcpy-$tag.json" || fail "bench memcpy on $dev"
+  "$bin" bench graph --device "$dev" --json "$out/bench-graph-$tag.json" || fail "bench graph on $dev"
+  # The PyTorch peer of the decode step (eager and CUDA graphs), where PyTorch is installed.
+  if python3 -c "import torch" >/dev/null 2>&1; then
+    python3 ci/bench_graph_torch.py "$out/bench-graph-torch-$tag.json" --device "$dev" \
+      || fail "PyTorch decode-step peer on $dev"
+  fi
 done
 for dev in $wgpu_devs; do
   tag=${dev/:/-}

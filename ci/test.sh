@@ -18,6 +18,9 @@ target="${CARGO_TARGET_DIR:-target}"
 echo "== unirt devices"
 "$target/debug/unirt" devices
 
+echo "== examples/llama_block: 4 tokens eager and replayed on every device with kernels (bitwise eager = replay)"
+"$target/debug/examples/llama_block" 4
+
 # The CUDA backend runs here too, over the fake driver (crate unirt-fakecuda, built above:
 # CPU-backed and fault-injecting, see docs/RELIABILITY.md): the whole conformance suite on
 # cuda:0 (unirt-conformance test fakecuda_conformance) and the fault matrix (fakecuda_faults).
