@@ -72,6 +72,11 @@ pub(super) fn cases() -> Vec<Case> {
             needs: &[],
             run: builder_state,
         },
+        Case {
+            name: "graph::recorded_write_to_external_tensor",
+            needs: &[],
+            run: recorded_write_to_external,
+        },
     ];
     v.extend([
         Case {
@@ -586,5 +591,33 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
         &["bad_param"],
         "a strided operand",
     )?;
+    Ok(())
+}
+
+/// A launch into a tensor the caller owns (`gemm_into`, `copy_from`) records a write to that
+/// external tensor, which the graph's runs update in place.
+fn recorded_write_to_external(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let x = rand(ctx, &[32], 30)?;
+    let out = Tensor::zeros(&[32], DType::F32, ctx.device)?;
+    rt.start_graph_recording()?;
+    let r = (|| -> unirt::Result<()> { out.copy_from(&x.relu()?) })();
+    let mut g = rt.stop_graph_recording()?;
+    r?;
+    g.mark_input("x", &x)?;
+    let want = bytes(&x.relu()?)?;
+    ensure!(
+        out.to_vec::<f32>()?.iter().all(|&v| v == 0.0),
+        "the recorded copy ran at record time"
+    );
+    let exec = g.plan()?.instantiate_with(ExecOptions {
+        warmups: 0,
+        capture: true,
+    })?;
+    exec.replay()?;
+    ensure!(
+        bytes(&out)? == want,
+        "the replay did not write the external tensor"
+    );
     Ok(())
 }

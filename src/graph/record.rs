@@ -22,6 +22,18 @@ thread_local! {
     /// The device being recorded (checked on every launch: one cheap read).
     static DEVICE: Cell<Option<Device>> = const { Cell::new(None) };
     static BUILDER: RefCell<Option<GraphBuilder>> = const { RefCell::new(None) };
+    /// Set while `Plan::run` launches into outputs it has just allocated.
+    static FRESH_OUTPUTS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `launch` (a launch into freshly allocated outputs, as `Plan::run` makes) so that a
+/// recording takes its outputs for intermediates of the graph; outputs of any other launch
+/// the recording has not seen are external tensors the graph writes (state, `gemm_into`).
+pub(crate) fn with_fresh_outputs<R>(launch: impl FnOnce() -> R) -> R {
+    FRESH_OUTPUTS.with(|f| f.set(true));
+    let r = launch();
+    FRESH_OUTPUTS.with(|f| f.set(false));
+    r
 }
 
 /// Whether the calling thread records an operator graph on `device`.
@@ -71,12 +83,16 @@ pub(crate) fn record_launch(plan: &Plan, inputs: &[&Tensor], outputs: &[&Tensor]
             .iter()
             .map(|t| b.operand_of(t, BufferRole::External))
             .collect::<Result<Vec<_>>>()?;
-        // An output the recording has not seen is a fresh tensor (the eager methods allocate
-        // their outputs) unless it is a storage some earlier op read: then it is external
-        // state the graph writes.
+        // Outputs the eager methods just allocated are intermediates; any other output the
+        // recording has not seen is an external tensor the graph writes.
+        let role = if FRESH_OUTPUTS.with(|f| f.get()) {
+            BufferRole::Intermediate
+        } else {
+            BufferRole::External
+        };
         let outs = outputs
             .iter()
-            .map(|t| b.operand_of(t, BufferRole::Intermediate))
+            .map(|t| b.operand_of(t, role.clone()))
             .collect::<Result<Vec<_>>>()?;
         b.push_op(plan.clone(), ins, outs)
     })

@@ -538,7 +538,10 @@ impl Plan {
             Some(t) => t.runtime().stream()?,
             None => crate::Runtime::get(self.0.device)?.stream()?,
         };
-        self.launch(inputs, &out_refs, ws.as_ref(), stream)?;
+        // Fresh outputs: a graph recording takes them for intermediates.
+        crate::graph::record::with_fresh_outputs(|| {
+            self.launch(inputs, &out_refs, ws.as_ref(), stream)
+        })?;
         Ok(outs)
     }
 
