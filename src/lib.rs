@@ -2,8 +2,9 @@
 //!
 //! One library, built with no cargo features, finds at run time which vendor drivers the
 //! machine has and gives every device the same API: streams, events with timing, device /
-//! pinned-host / stream-ordered memory, the four kinds of copy, kernels, and stream capture
-//! with replay.
+//! pinned-host / stream-ordered memory, the four kinds of copy, kernels, stream capture with
+//! replay, tensors with operators, and operator graphs recorded once and replayed
+//! ([`graph`]).
 //!
 //! ```
 //! use unirt::{KernelArg, Runtime};
@@ -52,7 +53,7 @@
 //! | context | the calling thread's device and stream (InfiniCore's `context`) | [`context`] |
 //! | tensor | [`Tensor`]: storage from the allocator, layout, dtype, views | [`tensor`] |
 //! | ops | operator plans, the [`KernelRegistry`](ops::KernelRegistry), eager tensor methods | [`ops`] |
-//! | graph | recorded graphs and their replay | [`graph`] |
+//! | graph | operator graphs (record or build once, plan once: order, capture-safe segments, memory plan, fusion; replay through stream capture) and the capture handles | [`graph`] |
 //!
 //! **Dependencies point down.** `vendors` depend on `hal`, `device`, `error` and the hidden
 //! bookkeeping modules, never on discovery, the allocator, `context` or anything above;

@@ -30,6 +30,7 @@ mod cases_capture;
 mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
+mod cases_fused;
 mod cases_graph;
 mod cases_lifetime;
 mod cases_memcpy;
@@ -175,6 +176,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_reduce::cases());
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
+    all.extend(cases_fused::cases());
     all
 }
 

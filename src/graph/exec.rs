@@ -333,6 +333,14 @@ impl GraphExec {
     }
 }
 
+impl Drop for GraphExec {
+    /// Waits for the device before the exec's memory goes back to the allocator: a replay
+    /// queued on another thread's stream may still use it.
+    fn drop(&mut self) {
+        let _ = self.rt.sync_device();
+    }
+}
+
 impl std::fmt::Debug for GraphExec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (c, e) = self.segment_counts();

@@ -1,0 +1,74 @@
+//! `ops::fused_elementwise::<dtype>::…`: the operator a [`CapturePlan`](unirt::CapturePlan)
+//! fuses elementwise chains into, checked bitwise against the unfused operators it replaces.
+
+use unirt::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep};
+use unirt::ops::{BinaryOp, UnaryOp};
+use unirt::tensor::{DType, Tensor};
+
+use crate::{ensure, expect_err, Case, Ctx, Failure};
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "ops::fused_elementwise::f32::matches_unfused_chain",
+            needs: &[],
+            run: |c| fused_op(c, DType::F32),
+        },
+        Case {
+            name: "ops::fused_elementwise::f16::matches_unfused_chain",
+            needs: &[],
+            run: |c| fused_op(c, DType::F16),
+        },
+        Case {
+            name: "ops::fused_elementwise::bf16::matches_unfused_chain",
+            needs: &[],
+            run: |c| fused_op(c, DType::BF16),
+        },
+    ]
+}
+
+fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
+    let n = 5000;
+    let mk = |seed| Tensor::rand_uniform(&[n], -2.0, 2.0, seed, dtype, ctx.device);
+    let (a, b) = (mk(21)?, mk(22)?);
+    // swiglu(a·b + 0.5, sigmoid(b)) - a, step by step and fused.
+    let want = a.mul(&b)?.add_scalar(0.5)?.swiglu(&b.sigmoid()?)?.sub(&a)?;
+    let prog = FusedProgram {
+        steps: vec![
+            FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+            FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(0), 0.5),
+            FusedStep::Unary(UnaryOp::Sigmoid, FusedSrc::Input(1)),
+            FusedStep::Swiglu(FusedSrc::Step(1), FusedSrc::Step(2)),
+            FusedStep::Binary(BinaryOp::Sub, FusedSrc::Step(3), FusedSrc::Input(0)),
+        ],
+    };
+    let got = fused_elementwise(&[a.desc(), b.desc()], prog)?.run1(&[&a, &b])?;
+    ensure!(
+        got.to_bytes()? == want.to_bytes()?,
+        "the fused chain differs from the unfused operators"
+    );
+    // Bad programs and operands are typed errors.
+    let bad = FusedProgram {
+        steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Step(0))],
+    };
+    expect_err(
+        fused_elementwise(&[a.desc()], bad),
+        &["bad_param"],
+        "a step reading itself",
+    )?;
+    expect_err(
+        fused_elementwise(&[a.desc()], FusedProgram::default()),
+        &["bad_param"],
+        "an empty program",
+    )?;
+    let t = Tensor::rand_uniform(&[10, 20], -1.0, 1.0, 3, dtype, ctx.device)?.transpose(0, 1)?;
+    let prog = FusedProgram {
+        steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Input(0))],
+    };
+    expect_err(
+        fused_elementwise(&[t.desc()], prog),
+        &["bad_param"],
+        "a strided operand",
+    )?;
+    Ok(())
+}
