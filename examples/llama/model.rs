@@ -235,11 +235,7 @@ pub fn decode_step(w: &Weights, st: &State) -> Result<Tensor> {
 
 /// A recorded decode step: the graph and its logits tensor.
 pub fn record_step(w: &Weights, st: &State) -> Result<(unirt::Graph, Tensor)> {
-    let rt = unirt::Runtime::get(st.token.device())?;
-    rt.start_graph_recording()?;
-    let r = decode_step(w, st);
-    let mut g = rt.stop_graph_recording()?;
-    let logits = r?;
+    let (mut g, logits) = unirt::graph::record(st.token.device(), || decode_step(w, st))?;
     g.mark_output("logits", &logits)?;
     for (name, t) in [
         ("token", &st.token),

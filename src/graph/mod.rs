@@ -42,4 +42,4 @@ pub use graph::{
 };
 pub use memory::MemoryPlan;
 pub use plan::{CapturePlan, PlanOptions, Segment, Step};
-pub use record::{host_op, start_recording, stop_recording};
+pub use record::{host_op, record, start_recording, stop_recording};

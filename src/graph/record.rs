@@ -69,6 +69,27 @@ pub fn stop_recording() -> Result<Graph> {
     b.build()
 }
 
+/// Records what `f` launches on `device` and returns the graph with `f`'s result. The
+/// recording stops even when `f` fails (a `?` between [`start_recording`] and
+/// [`stop_recording`] would leave the thread recording).
+///
+/// ```
+/// use unirt::{graph, tensor::{DType, Tensor}, Device};
+/// let x = Tensor::full(&[3], 2.0, DType::F32, Device::CPU)?;
+/// let (g, y) = graph::record(Device::CPU, || x.exp()?.add(&x))?;
+/// assert_eq!(g.nodes().len(), 2);
+/// unirt::Runtime::get(Device::CPU)?.run(&g)?;
+/// assert_eq!(y.to_vec::<f32>()?, [2f32.exp() + 2.0; 3]);
+/// # Ok::<(), unirt::Error>(())
+/// ```
+pub fn record<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<(Graph, T)> {
+    start_recording(device)?;
+    let r = f();
+    let g = stop_recording();
+    let v = r?;
+    Ok((g?, v))
+}
+
 fn with_builder<R>(f: impl FnOnce(&mut GraphBuilder) -> Result<R>) -> Result<R> {
     BUILDER.with(|b| match b.borrow_mut().as_mut() {
         Some(b) => f(b),

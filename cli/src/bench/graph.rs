@@ -85,11 +85,7 @@ fn record(
     inputs: &[&Tensor],
     f: impl FnOnce() -> unirt::Result<Tensor>,
 ) -> unirt::Result<unirt::Graph> {
-    let rt = Runtime::get(device)?;
-    rt.start_graph_recording()?;
-    let r = f();
-    let mut g = rt.stop_graph_recording()?;
-    let out = r?;
+    let (mut g, out) = unirt::graph::record(device, f)?;
     g.mark_output("out", &out)?;
     for (i, t) in inputs.iter().enumerate() {
         g.mark_input(&format!("in{i}"), t)?;
