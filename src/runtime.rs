@@ -242,7 +242,7 @@ impl Runtime {
 
     /// Starts recording an operator graph on this device from the calling thread: the eager
     /// Tensor API records instead of running until
-    /// [`stop_graph_recording`](Self::stop_graph_recording) (see [`crate::graph::record`]).
+    /// [`stop_graph_recording`](Self::stop_graph_recording) (see [`crate::graph::record`](mod@crate::graph::record)).
     pub fn start_graph_recording(&self) -> Result<()> {
         crate::graph::record::start_recording(self.device)
     }

@@ -1,5 +1,5 @@
 //! [`Graph`]: operators over tensors, made by a [`GraphBuilder`] or by recording the eager
-//! Tensor API ([`crate::graph::record`]).
+//! Tensor API ([`crate::graph::record`](mod@crate::graph::record)).
 //!
 //! A graph's tensors live in **buffers**: the storage of one tensor, with a [`BufferRole`].
 //! External tensors (weights, inputs, state such as a KV cache) are referenced; intermediates
