@@ -33,6 +33,7 @@ mod driver;
 mod driver_launch;
 mod driver_memory;
 mod event;
+mod gate;
 mod graph;
 mod kernels;
 mod loader;
