@@ -555,16 +555,31 @@ mod tests {
         Ok(())
     }
 
+    #[derive(Debug)]
+    struct Cap(u32, CaptureOwner);
+
+    impl OwnedCapture for Cap {
+        fn owner(&self) -> &CaptureOwner {
+            &self.1
+        }
+    }
+
     #[test]
     fn capture_and_stream_rules() {
         let mut slot = None;
-        assert!(begin_capture(&mut slot, 1).is_ok());
+        let relaxed = CaptureOwner::new(CaptureMode::Relaxed);
+        assert!(begin_capture(&mut slot, Cap(1, relaxed)).is_ok());
         assert!(matches!(
-            begin_capture(&mut slot, 2),
+            begin_capture(&mut slot, Cap(2, relaxed)),
             Err(Error::Capturing(_))
         ));
-        assert_eq!(end_capture(&mut slot).ok(), Some(1));
+        assert_eq!(end_capture(&mut slot).ok().map(|c| c.0), Some(1));
         assert!(matches!(end_capture(&mut slot), Err(Error::NotCapturing)));
+        // A Global capture is ended by its own thread only; the refusal leaves it in place.
+        let mut slot = Some(Cap(3, CaptureOwner::new(CaptureMode::Global)));
+        let there = std::thread::scope(|s| s.spawn(|| end_capture(&mut slot).is_err()).join());
+        assert!(matches!(there, Ok(true)));
+        assert_eq!(end_capture(&mut slot).ok().map(|c| c.0), Some(3));
         assert!(check_destroyable(StreamId(1), StreamId(1)).is_err());
         assert!(check_destroyable(StreamId(1), StreamId(2)).is_ok());
         assert!(refuse_while_capturing(true, "x").is_err());
