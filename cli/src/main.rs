@@ -37,6 +37,9 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also list every place each run-time library (libcuda, NVRTC) was looked for.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Runs the conformance suite.
     Conformance {
@@ -97,7 +100,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
         None => main_job::run(),
-        Some(Command::Devices { json }) => devices::run(json),
+        Some(Command::Devices { json, verbose }) => devices::run(json, verbose),
         Some(Command::Conformance {
             device,
             filter,

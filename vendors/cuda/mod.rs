@@ -156,6 +156,24 @@ fn usable_driver() -> std::result::Result<&'static Driver, String> {
     Ok(drv)
 }
 
+/// The libraries CUDA looks for at run time and where it looked (`unirt devices --verbose`).
+pub fn library_searches() -> Vec<crate::discovery::LibrarySearch> {
+    loader::searches()
+        .into_iter()
+        .map(|(library, env, s)| crate::discovery::LibrarySearch {
+            kind: DeviceKind::Cuda,
+            library,
+            env,
+            searched: s.searched,
+            found: s
+                .candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+        })
+        .collect()
+}
+
 /// Discovery for CUDA: every GPU, or why there are none. Never panics: the libraries are
 /// found by our own search and every symbol is resolved before use.
 pub fn probe() -> Probe {
