@@ -31,6 +31,7 @@ mod copy;
 mod event;
 mod gpu;
 mod graph;
+mod instance;
 mod kernels;
 mod loaders;
 mod loss;
