@@ -210,6 +210,48 @@ fn bench_memcpy_json_shape() {
 }
 
 #[test]
+fn bench_graph_json_shape() {
+    let path = std::env::temp_dir().join(format!("unirt-bench-graph-{}.json", std::process::id()));
+    let out = unirt(
+        &[
+            "bench",
+            "graph",
+            "--device",
+            "cpu:0",
+            "--quick",
+            "--json",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(v["device"], "cpu:0");
+    let rows = v["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["tiny_ops_x100", "decode_step", "elementwise_chain4_16MiB"]
+    );
+    for r in rows {
+        assert!(r["eager_ms"].as_f64().unwrap() > 0.0);
+        assert!(r["replay_ms"].as_f64().unwrap() > 0.0);
+    }
+    let (planned, naive) = (
+        rows[1]["peak_bytes_planned"].as_u64().unwrap(),
+        rows[1]["peak_bytes_naive"].as_u64().unwrap(),
+    );
+    assert!(planned > 0 && planned <= naive);
+    assert!(rows[2]["fused_ms"].as_f64().unwrap() > 0.0);
+    assert!(rows[2]["unfused_ms"].as_f64().unwrap() > 0.0);
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
 fn bad_arguments_are_errors_not_panics() {
     for args in [
         &["conformance", "--device", "tpu:0"][..],

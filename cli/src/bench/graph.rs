@@ -93,7 +93,9 @@ fn record(
     Ok(g)
 }
 
-pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
+pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode> {
+    // Rounds per workload (tiny ops, decode step, 16 MiB chain).
+    let reps = if quick { [5, 3, 2] } else { [500, 200, 21] };
     let device: Device = device.parse()?;
     let missing = model::missing_kernels(device);
     if !missing.is_empty() {
@@ -112,7 +114,7 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     let g = record(device, &[&x], || tiny_ops(&x))?;
     let exec = CapturePlan::with_options(&g, PlanOptions { fuse: false })?.instantiate()?;
     let [eager, replay] = time_ms(
-        500,
+        reps[0],
         [
             &mut || {
                 tiny_ops(&x)?;
@@ -145,7 +147,7 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
         capture: true,
     })?;
     let [eager, replay] = time_ms(
-        200,
+        reps[1],
         [
             &mut || {
                 model::decode_step(&w, &st)?;
@@ -175,7 +177,7 @@ pub fn run(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
     let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
     let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
     let [eager, fused_ms, unfused_ms] = time_ms(
-        21,
+        reps[2],
         [
             &mut || {
                 chain4(&x, &y)?;

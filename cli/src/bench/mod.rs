@@ -79,6 +79,9 @@ pub enum BenchCommand {
         device: String,
         #[arg(long)]
         json: Option<PathBuf>,
+        /// A few rounds per workload only (for smoke tests; figures are not meaningful).
+        #[arg(long)]
+        quick: bool,
     },
     /// Enqueue latency of an async command on an idle stream, and event record + query.
     Latency {
@@ -109,7 +112,11 @@ pub fn run(which: BenchCommand) -> CliResult<ExitCode> {
         BenchCommand::Dispatch { device, json, reps } => {
             dispatch::run(&device, json.as_deref(), reps)
         }
-        BenchCommand::Graph { device, json } => graph::run(&device, json.as_deref()),
+        BenchCommand::Graph {
+            device,
+            json,
+            quick,
+        } => graph::run(&device, json.as_deref(), quick),
         BenchCommand::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
         BenchCommand::Ops {
             device,
