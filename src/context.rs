@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::alloc::{MemoryStats, PrivatePool};
 use crate::device::{Device, DeviceKind};
 use crate::error::Result;
-use crate::graph::CapturedGraph;
+use crate::graph::Graph;
 use crate::hal::{Backend, EventFlags, EventId, EventStatus, MemcpyKind, StreamId};
 use crate::memory::Memory;
 use crate::runtime::Runtime;
@@ -191,32 +191,57 @@ pub fn stream_wait_event(stream: Option<StreamId>, event: EventId) -> Result<()>
     rt.backend().stream_wait_event(s, event)
 }
 
-/// Whether the current device is recording a graph.
+/// Whether the calling thread records an operator graph on the current device.
 pub fn is_graph_recording() -> bool {
-    runtime().is_ok_and(|rt| rt.is_capturing())
+    runtime().is_ok_and(|rt| crate::graph::record::is_recording(rt.device()))
 }
 
-/// Starts recording the thread's stream on the current device into a graph; allocations on
-/// the device come from a graph-private pool until [`stop_graph_recording`].
+/// Starts recording an operator graph on the current device from the calling thread
+/// (InfiniCore's `context::startGraphRecording`): until [`stop_graph_recording`], operators
+/// launched on this thread — the eager Tensor API, [`Plan::launch`](crate::ops::Plan::launch),
+/// [`add_graph_operator`] — are recorded instead of run. [`Error::Capturing`](crate::Error::Capturing)
+/// if this thread already records.
+///
+/// ```
+/// use unirt::{context, tensor::{DType, Tensor}, Device};
+/// context::set_device(Device::CPU)?;
+/// let x = Tensor::full(&[4], 1.5, DType::F32, Device::CPU)?;
+/// context::start_graph_recording()?;
+/// let y = x.mul(&x)?.add(&x);
+/// let graph = context::stop_graph_recording()?;
+/// let y = y?;
+/// let exec = graph.instantiate()?;
+/// exec.replay()?;
+/// exec.synchronize()?;
+/// assert_eq!(graph.nodes().len(), 2);
+/// let _ = y; // y is the graph's output buffer, written by each replay
+/// # Ok::<(), unirt::Error>(())
+/// ```
 pub fn start_graph_recording() -> Result<()> {
+    runtime()?.start_graph_recording()
+}
+
+/// Adds an operator to the graph being recorded (InfiniCore's `addGraphOperator`): `plan`
+/// with its tensors, recorded as a launch on the current stream would run it.
+/// [`Error::NotCapturing`](crate::Error::NotCapturing) when this thread does not record on the
+/// current device.
+pub fn add_graph_operator(
+    plan: &crate::ops::Plan,
+    inputs: &[&crate::tensor::Tensor],
+    outputs: &[&crate::tensor::Tensor],
+) -> Result<()> {
     let rt = runtime()?;
-    rt.begin_capture(rt.stream()?, crate::CaptureMode::ThreadLocal)
+    if !crate::graph::record::is_recording(rt.device()) {
+        return Err(crate::Error::NotCapturing);
+    }
+    plan.launch(inputs, outputs, None, rt.stream()?)
 }
 
-/// Adds an operator to the graph being recorded: `op` enqueues its work on the recording
-/// stream it is given, and that work is captured. (InfiniCore records operator objects; here
-/// the device's own stream capture records whatever the operator enqueues.)
-/// [`Error::NotCapturing`](crate::Error::NotCapturing) when nothing is recording.
-pub fn add_graph_operator(op: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
-    let s = runtime()?
-        .capturing_stream()
-        .ok_or(crate::Error::NotCapturing)?;
-    op(s)
-}
-
-/// Stops recording and returns the graph (which keeps its private pool reserved).
-pub fn stop_graph_recording() -> Result<CapturedGraph> {
-    runtime()?.end_capture()
+/// Stops the calling thread's recording and returns the operator graph
+/// (InfiniCore's `stopGraphRecording`): plan it, instantiate it and replay it, or run it
+/// eagerly with [`Runtime::run`](crate::Runtime::run).
+pub fn stop_graph_recording() -> Result<Graph> {
+    runtime()?.stop_graph_recording()
 }
 
 /// The current device's allocator statistics.

@@ -279,6 +279,12 @@ impl Graph {
     pub fn plan(&self) -> Result<super::CapturePlan> {
         super::CapturePlan::new(self)
     }
+
+    /// Plans the graph and instantiates the plan with the default options: the one call
+    /// between a recorded graph and its replays.
+    pub fn instantiate(&self) -> Result<super::GraphExec> {
+        super::GraphExec::instantiate(&self.plan()?, Default::default())
+    }
 }
 
 impl std::fmt::Debug for Graph {

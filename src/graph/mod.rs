@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  Graph        operators over tensors (graph.rs), built by recording — the eager Tensor API
-//!               records instead of running (record.rs) — or by a GraphBuilder; shapes and
+//!               records instead of running (record.rs; the context's and Runtime's
+//!               start/stop_graph_recording, InfiniCore's names) — or by a GraphBuilder; shapes and
 //!               dtypes inferred at record time (each operator's Plan); Runtime::run executes
 //!               it eagerly through the KernelRegistry
 //!      │  plan once for the device
@@ -20,8 +21,7 @@
 //! The bottom layer is **stream capture** ([`capture`]): a stream's async work recorded by
 //! the backend into a [`CapturedGraph`], instantiated into a [`CapturedExec`] and launched on
 //! any stream of the device ([`Runtime::begin_capture`](crate::Runtime::begin_capture) /
-//! [`end_capture`](crate::Runtime::end_capture), and the context's `start_graph_recording` /
-//! `stop_graph_recording`). Allocations made while capturing come from a graph-private pool
+//! [`end_capture`](crate::Runtime::end_capture)). Allocations made while capturing come from a graph-private pool
 //! that both handles keep reserved. A [`GraphExec`] replays its safe segments through it.
 //!
 //! See [`Graph`] for an example.
