@@ -102,9 +102,14 @@ pub fn compile_kernels(archs: &[u32]) -> Result<AheadOfTimeBuild> {
     Ok(AheadOfTimeBuild {
         nvrtc: nv.version_string(),
         nvrtc_path: nv.path.display().to_string(),
-        kernel_count: kernels::SOURCES.len(),
+        kernel_count: kernels::kernel_count(),
         compiled: kernels::compile_all(nv, archs),
     })
+}
+
+/// Registers the CUDA operator kernels (one per op family × dtype, compiled at plan time).
+pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
+    kernels::register(reg);
 }
 
 /// Parses an architecture list such as `sm_70,sm_80,90` into `[70, 80, 90]`.
@@ -270,6 +275,9 @@ pub struct CudaBackend {
     enqueue_gate: parking_lot::RwLock<()>,
     /// Kernel name → (CUmodule, CUfunction), loaded at first launch.
     functions: Mutex<HashMap<&'static str, (u64, u64)>>,
+    /// The op kernels' modules per (family, dtype), loaded when an operator is first planned,
+    /// with the functions fetched from each.
+    op_modules: kernels::OpModules,
 }
 
 impl CudaBackend {
@@ -328,6 +336,7 @@ impl CudaBackend {
             retired_streams: Mutex::new(Vec::new()),
             enqueue_gate: parking_lot::RwLock::new(()),
             functions: Mutex::new(HashMap::new()),
+            op_modules: Mutex::new(HashMap::new()),
         })
     }
 
@@ -462,6 +471,11 @@ impl Drop for CudaBackend {
             // SAFETY: the stream came out of the stream table, which no longer lists it: live,
             // and destroyed once.
             let _ = unsafe { self.drv.stream_destroy(s.raw) };
+        }
+        for (_, (module, _)) in self.op_modules.lock().drain() {
+            // SAFETY: the module is loaded and unloaded once: it is drained from the table here,
+            // after the device finished its work (synchronize above).
+            let _ = unsafe { self.drv.module_unload(module) };
         }
         for (_, (module, _)) in self.functions.lock().drain() {
             // SAFETY: the module is loaded and unloaded once: it is dropped from the cache here.
