@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_attention_prefill", "op_attention_decode"],
     prepare,
+    source_dtype: super::own_source,
 };
 
 /// The largest head dimension the kernels hold in registers (8 per lane).

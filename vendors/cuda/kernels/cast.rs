@@ -33,7 +33,16 @@ pub(super) const FAMILY: Family = Family {
         "op_cast_to_bool",
     ],
     prepare,
+    source_dtype: cast_source,
 };
+
+/// Bool is stored as bytes 0/1: u8's kernels read it.
+fn cast_source(dtype: DType) -> DType {
+    match dtype {
+        DType::Bool => DType::U8,
+        d => d,
+    }
+}
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (Params::Cast { to }, [x], [out]) = (spec.params, spec.inputs, spec.outputs) else {

@@ -13,6 +13,29 @@ struct Ew {
     double scalar;
 };
 
+// The offsets of point `i` in the output and the three inputs. One dimension (contiguous or
+// evenly strided operands, the common case) is a multiply; the general walk is one shared,
+// out-of-line function instead of a copy inlined into every entry.
+__device__ __noinline__ void offsets_nd(const Ew &e, i64 i, i64 *o)
+{
+    o[0] = offset_of(e.s, e.so, i);
+    o[1] = offset_of(e.s, e.s0, i);
+    o[2] = offset_of(e.s, e.s1, i);
+    o[3] = offset_of(e.s, e.s2, i);
+}
+
+__device__ __forceinline__ void offsets(const Ew &e, i64 i, i64 *o)
+{
+    if (e.s.nd <= 1) {
+        o[0] = i * e.so.st[0];
+        o[1] = i * e.s0.st[0];
+        o[2] = i * e.s1.st[0];
+        o[3] = i * e.s2.st[0];
+    } else {
+        offsets_nd(e, i, o);
+    }
+}
+
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ float gelu_tanh(float x)
 {
@@ -27,9 +50,10 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
     {                                                                                        \
         GRID_LOOP(i, e.s.n)                                                                  \
         {                                                                                    \
-            float a = to_f32(in0[offset_of(e.s, e.s0, i)]);                                  \
-            float b = to_f32(in1[offset_of(e.s, e.s1, i)]);                                  \
-            out[offset_of(e.s, e.so, i)] = from_f32<T>(expr);                                \
+            i64 o[4];                                                                        \
+            offsets(e, i, o);                                                                \
+            float a = to_f32(in0[o[1]]), b = to_f32(in1[o[2]]);                              \
+            out[o[0]] = from_f32<T>(expr);                                                   \
         }                                                                                    \
     }                                                                                        \
     extern "C" __global__ void op_##name##_scalar(T *out, const T *in0, const T *in1,        \
@@ -38,8 +62,10 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
         float b = (float)e.scalar;                                                           \
         GRID_LOOP(i, e.s.n)                                                                  \
         {                                                                                    \
-            float a = to_f32(in0[offset_of(e.s, e.s0, i)]);                                  \
-            out[offset_of(e.s, e.so, i)] = from_f32<T>(expr);                                \
+            i64 o[4];                                                                        \
+            offsets(e, i, o);                                                                \
+            float a = to_f32(in0[o[1]]);                                                     \
+            out[o[0]] = from_f32<T>(expr);                                                   \
         }                                                                                    \
     }
 
@@ -57,8 +83,10 @@ BINARY(pow, powf(a, b))
     {                                                                                        \
         GRID_LOOP(i, e.s.n)                                                                  \
         {                                                                                    \
-            float x = to_f32(in0[offset_of(e.s, e.s0, i)]);                                  \
-            out[offset_of(e.s, e.so, i)] = from_f32<T>(expr);                                \
+            i64 o[4];                                                                        \
+            offsets(e, i, o);                                                                \
+            float x = to_f32(in0[o[1]]);                                                     \
+            out[o[0]] = from_f32<T>(expr);                                                   \
         }                                                                                    \
     }
 
@@ -82,9 +110,10 @@ extern "C" __global__ void op_swiglu(T *out, const T *in0, const T *in1, const T
 {
     GRID_LOOP(i, e.s.n)
     {
-        float up = to_f32(in0[offset_of(e.s, e.s0, i)]);
-        float g = to_f32(in1[offset_of(e.s, e.s1, i)]);
-        out[offset_of(e.s, e.so, i)] = from_f32<T>(up * g * sigmoid(g));
+        i64 o[4];
+        offsets(e, i, o);
+        float up = to_f32(in0[o[1]]), g = to_f32(in1[o[2]]);
+        out[o[0]] = from_f32<T>(up * g * sigmoid(g));
     }
 }
 
@@ -93,8 +122,9 @@ extern "C" __global__ void op_where(T *out, const u8 *in0, const T *in1, const T
 {
     GRID_LOOP(i, e.s.n)
     {
-        bool c = in0[offset_of(e.s, e.s0, i)] != 0;
-        out[offset_of(e.s, e.so, i)] = c ? in1[offset_of(e.s, e.s1, i)] : in2[offset_of(e.s, e.s2, i)];
+        i64 o[4];
+        offsets(e, i, o);
+        out[o[0]] = in0[o[1]] != 0 ? in1[o[2]] : in2[o[3]];
     }
 }
 
@@ -104,7 +134,8 @@ extern "C" __global__ void op_masked_fill(T *out, const T *in0, const u8 *in1, c
     T v = from_f64<T>(e.scalar);
     GRID_LOOP(i, e.s.n)
     {
-        bool m = in1[offset_of(e.s, e.s1, i)] != 0;
-        out[offset_of(e.s, e.so, i)] = m ? v : in0[offset_of(e.s, e.s0, i)];
+        i64 o[4];
+        offsets(e, i, o);
+        out[o[0]] = in1[o[2]] != 0 ? v : in0[o[1]];
     }
 }

@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: ENTRIES,
     prepare,
+    source_dtype: super::own_source,
 };
 
 const OPS: &[&str] = &[

@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_matmul"],
     prepare,
+    source_dtype: super::own_source,
 };
 
 const TILE: usize = 64;

@@ -108,6 +108,24 @@ pub struct Family {
     pub entries: &'static [&'static str],
     /// Plans the launches of one of its operators.
     pub prepare: PrepareKernel,
+    /// The dtype whose generated source serves `dtype` (dtypes whose kernels are the same
+    /// code share one source, one compile and one module).
+    pub source_dtype: fn(DType) -> DType,
+}
+
+/// Every dtype has its own source.
+pub(crate) fn own_source(dtype: DType) -> DType {
+    dtype
+}
+
+/// Bit-for-bit kernels: one source per element size.
+pub(crate) fn by_size(dtype: DType) -> DType {
+    match dtype {
+        DType::F32 | DType::I32 => DType::I32,
+        DType::F16 | DType::BF16 => DType::F16,
+        DType::U8 | DType::Bool => DType::U8,
+        DType::I64 => DType::I64,
+    }
 }
 
 /// Every op family.
@@ -143,6 +161,7 @@ fn c_type(dtype: DType) -> &'static str {
 /// `family`'s source generated for `dtype`: the common prelude, the element type, the
 /// template.
 pub fn op_source(family: &Family, dtype: DType) -> String {
+    let dtype = (family.source_dtype)(dtype);
     format!(
         "{COMMON}\n// ---- generated for {dtype}\ntypedef {} T;\n#define UNIRT_DTYPE_{} 1\n#line 1 \"{}.cu\"\n{}",
         c_type(dtype),
@@ -215,7 +234,13 @@ fn units() -> Vec<Unit> {
         entries: SOURCES.iter().map(|k| k.name.to_string()).collect(),
     }];
     for f in FAMILIES {
+        let mut seen = Vec::new();
         for &dt in f.dtypes {
+            let dt = (f.source_dtype)(dt);
+            if seen.contains(&dt) {
+                continue;
+            }
+            seen.push(dt);
             u.push(Unit {
                 label: format!("{}/{dt}:", f.name),
                 file: format!("{}.cu", f.name),

@@ -177,6 +177,7 @@ impl CudaBackend {
         dtype: DType,
         entry: &str,
     ) -> Result<u64> {
+        let dtype = (family.source_dtype)(dtype);
         let key = (family.name, dtype);
         if let Some(&f) = self
             .op_modules
