@@ -29,6 +29,7 @@
 //! - **D2D between GPUs** uses `cuMemcpyPeerAsync` with peer access enabled where possible.
 
 mod backend;
+pub(crate) mod blas;
 mod driver;
 mod driver_launch;
 mod driver_memory;
@@ -105,6 +106,12 @@ pub fn compile_kernels(archs: &[u32]) -> Result<AheadOfTimeBuild> {
         kernel_count: kernels::kernel_count(),
         compiled: kernels::compile_all(nv, archs),
     })
+}
+
+/// Which BLAS the CUDA matmul uses — `cuBLAS at <path>` — or why none (then unirt's NVRTC
+/// kernels run): what `unirt devices` reports.
+pub fn blas_summary() -> String {
+    blas::summary()
 }
 
 /// Registers the CUDA operator kernels (one per op family × dtype, compiled at plan time).
@@ -232,6 +239,7 @@ fn device_info(drv: &Driver, index: usize) -> Result<DeviceInfo> {
             ("libcuda".into(), drv.path.display().to_string()),
             ("nvrtc".into(), nv.version_string()),
             ("libnvrtc".into(), nv.path.display().to_string()),
+            ("blas".into(), blas::summary()),
         ],
         capabilities: Capabilities {
             async_streams: true,
@@ -278,6 +286,11 @@ pub struct CudaBackend {
     /// The op kernels' modules per (family, dtype), loaded when an operator is first planned,
     /// with the functions fetched from each.
     op_modules: kernels::OpModules,
+    /// The cuBLAS handle and its workspace, made when a matmul is first planned with cuBLAS
+    /// installed (or why not).
+    blas: std::sync::OnceLock<std::result::Result<(u64, u64), String>>,
+    /// Serialises calls on the cuBLAS handle (its stream is set per call).
+    blas_lock: Mutex<()>,
 }
 
 impl CudaBackend {
@@ -337,6 +350,8 @@ impl CudaBackend {
             enqueue_gate: parking_lot::RwLock::new(()),
             functions: Mutex::new(HashMap::new()),
             op_modules: Mutex::new(HashMap::new()),
+            blas: std::sync::OnceLock::new(),
+            blas_lock: Mutex::new(()),
         })
     }
 
@@ -471,6 +486,14 @@ impl Drop for CudaBackend {
             // SAFETY: the stream came out of the stream table, which no longer lists it: live,
             // and destroyed once.
             let _ = unsafe { self.drv.stream_destroy(s.raw) };
+        }
+        if let (Some(Ok((handle, ws))), Ok(lib)) = (self.blas.get(), blas::cublas()) {
+            // SAFETY: the handle is this device's, destroyed once here after the device
+            // finished its work (synchronize above); its workspace is freed after it.
+            unsafe {
+                lib.destroy(*handle);
+                let _ = self.drv.mem_free(*ws);
+            }
         }
         for (_, (module, _)) in self.op_modules.lock().drain() {
             // SAFETY: the module is loaded and unloaded once: it is drained from the table here,

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::tensor::DType;
+use crate::vendors::cuda::blas::Gemm;
 use crate::vendors::cuda::CudaBackend;
 use crate::vendors::AnyBackend;
 
@@ -38,6 +39,8 @@ pub struct Step {
     pub ptrs: Vec<Operand>,
     /// The by-value struct that follows them.
     pub args: Args,
+    /// Instead of a kernel: a cuBLAS GEMM over (A, B, C).
+    pub gemm: Option<(Gemm, [Operand; 3])>,
 }
 
 impl Step {
@@ -48,8 +51,24 @@ impl Step {
             block,
             ptrs: Vec::new(),
             args: Args::new(),
+            gemm: None,
         }
     }
+
+    /// A cuBLAS GEMM step.
+    pub fn blas(gemm: Gemm, operands: [Operand; 3]) -> Self {
+        let mut s = Step::new("cublasGemmStridedBatchedEx", [1; 3], [1; 3]);
+        s.gemm = Some((gemm, operands));
+        s
+    }
+}
+
+/// One piece of work a launch enqueues.
+pub enum Work<'a> {
+    /// A kernel: function, grid, block, pointer parameters, struct words.
+    Kernel(u64, [u32; 3], [u32; 3], &'a [u64], &'a [i64]),
+    /// A cuBLAS GEMM on (A, B, C).
+    Gemm(&'a Gemm, [u64; 3]),
 }
 
 /// A launch ready to go: the loaded function and its step.
@@ -74,6 +93,18 @@ fn backend_of(device: Device) -> Result<Arc<crate::Runtime>> {
     crate::Runtime::get(device)
 }
 
+/// Runs `f` on the CUDA backend of the plan's device (plan-time questions: is cuBLAS there?).
+pub fn with_backend<R>(spec: &PlanSpec<'_>, f: impl FnOnce(&CudaBackend) -> R) -> Result<R> {
+    let rt = backend_of(spec.device)?;
+    match &**rt.backend() {
+        AnyBackend::Cuda(b) => Ok(f(b)),
+        _ => Err(Error::Internal(format!(
+            "{}: {} is not a CUDA backend",
+            spec.op, spec.device
+        ))),
+    }
+}
+
 /// Compiles `family` for `dtype` on the plan's device and fetches the entries of `steps`.
 pub fn prepare(
     spec: &PlanSpec<'_>,
@@ -91,7 +122,10 @@ pub fn prepare(
     let steps = steps
         .into_iter()
         .map(|step| {
-            let func = b.op_function(family, dtype, &step.entry)?;
+            let func = match step.gemm {
+                Some(_) => 0,
+                None => b.op_function(family, dtype, &step.entry)?,
+            };
             Ok(Ready { func, step })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -144,26 +178,64 @@ impl PreparedKernel for CudaOp {
                         r.step.ptrs.len()
                     )));
                 }
+                if let Some((g, [a, bm, c])) = &r.step.gemm {
+                    enqueue(Work::Gemm(g, [ptr(*a)?, ptr(*bm)?, ptr(*c)?]))?;
+                    continue;
+                }
                 for (slot, &o) in ptrs.iter_mut().zip(&r.step.ptrs) {
                     *slot = ptr(o)?;
                 }
-                enqueue(
+                enqueue(Work::Kernel(
                     r.func,
                     r.step.grid,
                     r.step.block,
                     &ptrs[..r.step.ptrs.len()],
                     &r.step.args.0,
-                )?;
+                ))?;
             }
             Ok(())
         })
     }
 }
 
-/// Enqueues one kernel: (function, grid, block, pointer parameters, struct words).
-pub type Enqueue<'a> = dyn FnMut(u64, [u32; 3], [u32; 3], &[u64], &[i64]) -> Result<()> + 'a;
+/// Enqueues one piece of work.
+pub type Enqueue<'a> = dyn FnMut(Work<'_>) -> Result<()> + 'a;
 
 impl CudaBackend {
+    /// This device's cuBLAS handle, made at first use (plan time) with its own workspace, or
+    /// why cuBLAS is not used.
+    pub(crate) fn blas_handle(&self) -> Result<(&'static crate::vendors::cuda::blas::Cublas, u64)> {
+        use crate::vendors::cuda::blas;
+        let made = self.blas.get_or_init(|| {
+            let lib = blas::cublas()?;
+            self.bind().map_err(|e| e.to_string())?;
+            let ws = self
+                .drv
+                .mem_alloc(blas::WORKSPACE, &self.name)
+                .map_err(|e| format!("cuBLAS workspace: {e}"))?;
+            // SAFETY: the device's context is current (bind); `ws` is a fresh allocation of
+            // WORKSPACE bytes freed only after the handle is destroyed (Drop).
+            match unsafe { lib.create(ws) } {
+                Ok(h) => Ok((h, ws)),
+                Err(e) => {
+                    // SAFETY: allocated above and never handed out: freed once.
+                    let _ = unsafe { self.drv.mem_free(ws) };
+                    Err(e.to_string())
+                }
+            }
+        });
+        match made {
+            Ok((h, _)) => Ok((
+                blas::cublas().map_err(|r| Error::unsupported(r, DeviceKind::Cuda))?,
+                *h,
+            )),
+            Err(why) => Err(Error::unsupported(
+                format!("cuBLAS: {why}"),
+                DeviceKind::Cuda,
+            )),
+        }
+    }
+
     /// This device's index (`cuda:N`).
     pub(crate) fn index(&self) -> usize {
         self.shared.index
@@ -251,13 +323,24 @@ impl CudaBackend {
         let raw: Vec<(u64, u64)> = ranges.iter().map(|(p, l)| (p.0, *l)).collect();
         s.note_ranges(&raw);
         let drv = self.drv;
-        body(&mut |f, grid, block, ptrs, args| {
+        body(&mut |work| match work {
             // SAFETY: `f` is a function of a module this device keeps loaded; the pointer
             // parameters and the struct match the entry's C signature (built by the family's
             // planner for that entry); every tensor range was checked above against the
             // allocation table and stays allocated while the stream may use it (free waits
             // for the gate and the queued work); the stream came from the stream table.
-            unsafe { drv.launch_op(f, grid, block, ptrs, args, s.raw) }
+            Work::Kernel(f, grid, block, ptrs, args) => unsafe {
+                drv.launch_op(f, grid, block, ptrs, args, s.raw)
+            },
+            Work::Gemm(g, [a, b, c]) => {
+                let (blas, handle) = self.blas_handle()?;
+                // One thread at a time on a handle (its stream is set per call).
+                let _one = self.blas_lock.lock();
+                // SAFETY: the handle is this device's (live until it drops) and used under
+                // blas_lock only; the stream is live; the matrices' ranges were checked above
+                // (the planner derived `g` from the same layouts).
+                unsafe { blas.gemm(handle, s.raw, g, a, b, c) }
+            }
         })
     }
 }
