@@ -46,7 +46,15 @@ fn needs_a_gpu(case: &str) -> bool {
 
 fn main() {
     // The CPU backend stays on: some cases use it beside the device under test.
-    let (_lib, ctl) = fakecuda_support::use_fake_driver(&[("UNIRT_BACKENDS", "cpu,cuda")]);
+    // No cuBLAS (whatever this machine has): matmul runs the NVRTC kernels, the absent path
+    // (the present one is the fakecuda_blas test).
+    let (_lib, ctl) = fakecuda_support::use_fake_driver(&[
+        ("UNIRT_BACKENDS", "cpu,cuda"),
+        (
+            "UNIRT_CUBLAS_LIBRARY",
+            "/nonexistent/unirt-test/libcublas.so",
+        ),
+    ]);
     let args = Arguments::from_args();
     let d = unirt::discover();
     let mut trials = Vec::new();
@@ -59,6 +67,17 @@ fn main() {
                     trials.push(trial(device, case));
                 }
                 trials.push(op_kernels_compile_and_load(device));
+                trials.push(Trial::test(
+                    format!("fakecuda:{device}::blas_absent"),
+                    || {
+                        let s = unirt::vendors::cuda::blas_summary();
+                        if s.starts_with("none") && s.contains("UNIRT_CUBLAS_LIBRARY") {
+                            Ok(())
+                        } else {
+                            Err(Failed::from(format!("expected no cuBLAS, got: {s}")))
+                        }
+                    },
+                ));
             }
         }
         Some(Err(reason)) => trials.push(Trial::test("fakecuda::driver_loads", move || {

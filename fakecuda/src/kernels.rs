@@ -25,6 +25,8 @@ pub enum Twin {
     Fill,
     /// `add_f32(const float *a, const float *b, float *out, unsigned n)`.
     AddF32,
+    /// A GEMM queued by the fake cuBLAS (`crate::cublas`); never a module's kernel.
+    Gemm,
 }
 
 /// Byte sizes of each twin's parameters, in order.
@@ -41,6 +43,7 @@ impl Twin {
         match self {
             Twin::Fill => &[8, 4, 4],
             Twin::AddF32 => &[8, 8, 8, 4],
+            Twin::Gemm => &[],
         }
     }
 }
@@ -189,6 +192,7 @@ pub fn run(twin: Twin, args: &[u64]) -> Result<(), CUresult> {
                 unsafe { dst.add(i).write_unaligned(value) };
             }
         }
+        Twin::Gemm => return crate::cublas::run_gemm(args),
         Twin::AddF32 => {
             let n = args[3] as u32 as u64;
             if n == 0 {

@@ -1,0 +1,100 @@
+//! The CUDA matmul through a run-time-loaded cuBLAS, over the fake driver: the fake library
+//! also exports the few `cublas*` entry points unirt uses (its GEMM runs on the CPU in stream
+//! order), and `UNIRT_CUBLAS_LIBRARY` points unirt at it. On the fake driver the NVRTC kernels
+//! cannot execute, so a correct result proves the GEMM went through cuBLAS; a layout cuBLAS
+//! cannot take falls back to the NVRTC kernel (stopping at the fake driver's refused fetch).
+//! The absent path (no cuBLAS: NVRTC kernels, reported by `unirt devices`) is checked in
+//! `fakecuda_conformance`.
+
+mod fakecuda_support;
+
+use unirt::tensor::{DType, Tensor};
+use unirt::{Device, DeviceKind};
+
+fn reference(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+        }
+    }
+    c
+}
+
+fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}: [{i}] {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn matmul_runs_through_the_loaded_cublas() {
+    let (lib, _ctl) = fakecuda_support::use_fake_driver(&[("UNIRT_BACKENDS", "cpu,cuda")]);
+    std::env::set_var("UNIRT_CUBLAS_LIBRARY", &lib);
+    let summary = unirt::vendors::cuda::blas_summary();
+    assert!(summary.starts_with("cuBLAS at "), "{summary}");
+    let dev = Device::new(DeviceKind::Cuda, 0);
+    let (m, k, n) = (5, 7, 3);
+    let a: Vec<f64> = (0..m * k)
+        .map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0)
+        .collect();
+    let b: Vec<f64> = (0..k * n)
+        .map(|i| ((i * 5 % 13) as f64 - 6.0) / 8.0)
+        .collect();
+    let want = reference(&a, &b, m, k, n);
+    for (dt, tol) in [(DType::F32, 1e-5), (DType::F16, 1e-2), (DType::BF16, 5e-2)] {
+        let ta = Tensor::from_f64(&a, &[m, k], dt, dev).unwrap();
+        let tb = Tensor::from_f64(&b, &[k, n], dt, dev).unwrap();
+        let c = ta.matmul(&tb).unwrap().to_f64_vec().unwrap();
+        close(&c, &want, tol, &format!("{dt} row-major"));
+        // A transposed view (column-major storage) maps to a transposed operand.
+        let at = Tensor::from_f64(&transpose(&a, m, k), &[k, m], dt, dev)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        let c = at.matmul(&tb).unwrap().to_f64_vec().unwrap();
+        close(&c, &want, tol, &format!("{dt} transposed A"));
+    }
+    // A batch of 2 with B broadcast (stride 0).
+    let a2: Vec<f64> = a
+        .iter()
+        .chain(a.iter().map(|x| -x).collect::<Vec<_>>().iter())
+        .copied()
+        .collect();
+    let ta = Tensor::from_f64(&a2, &[2, m, k], DType::F32, dev).unwrap();
+    let tb = Tensor::from_f64(&b, &[k, n], DType::F32, dev).unwrap();
+    let c = ta.matmul(&tb).unwrap().to_f64_vec().unwrap();
+    let mut want2 = want.clone();
+    want2.extend(want.iter().map(|x| -x));
+    close(&c, &want2, 1e-5, "batched, B broadcast");
+    // Strides cuBLAS cannot take (no unit stride in A): the NVRTC kernel is planned instead,
+    // which the fake driver compiles and loads but refuses to fetch.
+    let odd = Tensor::from_f64(&vec![1.0; m * k * 2], &[m, k, 2], DType::F32, dev)
+        .and_then(|t| t.narrow(2, 0, 1))
+        .and_then(|t| t.squeeze(2))
+        .unwrap();
+    assert_eq!(odd.layout().strides(), [2 * k, 2]);
+    let r = unirt::ops::matmul::matmul(&odd.desc(), &tb.desc(), 1.0);
+    match r {
+        Err(e) => assert!(
+            e.to_string().contains("cuModuleGetFunction")
+                && e.to_string().contains("NOT_SUPPORTED"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a layout without unit strides was planned for cuBLAS"),
+    }
+}
+
+fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut t = vec![0.0; x.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = x[i * cols + j];
+        }
+    }
+    t
+}
