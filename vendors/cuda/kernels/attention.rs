@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_attention_prefill", "op_attention_decode"],
     prepare,
+    params: (4, 24),
     source_dtype: super::own_source,
 };
 

@@ -33,6 +33,7 @@ pub(super) const FAMILY: Family = Family {
         "op_cast_to_bool",
     ],
     prepare,
+    params: (2, 26),
     source_dtype: cast_source,
 };
 

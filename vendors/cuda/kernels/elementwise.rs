@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: ENTRIES,
     prepare,
+    params: (4, 43),
     source_dtype: super::own_source,
 };
 

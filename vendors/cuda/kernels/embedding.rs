@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_embedding_i32", "op_embedding_i64"],
     prepare,
+    params: (3, 31),
     source_dtype: super::own_source,
 };
 

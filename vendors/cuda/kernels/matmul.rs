@@ -17,6 +17,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_matmul"],
     prepare,
+    params: (3, 45),
     source_dtype: super::own_source,
 };
 

@@ -15,6 +15,7 @@
 
 mod args;
 mod cache;
+mod cubin;
 mod prepared;
 
 mod attention;
@@ -108,6 +109,10 @@ pub struct Family {
     pub entries: &'static [&'static str],
     /// Plans the launches of one of its operators.
     pub prepare: PrepareKernel,
+    /// Every entry's parameters: this many pointers, then one by-value struct of this many
+    /// 64-bit words (checked when a step is prepared, and against the CUBIN's own parameter
+    /// size in ahead-of-time builds).
+    pub params: (usize, usize),
     /// The dtype whose generated source serves `dtype` (dtypes whose kernels are the same
     /// code share one source, one compile and one module).
     pub source_dtype: fn(DType) -> DType,
@@ -224,6 +229,8 @@ struct Unit {
     file: String,
     text: String,
     entries: Vec<String>,
+    /// The bytes of every entry's parameters, when known (the op families).
+    param_bytes: Option<u32>,
 }
 
 fn units() -> Vec<Unit> {
@@ -232,6 +239,7 @@ fn units() -> Vec<Unit> {
         file: "builtin.cu".into(),
         text: BUILTIN.into(),
         entries: SOURCES.iter().map(|k| k.name.to_string()).collect(),
+        param_bytes: None,
     }];
     for f in FAMILIES {
         let mut seen = Vec::new();
@@ -246,6 +254,7 @@ fn units() -> Vec<Unit> {
                 file: format!("{}.cu", f.name),
                 text: op_source(f, dt),
                 entries: f.entries.iter().map(|e| e.to_string()).collect(),
+                param_bytes: Some(8 * (f.params.0 + f.params.1) as u32),
             });
         }
     }
@@ -278,16 +287,33 @@ pub(crate) fn compile_all(nv: &Nvrtc, archs: &[u32]) -> Vec<CompiledKernel> {
             u.entries
                 .iter()
                 .map(|e| match &compiled {
-                    Ok((img, log)) => CompiledKernel {
-                        kernel: format!("{}{e}", u.label),
-                        arch: target.arch(),
-                        file: u.file.clone(),
-                        // A CUBIN is an ELF image whose symbol table names its kernels.
-                        ok: img.starts_with(b"\x7fELF")
-                            && img.windows(e.len()).any(|w| w == e.as_bytes()),
-                        log: log.clone(),
-                        bytes: img.len(),
-                    },
+                    Ok((img, log)) => {
+                        // A CUBIN is an ELF image whose symbol table names its kernels and
+                        // whose `.nv.info.<kernel>` says how many bytes of parameters it takes.
+                        let found = img.starts_with(b"\x7fELF")
+                            && img.windows(e.len()).any(|w| w == e.as_bytes());
+                        let declared = cubin::param_bytes(img, e);
+                        let abi = match (u.param_bytes, declared) {
+                            (Some(want), Some(got)) if want != got => Some(format!(
+                                "the kernel takes {got} bytes of parameters; the host builds {want}"
+                            )),
+                            (Some(_), None) => {
+                                Some("the CUBIN does not state the kernel's parameter size".into())
+                            }
+                            _ => None,
+                        };
+                        CompiledKernel {
+                            kernel: format!("{}{e}", u.label),
+                            arch: target.arch(),
+                            file: u.file.clone(),
+                            ok: found && abi.is_none(),
+                            log: match abi {
+                                Some(why) => format!("{why}\n{log}"),
+                                None => log.clone(),
+                            },
+                            bytes: img.len(),
+                        }
+                    }
                     Err(log) => CompiledKernel {
                         kernel: format!("{}{e}", u.label),
                         arch: target.arch(),

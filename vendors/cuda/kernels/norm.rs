@@ -15,6 +15,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_rms_norm", "op_layer_norm"],
     prepare,
+    params: (4, 32),
     source_dtype: super::own_source,
 };
 

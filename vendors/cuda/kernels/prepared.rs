@@ -122,6 +122,17 @@ pub fn prepare(
     let steps = steps
         .into_iter()
         .map(|step| {
+            let (ptrs, words) = family.params;
+            if step.gemm.is_none() && (step.ptrs.len() != ptrs || step.args.0.len() != words) {
+                return Err(Error::Internal(format!(
+                    "{}: {} built {} pointers and {} words for {}, which takes {ptrs} and {words}",
+                    spec.op,
+                    family.name,
+                    step.ptrs.len(),
+                    step.args.0.len(),
+                    step.entry
+                )));
+            }
             let func = match step.gemm {
                 Some(_) => 0,
                 None => b.op_function(family, dtype, &step.entry)?,

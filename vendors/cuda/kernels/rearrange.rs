@@ -25,6 +25,7 @@ pub(super) const FAMILY: Family = Family {
     ],
     entries: &["op_rearrange", "op_concat"],
     prepare,
+    params: (2, 26),
     source_dtype: super::by_size,
 };
 

@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_sum", "op_mean", "op_max", "op_min", "op_argmax"],
     prepare,
+    params: (2, 44),
     source_dtype: super::own_source,
 };
 

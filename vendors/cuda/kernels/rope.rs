@@ -16,6 +16,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_rope_i32", "op_rope_i64"],
     prepare,
+    params: (3, 34),
     source_dtype: super::own_source,
 };
 

@@ -15,6 +15,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_random_sample"],
     prepare,
+    params: (2, 24),
     source_dtype: super::own_source,
 };
 

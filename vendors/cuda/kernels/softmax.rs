@@ -15,6 +15,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_softmax"],
     prepare,
+    params: (2, 33),
     source_dtype: super::own_source,
 };
 
