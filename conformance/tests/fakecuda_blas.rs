@@ -71,6 +71,7 @@ fn matmul_runs_through_the_loaded_cublas() {
     let mut want2 = want.clone();
     want2.extend(want.iter().map(|x| -x));
     close(&c, &want2, 1e-5, "batched, B broadcast");
+    capture_and_replay(dev, &a, &b, &want, (m, k, n));
     // Strides cuBLAS cannot take (no unit stride in A): the NVRTC kernel is planned instead,
     // which the fake driver compiles and loads but refuses to fetch.
     let odd = Tensor::from_f64(&vec![1.0; m * k * 2], &[m, k, 2], DType::F32, dev)
@@ -87,6 +88,39 @@ fn matmul_runs_through_the_loaded_cublas() {
         ),
         Ok(_) => panic!("a layout without unit strides was planned for cuBLAS"),
     }
+}
+
+/// A matmul launch through cuBLAS is recorded by a stream capture and replayed from the graph
+/// (the operator-graph path captures op launches this way).
+fn capture_and_replay(
+    dev: Device,
+    a: &[f64],
+    b: &[f64],
+    want: &[f64],
+    (m, k, n): (usize, usize, usize),
+) {
+    use unirt::hal::CaptureMode;
+    use unirt::Backend;
+    let rt = unirt::Runtime::get(dev).unwrap();
+    let s = rt.backend().stream_create().unwrap();
+    let ta = Tensor::from_f64(a, &[m, k], DType::F32, dev).unwrap();
+    let tb = Tensor::from_f64(b, &[k, n], DType::F32, dev).unwrap();
+    let c = Tensor::zeros(&[m, n], DType::F32, dev).unwrap();
+    let plan = unirt::ops::matmul::matmul(&ta.desc(), &tb.desc(), 1.0).unwrap();
+    rt.backend().synchronize().unwrap();
+    rt.begin_capture(s, CaptureMode::Global).unwrap();
+    let launched = plan.launch(&[&ta, &tb], &[&c], None, s);
+    let graph = rt.end_capture().unwrap();
+    launched.unwrap();
+    // Nothing ran while capturing.
+    assert!(c.to_f64_vec().unwrap().iter().all(|&x| x == 0.0));
+    let exec = graph.instantiate().unwrap();
+    exec.launch(s).unwrap();
+    rt.backend().stream_synchronize(s).unwrap();
+    close(&c.to_f64_vec().unwrap(), want, 1e-5, "replayed capture");
+    drop(exec);
+    drop(graph);
+    rt.backend().stream_destroy(s).unwrap();
 }
 
 fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {
