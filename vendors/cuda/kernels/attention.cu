@@ -4,9 +4,10 @@
 // - `op_attention_prefill`: flash-style; a block of 4 warps takes 4 consecutive queries of
 //   one (batch, head), each warp one query row (lane l holds elements l, l + 32, … of q and
 //   of its accumulator); K and V stream through shared memory 16 keys at a time.
-// - `op_attention_decode` (one query): split-K across the 8 warps of a block, one block per
-//   (batch, head); each warp runs the online softmax over its share of the cache and the
-//   partial results are merged through shared memory.
+// - `op_attention_decode` + `op_attention_combine` (one query): split-K over the cache — a
+//   block per (key chunk, batch × head) runs the online softmax over its chunk (its 4 warps
+//   taking every 4th key, merged through shared memory) and writes a partial (max, sum,
+//   accumulators) to the plan's workspace; the combine pass merges a row's partials.
 // d ≤ 256 (checked by the planner).
 
 struct At {
@@ -14,12 +15,13 @@ struct At {
     i64 q_st[4], k_st[4], v_st[4], o_st[4];
     i64 causal;
     double scale;
+    i64 splits; // key chunks of the split-K decode
 };
 
 #define MAX_PER_LANE 8
 #define KEYS 16
 #define PREFILL_WARPS 4
-#define DECODE_WARPS 8
+#define DECODE_WARPS 4
 
 extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, const T *Q, const T *K, const T *V, At p)
 {
@@ -83,12 +85,16 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) op_attention_decode(T *out, const T *Q, const T *K, const T *V, At p)
+// Split-K decode, pass 1: block (split, bh) runs the online softmax of its 4 warps over keys
+// [split·chunk, (split+1)·chunk) and writes the merged partial (max, sum, d accumulators) to
+// `ws` at [(bh · splits + split) · (d + 2)].
+extern "C" __global__ void __launch_bounds__(128) op_attention_decode(float *ws, const T *Q, const T *K, const T *V, At p)
 {
     __shared__ float part_acc[DECODE_WARPS][256];
     __shared__ float part_m[DECODE_WARPS], part_l[DECODE_WARPS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    i64 bh = blockIdx.x, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
+    i64 split = blockIdx.x, splits = p.splits;
+    i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
     float scale = (float)p.scale;
     float q[MAX_PER_LANE], acc[MAX_PER_LANE];
     const T *qrow = Q + bi * p.q_st[0] + h * p.q_st[1];
@@ -100,10 +106,10 @@ extern "C" __global__ void __launch_bounds__(256) op_attention_decode(T *out, co
     // One query over lkv keys: causal or not, every key is visible.
     const T *kbase = K + bi * p.k_st[0] + kh * p.k_st[1];
     const T *vbase = V + bi * p.v_st[0] + kh * p.v_st[1];
+    i64 chunk = (p.lkv + splits - 1) / splits;
+    i64 j0 = split * chunk, j1 = j0 + chunk < p.lkv ? j0 + chunk : p.lkv;
     float m = UNIRT_NEG_INF, l = 0.0f;
-    i64 chunk = (p.lkv + DECODE_WARPS - 1) / DECODE_WARPS;
-    i64 j_end = (warp + 1) * chunk < p.lkv ? (warp + 1) * chunk : p.lkv;
-    for (i64 j = warp * chunk; j < j_end; ++j) {
+    for (i64 j = j0 + warp; j < j1; j += DECODE_WARPS) {
         const T *krow = kbase + j * p.k_st[2];
         const T *vrow = vbase + j * p.v_st[2];
         float s = 0.0f;
@@ -129,14 +135,43 @@ extern "C" __global__ void __launch_bounds__(256) op_attention_decode(T *out, co
     __syncthreads();
     float mg = UNIRT_NEG_INF;
     for (int w = 0; w < DECODE_WARPS; ++w) mg = fmaxf(mg, part_m[w]);
-    float lg = 0.0f;
-    for (int w = 0; w < DECODE_WARPS; ++w) lg += part_l[w] > 0.0f ? part_l[w] * expf(part_m[w] - mg) : 0.0f;
-    float inv = lg > 0.0f ? 1.0f / lg : 0.0f;
-    T *orow = out + bi * p.o_st[0] + h * p.o_st[1];
+    float *out = ws + (bh * splits + split) * (p.d + 2);
+    if (threadIdx.x == 0) {
+        float lg = 0.0f;
+        for (int w = 0; w < DECODE_WARPS; ++w) lg += part_l[w] > 0.0f ? part_l[w] * expf(part_m[w] - mg) : 0.0f;
+        out[0] = mg;
+        out[1] = lg;
+    }
     for (i64 c = threadIdx.x; c < p.d; c += blockDim.x) {
         float s = 0.0f;
         for (int w = 0; w < DECODE_WARPS; ++w)
             if (part_l[w] > 0.0f) s += part_acc[w][c] * expf(part_m[w] - mg);
-        orow[c * p.o_st[3]] = from_f32<T>(s * inv);
+        out[2 + c] = s;
+    }
+}
+
+// Split-K decode, pass 2: block bh merges its `splits` partials from `ws` into the output row.
+extern "C" __global__ void __launch_bounds__(128) op_attention_combine(T *out, const float *ws, const T *unused_k, const T *unused_v, At p)
+{
+    i64 splits = p.splits;
+    i64 bh = blockIdx.x, bi = bh / p.hq, h = bh % p.hq;
+    const float *part = ws + bh * splits * (p.d + 2);
+    float mg = UNIRT_NEG_INF;
+    for (i64 s = 0; s < splits; ++s)
+        if (part[s * (p.d + 2) + 1] > 0.0f) mg = fmaxf(mg, part[s * (p.d + 2)]);
+    float lg = 0.0f;
+    for (i64 s = 0; s < splits; ++s) {
+        float l = part[s * (p.d + 2) + 1];
+        if (l > 0.0f) lg += l * expf(part[s * (p.d + 2)] - mg);
+    }
+    float inv = lg > 0.0f ? 1.0f / lg : 0.0f;
+    T *orow = out + bi * p.o_st[0] + h * p.o_st[1];
+    for (i64 c = threadIdx.x; c < p.d; c += blockDim.x) {
+        float acc = 0.0f;
+        for (i64 s = 0; s < splits; ++s) {
+            const float *ps = part + s * (p.d + 2);
+            if (ps[1] > 0.0f) acc += ps[2 + c] * expf(ps[0] - mg);
+        }
+        orow[c * p.o_st[3]] = from_f32<T>(acc * inv);
     }
 }

@@ -26,6 +26,8 @@ pub enum Operand {
     In(usize),
     /// Output `i`'s first element, plus `elements` further on (a concat slice).
     Out(usize, i64),
+    /// The plan's workspace.
+    Workspace,
 }
 
 /// One kernel launch of a plan.
@@ -172,6 +174,11 @@ impl PreparedKernel for CudaOp {
             let (t, extra) = match o {
                 Operand::In(i) => (call.inputs.get(i), 0),
                 Operand::Out(i, e) => (call.outputs.get(i), e),
+                Operand::Workspace => {
+                    return call.workspace.map(|(addr, _)| addr).ok_or_else(|| {
+                        Error::Internal(format!("{}: launched without its workspace", call.op))
+                    })
+                }
             };
             let t = t.ok_or_else(|| {
                 Error::Internal(format!("{}: operand {o:?} missing at launch", call.op))
