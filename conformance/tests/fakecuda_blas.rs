@@ -4,7 +4,8 @@
 //! cannot execute, so a correct result proves the GEMM went through cuBLAS; a layout cuBLAS
 //! cannot take falls back to the NVRTC kernel (stopping at the fake driver's refused fetch).
 //! The absent path (no cuBLAS: NVRTC kernels, reported by `unirt devices`) is checked in
-//! `fakecuda_conformance`.
+//! `fakecuda_conformance`. The same run drives one NVRTC operator kernel end to end through the
+//! fake driver's CPU twin of `op_add` (f32).
 
 mod fakecuda_support;
 
@@ -33,7 +34,10 @@ fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
 
 #[test]
 fn matmul_runs_through_the_loaded_cublas() {
-    let (lib, _ctl) = fakecuda_support::use_fake_driver(&[("UNIRT_BACKENDS", "cpu,cuda")]);
+    let (lib, _ctl) = fakecuda_support::use_fake_driver(&[
+        ("UNIRT_BACKENDS", "cpu,cuda"),
+        ("UNIRT_FAKECUDA_OP_TWINS", "1"),
+    ]);
     std::env::set_var("UNIRT_CUBLAS_LIBRARY", &lib);
     let summary = unirt::vendors::cuda::blas_summary();
     assert!(summary.starts_with("cuBLAS at "), "{summary}");
@@ -72,6 +76,7 @@ fn matmul_runs_through_the_loaded_cublas() {
     want2.extend(want.iter().map(|x| -x));
     close(&c, &want2, 1e-5, "batched, B broadcast");
     capture_and_replay(dev, &a, &b, &want, (m, k, n));
+    op_kernel_end_to_end(dev);
     // Strides cuBLAS cannot take (no unit stride in A): the NVRTC kernel is planned instead,
     // which the fake driver compiles and loads but refuses to fetch.
     let odd = Tensor::from_f64(&vec![1.0; m * k * 2], &[m, k, 2], DType::F32, dev)
@@ -118,6 +123,58 @@ fn capture_and_replay(
     exec.launch(s).unwrap();
     rt.backend().stream_synchronize(s).unwrap();
     close(&c.to_f64_vec().unwrap(), want, 1e-5, "replayed capture");
+    drop(exec);
+    drop(graph);
+    rt.backend().stream_destroy(s).unwrap();
+}
+
+/// The host side of an NVRTC operator kernel end to end on the fake driver, which runs a CPU
+/// twin of the f32 `op_add` entry (UNIRT_FAKECUDA_OP_TWINS=1): compiled source, module and
+/// function, the by-value layout struct, range checks, broadcast and strided views, in place,
+/// and a captured launch replayed from its graph.
+fn op_kernel_end_to_end(dev: Device) {
+    use unirt::hal::CaptureMode;
+    use unirt::Backend;
+    let cpu = Device::CPU;
+    let av: Vec<f64> = (0..15).map(|i| i as f64 * 0.5 - 3.0).collect();
+    let bv: Vec<f64> = (0..4).map(|i| i as f64 * 10.0).collect();
+    let on = |d: Device| {
+        let a = Tensor::from_f64(&av, &[3, 1, 5], DType::F32, d).unwrap();
+        let b = Tensor::from_f64(&bv, &[4, 1], DType::F32, d).unwrap();
+        a.add(&b).unwrap().to_f64_vec().unwrap()
+    };
+    close(&on(dev), &on(cpu), 0.0, "broadcast add");
+    // A transposed (strided) operand.
+    let tr = |d: Device| {
+        let a = Tensor::from_f64(&av, &[3, 5], DType::F32, d).unwrap();
+        let t = a.transpose(0, 1).unwrap();
+        let u = Tensor::from_f64(&av, &[5, 3], DType::F32, d).unwrap();
+        t.add(&u).unwrap().to_f64_vec().unwrap()
+    };
+    close(&tr(dev), &tr(cpu), 0.0, "transposed add");
+    // In place, then captured and replayed twice.
+    let x = Tensor::from_f64(&av, &[15], DType::F32, dev).unwrap();
+    let y = Tensor::from_f64(&av, &[15], DType::F32, dev).unwrap();
+    let plan =
+        unirt::ops::elementwise::binary(unirt::ops::BinaryOp::Add, &x.desc(), &y.desc()).unwrap();
+    let rt = unirt::Runtime::get(dev).unwrap();
+    let s = rt.backend().stream_create().unwrap();
+    rt.backend().synchronize().unwrap();
+    rt.begin_capture(s, CaptureMode::Global).unwrap();
+    let launched = plan.launch(&[&x, &y], &[&x], None, s);
+    let graph = rt.end_capture().unwrap();
+    launched.unwrap();
+    let exec = graph.instantiate().unwrap();
+    exec.launch(s).unwrap();
+    exec.launch(s).unwrap();
+    rt.backend().stream_synchronize(s).unwrap();
+    let want: Vec<f64> = av.iter().map(|v| 3.0 * v).collect();
+    close(
+        &x.to_f64_vec().unwrap(),
+        &want,
+        0.0,
+        "in place, replayed twice",
+    );
     drop(exec);
     drop(graph);
     rt.backend().stream_destroy(s).unwrap();

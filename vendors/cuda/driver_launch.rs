@@ -133,14 +133,23 @@ impl Driver {
         args: &[i64],
         stream: u64,
     ) -> Result<()> {
-        let mut values: Vec<u64> = ptrs.to_vec();
-        let mut params: Vec<*mut c_void> = values
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
+        // On the stack: a launch allocates nothing on the host either.
+        const MAX_PTRS: usize = 8;
+        if ptrs.len() > MAX_PTRS {
+            return Err(Error::BadParam(format!(
+                "an op kernel with {} pointer parameters (at most {MAX_PTRS})",
+                ptrs.len()
+            )));
+        }
+        let mut values = [0u64; MAX_PTRS];
+        values[..ptrs.len()].copy_from_slice(ptrs);
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PTRS + 1];
+        for (slot, v) in params.iter_mut().zip(values.iter_mut()).take(ptrs.len()) {
+            *slot = v as *mut u64 as *mut c_void;
+        }
         if !args.is_empty() {
             // The driver copies the struct's bytes (the kernel's parameter size) from here.
-            params.push(args.as_ptr() as *mut c_void);
+            params[ptrs.len()] = args.as_ptr() as *mut c_void;
         }
         // SAFETY: the caller's contract: a live function, parameters matching its signature
         // (each read through its pointer during the call, which `values` and `args` outlive),

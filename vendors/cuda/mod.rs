@@ -6,9 +6,12 @@
 //! libcuda call, `nvrtc.rs` every NVRTC call — through symbols we resolve ourselves (cudarc
 //! supplies the handle types and constants; its own loaders panic on a missing library or
 //! symbol). Wrappers whose soundness rests on validated handles or ranges are `unsafe fn`.
-//! `kernels.rs` compiles and caches the CUDA C kernels (`kernels/<op family>.cu`);
-//! `backend.rs` is the [`Backend`] impl; this file holds the backend type, `probe()`, `open()`
-//! and the CLI's ahead-of-time compile ([`compile_kernels`]).
+//! `kernels/` holds the CUDA C kernels — the HAL's (`builtin.cu`) and the operators', one
+//! template per op family (`kernels/<family>.cu`, generated per dtype, planned by
+//! `kernels/<family>.rs`, registered as [`crate::ops::KernelImpl::Prepared`]) — compiled by
+//! NVRTC and cached in memory and on disk; `blas.rs` loads cuBLAS at run time for matmul when
+//! it is installed; `backend.rs` is the [`Backend`] impl; this file holds the backend type,
+//! `probe()`, `open()` and the CLI's ahead-of-time compile ([`compile_kernels`]).
 //!
 //! Choices a reader of infinirt should know:
 //! - **Contexts**: each device uses its primary context (shared with the CUDA runtime and
