@@ -110,6 +110,10 @@ if [ -n "$first_cuda" ]; then
     2) echo "gpu.sh: PyTorch peer not run (see above)" ;;
     *) fail "ci/bench_ops_torch.py" ;;
   esac
+  # TF32 on, both sides (unirt: through cuBLAS when found).
+  UNIRT_CUDA_TF32=1 "$bin" bench ops --device "$first_cuda" --quick \
+    --json "$out/bench-ops-cuda-tf32-quick.json" >"$out/bench-ops-cuda-tf32-quick.txt" 2>&1 \
+    || fail "bench ops with TF32 on $first_cuda"
   python3 ci/bench_ops_torch.py --device "$first_cuda" --tf32 --quick \
     --json "$out/bench-ops-torch-tf32-quick.json" >"$out/bench-ops-torch-tf32-quick.txt" 2>&1 || true
 fi

@@ -114,7 +114,11 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     if lda < rows(transa, m, k).max(1) || ldb < rows(transb, k, n).max(1) || ldc < m.max(1) {
         return STATUS_INVALID_VALUE;
     }
-    if atype != btype || atype != ctype || ![0, 2, 14].contains(&atype) || compute != 68 {
+    if atype != btype
+        || atype != ctype
+        || ![0, 2, 14].contains(&atype)
+        || ![68, 77].contains(&compute)
+    {
         return STATUS_NOT_SUPPORTED;
     }
     // SAFETY: a live handle; alpha and beta point to host f32s (compute type 32F).

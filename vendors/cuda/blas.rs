@@ -7,7 +7,8 @@
 //! A handle is made per device (in its primary context) when a matmul is first planned, with
 //! a workspace of its own set through `cublasSetWorkspace_v2`, so a GEMM never allocates and
 //! can be captured into a CUDA graph. Calls on one handle are serialised (the stream is set
-//! per call). f32 GEMMs compute in f32 (TF32 off); f16 / bf16 accumulate in f32.
+//! per call). f32 GEMMs compute in f32 (TF32 off unless `UNIRT_CUDA_TF32=1`); f16 / bf16
+//! accumulate in f32.
 
 use std::ffi::{c_int, c_void};
 use std::path::PathBuf;
@@ -33,6 +34,15 @@ const R_16F: c_int = 2;
 const R_16BF: c_int = 14;
 /// `cublasComputeType_t`: f32 accumulation, no TF32.
 const COMPUTE_32F: c_int = 68;
+/// `cublasComputeType_t`: f32 GEMMs on TF32 tensor cores (f32 accumulation).
+const COMPUTE_32F_FAST_TF32: c_int = 77;
+
+/// Whether f32 GEMMs may use TF32 tensor cores (`UNIRT_CUDA_TF32=1`; off by default, as
+/// PyTorch's `allow_tf32` for matmul).
+pub fn tf32() -> bool {
+    static TF32: OnceLock<bool> = OnceLock::new();
+    *TF32.get_or_init(|| std::env::var_os("UNIRT_CUDA_TF32").is_some_and(|v| v == "1"))
+}
 /// `CUBLAS_GEMM_DEFAULT`.
 const GEMM_DEFAULT: c_int = -1;
 
@@ -125,7 +135,15 @@ pub fn cublas() -> std::result::Result<&'static Cublas, String> {
 /// One line for `unirt devices`: which BLAS matmul uses, or why none.
 pub fn summary() -> String {
     match cublas() {
-        Ok(b) => format!("cuBLAS at {}", b.path.display()),
+        Ok(b) => format!(
+            "cuBLAS at {} (f32 GEMM: TF32 {})",
+            b.path.display(),
+            if tf32() {
+                "on, UNIRT_CUDA_TF32=1"
+            } else {
+                "off"
+            }
+        ),
         Err(why) => format!("none, matmul uses unirt's NVRTC kernels ({why})"),
     }
 }
@@ -252,7 +270,11 @@ impl Cublas {
                 g.ldc,
                 g.stride_c,
                 g.batch,
-                COMPUTE_32F,
+                if g.dtype == R_32F && tf32() {
+                    COMPUTE_32F_FAST_TF32
+                } else {
+                    COMPUTE_32F
+                },
                 GEMM_DEFAULT,
             )
         })
