@@ -38,6 +38,29 @@ fuzz_seconds="${UNIRT_FUZZ_SECONDS_CI:-40}"
 echo "== Rust API fuzzer: ${fuzz_seconds} s over every device (UNIRT_FUZZ_SECONDS_CI)"
 UNIRT_FUZZ_FAKECUDA=1 UNIRT_FUZZ_SECONDS="$fuzz_seconds" cargo test -p unirt-conformance --test fuzz
 
+# The C ABI fuzzer (capi/tests/c/fuzz_test.c, built by the test run above) for a bounded time
+# on every device, the CUDA backend over the fake driver included (a call it records as
+# driver misuse fails the seed), single-threaded and with four threads sharing the objects.
+capi_fuzz="$target/tmp/fuzz_test"
+capi_fuzz_seconds="${UNIRT_CAPI_FUZZ_SECONDS_CI:-20}"
+if [ -x "$capi_fuzz" ]; then
+  fake_cuda="$(cd "$target/debug" && pwd)/libunirt_fakecuda.so"
+  for threads in 1 4; do
+    echo "== C ABI fuzzer: ${capi_fuzz_seconds} s over every device, ${threads} thread(s) (UNIRT_CAPI_FUZZ_SECONDS_CI)"
+    log="$target/capi-fuzz-$threads.log"
+    rc=0
+    UNIRT_CUDA_LIBRARY="$fake_cuda" UNIRT_CAPI_FUZZ_THREADS="$threads" \
+      UNIRT_CAPI_FUZZ_SECONDS="$capi_fuzz_seconds" "$capi_fuzz" >"$log" 2>&1 || rc=$?
+    grep -v '^fuzz: device ' "$log" || true
+    if [ "$rc" != 0 ]; then
+      echo "C ABI fuzzer FAILED (exit $rc); the last seed it began:" >&2
+      grep '^fuzz: device ' "$log" | tail -n 1 >&2
+      echo "replay: see docs/RELIABILITY.md (UNIRT_CAPI_FUZZ_SEED)" >&2
+      exit 1
+    fi
+  done
+fi
+
 echo "== ci/gpu.sh (GPU runner; on a machine without an NVIDIA GPU it says so and exits 0)"
 UNIRT_BIN="$target/debug/unirt" bash ci/gpu.sh "$target/gpu-results"
 

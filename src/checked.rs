@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
-use crate::hal::{MemcpyKind, StreamId};
+use crate::hal::{CaptureMode, MemcpyKind, StreamId};
 use crate::hostmem::{HostBlock, HostHeap};
 use crate::memtable::{AllocRef, AllocTable, Allocation};
 
@@ -323,9 +323,50 @@ pub fn begin_capture<C>(slot: &mut Option<C>, capture: C) -> Result<()> {
     Ok(())
 }
 
-/// Ends the capture in a stream's capture slot.
-pub fn end_capture<C>(slot: &mut Option<C>) -> Result<C> {
-    slot.take().ok_or(Error::NotCapturing)
+/// Which thread may end a capture. CUDA requires the thread that began a Global or
+/// ThreadLocal capture to end it (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, and the capture
+/// goes on); a Relaxed capture may be ended by any thread. Every backend keeps that rule, so
+/// unirt refuses the call before a driver can, and its own record of the capture never
+/// disagrees with the driver's.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CaptureOwner(Option<std::thread::ThreadId>);
+
+impl CaptureOwner {
+    /// The owner of a capture the calling thread begins in `mode`.
+    pub fn new(mode: CaptureMode) -> Self {
+        CaptureOwner(match mode {
+            CaptureMode::Relaxed => None,
+            CaptureMode::Global | CaptureMode::ThreadLocal => Some(std::thread::current().id()),
+        })
+    }
+
+    /// `Ok` when the calling thread may end the capture.
+    pub fn check_end(&self) -> Result<()> {
+        match self.0 {
+            Some(t) if t != std::thread::current().id() => Err(Error::Capturing(
+                "end_capture on another thread than the one that began a Global or \
+                 ThreadLocal capture (begin it Relaxed to end it elsewhere)"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A backend's record of a capture in progress, which knows its [`CaptureOwner`].
+pub trait OwnedCapture {
+    fn owner(&self) -> &CaptureOwner;
+}
+
+/// Ends the capture in a stream's capture slot, on a thread allowed to.
+pub fn end_capture<C: OwnedCapture>(slot: &mut Option<C>) -> Result<C> {
+    match slot {
+        None => Err(Error::NotCapturing),
+        Some(c) => {
+            c.owner().check_end()?;
+            slot.take().ok_or(Error::NotCapturing)
+        }
+    }
 }
 
 /// How many captures in progress have recorded an event.
@@ -514,16 +555,31 @@ mod tests {
         Ok(())
     }
 
+    #[derive(Debug)]
+    struct Cap(u32, CaptureOwner);
+
+    impl OwnedCapture for Cap {
+        fn owner(&self) -> &CaptureOwner {
+            &self.1
+        }
+    }
+
     #[test]
     fn capture_and_stream_rules() {
         let mut slot = None;
-        assert!(begin_capture(&mut slot, 1).is_ok());
+        let relaxed = CaptureOwner::new(CaptureMode::Relaxed);
+        assert!(begin_capture(&mut slot, Cap(1, relaxed)).is_ok());
         assert!(matches!(
-            begin_capture(&mut slot, 2),
+            begin_capture(&mut slot, Cap(2, relaxed)),
             Err(Error::Capturing(_))
         ));
-        assert_eq!(end_capture(&mut slot).ok(), Some(1));
+        assert_eq!(end_capture(&mut slot).ok().map(|c| c.0), Some(1));
         assert!(matches!(end_capture(&mut slot), Err(Error::NotCapturing)));
+        // A Global capture is ended by its own thread only; the refusal leaves it in place.
+        let mut slot = Some(Cap(3, CaptureOwner::new(CaptureMode::Global)));
+        let there = std::thread::scope(|s| s.spawn(|| end_capture(&mut slot).is_err()).join());
+        assert!(matches!(there, Ok(true)));
+        assert_eq!(end_capture(&mut slot).ok().map(|c| c.0), Some(3));
         assert!(check_destroyable(StreamId(1), StreamId(1)).is_err());
         assert!(check_destroyable(StreamId(1), StreamId(2)).is_ok());
         assert!(refuse_while_capturing(true, "x").is_err());

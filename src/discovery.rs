@@ -55,6 +55,26 @@ impl BackendReport {
     }
 }
 
+/// One library a vendor loads at run time, and where it looked for it: what `unirt devices
+/// --verbose` prints when a vendor says "searched N places".
+#[derive(Debug, Clone, Serialize)]
+pub struct LibrarySearch {
+    pub kind: DeviceKind,
+    pub library: &'static str,
+    /// The environment variable that names the one file to load instead.
+    pub env: &'static str,
+    /// Every place searched, in order.
+    pub searched: Vec<String>,
+    /// The files found there that may be the library, best first.
+    pub found: Vec<String>,
+}
+
+/// Every run-time library search of every vendor (searched afresh: cheap file checks, nothing
+/// is loaded).
+pub fn library_searches() -> Vec<LibrarySearch> {
+    vendors::cuda::library_searches()
+}
+
 /// Every vendor of the table, probed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Discovery {

@@ -70,6 +70,7 @@ fn build(source: &Path, name: &str) -> Option<PathBuf> {
         .arg("-linfinirt")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-lpthread")
+        .arg("-ldl")
         .status()
         .expect("run the C compiler");
     assert!(status.success(), "compiling {} failed", source.display());
@@ -139,6 +140,40 @@ fn sizes_test_c() {
         "sizes_test",
     ) {
         run(&exe);
+    }
+}
+
+/// The C ABI fuzzer (`tests/c/fuzz_test.c`) for a few seconds on every device, single-threaded
+/// (seeds replay exactly) and then with four threads sharing the objects; `ci/test.sh` runs it
+/// longer, over the fake CUDA driver too. A failing seed is printed; see docs/RELIABILITY.md.
+#[test]
+fn fuzz_test_c() {
+    let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/fuzz_test.c"),
+        "fuzz_test",
+    ) else {
+        return;
+    };
+    let seconds = std::env::var("UNIRT_CAPI_FUZZ_SECONDS").unwrap_or_else(|_| "2".into());
+    for threads in ["1", "4"] {
+        let out = Command::new(&exe)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("UNIRT_CAPI_FUZZ_SECONDS", &seconds)
+            .env("UNIRT_CAPI_FUZZ_THREADS", threads)
+            .output()
+            .expect("run the C fuzzer");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // The per-seed lines are for replaying a crash; show the summary and any failure.
+        for line in stdout.lines().filter(|l| !l.starts_with("fuzz: device ")) {
+            println!("{line}");
+        }
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "fuzz_test ({threads} threads) failed: {}; the last seed line: {:?}",
+            out.status,
+            stdout.lines().rfind(|l| l.starts_with("fuzz: device "))
+        );
     }
 }
 

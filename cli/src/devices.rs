@@ -6,14 +6,42 @@ use unirt::Discovery;
 
 use crate::CliResult;
 
-pub fn run(json: bool) -> CliResult<ExitCode> {
+pub fn run(json: bool, verbose: bool) -> CliResult<ExitCode> {
     let d = unirt::discover();
+    let searches = verbose.then(unirt::discovery::library_searches);
     if json {
-        println!("{}", serde_json::to_string_pretty(d)?);
+        let mut v = serde_json::to_value(d)?;
+        if let (Some(s), Some(obj)) = (&searches, v.as_object_mut()) {
+            obj.insert("library_searches".into(), serde_json::to_value(s)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_table(d);
+        for s in searches.iter().flatten() {
+            print_search(s);
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where one library was looked for, and what was found.
+fn print_search(s: &unirt::discovery::LibrarySearch) {
+    println!(
+        "{} {}: {} place(s) searched ({} overrides them all)",
+        s.kind.as_str(),
+        s.library,
+        s.searched.len(),
+        s.env
+    );
+    for place in &s.searched {
+        println!("  searched  {place}");
+    }
+    if s.found.is_empty() {
+        println!("  found     nothing");
+    }
+    for f in &s.found {
+        println!("  found     {f}");
+    }
 }
 
 fn gib(bytes: u64) -> String {

@@ -37,6 +37,9 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also list every place each run-time library (libcuda, NVRTC) was looked for.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Runs the conformance suite.
     Conformance {
@@ -77,27 +80,14 @@ enum Command {
     },
 }
 
-/// Mesa's device-select Vulkan layer only reorders GPUs for programs that take the first one;
-/// unirt enumerates and sorts every adapter itself. With no desktop session the layer prints
-/// "XDG_RUNTIME_DIR is invalid" twice while it looks for a display, so where there is none the
-/// command turns the layer off (its own documented switch), before any thread starts.
-fn quiet_headless_vulkan_layer() {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
-        && std::env::var_os("NODEVICE_SELECT").is_none()
-    {
-        std::env::set_var("NODEVICE_SELECT", "1");
-    }
-}
-
 /// Errors of the command line front end: a unirt error or an I/O failure writing a report.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> ExitCode {
-    quiet_headless_vulkan_layer();
     let args = Args::parse();
     let result = match args.command {
         None => main_job::run(),
-        Some(Command::Devices { json }) => devices::run(json),
+        Some(Command::Devices { json, verbose }) => devices::run(json, verbose),
         Some(Command::Conformance {
             device,
             filter,

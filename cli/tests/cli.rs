@@ -362,3 +362,20 @@ fn an_adapter_that_fails_to_open_is_listed_unusable() {
         );
     }
 }
+
+/// Probing every device prints nothing on stderr, even with no desktop session (no
+/// XDG_RUNTIME_DIR): the library's Vulkan instance leaves out the window-system extensions
+/// that make Mesa's device-select layer look for a compositor. (The CLI sets no environment
+/// variable for this; what it shows is what a program linking libinfinirt sees.)
+#[test]
+fn probing_is_quiet_without_a_desktop_session() {
+    let out = Command::new(env!("CARGO_BIN_EXE_unirt"))
+        .args(["devices"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .expect("the unirt binary runs");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.trim().is_empty(), "stderr: {err}");
+}

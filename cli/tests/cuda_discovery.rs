@@ -228,3 +228,28 @@ fn an_absurd_device_count_is_a_reason_not_an_allocation() {
         );
     }
 }
+
+/// `unirt devices --verbose` lists every place each library was looked for, and `--json
+/// --verbose` the same under `library_searches`.
+#[test]
+fn verbose_lists_every_searched_place() {
+    let out = unirt(&["devices", "--verbose"], &[HIDDEN_NVRTC]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("cuda libcuda: "), "{text}");
+    assert!(
+        text.contains("cuda NVRTC: 1 place(s) searched (UNIRT_NVRTC_LIBRARY overrides them all)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  searched  UNIRT_NVRTC_LIBRARY=/nonexistent/unirt-test/libnvrtc.so.12"),
+        "{text}"
+    );
+    let out = unirt(&["devices", "--json", "--verbose"], &[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let searches = v["library_searches"].as_array().expect("library_searches");
+    assert!(searches
+        .iter()
+        .any(|s| s["library"] == "libcuda"
+            && s["searched"].as_array().is_some_and(|a| !a.is_empty())));
+}

@@ -12,7 +12,10 @@
 //!   querying or synchronising an event recorded inside the capture — is refused with
 //!   [`unirt::Error::Capturing`], and the capture goes on unharmed;
 //! - none of the above invalidates the capture: it ends with a graph that replays what was
-//!   recorded.
+//!   recorded;
+//! - a Global or ThreadLocal capture is ended by the thread that began it (CUDA's rule): another
+//!   thread's `end_capture` is refused with [`unirt::Error::Capturing`] and the capture goes on;
+//!   a Relaxed capture may be ended by any thread.
 //!
 //! The modes exist for CUDA code outside unirt (they decide which of *its* "potentially
 //! unsafe" calls CUDA refuses); unirt's own calls never depend on them.
@@ -21,6 +24,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::ensure;
+use crate::ops_check::fail;
 use unirt::alloc::CachingAllocator;
 use unirt::hal::{CaptureMode, EventFlags, EventStatus, MemcpyKind, StreamId};
 use unirt::stream::Stream;
@@ -63,7 +67,65 @@ pub(super) const CASES: &[Case] = &[
         needs: CAP,
         run: stream_sync,
     },
+    Case {
+        name: "capture::modes::end_on_another_thread",
+        needs: CAP,
+        run: end_elsewhere,
+    },
 ];
+
+/// Ending a capture from a thread other than the one that began it: refused (and harmless) in
+/// Global and ThreadLocal mode, allowed in Relaxed mode.
+fn end_elsewhere(ctx: &Ctx) -> Result<(), Failure> {
+    for mode in MODES {
+        let s = Stream::new(&ctx.backend)?;
+        let marker = Buf::with(&ctx.backend, &[0u8; MARK])?;
+        ctx.begin_capture(s.id(), mode)?;
+        ctx.memset_async(marker.ptr, 5, MARK, s.id())?;
+        let there = std::thread::scope(|sc| {
+            sc.spawn(|| ctx.end_capture(s.id()))
+                .join()
+                .map_err(|_| Failure::Failed("the other thread panicked".into()))
+        })?;
+        let g = match (mode, there) {
+            (CaptureMode::Relaxed, Ok(g)) => g,
+            (CaptureMode::Relaxed, Err(e)) => {
+                return Err(fail(format!("Relaxed: end_capture on another thread: {e}")))
+            }
+            (_, Ok(_)) => {
+                return Err(fail(format!(
+                    "{mode:?}: end_capture on another thread succeeded"
+                )))
+            }
+            (_, Err(Error::Capturing(_))) => {
+                // Still capturing, unharmed: more work records, and this thread ends it.
+                ctx.memset_async(marker.ptr, 6, MARK / 2, s.id())?;
+                ctx.end_capture(s.id())?
+            }
+            (_, Err(e)) => {
+                return Err(fail(format!(
+                    "{mode:?}: end_capture on another thread: expected Capturing, got {e}"
+                )))
+            }
+        };
+        same(
+            &marker.read()?,
+            &[0; MARK],
+            &format!("{mode:?}: before replay"),
+        )?;
+        let x = ctx.graph_instantiate(g)?;
+        ctx.graph_launch(x, s.id())?;
+        s.synchronize()?;
+        let mut want = vec![5u8; MARK];
+        if mode != CaptureMode::Relaxed {
+            want[..MARK / 2].fill(6);
+        }
+        same(&marker.read()?, &want, &format!("{mode:?}: after replay"))?;
+        ctx.graph_exec_destroy(x)?;
+        ctx.graph_destroy(g)?;
+    }
+    Ok(())
+}
 
 const MARK: usize = 4096;
 

@@ -30,6 +30,7 @@ mod cases_capture;
 mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
+mod cases_device_loss;
 mod cases_lifetime;
 mod cases_memcpy;
 mod cases_ops_data;
@@ -168,6 +169,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_lifetime::CASES);
     all.extend_from_slice(cases_stress::CASES);
     all.extend_from_slice(cases_robust::CASES);
+    all.extend_from_slice(cases_device_loss::CASES);
     all.extend_from_slice(cases_ops_registry::CASES);
     all.extend(cases_ops_elementwise::cases());
     all.extend(cases_ops_data::cases());
@@ -234,7 +236,24 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             USER_KERNEL,
         ),
     ];
+    const NO_LOSS_CPU: &str = "the CPU backend has no device apart from the host to lose";
+    const NO_LOSS_CUDA: &str = "a lost CUDA device is a sticky context error: the fake \
+        driver's fault matrix (fakecuda_faults: ILLEGAL_ADDRESS, LAUNCH_FAILED) injects it at \
+        every entry point; a real GPU cannot be reset on purpose here";
+    const LOSS: &[(DeviceKind, &str, &str)] = &[
+        (
+            DeviceKind::Cpu,
+            cases_device_loss::DEVICE_LOST_CASE,
+            NO_LOSS_CPU,
+        ),
+        (
+            DeviceKind::Cuda,
+            cases_device_loss::DEVICE_LOST_CASE,
+            NO_LOSS_CUDA,
+        ),
+    ];
     LIST.iter()
+        .chain(LOSS)
         .find(|(k, c, _)| *k == kind && *c == case)
         .map(|(_, _, why)| *why)
 }

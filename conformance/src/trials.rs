@@ -51,14 +51,25 @@ pub fn trials() -> Vec<Trial> {
             );
         }
     }
+    // Each distinct reason a case is declared unsupported is printed once, numbered; the
+    // trial says only `unsupported N` (a label libtest pads every line to).
+    let mut reasons: Vec<String> = Vec::new();
     for (device, unavailable) in devices {
         for case in conformance::cases() {
             let name = format!("{device}::{}", case.name);
             // Known before the run: the vendor is unavailable, or the case is declared unsupported.
             let skip = match &unavailable {
                 Some(_) => Some("unavailable".to_string()),
-                None => conformance::declared_unsupported(&case, device)
-                    .map(|why| format!("unsupported: {why}")),
+                None => conformance::declared_unsupported(&case, device).map(|why| {
+                    let n = match reasons.iter().position(|r| *r == why) {
+                        Some(n) => n,
+                        None => {
+                            reasons.push(why);
+                            reasons.len() - 1
+                        }
+                    };
+                    format!("unsupported {}", n + 1)
+                }),
             };
             match skip {
                 Some(kind) => trials.push(
@@ -83,6 +94,9 @@ pub fn trials() -> Vec<Trial> {
                 })),
             }
         }
+    }
+    for (n, why) in reasons.iter().enumerate() {
+        eprintln!("unirt-conformance: unsupported {}: {why}", n + 1);
     }
     trials
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use super::event::CpuEvent;
 use super::stream::Op;
-use crate::checked::Recorded;
+use crate::checked::{CaptureOwner, OwnedCapture, Recorded};
+use crate::hal::CaptureMode;
 use crate::hostmem::HostBlock;
 
 /// One recorded command.
@@ -31,6 +32,22 @@ pub(crate) struct Capture {
     pub nodes: Vec<Node>,
     /// The memory the nodes touch, re-pinned at instantiate and at each launch.
     pub uses: Recorded<HostBlock>,
+    pub owner: CaptureOwner,
+}
+
+impl Capture {
+    pub fn new(mode: CaptureMode) -> Self {
+        Capture {
+            owner: CaptureOwner::new(mode),
+            ..Default::default()
+        }
+    }
+}
+
+impl OwnedCapture for Capture {
+    fn owner(&self) -> &CaptureOwner {
+        &self.owner
+    }
 }
 
 /// A finished capture.

@@ -453,8 +453,7 @@ impl Backend for CpuBackend {
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
         let s = self.stream(stream)?;
-        let _ = mode;
-        let begun = checked::begin_capture(&mut s.capture.lock(), Capture::default());
+        let begun = checked::begin_capture(&mut s.capture.lock(), Capture::new(mode));
         begun
     }
 

@@ -194,7 +194,7 @@ impl CudaBackend {
     fn join_other_streams(&self, s: &CudaStream) -> Result<()> {
         let streams = self.streams.values();
         for o in streams.iter().filter(|o| o.raw != s.raw) {
-            let _gate = o.gate.read_recursive();
+            let _gate = o.gate.shared();
             if !o.waitable() {
                 continue;
             }
@@ -284,7 +284,7 @@ impl Backend for CudaBackend {
         // Every stream's gate, shared: none starts capturing or is destroyed while we wait
         // (recursive reads: two synchronizing threads never wait on each other through a
         // queued writer).
-        let _gates: Vec<_> = streams.iter().map(|s| s.gate.read_recursive()).collect();
+        let _gates: Vec<_> = streams.iter().map(|s| s.gate.shared()).collect();
         if !streams.iter().any(|s| s.is_capturing()) {
             self.drv.ctx_synchronize()?;
             // Destroyed streams' work is the context's too; their end events are waited for
@@ -328,7 +328,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         let s = self.streams.remove(stream.0)?;
         // No device-wide synchronize on another thread is waiting on it once we hold this.
-        let _gate = s.gate.write();
+        let _gate = s.gate.exclusive(StreamId::KIND, s.raw)?;
         // Its queued work must still count for device synchronize: mark its end with an event
         // (or, if no event can be had, wait for it now).
         let end = self
@@ -363,8 +363,7 @@ impl Backend for CudaBackend {
         // destroyed once (on failure it goes back to the table, still live).
         match unsafe { self.drv.stream_destroy(s.raw) } {
             Ok(()) => {
-                s.destroyed
-                    .store(true, std::sync::atomic::Ordering::Release);
+                s.gate.mark_destroyed();
                 Ok(())
             }
             Err(e) => {
@@ -376,6 +375,7 @@ impl Backend for CudaBackend {
 
     fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         if s.is_capturing() {
             return Err(Error::Capturing(
                 "stream_synchronize on a capturing stream".into(),
@@ -389,6 +389,8 @@ impl Backend for CudaBackend {
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
+        let _e_use = e.gate.enter(EventId::KIND, e.raw)?;
         if !s.is_capturing() {
             e.captured
                 .refuse("stream_wait_event from a stream that is not capturing")?;
@@ -411,6 +413,8 @@ impl Backend for CudaBackend {
 
     fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
+        let _e_use = e.gate.enter(EventId::KIND, e.raw)?;
         self.bind()?;
         let capturing = s.is_capturing();
         // SAFETY: the event and the stream came from their live-handle tables.
@@ -424,6 +428,7 @@ impl Backend for CudaBackend {
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
         let e = self.event(event)?;
+        let _e_use = e.gate.enter(EventId::KIND, e.raw)?;
         e.captured.refuse("event_query")?;
         self.bind()?;
         // SAFETY: the event came from the live event table.
@@ -436,6 +441,7 @@ impl Backend for CudaBackend {
 
     fn event_synchronize(&self, event: EventId) -> Result<()> {
         let e = self.event(event)?;
+        let _e_use = e.gate.enter(EventId::KIND, e.raw)?;
         e.captured.refuse("event_synchronize")?;
         self.bind()?;
         // SAFETY: the event came from the live event table.
@@ -444,6 +450,10 @@ impl Backend for CudaBackend {
 
     fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
         let (a, b) = (self.event(start)?, self.event(end)?);
+        let (_a_use, _b_use) = (
+            a.gate.enter(EventId::KIND, a.raw)?,
+            b.gate.enter(EventId::KIND, b.raw)?,
+        );
         for e in [&a, &b] {
             e.captured.refuse("event_elapsed_ms")?;
             if !e.flags.timing() {
@@ -468,9 +478,13 @@ impl Backend for CudaBackend {
     fn event_destroy(&self, event: EventId) -> Result<()> {
         self.bind()?;
         let e = self.events.remove(event.0)?;
-        // SAFETY: the event came out of the event table, which no longer lists it: destroyed
-        // once (on failure it goes back to the table, still live).
+        // Waits for the calls using the event on other threads.
+        let _excl = e.gate.exclusive(EventId::KIND, e.raw)?;
+        // SAFETY: the event came out of the event table, which no longer lists it, and no call
+        // is using it (gate held exclusively): destroyed once (on failure it goes back to the
+        // table, still live).
         unsafe { self.drv.event_destroy(e.raw) }
+            .map(|()| e.gate.mark_destroyed())
             .inspect_err(|_| self.events.restore(event.0, e.clone()))
     }
 
@@ -566,6 +580,7 @@ impl Backend for CudaBackend {
 
     fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
         let s = self.stream(stream)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         self.refuse_capturing(&s, "stream-ordered allocation")?;
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
@@ -602,6 +617,7 @@ impl Backend for CudaBackend {
 
     fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         self.refuse_capturing(&s, "stream-ordered free")?;
         if ptr.is_null() {
             return Ok(());
@@ -669,6 +685,7 @@ impl Backend for CudaBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         let _gate = self.enqueue_gate.read();
         let plan = self.check_copy(dst, src, bytes, kind)?;
         if bytes == 0 {
@@ -705,6 +722,7 @@ impl Backend for CudaBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         let _gate = self.enqueue_gate.read();
         self.check_device(dst.0, bytes as u64)?;
         if bytes == 0 {
@@ -719,6 +737,7 @@ impl Backend for CudaBackend {
 
     fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         let _gate = self.enqueue_gate.read();
         let checked = check_launch(kernel, args, |p, len| self.check_device(p.0, len))?;
         self.bind()?;
@@ -754,7 +773,7 @@ impl Backend for CudaBackend {
         self.preload_kernels();
         // Waits for a device-wide synchronize that is waiting on this stream right now; the
         // capture state is checked under it (a check before could be stale by now).
-        let _gate = s.gate.write();
+        let _gate = s.gate.exclusive(StreamId::KIND, s.raw)?;
         let mut cap = s.capture.lock();
         if cap.is_some() {
             return Err(Error::Capturing(
@@ -764,7 +783,10 @@ impl Backend for CudaBackend {
         // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
         // SAFETY: the stream came from the stream table and is not capturing (checked above).
         unsafe { self.drv.begin_capture(s.raw, mode as i32) }?;
-        *cap = Some(CaptureLog::default());
+        *cap = Some(CaptureLog {
+            owner: crate::checked::CaptureOwner::new(mode),
+            ..Default::default()
+        });
         Ok(())
     }
 
@@ -772,8 +794,13 @@ impl Backend for CudaBackend {
         let s = self.stream(stream)?;
         // Until the driver has ended the capture, no device synchronize may take the stream
         // for one that is not capturing.
-        let _gate = s.gate.write();
-        let rec = s.capture.lock().take().ok_or(Error::NotCapturing)?;
+        let _gate = s.gate.exclusive(StreamId::KIND, s.raw)?;
+        let rec = {
+            let mut cap = s.capture.lock();
+            // The driver would refuse another thread (and the capture would go on).
+            cap.as_ref().ok_or(Error::NotCapturing)?.owner.check_end()?;
+            cap.take().ok_or(Error::NotCapturing)?
+        };
         for e in &rec.events {
             e.captured.leave();
         }
@@ -788,6 +815,7 @@ impl Backend for CudaBackend {
                 pinned: rec.pinned.into(),
                 events: rec.events.into(),
                 waits: rec.waits.into(),
+                gate: Default::default(),
             },
         );
         Ok(GraphId(raw))
@@ -795,6 +823,8 @@ impl Backend for CudaBackend {
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
+        let _g_use = g.gate.enter(GraphId::KIND, g.raw)?;
+        let _events_use = enter_events(&g.events, &g.waits)?;
         self.check_graph(&g.ranges, &g.events)?;
         self.check_graph(&[], &g.waits)?;
         self.check_pinned(&g.pinned)?;
@@ -809,6 +839,7 @@ impl Backend for CudaBackend {
                 pinned: g.pinned.clone(),
                 events: g.events.clone(),
                 waits: g.waits.clone(),
+                gate: Default::default(),
             },
         );
         Ok(GraphExecId(raw))
@@ -816,6 +847,9 @@ impl Backend for CudaBackend {
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
+        let _x_use = x.gate.enter(GraphExecId::KIND, x.raw)?;
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
+        let _events_use = enter_events(&x.events, &x.waits)?;
         let _gate = self.enqueue_gate.read();
         // A replay must not touch memory freed (or events destroyed) since the capture.
         self.check_graph(&x.ranges, &x.events)?;
@@ -844,18 +878,39 @@ impl Backend for CudaBackend {
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {
         self.bind()?;
         let g = self.graphs.remove(graph.0)?;
-        // SAFETY: the graph came out of the graph table, which no longer lists it: destroyed
-        // once (on failure it goes back to the table).
+        // Waits for an instantiate of it on another thread.
+        let _excl = g.gate.exclusive(GraphId::KIND, g.raw)?;
+        // SAFETY: the graph came out of the graph table, which no longer lists it, and no call
+        // is using it (gate held exclusively): destroyed once (on failure it goes back to the
+        // table).
         unsafe { self.drv.graph_destroy(g.raw) }
+            .map(|()| g.gate.mark_destroyed())
             .inspect_err(|_| self.graphs.restore(graph.0, g.clone()))
     }
 
     fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
         self.bind()?;
         let x = self.execs.remove(exec.0)?;
-        // SAFETY: the exec came out of the exec table, which no longer lists it: destroyed once
-        // (on failure it goes back to the table).
+        // Waits for a launch of it on another thread.
+        let _excl = x.gate.exclusive(GraphExecId::KIND, x.raw)?;
+        // SAFETY: the exec came out of the exec table, which no longer lists it, and no call is
+        // using it (gate held exclusively): destroyed once (on failure it goes back to the
+        // table).
         unsafe { self.drv.graph_exec_destroy(x.raw) }
+            .map(|()| x.gate.mark_destroyed())
             .inspect_err(|_| self.execs.restore(exec.0, x.clone()))
     }
+}
+
+/// Enters the gates of the events a graph records and waits on, so none is destroyed while the
+/// driver instantiates or launches the graph; a destroyed one is refused.
+fn enter_events<'a>(
+    recorded: &'a [Arc<CudaEvent>],
+    waited: &'a [Arc<CudaEvent>],
+) -> Result<Vec<parking_lot::RwLockReadGuard<'a, ()>>> {
+    recorded
+        .iter()
+        .chain(waited)
+        .map(|e| e.gate.enter(EventId::KIND, e.raw))
+        .collect()
 }

@@ -16,6 +16,8 @@ pub(super) struct CudaEvent {
     /// Captures in progress that recorded this event: until they end, querying or waiting
     /// for it from outside would invalidate them, so unirt refuses it first.
     pub captured: crate::checked::InCapture,
+    /// Held by every call that hands the event to the driver; destroy waits for them.
+    pub gate: super::gate::HandleGate,
 }
 
 impl CudaEvent {
@@ -25,6 +27,7 @@ impl CudaEvent {
             flags,
             recorded: AtomicBool::new(false),
             captured: Default::default(),
+            gate: Default::default(),
         }
     }
 

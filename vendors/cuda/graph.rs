@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::event::CudaEvent;
+use super::gate::HandleGate;
 
 /// A captured graph. `raw` is the `CUgraph` and also the HAL handle.
 #[derive(Debug)]
@@ -16,6 +17,8 @@ pub(super) struct CudaGraph {
     pub events: Arc<[Arc<CudaEvent>]>,
     /// Events the graph waits on: a replay must not name a destroyed one.
     pub waits: Arc<[Arc<CudaEvent>]>,
+    /// Held by instantiate; destroy waits for it.
+    pub gate: HandleGate,
 }
 
 /// An instantiated graph. `raw` is the `CUgraphExec` and also the HAL handle. `ranges` are
@@ -32,4 +35,6 @@ pub(super) struct CudaGraphExec {
     pub events: Arc<[Arc<CudaEvent>]>,
     /// Events the graph waits on.
     pub waits: Arc<[Arc<CudaEvent>]>,
+    /// Held by launch; destroy waits for it.
+    pub gate: HandleGate,
 }

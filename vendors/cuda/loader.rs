@@ -29,10 +29,40 @@ pub struct Search {
 }
 
 impl Search {
-    /// "searched A, B, C" for an error message.
+    /// What was searched, short enough for one line: the place itself when there was one (an
+    /// override), else the count and where the whole list is (`unirt devices --verbose`).
     pub fn describe(&self) -> String {
-        format!("searched {}", self.searched.join(", "))
+        match self.searched.as_slice() {
+            [one] => format!("searched {one}"),
+            all => format!(
+                "searched {} places; `unirt devices --verbose` lists them",
+                all.len()
+            ),
+        }
     }
+}
+
+/// The most likely fix when `what` (as [`open_first`] names it) is not found.
+fn fix_for(what: &str) -> &'static str {
+    match what {
+        "libcuda" => {
+            "install the NVIDIA driver, or set UNIRT_CUDA_LIBRARY to libcuda's absolute path"
+        }
+        "NVRTC" => {
+            "install CUDA's NVRTC (the toolkit, Debian's libnvrtc, or the nvidia-cuda-nvrtc \
+             Python wheel), or set UNIRT_NVRTC_LIBRARY to its absolute path"
+        }
+        _ => "install it, or name its absolute path in the library's UNIRT_*_LIBRARY variable",
+    }
+}
+
+/// Every library search of this vendor, for `unirt devices --verbose`: (library, the
+/// variable that overrides it, the places searched, the files found).
+pub fn searches() -> Vec<(&'static str, &'static str, Search)> {
+    vec![
+        ("libcuda", CUDA_ENV, find_libcuda()),
+        ("NVRTC", NVRTC_ENV, find_nvrtc()),
+    ]
 }
 
 /// Reads an override; `Err` when it is set but not an absolute path.
@@ -357,7 +387,11 @@ pub fn open_first(what: &str, s: &Search) -> Result<(libloading::Library, PathBu
         }
     }
     if failures.is_empty() {
-        Err(format!("{what} not found ({})", s.describe()))
+        Err(format!(
+            "{what} not found ({}): {}",
+            s.describe(),
+            fix_for(what)
+        ))
     } else {
         Err(format!(
             "{what} found but failed to load ({}; {})",
@@ -370,6 +404,31 @@ pub fn open_first(what: &str, s: &Search) -> Result<(libloading::Library, PathBu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn not_found_is_one_line_with_the_count_and_a_fix() {
+        let s = Search {
+            candidates: Vec::new(),
+            searched: vec!["/a/libcuda.so".into(), "/b/libcuda.so".into(), "/c".into()],
+        };
+        let Err(why) = open_first("libcuda", &s) else {
+            panic!("nothing to open, yet it opened");
+        };
+        assert_eq!(
+            why,
+            "libcuda not found (searched 3 places; `unirt devices --verbose` lists them): \
+             install the NVIDIA driver, or set UNIRT_CUDA_LIBRARY to libcuda's absolute path"
+        );
+        assert!(!why.contains('\n'));
+        // One place (an override) is named as it is.
+        let one = Search {
+            candidates: Vec::new(),
+            searched: vec!["UNIRT_NVRTC_LIBRARY=/x (no such file)".into()],
+        };
+        assert!(open_first("NVRTC", &one)
+            .err()
+            .is_some_and(|w| w.starts_with("NVRTC not found (searched UNIRT_NVRTC_LIBRARY=/x")));
+    }
 
     #[cfg(unix)]
     #[test]

@@ -37,6 +37,7 @@ mod driver;
 mod driver_launch;
 mod driver_memory;
 mod event;
+mod gate;
 mod graph;
 mod kernels;
 mod loader;
@@ -168,6 +169,24 @@ fn usable_driver() -> std::result::Result<&'static Driver, String> {
         ));
     }
     Ok(drv)
+}
+
+/// The libraries CUDA looks for at run time and where it looked (`unirt devices --verbose`).
+pub fn library_searches() -> Vec<crate::discovery::LibrarySearch> {
+    loader::searches()
+        .into_iter()
+        .map(|(library, env, s)| crate::discovery::LibrarySearch {
+            kind: DeviceKind::Cuda,
+            library,
+            env,
+            searched: s.searched,
+            found: s
+                .candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+        })
+        .collect()
 }
 
 /// Discovery for CUDA: every GPU, or why there are none. Never panics: the libraries are

@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use super::event::CudaEvent;
+use super::gate::HandleGate;
 
 /// What a capturing stream has recorded so far, beyond what CUDA keeps: the device ranges its
 /// work touches, so instantiate and every replay can refuse a graph whose memory was freed.
@@ -19,6 +18,8 @@ pub(super) struct CaptureLog {
     pub events: Vec<Arc<CudaEvent>>,
     /// Events the captured work waits on (event-wait nodes): the graph names them too.
     pub waits: Vec<Arc<CudaEvent>>,
+    /// The thread that may end the capture.
+    pub owner: crate::checked::CaptureOwner,
 }
 
 /// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
@@ -31,9 +32,10 @@ pub(super) struct CudaStream {
     /// destroyed. Another thread's device synchronize therefore never waits on a stream that
     /// has just begun capturing (CUDA would invalidate that capture) or that is being
     /// destroyed (a dead `CUstream` handle reaching the driver).
-    pub gate: RwLock<()>,
-    /// The native stream was destroyed (set under `gate` held exclusively).
-    pub destroyed: AtomicBool,
+    ///
+    /// Every call that hands the stream to the driver holds it shared too, so a destroy on
+    /// another thread waits for it and the call never reaches the driver with a dead handle.
+    pub gate: HandleGate,
 }
 
 impl CudaStream {
@@ -41,15 +43,14 @@ impl CudaStream {
         CudaStream {
             raw,
             capture: Mutex::new(None),
-            gate: RwLock::new(()),
-            destroyed: AtomicBool::new(false),
+            gate: HandleGate::default(),
         }
     }
 
     /// Not destroyed and not capturing: unirt may wait for it on its own account. Read with
     /// `gate` held shared.
     pub fn waitable(&self) -> bool {
-        !self.destroyed.load(Ordering::Acquire) && !self.is_capturing()
+        !self.gate.is_destroyed() && !self.is_capturing()
     }
 
     pub fn is_capturing(&self) -> bool {

@@ -384,13 +384,12 @@ fn enumerate(parent: Option<&'static Enumerated>) -> Enumerated {
         }
     }
     // Only the wanted backends are initialised: a GL-less filter then never starts EGL.
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    desc.backends &= backends;
-    if desc.backends.contains(wgpu::Backends::GL) {
+    let wanted =
+        backends & wgpu::InstanceDescriptor::new_without_display_handle_from_env().backends;
+    if wanted.contains(wgpu::Backends::GL) {
         GL_STARTED.store(generation + 1, Ordering::SeqCst);
     }
-    let instance = wgpu::Instance::new(desc);
-    let all = pollster::block_on(instance.enumerate_adapters(backends));
+    let all = super::instance::adapters(wanted);
     let seen = all.len();
     let mut skipped = Vec::new();
     let mut usable: Vec<wgpu::Adapter> = all

@@ -343,10 +343,21 @@ impl Gpu {
             }
             backoff.pause();
         }
+        // A device lost while (or before) the work ran completes its submissions without
+        // running them: that is not success.
+        self.alive()?;
         match self.uncaptured.lock().take() {
             Some(msg) => Err(driver("(uncaptured)", msg)),
             None => Ok(()),
         }
+    }
+
+    /// Asks wgpu whether the device is still there (one non-blocking poll, which is where
+    /// wgpu notices a loss and runs the lost-device callback), then [`alive`](Self::alive).
+    pub fn check_lost(&self) -> Result<()> {
+        self.alive()?;
+        self.poll_once()?;
+        self.alive()
     }
 
     /// One non-blocking poll; returns whether the queue is empty.

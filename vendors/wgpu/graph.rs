@@ -18,14 +18,13 @@ use super::gpu::{Gpu, Ticket};
 use super::memory::DevBuf;
 use super::plan::Plan;
 use super::stream::Cmd;
-use crate::checked::Recorded;
+use crate::checked::{CaptureOwner, OwnedCapture, Recorded};
 use crate::error::Result;
 use crate::hal::CaptureMode;
 
 /// The recording in progress on a stream.
 pub(crate) struct Capture {
-    #[allow(dead_code)]
-    pub mode: CaptureMode,
+    pub owner: CaptureOwner,
     pub cmds: Vec<Cmd>,
     /// The memory the commands use, re-pinned at instantiate and at each launch.
     pub uses: Recorded<DevBuf>,
@@ -34,10 +33,16 @@ pub(crate) struct Capture {
 impl Capture {
     pub fn new(mode: CaptureMode) -> Self {
         Capture {
-            mode,
+            owner: CaptureOwner::new(mode),
             cmds: Vec::new(),
             uses: Recorded::default(),
         }
+    }
+}
+
+impl OwnedCapture for Capture {
+    fn owner(&self) -> &CaptureOwner {
+        &self.owner
     }
 }
 

@@ -31,8 +31,10 @@ mod copy;
 mod event;
 mod gpu;
 mod graph;
+mod instance;
 mod kernels;
 mod loaders;
+mod loss;
 mod memory;
 mod plan;
 mod stream;
@@ -171,7 +173,11 @@ impl Backend for WgpuBackend {
                 first = first.and(Err(e));
             }
         }
-        first.and(self.gpu.wait(&self.gpu.last()))
+        // A device-wide wait also says whether the device is still there, as
+        // cudaDeviceSynchronize reports a sticky error.
+        first
+            .and(self.gpu.wait(&self.gpu.last()))
+            .and_then(|()| self.gpu.check_lost())
     }
 
     fn default_stream(&self) -> StreamId {
