@@ -89,6 +89,7 @@ fn main() {
             Err(Failed::from("discovery has no CUDA backend"))
         })),
     }
+    eprintln!("unsupported: needs a GPU = {NEEDS_A_GPU}");
     let conclusion = libtest_mimic::run(&args, trials);
     let misuses = ctl.misuses();
     if misuses > 0 {
@@ -144,9 +145,10 @@ fn trial(device: Device, case: unirt_conformance::Case) -> Trial {
             .with_kind(format!("unsupported: {why}"));
     }
     if needs_a_gpu(case.name) {
+        // The reason is printed once, before the run (it would pad every line).
         return Trial::test(name, || Ok(()))
             .with_ignored_flag(true)
-            .with_kind(format!("unsupported: {NEEDS_A_GPU}"));
+            .with_kind("unsupported: needs a GPU");
     }
     let expected = EXPECTED_FAILURES.iter().find(|(c, _, _)| *c == case.name);
     Trial::test(name, move || {

@@ -52,6 +52,10 @@ fn fix_for(what: &str) -> &'static str {
             "install CUDA's NVRTC (the toolkit, Debian's libnvrtc, or the nvidia-cuda-nvrtc \
              Python wheel), or set UNIRT_NVRTC_LIBRARY to its absolute path"
         }
+        "cuBLAS" => {
+            "install CUDA's cuBLAS (the toolkit, or the nvidia-cublas Python wheel), or set \
+             UNIRT_CUBLAS_LIBRARY to its absolute path"
+        }
         _ => "install it, or name its absolute path in the library's UNIRT_*_LIBRARY variable",
     }
 }
@@ -62,6 +66,7 @@ pub fn searches() -> Vec<(&'static str, &'static str, Search)> {
     vec![
         ("libcuda", CUDA_ENV, find_libcuda()),
         ("NVRTC", NVRTC_ENV, find_nvrtc()),
+        ("cuBLAS", CUBLAS_ENV, find_cublas()),
     ]
 }
 

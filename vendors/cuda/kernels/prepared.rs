@@ -322,7 +322,8 @@ impl CudaBackend {
         Ok(f)
     }
 
-    /// The checked launch path of the op kernels: the stream is looked up, `ranges` are
+    /// The checked launch path of the op kernels: the stream is looked up and held alive,
+    /// `ranges` are
     /// checked against the allocation table and noted for a capture, all under the enqueue
     /// gate (a free waits for it), then `body` enqueues its kernels. Nothing here synchronises
     /// or allocates, so a capture can record it.
@@ -333,6 +334,8 @@ impl CudaBackend {
         body: impl FnOnce(&mut Enqueue<'_>) -> Result<()>,
     ) -> Result<()> {
         let s = self.stream(stream)?;
+        // The stream stays alive (not destroyed by another thread) until the work is enqueued.
+        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         let _gate = self.enqueue_gate.read();
         for &(p, len) in ranges {
             self.check_device(p.0, len)?;
