@@ -100,6 +100,29 @@ for dev in $cuda_devs; do
       || fail "PyTorch decode-step peer on $dev"
   fi
 done
+
+# The operator bench on the first GPU beside PyTorch doing the same workloads in the same run
+# (ci/bench_ops_torch.py; PyTorch exists only on the GPU machine). docs/BENCHMARKS.md records
+# both tables with the machine.
+first_cuda=$(echo "$cuda_devs" | head -n 1)
+if [ -n "$first_cuda" ]; then
+  step "bench ops on $first_cuda beside PyTorch"
+  "$bin" bench ops --device "$first_cuda" --json "$out/bench-ops-cuda.json" \
+    | tee "$out/bench-ops-cuda.txt" || fail "bench ops on $first_cuda"
+  python3 ci/bench_ops_torch.py --device "$first_cuda" --json "$out/bench-ops-torch.json" \
+    | tee "$out/bench-ops-torch.txt"
+  case "${PIPESTATUS[0]}" in
+    0) ;;
+    2) echo "gpu.sh: PyTorch peer not run (see above)" ;;
+    *) fail "ci/bench_ops_torch.py" ;;
+  esac
+  # TF32 on, both sides (unirt: through cuBLAS when found).
+  UNIRT_CUDA_TF32=1 "$bin" bench ops --device "$first_cuda" --quick \
+    --json "$out/bench-ops-cuda-tf32-quick.json" >"$out/bench-ops-cuda-tf32-quick.txt" 2>&1 \
+    || fail "bench ops with TF32 on $first_cuda"
+  python3 ci/bench_ops_torch.py --device "$first_cuda" --tf32 --quick \
+    --json "$out/bench-ops-torch-tf32-quick.json" >"$out/bench-ops-torch-tf32-quick.txt" 2>&1 || true
+fi
 for dev in $wgpu_devs; do
   tag=${dev/:/-}
   step "bench dispatch on $dev"

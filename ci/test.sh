@@ -24,6 +24,9 @@ echo "== examples/llama_block: 4 tokens eager and replayed on every device with 
 # The CUDA backend runs here too, over the fake driver (crate unirt-fakecuda, built above:
 # CPU-backed and fault-injecting, see docs/RELIABILITY.md): the whole conformance suite on
 # cuda:0 (unirt-conformance test fakecuda_conformance) and the fault matrix (fakecuda_faults).
+# It also compiles every CUDA kernel (the HAL's, every op family × dtype) to CUBIN for sm_70,
+# sm_80 and sm_90 with NVRTC through `unirt kernels --compile cuda` (cli/tests/cuda_kernels.rs,
+# about 30 s of NVRTC on 2 cores), and runs matmul through a fake cuBLAS (fakecuda_blas).
 echo "== cargo test --workspace (CUDA over the fake driver: fakecuda_conformance, fakecuda_faults)"
 cargo test --workspace
 

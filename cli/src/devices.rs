@@ -65,7 +65,12 @@ pub fn print_table(d: &Discovery) {
 fn print_backend(b: &unirt::BackendReport) {
     {
         match &b.reason {
-            Some(reason) => println!("{:<5} unavailable: {reason}", b.kind.as_str()),
+            Some(reason) => {
+                println!("{:<5} unavailable: {reason}", b.kind.as_str());
+                if b.kind == unirt::DeviceKind::Cuda {
+                    println!("      blas: {}", unirt::vendors::cuda::blas_summary());
+                }
+            }
             None => {
                 println!(
                     "{:<5} available, {} device(s)",
@@ -82,6 +87,9 @@ fn print_backend(b: &unirt::BackendReport) {
                         gib(dev.memory_total),
                         dev.driver
                     );
+                    if let Some((_, blas)) = dev.details.iter().find(|(k, _)| k == "blas") {
+                        println!("        blas: {blas}");
+                    }
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! Every CUDA kernel compiles to CUBIN for sm_70/80/90 with NVRTC — no GPU needed — through
-//! `unirt kernels --compile cuda`. Without NVRTC the test says it is skipped and why, and checks
+//! Every CUDA kernel (the HAL's and every op family × dtype, each with the parameter size its
+//! CUBIN declares checked against the host's) compiles to CUBIN for sm_70/80/90 with NVRTC —
+//! no GPU needed — through `unirt kernels --compile cuda`; `ci/test.sh` runs this test. Without NVRTC the test says it is skipped and why, and checks
 //! the command's "not found" failure instead.
 
 mod cuda_common;
@@ -44,7 +45,20 @@ fn every_cuda_kernel_compiles_for_sm70_sm80_sm90() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_file(&json);
     let rows = v["compiled"].as_array().expect("a compiled array");
-    assert_eq!(rows.len(), 2 * 3, "every kernel for every arch: {v}");
+    // The HAL's two kernels and every op family's entries for every dtype, for every arch.
+    let count = v["kernel_count"].as_u64().unwrap_or(0) as usize;
+    assert!(count > 100, "the op kernels are listed: {count}");
+    assert_eq!(rows.len(), count * 3, "every kernel for every arch");
+    for row in rows {
+        assert_eq!(row["ok"], true, "{row}");
+    }
+    for op in [
+        "elementwise/f16:op_add",
+        "matmul/bf16:op_matmul",
+        "attention/f32:op_attention_decode",
+    ] {
+        assert!(rows.iter().any(|r| r["kernel"] == op), "no row for {op}");
+    }
     for arch in ["sm_70", "sm_80", "sm_90"] {
         for kernel in ["fill", "add_f32"] {
             let row = rows

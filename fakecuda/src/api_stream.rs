@@ -56,7 +56,7 @@ fn check_events(d: &Driver, g: &Graph, call: &str) -> Result<(), CUresult> {
     Ok(())
 }
 
-fn run(r: Result<(Pending, Arc<Ctx>), CUresult>) -> CUresult {
+pub(crate) fn run(r: Result<(Pending, Arc<Ctx>), CUresult>) -> CUresult {
     match r {
         Ok((p, ctx)) => finish(p, &ctx),
         Err(e) => e,

@@ -25,7 +25,18 @@ pub enum Twin {
     Fill,
     /// `add_f32(const float *a, const float *b, float *out, unsigned n)`.
     AddF32,
+    /// A GEMM queued by the fake cuBLAS (`crate::cublas`); never a module's kernel.
+    Gemm,
+    /// unirt's elementwise `op_add` operator kernel, f32 only: `(out, in0, in1, in2, Ew)` with
+    /// the by-value `Ew` struct of 43 64-bit words (space, four operands' strides, scalar).
+    /// Offered only when `UNIRT_FAKECUDA_OP_TWINS=1` (the test that uses it makes only f32
+    /// plans): it lets the host side of the operator kernels — module, function, parameter
+    /// marshalling, range checks, capture — run end to end without a GPU.
+    OpAddF32,
 }
+
+/// Words of `op_add`'s `Ew` struct.
+const EW_WORDS: usize = 43;
 
 /// Byte sizes of each twin's parameters, in order.
 impl Twin {
@@ -33,6 +44,9 @@ impl Twin {
         match name {
             "fill" => Some(Twin::Fill),
             "add_f32" => Some(Twin::AddF32),
+            "op_add" if std::env::var_os("UNIRT_FAKECUDA_OP_TWINS").is_some_and(|v| v == "1") => {
+                Some(Twin::OpAddF32)
+            }
             _ => None,
         }
     }
@@ -41,6 +55,8 @@ impl Twin {
         match self {
             Twin::Fill => &[8, 4, 4],
             Twin::AddF32 => &[8, 8, 8, 4],
+            Twin::Gemm => &[],
+            Twin::OpAddF32 => &[8, 8, 8, 8],
         }
     }
 }
@@ -152,6 +168,17 @@ pub unsafe fn read_args(twin: Twin, params: *mut *mut c_void) -> Result<Vec<u64>
         };
         out.push(v);
     }
+    if twin == Twin::OpAddF32 {
+        // SAFETY: the caller's contract: the fifth parameter points to the Ew struct.
+        let ew = unsafe { *params.add(4) } as *const u64;
+        if ew.is_null() {
+            return Err(INVALID_VALUE);
+        }
+        for w in 0..EW_WORDS {
+            // SAFETY: the struct holds EW_WORDS words.
+            out.push(unsafe { ew.add(w).read_unaligned() });
+        }
+    }
     Ok(out)
 }
 
@@ -189,6 +216,8 @@ pub fn run(twin: Twin, args: &[u64]) -> Result<(), CUresult> {
                 unsafe { dst.add(i).write_unaligned(value) };
             }
         }
+        Twin::Gemm => return crate::cublas::run_gemm(args),
+        Twin::OpAddF32 => return op_add_f32(args),
         Twin::AddF32 => {
             let n = args[3] as u32 as u64;
             if n == 0 {
@@ -205,6 +234,46 @@ pub fn run(twin: Twin, args: &[u64]) -> Result<(), CUresult> {
                     out.add(i).write_unaligned(v);
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// `op_add` for f32 over unirt's iteration space (see `Twin::OpAddF32`).
+fn op_add_f32(args: &[u64]) -> Result<(), CUresult> {
+    let (ptrs, ew) = args.split_at(4);
+    if ew.len() != EW_WORDS {
+        return Err(INVALID_VALUE);
+    }
+    let (nd, n) = (ew[0] as usize, ew[1] as i64);
+    if nd > 8 {
+        return Err(INVALID_VALUE);
+    }
+    let dims = &ew[2..10];
+    let strides = |op: usize| &ew[10 + 8 * op..18 + 8 * op];
+    let g = state::lock();
+    let d = g.as_ref().ok_or(ILLEGAL_ADDRESS)?;
+    let at = |base: u64, off: i64| -> Result<*mut f32, CUresult> {
+        let addr = (base as i64 + off * 4) as u64;
+        let (buf, o) = d.resolve(addr, 4).ok_or(ILLEGAL_ADDRESS)?;
+        // SAFETY: o + 4 is within the buffer (resolve checked it), alive while the lock is held.
+        Ok(unsafe { buf.ptr().add(o) } as *mut f32)
+    };
+    for i in 0..n {
+        let mut offs = [0i64; 3];
+        let mut rest = i;
+        for dim in (0..nd).rev() {
+            let size = dims[dim] as i64;
+            let idx = rest % size;
+            rest /= size;
+            for (op, o) in offs.iter_mut().enumerate() {
+                *o += idx * strides(op)[dim] as i64;
+            }
+        }
+        // SAFETY: each pointer addresses one f32 inside a live allocation (checked by `at`).
+        unsafe {
+            let v = at(ptrs[1], offs[1])?.read_unaligned() + at(ptrs[2], offs[2])?.read_unaligned();
+            at(ptrs[0], offs[0])?.write_unaligned(v);
         }
     }
     Ok(())

@@ -35,6 +35,7 @@ pub mod api_mem;
 pub mod api_stream;
 pub mod capture;
 pub mod control;
+pub mod cublas;
 pub mod exec;
 pub mod faults;
 pub mod kernels;

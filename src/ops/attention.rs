@@ -46,7 +46,19 @@ pub fn attention(
     let mut p = PlanBuilder::new("attention", dtype, vec![q.clone(), k.clone(), v.clone()]);
     p.outputs = vec![out_desc(device, dtype, sq)];
     p.params = Params::Attention { scale, causal };
+    if lq == 1 && device.kind == crate::DeviceKind::Cuda {
+        p.workspace = decode_workspace(b * hq, d);
+    }
     p.build()
+}
+
+/// The most key chunks a GPU kernel splits one query's attention into (split-K decode).
+pub const DECODE_SPLITS_MAX: usize = 64;
+
+/// Bytes of workspace for the split-K decode of `rows` (batch × head) single queries of
+/// dimension `d`: every chunk's running max, sum and `d` accumulators in f32.
+pub fn decode_workspace(rows: usize, d: usize) -> usize {
+    rows * DECODE_SPLITS_MAX * (d + 2) * 4
 }
 
 impl Tensor {

@@ -32,7 +32,7 @@ struct CopyPlan {
 
 impl CudaBackend {
     /// Checks a device range of this device (empty ranges are fine anywhere).
-    fn check_device(&self, addr: u64, len: u64) -> Result<()> {
+    pub(super) fn check_device(&self, addr: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());
         }

@@ -117,6 +117,61 @@ impl Driver {
         self.check(r, "cuLaunchKernel")
     }
 
+    /// Enqueues an op kernel: `ptrs` are its pointer parameters, then one by-value struct
+    /// whose fields are the 64-bit words `args` (no struct when `args` is empty).
+    ///
+    /// # Safety
+    /// `f` is a function of a loaded module whose C signature is exactly those pointers and a
+    /// struct of `args.len()` 64-bit fields; every pointer is a bounds-checked device address
+    /// that stays allocated until the kernel has run; `stream` is live.
+    pub unsafe fn launch_op(
+        &self,
+        f: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        ptrs: &[u64],
+        args: &[i64],
+        stream: u64,
+    ) -> Result<()> {
+        // On the stack: a launch allocates nothing on the host either.
+        const MAX_PTRS: usize = 8;
+        if ptrs.len() > MAX_PTRS {
+            return Err(Error::BadParam(format!(
+                "an op kernel with {} pointer parameters (at most {MAX_PTRS})",
+                ptrs.len()
+            )));
+        }
+        let mut values = [0u64; MAX_PTRS];
+        values[..ptrs.len()].copy_from_slice(ptrs);
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PTRS + 1];
+        for (slot, v) in params.iter_mut().zip(values.iter_mut()).take(ptrs.len()) {
+            *slot = v as *mut u64 as *mut c_void;
+        }
+        if !args.is_empty() {
+            // The driver copies the struct's bytes (the kernel's parameter size) from here.
+            params[ptrs.len()] = args.as_ptr() as *mut c_void;
+        }
+        // SAFETY: the caller's contract: a live function, parameters matching its signature
+        // (each read through its pointer during the call, which `values` and `args` outlive),
+        // checked device ranges, a live stream.
+        let r = unsafe {
+            (self.api.cuLaunchKernel)(
+                f as sys::CUfunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                0,
+                stream as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.check(r, "cuLaunchKernel")
+    }
+
     // ---- capture and graphs -------------------------------------------------------------
 
     /// Starts capturing `stream`; `mode` is a `CUstreamCaptureMode` value.

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 pub const CUDA_ENV: &str = "UNIRT_CUDA_LIBRARY";
 /// The override for NVRTC.
 pub const NVRTC_ENV: &str = "UNIRT_NVRTC_LIBRARY";
+/// The override for cuBLAS (an empty file name such as `/dev/null/none` hides it).
+pub const CUBLAS_ENV: &str = "UNIRT_CUBLAS_LIBRARY";
 
 /// Where a search looked and what it found.
 #[derive(Debug, Clone)]
@@ -50,6 +52,10 @@ fn fix_for(what: &str) -> &'static str {
             "install CUDA's NVRTC (the toolkit, Debian's libnvrtc, or the nvidia-cuda-nvrtc \
              Python wheel), or set UNIRT_NVRTC_LIBRARY to its absolute path"
         }
+        "cuBLAS" => {
+            "install CUDA's cuBLAS (the toolkit, or the nvidia-cublas Python wheel), or set \
+             UNIRT_CUBLAS_LIBRARY to its absolute path"
+        }
         _ => "install it, or name its absolute path in the library's UNIRT_*_LIBRARY variable",
     }
 }
@@ -60,6 +66,7 @@ pub fn searches() -> Vec<(&'static str, &'static str, Search)> {
     vec![
         ("libcuda", CUDA_ENV, find_libcuda()),
         ("NVRTC", NVRTC_ENV, find_nvrtc()),
+        ("cuBLAS", CUBLAS_ENV, find_cublas()),
     ]
 }
 
@@ -192,8 +199,14 @@ pub fn find_libcuda() -> Search {
 
 /// Parses the numeric suffix of `libnvrtc.so.12.4.127` into `[12, 4, 127]` (`libnvrtc.so` is
 /// the empty version, sorted first as the toolkit's own link).
+#[cfg(test)]
 fn soname_version(name: &str) -> Option<Vec<u32>> {
-    let rest = name.strip_prefix("libnvrtc.so")?;
+    soname_version_of(name, "libnvrtc.so")
+}
+
+/// [`soname_version`] for any library stem (`libcublas.so`).
+fn soname_version_of(name: &str, stem: &str) -> Option<Vec<u32>> {
+    let rest = name.strip_prefix(stem)?;
     if rest.is_empty() {
         return Some(Vec::new());
     }
@@ -204,7 +217,13 @@ fn soname_version(name: &str) -> Option<Vec<u32>> {
 }
 
 /// Every `libnvrtc.so*` in `dir`, `libnvrtc.so` first, then the highest version first.
+#[cfg(test)]
 fn nvrtc_in(dir: &Path) -> Vec<PathBuf> {
+    lib_in(dir, "libnvrtc.so")
+}
+
+/// Every `<stem>*` in `dir`, `<stem>` first, then the highest version first.
+fn lib_in(dir: &Path, stem: &str) -> Vec<PathBuf> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -212,7 +231,7 @@ fn nvrtc_in(dir: &Path) -> Vec<PathBuf> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let v = soname_version(&name)?;
+            let v = soname_version_of(&name, stem)?;
             let p = e.path();
             p.is_file().then_some((v, p))
         })
@@ -252,9 +271,9 @@ fn subdirs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     v
 }
 
-/// Where Python's `nvidia-cuda-nvrtc` wheels put the library, under every site-packages
-/// directory we can name without running Python.
-fn python_wheel_dirs() -> Vec<PathBuf> {
+/// Where Python's `nvidia-*` wheels put a library (`subs` under `site-packages/nvidia`), under
+/// every site-packages directory we can name without running Python.
+fn python_wheel_dirs(subs: &[&str]) -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
     let home = std::env::var_os("HOME").map(PathBuf::from);
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
@@ -274,7 +293,7 @@ fn python_wheel_dirs() -> Vec<PathBuf> {
         for py in subdirs(&root, "python3") {
             for pk in ["site-packages", "dist-packages"] {
                 let nv = py.join(pk).join("nvidia");
-                for sub in ["cuda_nvrtc/lib", "cu13/lib", "cu12/lib"] {
+                for sub in subs {
                     out.push(nv.join(sub));
                 }
             }
@@ -287,7 +306,27 @@ fn python_wheel_dirs() -> Vec<PathBuf> {
 /// versioned toolkits), conda, the linker's directories (versioned sonames such as Debian's
 /// `libnvrtc.so.11.2`), then Python wheels.
 pub fn find_nvrtc() -> Search {
-    if let Some(s) = search_override(NVRTC_ENV) {
+    find_toolkit_lib(
+        NVRTC_ENV,
+        "libnvrtc.so",
+        &["cuda_nvrtc/lib", "cu13/lib", "cu12/lib"],
+    )
+}
+
+/// The cuBLAS search: the same places as NVRTC (`libcublas.so*`), Python's
+/// `nvidia/cublas/lib` wheels included; `UNIRT_CUBLAS_LIBRARY` overrides.
+pub fn find_cublas() -> Search {
+    find_toolkit_lib(
+        CUBLAS_ENV,
+        "libcublas.so",
+        &["cublas/lib", "cu13/lib", "cu12/lib"],
+    )
+}
+
+/// A CUDA toolkit library: the override alone, else the toolkit, conda, linker and wheel
+/// directories, `<stem>*` in each.
+fn find_toolkit_lib(env: &str, stem: &str, wheel_subs: &[&str]) -> Search {
+    if let Some(s) = search_override(env) {
         return s;
     }
     let mut toolkits: Vec<PathBuf> = Vec::new();
@@ -317,11 +356,11 @@ pub fn find_nvrtc() -> Search {
         }
     }
     dirs.extend(system_lib_dirs());
-    dirs.extend(python_wheel_dirs());
+    dirs.extend(python_wheel_dirs(wheel_subs));
     let dirs = dedup(dirs);
     let mut candidates = Vec::new();
     for d in &dirs {
-        for p in nvrtc_in(d) {
+        for p in lib_in(d, stem) {
             if !candidates.contains(&p) {
                 candidates.push(p);
             }
@@ -332,7 +371,7 @@ pub fn find_nvrtc() -> Search {
         searched: dirs
             .iter()
             .filter(|d| d.is_dir())
-            .map(|d| format!("{}/libnvrtc.so*", d.display()))
+            .map(|d| format!("{}/{stem}*", d.display()))
             .chain(std::iter::once(
                 "CUDA_HOME, CUDA_PATH, /usr/local/cuda*, python nvidia wheels (absent)".into(),
             ))

@@ -6,9 +6,12 @@
 //! libcuda call, `nvrtc.rs` every NVRTC call — through symbols we resolve ourselves (cudarc
 //! supplies the handle types and constants; its own loaders panic on a missing library or
 //! symbol). Wrappers whose soundness rests on validated handles or ranges are `unsafe fn`.
-//! `kernels.rs` compiles and caches the CUDA C kernels (`kernels/<op family>.cu`);
-//! `backend.rs` is the [`Backend`] impl; this file holds the backend type, `probe()`, `open()`
-//! and the CLI's ahead-of-time compile ([`compile_kernels`]).
+//! `kernels/` holds the CUDA C kernels — the HAL's (`builtin.cu`) and the operators', one
+//! template per op family (`kernels/<family>.cu`, generated per dtype, planned by
+//! `kernels/<family>.rs`, registered as [`crate::ops::KernelImpl::Prepared`]) — compiled by
+//! NVRTC and cached in memory and on disk; `blas.rs` loads cuBLAS at run time for matmul when
+//! it is installed; `backend.rs` is the [`Backend`] impl; this file holds the backend type,
+//! `probe()`, `open()` and the CLI's ahead-of-time compile ([`compile_kernels`]).
 //!
 //! Choices a reader of infinirt should know:
 //! - **Contexts**: each device uses its primary context (shared with the CUDA runtime and
@@ -29,6 +32,7 @@
 //! - **D2D between GPUs** uses `cuMemcpyPeerAsync` with peer access enabled where possible.
 
 mod backend;
+pub(crate) mod blas;
 mod driver;
 mod driver_launch;
 mod driver_memory;
@@ -103,9 +107,20 @@ pub fn compile_kernels(archs: &[u32]) -> Result<AheadOfTimeBuild> {
     Ok(AheadOfTimeBuild {
         nvrtc: nv.version_string(),
         nvrtc_path: nv.path.display().to_string(),
-        kernel_count: kernels::SOURCES.len(),
+        kernel_count: kernels::kernel_count(),
         compiled: kernels::compile_all(nv, archs),
     })
+}
+
+/// Which BLAS the CUDA matmul uses — `cuBLAS at <path>` — or why none (then unirt's NVRTC
+/// kernels run): what `unirt devices` reports.
+pub fn blas_summary() -> String {
+    blas::summary()
+}
+
+/// Registers the CUDA operator kernels (one per op family × dtype, compiled at plan time).
+pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
+    kernels::register(reg);
 }
 
 /// Parses an architecture list such as `sm_70,sm_80,90` into `[70, 80, 90]`.
@@ -246,6 +261,7 @@ fn device_info(drv: &Driver, index: usize) -> Result<DeviceInfo> {
             ("libcuda".into(), drv.path.display().to_string()),
             ("nvrtc".into(), nv.version_string()),
             ("libnvrtc".into(), nv.path.display().to_string()),
+            ("blas".into(), blas::summary()),
         ],
         capabilities: Capabilities {
             async_streams: true,
@@ -289,6 +305,14 @@ pub struct CudaBackend {
     enqueue_gate: parking_lot::RwLock<()>,
     /// Kernel name → (CUmodule, CUfunction), loaded at first launch.
     functions: Mutex<HashMap<&'static str, (u64, u64)>>,
+    /// The op kernels' modules per (family, dtype), loaded when an operator is first planned,
+    /// with the functions fetched from each.
+    op_modules: kernels::OpModules,
+    /// The cuBLAS handle and its workspace, made when a matmul is first planned with cuBLAS
+    /// installed (or why not).
+    blas: std::sync::OnceLock<std::result::Result<(u64, u64), String>>,
+    /// Serialises calls on the cuBLAS handle (its stream is set per call).
+    blas_lock: Mutex<()>,
 }
 
 impl CudaBackend {
@@ -347,6 +371,9 @@ impl CudaBackend {
             retired_streams: Mutex::new(Vec::new()),
             enqueue_gate: parking_lot::RwLock::new(()),
             functions: Mutex::new(HashMap::new()),
+            op_modules: Mutex::new(HashMap::new()),
+            blas: std::sync::OnceLock::new(),
+            blas_lock: Mutex::new(()),
         })
     }
 
@@ -481,6 +508,19 @@ impl Drop for CudaBackend {
             // SAFETY: the stream came out of the stream table, which no longer lists it: live,
             // and destroyed once.
             let _ = unsafe { self.drv.stream_destroy(s.raw) };
+        }
+        if let (Some(Ok((handle, ws))), Ok(lib)) = (self.blas.get(), blas::cublas()) {
+            // SAFETY: the handle is this device's, destroyed once here after the device
+            // finished its work (synchronize above); its workspace is freed after it.
+            unsafe {
+                lib.destroy(*handle);
+                let _ = self.drv.mem_free(*ws);
+            }
+        }
+        for (_, (module, _)) in self.op_modules.lock().drain() {
+            // SAFETY: the module is loaded and unloaded once: it is drained from the table here,
+            // after the device finished its work (synchronize above).
+            let _ = unsafe { self.drv.module_unload(module) };
         }
         for (_, (module, _)) in self.functions.lock().drain() {
             // SAFETY: the module is loaded and unloaded once: it is dropped from the cache here.

@@ -227,6 +227,70 @@ fn attention_row(dev: Device, dt: DType, kv: usize) -> CliResult<Row> {
     ))
 }
 
+/// Causal prefill attention over `seq` tokens (32 heads × 128), in GFLOP/s of the causal half
+/// of the two matrix products (`2 · 2 · h · seq² · d / 2`).
+fn prefill_row(dev: Device, dt: DType, seq: usize) -> CliResult<Row> {
+    let (h, d) = (32, 128);
+    let q = rand(&[1, h, seq, d], dt, dev, 12)?;
+    let k = rand(&[1, h, seq, d], dt, dev, 13)?;
+    let v = rand(&[1, h, seq, d], dt, dev, 14)?;
+    let plan = ops::attention::attention(&q.desc(), &k.desc(), &v.desc(), true, None)?;
+    let ms = run_plan(&plan, &[&q, &k, &v], 1)?;
+    let flops = 2.0 * (h * seq * seq * d) as f64;
+    Ok(Row {
+        op: "attention_prefill".into(),
+        dtype: dt.name().into(),
+        shape: format!("{seq}x{h}x{seq}x{d}"),
+        ms,
+        gflops: Some(flops / (ms * 1e6)),
+        gbps: None,
+    })
+}
+
+/// The GPU-sized workloads (the goals; `scripts/bench_ops_torch.py` runs the same
+/// shapes in PyTorch): GEMM at 4096³ and LLM shapes, memory-bound operators on 256 MiB,
+/// bf16 attention decode over a 4k cache and prefill over 2k tokens.
+fn gpu_rows(dev: Device, quick: bool) -> CliResult<Vec<Row>> {
+    let mut rows = Vec::new();
+    let big = if quick { 1024 } else { 4096 };
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        rows.push(gemm_row(dev, dt, big, big, big)?);
+    }
+    if !quick {
+        for (m, n, k) in [(1, 4096, 4096), (64, 11008, 4096), (2048, 4096, 4096)] {
+            rows.push(gemm_row(dev, DType::BF16, m, n, k)?);
+        }
+    }
+    let mib = if quick { 16 } else { 256 };
+    memory_rows(dev, DType::F32, mib, &mut rows)?;
+    memory_rows(dev, DType::BF16, mib, &mut rows)?;
+    let src = rand(&[mib << 18], DType::F32, dev, 15)?;
+    let cast = ops::cast::cast(&src.desc(), DType::BF16)?;
+    rows.push(bw_row(
+        "cast",
+        DType::F32,
+        format!("{}", mib << 18),
+        run_plan(&cast, &[&src], 1)?,
+        6 * (mib << 18),
+    ));
+    let t = rand(&[mib << 16, 4], DType::F32, dev, 16)?.transpose(0, 1)?;
+    let re = ops::rearrange::copy(&t.desc())?;
+    rows.push(bw_row(
+        "rearrange",
+        DType::F32,
+        format!("4x{}", mib << 16),
+        run_plan(&re, &[&t], 1)?,
+        8 * (mib << 18),
+    ));
+    rows.push(attention_row(dev, DType::BF16, 4096)?);
+    rows.push(prefill_row(
+        dev,
+        DType::BF16,
+        if quick { 256 } else { 2048 },
+    )?);
+    Ok(rows)
+}
+
 pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode> {
     let dev: Device = device.parse()?;
     let rt = Runtime::get(dev)?;
@@ -235,8 +299,15 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         "unirt bench ops on {dev} ({}), {threads} threads",
         rt.backend().info().name
     );
-    let mut rows = Vec::new();
-    let squares: &[usize] = if quick {
+    let gpu = dev.kind == unirt::DeviceKind::Cuda;
+    let mut rows = if gpu {
+        gpu_rows(dev, quick)?
+    } else {
+        Vec::new()
+    };
+    let squares: &[usize] = if gpu {
+        &[]
+    } else if quick {
         &[256, 512]
     } else {
         &[256, 512, 1024, 2048]
@@ -244,7 +315,7 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     for &n in squares {
         rows.push(gemm_row(dev, DType::F32, n, n, n)?);
     }
-    for dt in [DType::F16, DType::BF16] {
+    for dt in [DType::F16, DType::BF16].into_iter().filter(|_| !gpu) {
         rows.push(gemm_row(
             dev,
             dt,
@@ -253,21 +324,29 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             squares[squares.len() - 1],
         )?);
     }
-    if !quick {
+    if !quick && !gpu {
         rows.push(gemm_row(dev, DType::F32, 1, 4096, 4096)?);
         rows.push(gemm_row(dev, DType::F32, 64, 11008, 4096)?);
         rows.push(gemm_row(dev, DType::BF16, 1, 4096, 4096)?);
         rows.push(gemm_row(dev, DType::BF16, 64, 11008, 4096)?);
     }
-    let sizes: &[usize] = if quick { &[16] } else { &[16, 64] };
+    let sizes: &[usize] = if gpu {
+        &[]
+    } else if quick {
+        &[16]
+    } else {
+        &[16, 64]
+    };
     for &mib in sizes {
         rows.push(machine_copy_row(mib));
         memory_rows(dev, DType::F32, mib, &mut rows)?;
     }
-    if !quick {
+    if !quick && !gpu {
         memory_rows(dev, DType::BF16, 16, &mut rows)?;
     }
-    for kv in if quick {
+    for kv in if gpu {
+        &[][..]
+    } else if quick {
         &[1024][..]
     } else {
         &[1024, 2048, 4096][..]

@@ -1,0 +1,179 @@
+//! The by-value parameter structs of the op kernels, built on the host: every field of the C
+//! structs in `common.cuh` and the family files is 64-bit (`i64` or `double`), so a struct is
+//! an array of `i64` words filled in field order. Iteration spaces are coalesced here, once per
+//! plan: size-1 dimensions drop out and dimensions contiguous in every operand merge.
+
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::tensor::Layout;
+
+/// The C side's `UNIRT_MAX_DIMS`.
+pub const MAX_DIMS: usize = 8;
+
+/// A kernel's parameter struct, word by word.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Args(pub Vec<i64>);
+
+impl Args {
+    pub fn new() -> Self {
+        Args(Vec::with_capacity(48))
+    }
+
+    /// One `i64` field.
+    pub fn int(&mut self, v: impl TryInto<i64>) -> &mut Self {
+        self.0.push(v.try_into().unwrap_or(i64::MAX));
+        self
+    }
+
+    /// One `double` field.
+    pub fn float(&mut self, v: f64) -> &mut Self {
+        self.0.push(v.to_bits() as i64);
+        self
+    }
+
+    /// A `Space` (nd, n, dim[MAX_DIMS]).
+    pub fn space(&mut self, s: &Space) -> &mut Self {
+        self.int(s.dims.len()).int(s.count());
+        for d in 0..MAX_DIMS {
+            self.int(s.dims.get(d).copied().unwrap_or(1));
+        }
+        self
+    }
+
+    /// A `Strides` (st[MAX_DIMS]), operand `i` of `s`.
+    pub fn strides(&mut self, s: &Space, i: usize) -> &mut Self {
+        for d in 0..MAX_DIMS {
+            self.int(
+                s.strides
+                    .get(i)
+                    .and_then(|st| st.get(d))
+                    .copied()
+                    .unwrap_or(0),
+            );
+        }
+        self
+    }
+}
+
+/// An iteration space shared by several operands: sizes (outermost first) and each operand's
+/// strides over them, in elements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Space {
+    pub dims: Vec<i64>,
+    pub strides: Vec<Vec<i64>>,
+}
+
+impl Space {
+    /// Points in the space.
+    pub fn count(&self) -> i64 {
+        self.dims.iter().product()
+    }
+
+    /// The space of `shape` with each operand's `strides` over it (already aligned to
+    /// `shape`, 0 where an operand broadcasts), coalesced. More than [`MAX_DIMS`] dimensions
+    /// left after merging is [`Error::Unsupported`].
+    pub fn new(op: &str, shape: &[usize], strides: &[Vec<i64>]) -> Result<Space> {
+        let mut dims: Vec<i64> = Vec::new();
+        let mut st: Vec<Vec<i64>> = vec![Vec::new(); strides.len()];
+        for (d, &size) in shape.iter().enumerate() {
+            if size == 1 {
+                continue;
+            }
+            let size = size as i64;
+            let merge = dims.last().is_some_and(|_| {
+                strides
+                    .iter()
+                    .zip(&st)
+                    .all(|(s, o)| o.last().copied() == Some(s[d] * size))
+            });
+            if merge {
+                if let Some(last) = dims.last_mut() {
+                    *last *= size;
+                }
+                for (o, s) in st.iter_mut().zip(strides) {
+                    if let Some(l) = o.last_mut() {
+                        *l = s[d];
+                    }
+                }
+            } else {
+                dims.push(size);
+                for (o, s) in st.iter_mut().zip(strides) {
+                    o.push(s[d]);
+                }
+            }
+        }
+        if shape.contains(&0) {
+            dims = vec![0];
+            st = vec![vec![0]; strides.len()];
+        }
+        if dims.len() > MAX_DIMS {
+            return Err(Error::unsupported(
+                format!(
+                    "{op} over {} dimensions that do not merge (the CUDA kernels take {MAX_DIMS})",
+                    dims.len()
+                ),
+                DeviceKind::Cuda,
+            ));
+        }
+        Ok(Space { dims, strides: st })
+    }
+}
+
+/// `layout`'s strides aligned to `shape` (its dimensions on the right; 0 where it has size 1
+/// or no dimension, i.e. where it broadcasts).
+pub fn broadcast(shape: &[usize], layout: &Layout) -> Vec<i64> {
+    let (ls, lt) = (layout.shape(), layout.strides());
+    let skip = shape.len().saturating_sub(ls.len());
+    (0..shape.len())
+        .map(|d| {
+            if d < skip {
+                return 0;
+            }
+            let i = d - skip;
+            if ls[i] == 1 {
+                0
+            } else {
+                lt[i] as i64
+            }
+        })
+        .collect()
+}
+
+/// `layout`'s strides as words.
+pub fn strides_of(layout: &Layout) -> Vec<i64> {
+    layout.strides().iter().map(|&s| s as i64).collect()
+}
+
+/// Threads per block of the memory-bound kernels.
+pub const BLOCK: u32 = 256;
+
+/// Blocks for `n` items at `per_block` items a block (grid-stride loops cover the rest).
+pub fn blocks(n: i64, per_block: i64) -> u32 {
+    let b = (n.max(1) + per_block - 1) / per_block;
+    b.clamp(1, 1 << 20) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_dimensions_merge_and_broadcasts_stay() {
+        let s = Space::new("t", &[2, 3, 4], &[vec![12, 4, 1], vec![0, 4, 1]]).unwrap();
+        assert_eq!(s.dims, [2, 12]);
+        assert_eq!(s.strides, [vec![12, 1], vec![0, 1]]);
+        let s = Space::new("t", &[2, 1, 4], &[vec![4, 4, 1]]).unwrap();
+        assert_eq!(s.dims, [8]);
+        let s = Space::new("t", &[3, 0], &[vec![1, 1]]).unwrap();
+        assert_eq!(s.count(), 0);
+        let mut a = Args::new();
+        a.space(&s).strides(&s, 0).float(1.5);
+        assert_eq!(a.0.len(), 2 + MAX_DIMS + MAX_DIMS + 1);
+    }
+
+    #[test]
+    fn broadcast_strides_are_zero() {
+        let l = Layout::contiguous(&[3, 1]);
+        assert_eq!(broadcast(&[2, 3, 4], &l), [0, 1, 0]);
+    }
+}

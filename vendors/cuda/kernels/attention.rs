@@ -1,0 +1,119 @@
+//! Plans the attention kernels (`attention.cu`): for one query the split-K decode (partials
+//! into the plan's workspace, then a combine pass), the flash-style prefill kernel otherwise.
+
+use std::sync::Arc;
+
+use super::args::Args;
+use super::prepared::{prepare as ready, Operand, Step};
+use super::{unexpected, Family, FLOATS};
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::ops::attention::{decode_workspace, DECODE_SPLITS_MAX};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+pub(super) const FAMILY: Family = Family {
+    name: "attention",
+    text: include_str!("attention.cu"),
+    ops: &["attention"],
+    dtypes: FLOATS,
+    entries: &[
+        "op_attention_prefill",
+        "op_attention_decode",
+        "op_attention_combine",
+    ],
+    prepare,
+    params: (4, 25),
+    source_dtype: super::own_source,
+};
+
+/// The largest head dimension the kernels hold in registers (8 per lane).
+const MAX_HEAD_DIM: usize = 256;
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let (Params::Attention { scale, causal }, [q, k, v], [o]) =
+        (spec.params, spec.inputs, spec.outputs)
+    else {
+        return Err(unexpected(spec, FAMILY.name));
+    };
+    let (qs, ks) = (q.layout.shape(), k.layout.shape());
+    let (b, hq, lq, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let (hkv, lkv) = (ks[1], ks[2]);
+    if d > MAX_HEAD_DIM {
+        return Err(Error::unsupported(
+            format!(
+                "attention with head dimension {d} (the CUDA kernels take up to {MAX_HEAD_DIM})"
+            ),
+            DeviceKind::Cuda,
+        ));
+    }
+    let bh = b * hq;
+    if bh > 65535 {
+        return Err(Error::unsupported(
+            format!("attention over {bh} (batch × head) pairs (the CUDA kernels take 65535)"),
+            DeviceKind::Cuda,
+        ));
+    }
+    let mut args = Args::new();
+    for x in [b, hq, hkv, lq, lkv, d] {
+        args.int(x);
+    }
+    for t in [q, k, v, o] {
+        for &s in t.layout.strides() {
+            args.int(s);
+        }
+    }
+    args.int(i64::from(*causal)).float(*scale);
+    let steps = if lq == 1 {
+        // Split-K: about 256 keys per block, at most DECODE_SPLITS_MAX chunks (the size of the
+        // plan's workspace).
+        let splits = lkv.div_ceil(256).clamp(1, DECODE_SPLITS_MAX);
+        if spec.workspace < decode_workspace(bh, d) {
+            return Err(Error::Internal(format!(
+                "attention: the plan's workspace ({} bytes) cannot hold the decode partials",
+                spec.workspace
+            )));
+        }
+        args.int(splits);
+        let mut split = Step::new(
+            "op_attention_decode",
+            [splits as u32, bh.max(1) as u32, 1],
+            [128, 1, 1],
+        );
+        split.ptrs = vec![
+            Operand::Workspace,
+            Operand::In(0),
+            Operand::In(1),
+            Operand::In(2),
+        ];
+        split.args = args.clone();
+        let mut combine = Step::new(
+            "op_attention_combine",
+            [bh.max(1) as u32, 1, 1],
+            [128, 1, 1],
+        );
+        combine.ptrs = vec![
+            Operand::Out(0, 0),
+            Operand::Workspace,
+            Operand::In(1),
+            Operand::In(2),
+        ];
+        combine.args = args;
+        vec![split, combine]
+    } else {
+        args.int(1);
+        let mut step = Step::new(
+            "op_attention_prefill",
+            [lq.div_ceil(4).max(1) as u32, bh.max(1) as u32, 1],
+            [128, 1, 1],
+        );
+        step.ptrs = vec![
+            Operand::Out(0, 0),
+            Operand::In(0),
+            Operand::In(1),
+            Operand::In(2),
+        ];
+        step.args = args;
+        vec![step]
+    };
+    ready(spec, &FAMILY, spec.dtype, steps)
+}

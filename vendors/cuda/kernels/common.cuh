@@ -1,0 +1,198 @@
+// unirt's CUDA C prelude for the operator kernels, put before every op family's file by the
+// source generator (vendors/cuda/kernels/mod.rs). It needs no toolkit header: NVRTC alone
+// compiles it. After it the generator defines `T` (the element type of the family's dtype)
+// and `UNIRT_DTYPE_<NAME>`.
+//
+// 16-bit floats are stored as 16 bits and converted to f32 for arithmetic (f16 through PTX
+// cvt, bf16 by bit manipulation); every kernel accumulates in f32.
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+// IEEE half, stored.
+struct __align__(2) uhalf { u16 bits; };
+// bfloat16, stored.
+struct __align__(2) ubf16 { u16 bits; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(uhalf x)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float to_f32(ubf16 x) { return __uint_as_float(((u32)x.bits) << 16); }
+__device__ __forceinline__ float to_f32(int x) { return (float)x; }
+__device__ __forceinline__ float to_f32(i64 x) { return (float)x; }
+__device__ __forceinline__ float to_f32(u8 x) { return (float)x; }
+
+__device__ __forceinline__ double to_f64(float x) { return (double)x; }
+__device__ __forceinline__ double to_f64(uhalf x) { return (double)to_f32(x); }
+__device__ __forceinline__ double to_f64(ubf16 x) { return (double)to_f32(x); }
+__device__ __forceinline__ double to_f64(int x) { return (double)x; }
+__device__ __forceinline__ double to_f64(i64 x) { return (double)x; }
+__device__ __forceinline__ double to_f64(u8 x) { return (double)x; }
+
+__device__ __forceinline__ uhalf f32_to_half(float f)
+{
+    uhalf h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+    return h;
+}
+
+// Round to nearest even; NaN stays a (quiet) NaN.
+__device__ __forceinline__ ubf16 f32_to_bf16(float f)
+{
+    u32 u = __float_as_uint(f);
+    ubf16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        b.bits = (u16)((u >> 16) | 0x0040u);
+    } else {
+        b.bits = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return b;
+}
+
+// Conversions from f32 into any element type (integers truncate and saturate, NaN → 0, as
+// Rust's `as`).
+template <typename D> __device__ __forceinline__ D from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ uhalf from_f32<uhalf>(float v) { return f32_to_half(v); }
+template <> __device__ __forceinline__ ubf16 from_f32<ubf16>(float v) { return f32_to_bf16(v); }
+
+// Conversions from f64 (cast rounds once from the exact source value where it can).
+template <typename D> __device__ __forceinline__ D from_f64(double v);
+template <> __device__ __forceinline__ float from_f64<float>(double v) { return (float)v; }
+template <> __device__ __forceinline__ uhalf from_f64<uhalf>(double v)
+{
+    uhalf h;
+    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(v));
+    return h;
+}
+template <> __device__ __forceinline__ ubf16 from_f64<ubf16>(double v)
+{
+    // f64 → f32 may round once before the bf16 rounding; round the f32 toward zero so the
+    // second rounding sees the exact sticky bits (round-to-odd on the low bit).
+    float f = __double2float_rz(v);
+    double back = (double)f;
+    u32 u = __float_as_uint(f);
+    if (back != v && (u & 0x7fffffffu) < 0x7f800000u) {
+        u |= 1u;
+    }
+    return f32_to_bf16(__uint_as_float(u));
+}
+template <> __device__ __forceinline__ int from_f64<int>(double v)
+{
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return 2147483647;
+    if (v <= -2147483648.0) return (-2147483647 - 1);
+    return (int)v;
+}
+template <> __device__ __forceinline__ i64 from_f64<i64>(double v)
+{
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return 9223372036854775807LL;
+    if (v <= -9223372036854775808.0) return (-9223372036854775807LL - 1);
+    return (i64)v;
+}
+template <> __device__ __forceinline__ u8 from_f64<u8>(double v)
+{
+    if (v != v || v <= 0.0) return 0;
+    if (v >= 255.0) return 255;
+    return (u8)v;
+}
+
+// ---- layouts ------------------------------------------------------------------------------
+
+// The most dimensions a kernel iterates over after the planner merged contiguous ones.
+#define UNIRT_MAX_DIMS 8
+
+// An iteration space: `nd` dimensions of sizes `dim` (outermost first), `n` points in all.
+// Every field is 64-bit so the host fills the struct as an array of i64.
+struct Space {
+    i64 nd;
+    i64 n;
+    i64 dim[UNIRT_MAX_DIMS];
+};
+
+// An operand's strides (in elements) over a Space; 0 where it broadcasts.
+struct Strides {
+    i64 st[UNIRT_MAX_DIMS];
+};
+
+// The element offset of point `i` of `s` in an operand with strides `a`.
+__device__ __forceinline__ i64 offset_of(const Space &s, const Strides &a, i64 i)
+{
+    i64 off = 0;
+    for (int d = (int)s.nd - 1; d >= 0; --d) {
+        i64 q = i / s.dim[d];
+        off += (i - q * s.dim[d]) * a.st[d];
+        i = q;
+    }
+    return off;
+}
+
+#define UNIRT_NEG_INF __int_as_float(0xff800000)
+#define UNIRT_POS_INF __int_as_float(0x7f800000)
+
+// ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---------------------------
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float *scratch)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float *scratch)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : UNIRT_NEG_INF;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ double block_sum_f64(double v, double *scratch)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum_f64(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0;
+    return warp_sum_f64(v);
+}
+
+// Grid-stride loop over [0, n).
+#define GRID_LOOP(i, n)                                                                      \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+         i += (i64)blockDim.x * gridDim.x)

@@ -1,0 +1,25 @@
+// The rearrange op family: a strided copy (rearrange / contiguous / copy_into) and concat
+// (one launch per input, into its slice of the output). Elements are copied bit for bit, so
+// one kernel serves every dtype of the same size.
+
+struct Map {
+    Space s;
+    Strides so, si;
+};
+
+extern "C" __global__ void op_rearrange(T *out, const T *in, Map m)
+{
+    GRID_LOOP(i, m.s.n)
+    {
+        out[offset_of(m.s, m.so, i)] = in[offset_of(m.s, m.si, i)];
+    }
+}
+
+// One input of a concat: `out` already points at the input's slice of the output.
+extern "C" __global__ void op_concat(T *out, const T *in, Map m)
+{
+    GRID_LOOP(i, m.s.n)
+    {
+        out[offset_of(m.s, m.so, i)] = in[offset_of(m.s, m.si, i)];
+    }
+}

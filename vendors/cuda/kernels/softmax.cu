@@ -1,0 +1,43 @@
+// The softmax op family: softmax, log_softmax and causal_softmax along one axis, one block
+// per lane (grid-stride over lanes). A causal lane `o` sees keys [0, o % q_len + offset + 1);
+// the rest become 0 (−∞ for log_softmax), as on the CPU. Arithmetic in f32.
+
+struct Sm {
+    Space outer;
+    Strides so, si;
+    i64 len, lane_so, lane_si;
+    i64 causal, q_len, offset, log;
+};
+
+extern "C" __global__ void op_softmax(T *out, const T *in, Sm p)
+{
+    __shared__ float scratch[32];
+    for (i64 o = blockIdx.x; o < p.outer.n; o += gridDim.x) {
+        const T *x = in + offset_of(p.outer, p.si, o);
+        T *y = out + offset_of(p.outer, p.so, o);
+        i64 visible = p.len;
+        if (p.causal) {
+            visible = o % p.q_len + p.offset + 1;
+            if (visible > p.len) visible = p.len;
+        }
+        float m = UNIRT_NEG_INF;
+        for (i64 j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, to_f32(x[j * p.lane_si]));
+        m = block_max(m, scratch);
+        float s = 0.0f;
+        for (i64 j = threadIdx.x; j < visible; j += blockDim.x) s += expf(to_f32(x[j * p.lane_si]) - m);
+        s = block_sum(s, scratch);
+        float lse = m + logf(s), inv = 1.0f / s;
+        // Reads above finished in every thread before any write (in place: y may be x).
+        __syncthreads();
+        for (i64 j = threadIdx.x; j < p.len; j += blockDim.x) {
+            float v;
+            if (j >= visible) v = p.log ? UNIRT_NEG_INF : 0.0f;
+            else {
+                float a = to_f32(x[j * p.lane_si]);
+                v = p.log ? a - lse : expf(a - m) * inv;
+            }
+            y[j * p.lane_so] = from_f32<T>(v);
+        }
+        __syncthreads();
+    }
+}
