@@ -30,8 +30,12 @@ const NEEDS_A_GPU: &str = "the CUDA operator kernels are CUDA C, compiled by NVR
 /// only the function fetch was refused.
 const GPU_ONLY_ERROR: &str = "cuModuleGetFunction failed: CUDA_ERROR_NOT_SUPPORTED";
 
-/// Whether `case` is an operator case (`ops::<op>::<dtype>::…`) of a CUDA C kernel.
+/// Whether `case` is an operator case (`ops::<op>::<dtype>::…`) of a CUDA C kernel, or an
+/// operator-graph case (`graph::…`, which runs such kernels).
 fn needs_a_gpu(case: &str) -> bool {
+    if case.starts_with("graph::") {
+        return true;
+    }
     let mut parts = case.split("::");
     let (Some("ops"), Some(op), Some(dt)) = (parts.next(), parts.next(), parts.next()) else {
         return false;
@@ -140,9 +144,11 @@ fn op_kernels_compile_and_load(device: Device) -> Trial {
 fn trial(device: Device, case: unirt_conformance::Case) -> Trial {
     let name = format!("fakecuda:{device}::{}", case.name);
     if let Some(why) = unirt_conformance::declared_unsupported(&case, device) {
+        // The reason is printed, not made the label (libtest pads every line to the longest).
+        eprintln!("unsupported: {}: {why}", case.name);
         return Trial::test(name, || Ok(()))
             .with_ignored_flag(true)
-            .with_kind(format!("unsupported: {why}"));
+            .with_kind("unsupported");
     }
     if needs_a_gpu(case.name) {
         // The reason is printed once, before the run (it would pad every line).
