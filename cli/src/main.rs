@@ -87,7 +87,19 @@ enum Command {
 /// Errors of the command line front end: a unirt error or an I/O failure writing a report.
 pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// A closed pipe ends the command quietly, as it ends `ls | head`: Rust ignores SIGPIPE, so
+/// every `println!` into a closed pipe would otherwise panic ("failed printing to stdout").
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: the first thing main does, before any thread exists; SIG_DFL is a valid action
+    // for SIGPIPE and no handler of ours is replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    default_sigpipe();
     let args = Args::parse();
     let result = match args.command {
         None => main_job::run(),

@@ -421,3 +421,31 @@ fn probing_is_quiet_without_a_desktop_session() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.trim().is_empty(), "stderr: {err}");
 }
+
+/// Output into a pipe closed early (`unirt kernels --list | head -1`) ends the command quietly:
+/// no panic message, killed by SIGPIPE as `ls | head` is.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_is_not_a_panic() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_unirt"))
+        .args(["kernels", "--list"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the unirt binary runs");
+    // Read one byte, then close the pipe before the listing is written out.
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut first = [0u8; 1];
+    let _ = out.read(&mut first);
+    drop(out);
+    let mut err = String::new();
+    let _ = child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut err);
+    let _ = child.wait();
+    assert!(!err.contains("panicked"), "stderr: {err}");
+}
