@@ -423,20 +423,30 @@ fn probing_is_quiet_without_a_desktop_session() {
 }
 
 /// Output into a pipe closed early (`unirt kernels --list | head -1`) ends the command quietly:
-/// no panic message, killed by SIGPIPE as `ls | head` is.
-#[cfg(unix)]
+/// no panic message, killed by SIGPIPE as `ls | head` is. The pipe is shrunk to one page so
+/// the listing (about 10 KiB) cannot fit in it before the reader closes its end.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_closed_pipe_is_not_a_panic() {
     use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::process::Stdio;
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2() writes. Close-on-exec, so the
+    // child does not inherit the read end (which would keep the pipe open).
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just created by pipe() and are owned here only.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: a valid pipe descriptor; F_SETPIPE_SZ takes a size in bytes.
+    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
     let mut child = Command::new(env!("CARGO_BIN_EXE_unirt"))
         .args(["kernels", "--list"])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(write_end))
         .stderr(Stdio::piped())
         .spawn()
         .expect("the unirt binary runs");
-    // Read one byte, then close the pipe before the listing is written out.
-    let mut out = child.stdout.take().expect("piped stdout");
+    let mut out = std::fs::File::from(read_end);
     let mut first = [0u8; 1];
     let _ = out.read(&mut first);
     drop(out);
@@ -446,6 +456,12 @@ fn a_closed_pipe_is_not_a_panic() {
         .take()
         .expect("piped stderr")
         .read_to_string(&mut err);
-    let _ = child.wait();
+    let status = child.wait().expect("wait");
     assert!(!err.contains("panicked"), "stderr: {err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGPIPE),
+        "{status:?}, stderr: {err}"
+    );
 }
