@@ -92,6 +92,7 @@ pub fn vendor(kind: DeviceKind) -> Result<&'static Vendor> {
 /// [`Error::UnsupportedKernel`](crate::Error::UnsupportedKernel).
 pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
     cpu::register_kernels(reg);
+    wgpu::register_kernels(reg);
 }
 
 #[cfg(test)]
