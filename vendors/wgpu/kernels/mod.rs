@@ -8,8 +8,11 @@
 mod cast;
 mod elementwise;
 mod fixed;
+mod norm;
 mod op;
 mod rearrange;
+mod reduce;
+mod softmax;
 mod wgsl;
 
 pub(crate) use fixed::*;
@@ -41,4 +44,7 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     elementwise::register(reg);
     cast::register(reg);
     rearrange::register(reg);
+    reduce::register(reg);
+    softmax::register(reg);
+    norm::register(reg);
 }

@@ -247,3 +247,41 @@ pub(crate) fn broadcast_strides(shape: &[usize], strides: &[usize], to: &[usize]
 pub(crate) fn f(v: f64) -> u32 {
     (v as f32).to_bits()
 }
+
+/// Workgroup-wide sum and max over [`MAIN_ROWS`] kernels' 256 invocations (call from uniform
+/// control flow: they contain barriers), and -inf.
+pub(crate) const WG_REDUCE: &str = "
+var<workgroup> wg_red: array<f32, 256>;
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    wg_red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { wg_red[lid] = wg_red[lid] + wg_red[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = wg_red[0];
+    workgroupBarrier();
+    return r;
+}
+fn wg_max(v: f32, lid: u32) -> f32 {
+    wg_red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { wg_red[lid] = max(wg_red[lid], wg_red[lid + s]); }
+        workgroupBarrier();
+    }
+    let r = wg_red[0];
+    workgroupBarrier();
+    return r;
+}
+";
+
+/// The shape and strides of the dimensions of a view other than `axes` (the lanes of a row
+/// or reduction kernel).
+pub(crate) fn kept(shape: &[usize], strides: &[usize], axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    (0..shape.len())
+        .filter(|d| !axes.contains(d))
+        .map(|d| (shape[d], strides[d]))
+        .unzip()
+}
