@@ -8,6 +8,7 @@
 mod cast;
 mod elementwise;
 mod fixed;
+mod matmul;
 mod norm;
 mod op;
 mod rearrange;
@@ -47,4 +48,5 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     reduce::register(reg);
     softmax::register(reg);
     norm::register(reg);
+    matmul::register(reg);
 }
