@@ -5,14 +5,17 @@
 //! [`op::prepare`]. [`register`] is the one place the wgpu operator kernels enter the
 //! [`KernelRegistry`].
 
+mod attention;
 mod cast;
 mod elementwise;
+mod embedding;
 mod fixed;
 mod matmul;
 mod norm;
 mod op;
 mod rearrange;
 mod reduce;
+mod rope;
 mod softmax;
 mod wgsl;
 
@@ -49,4 +52,7 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     softmax::register(reg);
     norm::register(reg);
     matmul::register(reg);
+    embedding::register(reg);
+    rope::register(reg);
+    attention::register(reg);
 }
