@@ -16,6 +16,7 @@ mod op;
 mod rearrange;
 mod reduce;
 mod rope;
+mod sample;
 mod softmax;
 mod wgsl;
 
@@ -55,4 +56,5 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     embedding::register(reg);
     rope::register(reg);
     attention::register(reg);
+    sample::register(reg);
 }
