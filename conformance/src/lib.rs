@@ -208,8 +208,8 @@ pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
 /// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
 /// a limit of the platform; the harness reports them as `unsupported`, never as passed.
 pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
-    const USER_KERNEL: &str = "user kernels registered from WGSL / CUDA C are accepted by the \
-        registry but their launch is not wired yet (the wgpu and CUDA operator issues)";
+    const USER_KERNEL: &str = "user kernels registered from CUDA C are accepted by the \
+        registry but their launch is not wired yet (the CUDA operator issue)";
     const DEVICE_INDEX_ERRORS: &str = "an out-of-range id read by a wgpu kernel is not \
         reported yet (the kernel clamps it into the table; reporting needs a device error flag \
         read back by the stream)";
@@ -228,11 +228,6 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             DeviceKind::Wgpu,
             "ops::embedding::bf16::bad_input",
             DEVICE_INDEX_ERRORS,
-        ),
-        (
-            DeviceKind::Wgpu,
-            cases_ops_registry::USER_KERNEL_CASE,
-            USER_KERNEL,
         ),
         (
             DeviceKind::Cuda,

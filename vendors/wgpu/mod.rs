@@ -66,6 +66,14 @@ pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
     kernels::register(reg);
 }
 
+/// Prepares a user kernel registered as WGSL for a plan on a wgpu device.
+pub(crate) fn prepare_user_kernel(
+    spec: &crate::ops::PlanSpec<'_>,
+    kernel: &crate::ops::KernelImpl,
+) -> Result<Arc<dyn crate::ops::PreparedKernel>> {
+    kernels::prepare_user(spec, kernel)
+}
+
 /// Opens `wgpu:index`.
 pub fn open(index: usize) -> Result<AnyBackend> {
     Ok(WgpuBackend::open(index)?.into())

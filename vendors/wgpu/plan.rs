@@ -21,7 +21,7 @@ pub(crate) enum Step {
     Pipeline(wgpu::ComputePipeline),
     Group(wgpu::BindGroup),
     Immediates(Imm),
-    Dispatch([u32; 2]),
+    Dispatch([u32; 3]),
     Copy(BufCopy),
     Clear(BufClear),
     /// An event record (a timestamp where the event has a query set).
@@ -219,9 +219,9 @@ impl Plan {
                         pass.set_immediates(0, bytemuck::cast_slice(i.as_slice()))
                     }
                 }
-                Step::Dispatch([x, y]) => {
+                Step::Dispatch([x, y, z]) => {
                     if let Some(pass) = pass.as_mut() {
-                        pass.dispatch_workgroups(*x, *y, 1)
+                        pass.dispatch_workgroups(*x, *y, *z)
                     }
                 }
                 Step::Copy(c) => c.encode(enc),

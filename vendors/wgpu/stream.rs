@@ -86,7 +86,7 @@ pub(crate) enum Cmd {
         pipeline: wgpu::ComputePipeline,
         group: wgpu::BindGroup,
         imm: Imm,
-        groups: [u32; 2],
+        groups: [u32; 3],
     },
     /// An event record: completes with the submission, timestamped when the device can.
     Record(Arc<WEvent>),

@@ -125,6 +125,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: "attention".into(),
             passes: vec![(source, rows_grid(rows))],
             cfg,
+            entry: None,
         },
     )
 }

@@ -97,6 +97,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: format!("cast {} to {to}", src.dtype),
             passes: vec![(source, groups_for(n as u64))],
             cfg,
+            entry: None,
         },
     )
 }

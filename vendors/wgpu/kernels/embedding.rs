@@ -40,6 +40,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: "embedding".into(),
             passes: vec![(source, groups_for(n as u64))],
             cfg,
+            entry: None,
         },
     )
 }

@@ -368,11 +368,11 @@ impl Kernels {
 
     /// The (x, y) workgroup grid for `items` work items: rows of at most the per-dimension
     /// limit (the kernels index `gid.x + gid.y * nwg.x * 256`).
-    pub fn groups_for(&self, items: u64) -> [u32; 2] {
+    pub fn groups_for(&self, items: u64) -> [u32; 3] {
         let g = items.div_ceil(u64::from(WORKGROUP)).max(1);
         let x = g.min(u64::from(self.max_groups));
         let y = g.div_ceil(x).min(u64::from(self.max_groups));
-        [x as u32, y as u32]
+        [x as u32, y as u32, 1]
     }
 }
 

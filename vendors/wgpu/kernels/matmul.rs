@@ -139,8 +139,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         spec,
         OpSource {
             name: "matmul".into(),
-            passes: vec![(source, [tiles as u32, batch.max(1) as u32])],
+            passes: vec![(source, [tiles as u32, batch.max(1) as u32, 1])],
             cfg,
+            entry: None,
         },
     )
 }

@@ -18,9 +18,11 @@ mod reduce;
 mod rope;
 mod sample;
 mod softmax;
+mod user;
 mod wgsl;
 
 pub(crate) use fixed::*;
+pub(crate) use user::prepare as prepare_user;
 
 use crate::device::DeviceKind;
 use crate::ops::{KernelImpl, KernelRegistry, PrepareKernel};

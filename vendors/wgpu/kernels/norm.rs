@@ -90,6 +90,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: spec.op.to_string(),
             passes: vec![(source, rows_grid(rows))],
             cfg,
+            entry: None,
         },
     )
 }

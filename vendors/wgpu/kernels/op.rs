@@ -36,9 +36,11 @@ pub(crate) struct OpSource {
     /// For labels and errors.
     pub name: String,
     /// The passes, in order: complete WGSL (entry point `main`) and the dispatch grid.
-    pub passes: Vec<(String, [u32; 2])>,
+    pub passes: Vec<(String, [u32; 3])>,
     /// The plan's constants (binding 0 of every pass).
     pub cfg: Vec<u32>,
+    /// The entry point when not `main` (user kernels).
+    pub entry: Option<Arc<str>>,
 }
 
 /// One compiled pass.
@@ -106,9 +108,11 @@ impl OpCache {
         device: &wgpu::Device,
         name: &str,
         source: &str,
+        entry: &str,
         layout: &wgpu::PipelineLayout,
     ) -> Result<Arc<Pipe>> {
-        if let Some(p) = self.pipes.lock().get(source) {
+        let key = format!("{entry}\n{source}");
+        if let Some(p) = self.pipes.lock().get(&key) {
             return Ok(p.clone());
         }
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -120,7 +124,7 @@ impl OpCache {
             label: Some(name),
             layout: Some(layout),
             module: &module,
-            entry_point: Some("main"),
+            entry_point: Some(entry),
             compilation_options: Default::default(),
             cache: None,
         });
@@ -131,7 +135,7 @@ impl OpCache {
             });
         }
         let p = Arc::new(Pipe { pipeline });
-        self.pipes.lock().insert(source.to_string(), p.clone());
+        self.pipes.lock().insert(key, p.clone());
         Ok(p)
     }
 
@@ -146,7 +150,7 @@ impl OpCache {
 /// An operator kernel prepared for one plan.
 pub(crate) struct OpKernel {
     name: String,
-    passes: Vec<(Arc<Pipe>, [u32; 2])>,
+    passes: Vec<(Arc<Pipe>, [u32; 3])>,
     bgl: wgpu::BindGroupLayout,
     cfg: wgpu::Buffer,
     cfg_id: u64,
@@ -225,7 +229,8 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prep
     let (bgl, pl) = cache.layout(device, tensors);
     let mut passes = Vec::with_capacity(src.passes.len());
     for (source, groups) in &src.passes {
-        passes.push((cache.pipe(device, &src.name, source, &pl)?, *groups));
+        let entry = src.entry.as_deref().unwrap_or("main");
+        passes.push((cache.pipe(device, &src.name, source, entry, &pl)?, *groups));
     }
     let bytes = ceil4((src.cfg.len().max(1) * 4) as u64);
     let cfg = create_buffer(

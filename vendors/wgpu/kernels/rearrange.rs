@@ -45,6 +45,7 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: "rearrange".into(),
             passes: vec![(source, groups_for(n as u64))],
             cfg,
+            entry: None,
         },
     )
 }
@@ -112,6 +113,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: "concat".into(),
             passes,
             cfg,
+            entry: None,
         },
     )
 }

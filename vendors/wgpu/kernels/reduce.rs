@@ -15,10 +15,10 @@ use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
 /// The grid of one workgroup per row for `rows` rows.
-pub(crate) fn rows_grid(rows: usize) -> [u32; 2] {
+pub(crate) fn rows_grid(rows: usize) -> [u32; 3] {
     let rows = rows.max(1) as u64;
     let x = rows.min(65535);
-    [x as u32, rows.div_ceil(x).min(65535) as u32]
+    [x as u32, rows.div_ceil(x).min(65535) as u32, 1]
 }
 
 /// Combines (value, index) pairs: NaN first, then the larger, then the earlier index.
@@ -92,6 +92,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: spec.op.to_string(),
             passes: vec![(source, rows_grid(lanes))],
             cfg,
+            entry: None,
         },
     )
 }

@@ -103,6 +103,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: "rope".into(),
             passes: vec![(source, groups_for(pairs as u64))],
             cfg,
+            entry: None,
         },
     )
 }

@@ -173,6 +173,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             name: "random_sample".into(),
             passes: vec![(source, rows_grid(rows))],
             cfg,
+            entry: None,
         },
     )
 }
