@@ -5,6 +5,7 @@ mod cuda;
 mod dispatch;
 mod memcpy;
 mod ops;
+mod ops_floor;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -288,6 +288,30 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         ms,
         3 * 16 * 4,
     ));
+    if dev.kind == unirt::DeviceKind::Wgpu {
+        // The plain-wgpu floor, in the same run: one elementwise op and one GEMM.
+        let info = rt.backend().info().clone();
+        let floor = super::ops_floor::Floor::new(&info.name, &info.api)?;
+        let n = sizes[0] * (1 << 20) / 4;
+        let ms = floor.add(n)?;
+        rows.push(bw_row(
+            "plain_wgpu_add",
+            DType::F32,
+            format!("{}x4096", n / 4096),
+            ms,
+            3 * 4 * n,
+        ));
+        let g = 1024;
+        let ms = floor.gemm(g)?;
+        rows.push(Row {
+            op: "plain_wgpu_matmul".into(),
+            dtype: "f32".into(),
+            shape: format!("{g}x{g}x{g}"),
+            ms,
+            gflops: Some(2.0 * (g * g * g) as f64 / (ms * 1e6)),
+            gbps: None,
+        });
+    }
     println!(
         "{:<20} {:<5} {:>16} {:>10} {:>10} {:>10}",
         "op", "dtype", "shape", "ms", "GFLOP/s", "GB/s"
