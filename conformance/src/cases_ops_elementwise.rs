@@ -175,7 +175,10 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
                         Err(fail(format!("too_large without naming the limit: {msg}")))
                     }
                 }
-                Err(e) => Err(fail(format!("span over a binding: {} ({e})", e.kind_name()))),
+                Err(e) => Err(fail(format!(
+                    "span over a binding: {} ({e})",
+                    e.kind_name()
+                ))),
             }
         }
         "bad_input" => {

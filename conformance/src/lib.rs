@@ -195,9 +195,9 @@ pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
     Some(match kind {
         // wgpu registers every op in every dtype the CPU does (f16/bf16 stored 16-bit and
         // computed in f32; i64/u8/bool packed in u32 words): a gap is an op added since.
-        DeviceKind::Wgpu => format!(
-            "wgpu registers no {dtype} kernel for {op} (no WGSL kernel written for it yet)"
-        ),
+        DeviceKind::Wgpu => {
+            format!("wgpu registers no {dtype} kernel for {op} (no WGSL kernel written for it yet)")
+        }
         _ => format!(
             "{kind} registers no {dtype} kernel for {op} (operators run on the CPU today; \
              the {kind} kernels belong to the {kind} backend's issue)"

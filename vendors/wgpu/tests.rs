@@ -189,14 +189,22 @@ fn op_launches_are_captured_and_replayed() {
         // In place, so each replay adds b again: replays are seen to run.
         plan.launch(&[&out, &b], &[&out], None, s).unwrap();
         let graph = rt.end_capture().unwrap();
-        assert_eq!(out.to_vec::<f32>().unwrap(), [0.0; 3], "{dev}: ran while capturing");
+        assert_eq!(
+            out.to_vec::<f32>().unwrap(),
+            [0.0; 3],
+            "{dev}: ran while capturing"
+        );
         let exec = graph.instantiate().unwrap();
         exec.launch(s).unwrap();
         rt.backend().stream_synchronize(s).unwrap();
         assert_eq!(out.to_vec::<f32>().unwrap(), [21.0, 42.0, 63.0], "{dev}");
         exec.launch(s).unwrap();
         rt.backend().stream_synchronize(s).unwrap();
-        assert_eq!(out.to_vec::<f32>().unwrap(), [21.0, 42.0, 63.0], "{dev}: replay");
+        assert_eq!(
+            out.to_vec::<f32>().unwrap(),
+            [21.0, 42.0, 63.0],
+            "{dev}: replay"
+        );
         drop(exec);
         rt.backend().stream_destroy(s).unwrap();
     }

@@ -79,14 +79,15 @@ impl Floor {
                 i.name == name && backend_name(i.backend) == api
             })
             .ok_or_else(|| format!("plain wgpu: no adapter {name} ({api})"))?;
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: None,
-            required_features: wgpu::Features::empty(),
-            required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: None,
+                required_features: wgpu::Features::empty(),
+                required_limits: adapter.limits(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            }))?;
         let errors = Arc::new(Mutex::new(None));
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -176,7 +177,9 @@ impl Floor {
             Ok(t.elapsed().as_secs_f64() * 1e3 / inner as f64)
         };
         sample()?;
-        let mut v = (0..samples).map(|_| sample()).collect::<CliResult<Vec<f64>>>()?;
+        let mut v = (0..samples)
+            .map(|_| sample())
+            .collect::<CliResult<Vec<f64>>>()?;
         Ok(median(&mut v))
     }
 

@@ -85,15 +85,26 @@ MAIN {
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Attention { scale, causal } = *spec.params else {
-        return Err(Error::Internal(format!("attention: parameters {:?}", spec.params)));
+        return Err(Error::Internal(format!(
+            "attention: parameters {:?}",
+            spec.params
+        )));
     };
-    let (q, k, v, o) = (&spec.inputs[0], &spec.inputs[1], &spec.inputs[2], &spec.outputs[0]);
+    let (q, k, v, o) = (
+        &spec.inputs[0],
+        &spec.inputs[1],
+        &spec.inputs[2],
+        &spec.outputs[0],
+    );
     let sq = q.layout.shape();
     let (b, hq, lq, d) = (sq[0], sq[1], sq[2], sq[3]);
     let (hkv, lkv) = (k.layout.shape()[1], k.layout.shape()[2]);
     if d > DIMS_PER_ITEM * 256 {
         return Err(Error::unsupported(
-            format!("attention on wgpu with head dim {d} (at most {})", DIMS_PER_ITEM * 256),
+            format!(
+                "attention on wgpu with head dim {d} (at most {})",
+                DIMS_PER_ITEM * 256
+            ),
             DeviceKind::Wgpu,
         ));
     }

@@ -73,7 +73,10 @@ fn convert(from: DType, to: DType) -> String {
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Cast { to } = *spec.params else {
-        return Err(Error::Internal(format!("cast: parameters {:?}", spec.params)));
+        return Err(Error::Internal(format!(
+            "cast: parameters {:?}",
+            spec.params
+        )));
     };
     let (src, dst) = (&spec.inputs[0], &spec.outputs[0]);
     let n = dst.layout.numel();

@@ -20,7 +20,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (vocab, dim) = (table.layout.shape()[0], table.layout.shape()[1]);
     let n = out.layout.numel();
     let ts = table.layout.strides();
-    let mut cfg = vec![n as u32, dim as u32, vocab as u32, ts[0] as u32, ts[1] as u32, 0];
+    let mut cfg = vec![
+        n as u32,
+        dim as u32,
+        vocab as u32,
+        ts[0] as u32,
+        ts[1] as u32,
+        0,
+    ];
     cfg[5] = wgsl::push_view(&mut cfg, ids.layout.shape(), ids.layout.strides());
     let binds = [
         Bind::read("ids", ids.dtype),

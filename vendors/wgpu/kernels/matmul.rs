@@ -84,7 +84,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: 
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Matmul { alpha, beta } = *spec.params else {
-        return Err(Error::Internal(format!("matmul: parameters {:?}", spec.params)));
+        return Err(Error::Internal(format!(
+            "matmul: parameters {:?}",
+            spec.params
+        )));
     };
     let (a, b, c) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
     let cs = c.layout.shape();
@@ -126,7 +129,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     ];
     for (slot, d) in [(12, a), (13, b), (14, c)] {
         let r = d.layout.ndim();
-        let s = wgsl::broadcast_strides(&d.layout.shape()[..r - 2], &d.layout.strides()[..r - 2], batch_shape);
+        let s = wgsl::broadcast_strides(
+            &d.layout.shape()[..r - 2],
+            &d.layout.strides()[..r - 2],
+            batch_shape,
+        );
         cfg[slot] = wgsl::push_view(&mut cfg, batch_shape, &s);
     }
     let binds = [

@@ -47,7 +47,10 @@ const LAYER: &str = "
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Norm { eps } = *spec.params else {
-        return Err(Error::Internal(format!("{}: parameters {:?}", spec.op, spec.params)));
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            spec.op, spec.params
+        )));
     };
     let layer = spec.op == "layer_norm";
     let (x, w, out) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);

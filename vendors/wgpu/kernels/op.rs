@@ -80,9 +80,7 @@ impl OpCache {
                         binding: b as u32,
                         visibility: wgpu::ShaderStages::COMPUTE,
                         ty: wgpu::BindingType::Buffer {
-                            ty: wgpu::BufferBindingType::Storage {
-                                read_only: b == 0,
-                            },
+                            ty: wgpu::BufferBindingType::Storage { read_only: b == 0 },
                             has_dynamic_offset: false,
                             min_binding_size: None,
                         },
@@ -339,10 +337,7 @@ impl WgpuBackend {
         let cmds = k.passes.iter().map(|(p, groups)| Cmd::Dispatch {
             pipeline: p.pipeline.clone(),
             group: group.clone(),
-            imm: Imm {
-                words: imm,
-                len: 8,
-            },
+            imm: Imm { words: imm, len: 8 },
             groups: *groups,
         });
         enqueue(gpu, &s, cmds.collect::<Vec<_>>(), pins, work, false)
@@ -351,10 +346,7 @@ impl WgpuBackend {
     fn op_group(&self, k: &OpKernel, bound: &[Bound]) -> Result<wgpu::BindGroup> {
         let key: GroupKey = (
             k.cfg_id,
-            bound
-                .iter()
-                .map(|b| (b.buf.id, b.offset, b.size))
-                .collect(),
+            bound.iter().map(|b| (b.buf.id, b.offset, b.size)).collect(),
         );
         if let Some(g) = k.groups.lock().get(&key) {
             return Ok(g.clone());

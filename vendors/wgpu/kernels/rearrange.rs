@@ -52,7 +52,10 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 
 fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Concat { axis } = *spec.params else {
-        return Err(Error::Internal(format!("concat: parameters {:?}", spec.params)));
+        return Err(Error::Internal(format!(
+            "concat: parameters {:?}",
+            spec.params
+        )));
     };
     if spec.inputs.len() + 1 > MAX_TENSORS {
         return Err(Error::unsupported(

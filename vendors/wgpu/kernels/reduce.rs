@@ -39,7 +39,10 @@ fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Reduce { axes, .. } = spec.params else {
-        return Err(Error::Internal(format!("{}: parameters {:?}", spec.op, spec.params)));
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            spec.op, spec.params
+        )));
     };
     let (x, out) = (&spec.inputs[0], &spec.outputs[0]);
     let (shape, strides) = (x.layout.shape(), x.layout.strides());

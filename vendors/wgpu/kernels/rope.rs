@@ -56,7 +56,10 @@ MAIN {
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Rope { interleaved, theta } = *spec.params else {
-        return Err(Error::Internal(format!("rope: parameters {:?}", spec.params)));
+        return Err(Error::Internal(format!(
+            "rope: parameters {:?}",
+            spec.params
+        )));
     };
     let (x, pos, out) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
     let shape = x.layout.shape();

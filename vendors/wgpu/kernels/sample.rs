@@ -140,7 +140,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         top_p,
     } = *spec.params
     else {
-        return Err(Error::Internal(format!("random_sample: parameters {:?}", spec.params)));
+        return Err(Error::Internal(format!(
+            "random_sample: parameters {:?}",
+            spec.params
+        )));
     };
     let x = &spec.inputs[0];
     let shape = x.layout.shape();

@@ -39,7 +39,10 @@ const BODY: &str = "
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Softmax { axis, log, causal } = *spec.params else {
-        return Err(Error::Internal(format!("{}: parameters {:?}", spec.op, spec.params)));
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            spec.op, spec.params
+        )));
     };
     let (x, out) = (&spec.inputs[0], &spec.outputs[0]);
     let shape = x.layout.shape();

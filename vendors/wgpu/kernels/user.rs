@@ -46,7 +46,8 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
         )));
     }
     let mut cfg: Vec<u32> = spec.grid.to_vec();
-    let mut pre = String::from("fn grid() -> vec3<u32> { return vec3<u32>(cfg[0], cfg[1], cfg[2]); }\n");
+    let mut pre =
+        String::from("fn grid() -> vec3<u32> { return vec3<u32>(cfg[0], cfg[1], cfg[2]); }\n");
     let mut binds = Vec::new();
     for (k, t) in tensors.iter().enumerate() {
         let n = NAMES[k];
@@ -75,14 +76,20 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
             KernelArg::I64(v) => (
                 "i32",
                 i32::try_from(v).map_err(|_| {
-                    Error::BadParam(format!("{}: scalar {k} ({v}) does not fit WGSL's i32", spec.op))
+                    Error::BadParam(format!(
+                        "{}: scalar {k} ({v}) does not fit WGSL's i32",
+                        spec.op
+                    ))
                 })? as u32,
             ),
             KernelArg::U32(v) => ("u32", v),
             KernelArg::U64(v) => (
                 "u32",
                 u32::try_from(v).map_err(|_| {
-                    Error::BadParam(format!("{}: scalar {k} ({v}) does not fit WGSL's u32", spec.op))
+                    Error::BadParam(format!(
+                        "{}: scalar {k} ({v}) does not fit WGSL's u32",
+                        spec.op
+                    ))
                 })?,
             ),
             KernelArg::U8(v) => ("u32", u32::from(v)),
@@ -95,7 +102,10 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
             }
         };
         cfg.push(word);
-        let _ = writeln!(pre, "fn arg{k}() -> {ty} {{ return bitcast<{ty}>(cfg[{at}u]); }}");
+        let _ = writeln!(
+            pre,
+            "fn arg{k}() -> {ty} {{ return bitcast<{ty}>(cfg[{at}u]); }}"
+        );
     }
     let groups = [0, 1, 2].map(|d| spec.grid[d].div_ceil(workgroup[d]));
     let src = format!("{}{pre}\n{source}\n", wgsl::prelude(&binds));
