@@ -159,7 +159,9 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// Whether the plan's device emulates a GPU on the host's cores.
 fn on_host_cores(spec: &PlanSpec<'_>) -> bool {
     crate::Runtime::get(spec.device)
-        .map(|rt| crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software)
+        .map(|rt| {
+            crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software
+        })
         .unwrap_or(false)
 }
 
@@ -232,7 +234,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             kernel = kernel.replace(" * bcs)", ")");
         }
         if n % 256 == 0 {
-            for (q, off) in [("q0", ""), ("q1", " + 64u"), ("q2", " + 128u"), ("q3", " + 192u")] {
+            for (q, off) in [
+                ("q0", ""),
+                ("q1", " + 64u"),
+                ("q2", " + 128u"),
+                ("q3", " + 192u"),
+            ] {
                 kernel = kernel.replace(
                     &format!("let {q} = select(0u, col0{off}, col0{off} < n);"),
                     &format!("let {q} = col0{off};"),
