@@ -90,9 +90,30 @@ pub fn vendor(kind: DeviceKind) -> Result<&'static Vendor> {
 /// Every vendor's operator kernels into the registry: the one list of who registers what.
 /// The CUDA and wgpu backends register none yet; their operators answer
 /// [`Error::UnsupportedKernel`](crate::Error::UnsupportedKernel).
+/// Prepares a user kernel registered as device source (WGSL) for a plan, through its vendor.
+pub(crate) fn prepare_user_kernel(
+    spec: &crate::ops::PlanSpec<'_>,
+    kernel: &crate::ops::KernelImpl,
+) -> crate::error::Result<std::sync::Arc<dyn crate::ops::PreparedKernel>> {
+    match (spec.device.kind, kernel) {
+        (DeviceKind::Wgpu, crate::ops::KernelImpl::Wgsl { .. }) => {
+            wgpu::prepare_user_kernel(spec, kernel)
+        }
+        _ => Err(crate::error::Error::unsupported(
+            format!(
+                "launching registered {} kernels on {}",
+                kernel.source_kind(),
+                spec.device
+            ),
+            spec.device.kind,
+        )),
+    }
+}
+
 pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
     cpu::register_kernels(reg);
     cuda::register_kernels(reg);
+    wgpu::register_kernels(reg);
 }
 
 #[cfg(test)]

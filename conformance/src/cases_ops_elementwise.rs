@@ -15,6 +15,7 @@ crate::op_cases! {
     maximum = "maximum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
     minimum = "minimum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
     pow = "pow": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
+    add_span = "add": [f32] => [span_over_binding] via binary_case;
     swiglu = "swiglu": [f32, f16, bf16] => [sizes, broadcast, strided, bad_input] via binary_case;
     add_scalar = "add_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
     sub_scalar = "sub_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
@@ -155,6 +156,30 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
             plan.launch(&[&a2, &b], &[&a2], None, s)
                 .map_err(err("in-place launch"))?;
             close("in place", &values(&a2, "in place")?, &want, dt, None)
+        }
+        "span_over_binding" => {
+            // A [5, 1] view of a 160 MiB buffer spanning just over 128 MiB (lavapipe's storage
+            // binding limit): computed correctly, or refused with a typed error naming the
+            // limit — never a wrong answer.
+            let cols = 8 << 20;
+            let base = Tensor::zeros(&[5, cols], dt, ctx.device).map_err(err("160 MiB zeros"))?;
+            let a = base.narrow(1, 0, 1).map_err(err("narrow"))?;
+            let (b, vb) = random(&[5, 1], -2.0, 2.0, 60, dt, ctx.device)?;
+            match run_binary(op, &a, &b) {
+                Ok(out) => close("span over a binding", &values(&out, "add")?, &vb, dt, None),
+                Err(e) if e.kind_name() == "too_large" => {
+                    let msg = e.to_string();
+                    if msg.contains("binding") {
+                        Ok(())
+                    } else {
+                        Err(fail(format!("too_large without naming the limit: {msg}")))
+                    }
+                }
+                Err(e) => Err(fail(format!(
+                    "span over a binding: {} ({e})",
+                    e.kind_name()
+                ))),
+            }
         }
         "bad_input" => {
             let dev = ctx.device;

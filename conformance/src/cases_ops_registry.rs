@@ -129,12 +129,35 @@ fn affine(call: &KernelCall<'_>, at: [u32; 3]) {
     }
 }
 
+/// [`affine`] in WGSL, over the prelude unirt gives WGSL user kernels (tensor accessors
+/// `ld_t0` / `st_t1`, `shape_`/`stride_`, `grid()`, typed scalars `arg0()`…).
+const AFFINE_WGSL: &str = "
+@compute @workgroup_size(8, 8, 1)
+fn affine(@builtin(global_invocation_id) g: vec3<u32>) {
+    if (g.x >= grid().x || g.y >= grid().y) { return; }
+    let ia = g.y * stride_t0(0u) + g.x * stride_t0(1u);
+    let io = g.y * shape_t0(1u) + g.x;
+    st_t1(io, ld_t0(ia) * arg0() + f32(arg1()) + arg2() + f32(g.x));
+}
+";
+
 fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
     ops::register_kernel(
         "user_affine",
         DeviceKind::Cpu,
         DType::F32,
         KernelImpl::HostPerItem(affine),
+    )
+    .map_err(err("register"))?;
+    ops::register_kernel(
+        "user_affine",
+        DeviceKind::Wgpu,
+        DType::F32,
+        KernelImpl::Wgsl {
+            source: AFFINE_WGSL.into(),
+            entry: "affine".into(),
+            workgroup: [8, 8, 1],
+        },
     )
     .map_err(err("register"))?;
     let (base, vb) = random(&[7, 5], -1.0, 1.0, 900, DType::F32, ctx.device)?;

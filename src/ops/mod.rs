@@ -231,6 +231,21 @@ impl PlanBuilder {
                 grid: self.grid,
                 workspace: self.workspace,
             })?),
+            // User kernels in a device language are prepared by their vendor, as built-ins.
+            KernelImpl::Wgsl { .. } => Some(crate::vendors::prepare_user_kernel(
+                &PlanSpec {
+                    op: &self.op,
+                    device,
+                    dtype: self.dtype,
+                    params: &self.params,
+                    inputs: &self.inputs,
+                    outputs: &self.outputs,
+                    scalars: &self.scalars,
+                    grid: self.grid,
+                    workspace: self.workspace,
+                },
+                &kernel,
+            )?),
             _ => None,
         };
         Ok(Plan(Arc::new(PlanInner {
@@ -481,14 +496,14 @@ impl Plan {
                 });
                 Ok(())
             }),
-            KernelImpl::Prepared { .. } => {
+            KernelImpl::Prepared { .. } | KernelImpl::Wgsl { .. } => {
                 let prepared = p
                     .prepared
                     .as_ref()
                     .ok_or_else(|| Error::Internal(format!("{}: prepared kernel missing", p.op)))?;
                 return prepared.launch(rt.backend(), &self.call(&ins, &outs, ws), &ranges, stream);
             }
-            KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
+            KernelImpl::CudaC { .. } => {
                 return Err(Error::unsupported(
                     format!(
                         "launching registered {} kernels on {}",

@@ -101,7 +101,10 @@ pub enum KernelImpl {
     Host(HostKernel),
     /// A Rust function run for every grid point.
     HostPerItem(HostItemKernel),
-    /// WGSL source for the wgpu backend: `entry` with the given workgroup size.
+    /// WGSL source for the wgpu backend: `entry` with the given workgroup size, launched over
+    /// the plan's grid. It is compiled after a prelude that gives it its tensors (`ld_t0(i)`,
+    /// `st_t1(i, v)`, `shape_t0(d)`, `stride_t0(d)`, inputs then outputs), `grid()` and its
+    /// scalars (`arg0()`, …); see the wgpu vendor's `kernels/user.rs`.
     Wgsl {
         source: Arc<str>,
         entry: Arc<str>,

@@ -10,7 +10,7 @@
 use super::gpu::Gpu;
 use super::kernels::Which;
 use super::memory::{ceil4, floor4, DevBuf};
-use super::stream::{BufClear, BufCopy, Cmd};
+use super::stream::{BufClear, BufCopy, Cmd, Imm};
 use crate::error::{Error, Result};
 
 /// The largest piece one byte-kernel dispatch handles.
@@ -48,7 +48,7 @@ fn kernel_copy(
         out.push(Cmd::Dispatch {
             pipeline: pipeline.clone(),
             group,
-            imm: [u32_of(drel)?, u32_of(srel)?, u32_of(len)?, 0],
+            imm: Imm::four([u32_of(drel)?, u32_of(srel)?, u32_of(len)?, 0]),
             groups: k.groups_for(words),
         });
         done += len;
@@ -153,7 +153,7 @@ pub(crate) fn device_set(
         out.push(Cmd::Dispatch {
             pipeline: pipeline.clone(),
             group,
-            imm: [u32_of(rel)?, u32_of(rel + len)?, pattern, 0],
+            imm: Imm::four([u32_of(rel)?, u32_of(rel + len)?, pattern, 0]),
             groups: k.groups_for(words),
         });
         done += len;

@@ -13,8 +13,8 @@
 //! - **Submissions**: every batch is encoded from a prepared plan (`plan.rs`); a graph's plan
 //!   is made and validated once at instantiate, and each replay hands it to the submitter
 //!   thread, which encodes it as one encoder and one submit (`graph.rs`, `gpu.rs`).
-//! - **Kernels**: WGSL in `kernels/`, pipelines and bind groups cached per device
-//!   (`kernels.rs`).
+//! - **Kernels**: WGSL in `kernels/`: the HAL's fixed kernels and the operator kernels
+//!   generated per op family, pipelines and bind groups cached per device.
 //!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses
@@ -61,6 +61,19 @@ use crate::vendors::AnyBackend;
 /// Discovery for the wgpu vendor (enumerates once per process; never panics).
 pub fn probe() -> Probe {
     adapter::probe()
+}
+
+/// Registers the wgpu operator kernels.
+pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
+    kernels::register(reg);
+}
+
+/// Prepares a user kernel registered as WGSL for a plan on a wgpu device.
+pub(crate) fn prepare_user_kernel(
+    spec: &crate::ops::PlanSpec<'_>,
+    kernel: &crate::ops::KernelImpl,
+) -> Result<Arc<dyn crate::ops::PreparedKernel>> {
+    kernels::prepare_user(spec, kernel)
 }
 
 /// Opens `wgpu:index`.
@@ -518,7 +531,7 @@ impl Backend for WgpuBackend {
         let cmd = Cmd::Dispatch {
             pipeline,
             group,
-            imm,
+            imm: stream::Imm::four(imm),
             groups: k.groups_for(u64::from(checked.n)),
         };
         let work = checked.buffers.iter().map(|(_, l)| *l).sum();

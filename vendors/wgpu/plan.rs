@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::event::WEvent;
-use super::stream::{BufClear, BufCopy, Cmd};
+use super::stream::{BufClear, BufCopy, Cmd, Imm};
 
 /// One encoder call.
 pub(crate) enum Step {
@@ -20,8 +20,8 @@ pub(crate) enum Step {
     EndPass,
     Pipeline(wgpu::ComputePipeline),
     Group(wgpu::BindGroup),
-    Immediates([u32; 4]),
-    Dispatch([u32; 2]),
+    Immediates(Imm),
+    Dispatch([u32; 3]),
     Copy(BufCopy),
     Clear(BufClear),
     /// An event record (a timestamp where the event has a query set).
@@ -80,7 +80,7 @@ impl Plan {
         let mut in_pass = false;
         let mut pipe: Option<wgpu::ComputePipeline> = None;
         let mut group: Option<wgpu::BindGroup> = None;
-        let mut imm: Option<[u32; 4]> = None;
+        let mut imm: Option<Imm> = None;
         for c in cmds {
             if let Cmd::Dispatch {
                 pipeline,
@@ -96,6 +96,9 @@ impl Plan {
                 if pipe.as_ref() != Some(&pipeline) {
                     pipe = Some(pipeline.clone());
                     steps.push(Step::Pipeline(pipeline));
+                    // wgpu's GL backend emulates immediates with per-program uniforms: a new
+                    // pipeline needs them set again.
+                    imm = None;
                 }
                 if group.as_ref() != Some(&g) {
                     group = Some(g.clone());
@@ -213,12 +216,12 @@ impl Plan {
                 }
                 Step::Immediates(i) => {
                     if let Some(pass) = pass.as_mut() {
-                        pass.set_immediates(0, bytemuck::cast_slice(i))
+                        pass.set_immediates(0, bytemuck::cast_slice(i.as_slice()))
                     }
                 }
-                Step::Dispatch([x, y]) => {
+                Step::Dispatch([x, y, z]) => {
                     if let Some(pass) = pass.as_mut() {
-                        pass.dispatch_workgroups(*x, *y, 1)
+                        pass.dispatch_workgroups(*x, *y, *z)
                     }
                 }
                 Step::Copy(c) => c.encode(enc),

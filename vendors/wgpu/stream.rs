@@ -52,6 +52,29 @@ impl BufClear {
     }
 }
 
+/// The immediates of one dispatch: the first `len` words of `words` (the HAL's fixed kernels
+/// take 4 words, the operator kernels 8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Imm {
+    pub words: [u32; 8],
+    pub len: u8,
+}
+
+impl Imm {
+    /// Four words (the fixed kernels' immediates).
+    pub fn four(w: [u32; 4]) -> Self {
+        Imm {
+            words: [w[0], w[1], w[2], w[3], 0, 0, 0, 0],
+            len: 4,
+        }
+    }
+
+    /// The words that are set.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.words[..usize::from(self.len).min(8)]
+    }
+}
+
 /// One recorded command.
 #[derive(Clone)]
 pub(crate) enum Cmd {
@@ -62,8 +85,8 @@ pub(crate) enum Cmd {
     Dispatch {
         pipeline: wgpu::ComputePipeline,
         group: wgpu::BindGroup,
-        imm: [u32; 4],
-        groups: [u32; 2],
+        imm: Imm,
+        groups: [u32; 3],
     },
     /// An event record: completes with the submission, timestamped when the device can.
     Record(Arc<WEvent>),

@@ -170,3 +170,42 @@ fn kernels_at_interior_pointers() {
         b.free(base).unwrap();
     }
 }
+
+/// An operator launch on a capturing stream is recorded, not run, and runs on each replay.
+#[test]
+fn op_launches_are_captured_and_replayed() {
+    use crate::ops::{elementwise, BinaryOp};
+    use crate::tensor::{DType, Tensor};
+    use crate::CaptureMode;
+    for dev in devices() {
+        let a = Tensor::from_slice(&[1f32, 2., 3.], &[3], dev).unwrap();
+        let b = Tensor::from_slice(&[10f32, 20., 30.], &[3], dev).unwrap();
+        let out = Tensor::zeros(&[3], DType::F32, dev).unwrap();
+        let plan = elementwise::binary(BinaryOp::Add, &a.desc(), &b.desc()).unwrap();
+        let rt = a.runtime().clone();
+        let s = rt.backend().stream_create().unwrap();
+        rt.begin_capture(s, CaptureMode::Global).unwrap();
+        plan.launch(&[&a, &b], &[&out], None, s).unwrap();
+        // In place, so each replay adds b again: replays are seen to run.
+        plan.launch(&[&out, &b], &[&out], None, s).unwrap();
+        let graph = rt.end_capture().unwrap();
+        assert_eq!(
+            out.to_vec::<f32>().unwrap(),
+            [0.0; 3],
+            "{dev}: ran while capturing"
+        );
+        let exec = graph.instantiate().unwrap();
+        exec.launch(s).unwrap();
+        rt.backend().stream_synchronize(s).unwrap();
+        assert_eq!(out.to_vec::<f32>().unwrap(), [21.0, 42.0, 63.0], "{dev}");
+        exec.launch(s).unwrap();
+        rt.backend().stream_synchronize(s).unwrap();
+        assert_eq!(
+            out.to_vec::<f32>().unwrap(),
+            [21.0, 42.0, 63.0],
+            "{dev}: replay"
+        );
+        drop(exec);
+        rt.backend().stream_destroy(s).unwrap();
+    }
+}

@@ -6,6 +6,7 @@ mod dispatch;
 mod graph;
 mod memcpy;
 mod ops;
+mod ops_floor;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -325,10 +325,19 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         )?);
     }
     if !quick && !gpu {
-        rows.push(gemm_row(dev, DType::F32, 1, 4096, 4096)?);
-        rows.push(gemm_row(dev, DType::F32, 64, 11008, 4096)?);
-        rows.push(gemm_row(dev, DType::BF16, 1, 4096, 4096)?);
-        rows.push(gemm_row(dev, DType::BF16, 64, 11008, 4096)?);
+        for (dt, m, n, k) in [
+            (DType::F32, 1, 4096, 4096),
+            (DType::F32, 64, 11008, 4096),
+            (DType::BF16, 1, 4096, 4096),
+            (DType::BF16, 64, 11008, 4096),
+        ] {
+            // A device may refuse a shape with a typed error (a weight larger than one wgpu
+            // storage binding): reported, and the run goes on.
+            match gemm_row(dev, dt, m, n, k) {
+                Ok(r) => rows.push(r),
+                Err(e) => println!("matmul {dt} {m}x{n}x{k}: not run ({e})"),
+            }
+        }
     }
     let sizes: &[usize] = if gpu {
         &[]
@@ -367,6 +376,30 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         ms,
         3 * 16 * 4,
     ));
+    if dev.kind == unirt::DeviceKind::Wgpu {
+        // The plain-wgpu floor, in the same run: one elementwise op and one GEMM.
+        let info = rt.backend().info().clone();
+        let floor = super::ops_floor::Floor::new(&info.name, &info.api)?;
+        let n = sizes[0] * (1 << 20) / 4;
+        let ms = floor.add(n)?;
+        rows.push(bw_row(
+            "plain_wgpu_add",
+            DType::F32,
+            format!("{}x4096", n / 4096),
+            ms,
+            3 * 4 * n,
+        ));
+        let g = 1024;
+        let ms = floor.gemm(g)?;
+        rows.push(Row {
+            op: "plain_wgpu_matmul".into(),
+            dtype: "f32".into(),
+            shape: format!("{g}x{g}x{g}"),
+            ms,
+            gflops: Some(2.0 * (g * g * g) as f64 / (ms * 1e6)),
+            gbps: None,
+        });
+    }
     println!(
         "{:<20} {:<5} {:>16} {:>10} {:>10} {:>10}",
         "op", "dtype", "shape", "ms", "GFLOP/s", "GB/s"

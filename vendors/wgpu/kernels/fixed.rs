@@ -1,4 +1,4 @@
-//! The kernels of [`crate::kernel::KERNELS`] in WGSL (`kernels/<op family>.wgsl`, one section
+//! The HAL's fixed kernels of [`crate::kernel::KERNELS`] in WGSL (`fixed.wgsl`, one section
 //! per kernel), plus the two built-in kernels behind byte-granular memset and memcpy
 //! (`builtin/`), compiled once per device.
 //!
@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::memory::{ceil4, wgpu_error, DevBuf};
+use super::super::memory::{ceil4, wgpu_error, DevBuf};
 use crate::error::{Error, Result};
 
 /// Work items per workgroup, as in every WGSL kernel here.
@@ -25,7 +25,7 @@ pub(crate) const WORKGROUP: u32 = 256;
 pub(crate) const IMMEDIATE_BYTES: u32 = 16;
 
 /// The elementwise op family: one `// ==== kernel: NAME ====` section per kernel.
-const ELEMENTWISE: &str = include_str!("kernels/elementwise.wgsl");
+const ELEMENTWISE: &str = include_str!("fixed.wgsl");
 
 /// The section of an op-family file that holds kernel `name`: from its marker line to the next
 /// marker (or the end). Empty when the file has no such section, which the shader compiler
@@ -87,8 +87,8 @@ impl Which {
                 .replace("var<storage, read_write> a:", "var<storage, read> a:")
                 .replace("var<storage, read_write> b:", "var<storage, read> b:")
                 .into(),
-            Which::Memset => include_str!("builtin/memset.wgsl").into(),
-            Which::CopyBytes => include_str!("builtin/copy_bytes.wgsl").into(),
+            Which::Memset => include_str!("../builtin/memset.wgsl").into(),
+            Which::CopyBytes => include_str!("../builtin/copy_bytes.wgsl").into(),
         }
     }
 
@@ -148,6 +148,8 @@ pub(crate) struct Kernels {
     pub max_binding: u64,
     pub binding_align: u64,
     pub max_groups: u32,
+    /// The operator kernels' pipelines and bind groups.
+    pub ops: super::op::OpCache,
 }
 
 /// Bind groups kept before the cache is emptied (each holds its buffers alive).
@@ -209,6 +211,7 @@ impl Kernels {
             max_binding: (limits.max_storage_buffer_binding_size).min(1 << 31) & !3,
             binding_align: align,
             max_groups: limits.max_compute_workgroups_per_dimension.max(1),
+            ops: Default::default(),
         }
     }
 
@@ -357,6 +360,7 @@ impl Kernels {
 
     /// Drops the cached bind groups that use buffer `id` (it is being freed).
     pub fn forget_buffer(&self, id: u64) {
+        self.ops.forget_buffer(id);
         self.groups
             .lock()
             .retain(|k, _| !k.1.iter().any(|(b, _, _)| *b == id));
@@ -364,11 +368,11 @@ impl Kernels {
 
     /// The (x, y) workgroup grid for `items` work items: rows of at most the per-dimension
     /// limit (the kernels index `gid.x + gid.y * nwg.x * 256`).
-    pub fn groups_for(&self, items: u64) -> [u32; 2] {
+    pub fn groups_for(&self, items: u64) -> [u32; 3] {
         let g = items.div_ceil(u64::from(WORKGROUP)).max(1);
         let x = g.min(u64::from(self.max_groups));
         let y = g.div_ceil(x).min(u64::from(self.max_groups));
-        [x as u32, y as u32]
+        [x as u32, y as u32, 1]
     }
 }
 

@@ -1,0 +1,146 @@
+//! Scaled dot-product attention in WGSL, one fused kernel: one workgroup per query row
+//! (batch, head, position) walks the visible keys in blocks of 256 with an online softmax —
+//! each invocation scores one key of the block, the block's max and sum are reduced in
+//! workgroup memory, and every invocation rescales and accumulates its own output dimensions —
+//! so no score matrix is ever stored. A decode step (query length 1) is one workgroup per
+//! head; grouped-query heads share their kv head; causal rows see keys `j ≤ i + lkv - lq`.
+//!
+//! Constants: `cfg[0]` rows, `cfg[1..5]` hq, lq, hkv, lkv, `cfg[5]` d, `cfg[6]` causal,
+//! `cfg[7]` scale (f32 bits), `cfg[8..24]` the strides of q, k, v and out (4 each).
+
+use std::sync::Arc;
+
+use super::op::{prepare as prepare_op, OpSource};
+use super::reduce::rows_grid;
+use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::{reg_all, FLOATS};
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+/// Head dims one invocation accumulates (d ≤ 4 · 256).
+const DIMS_PER_ITEM: usize = 4;
+
+const BODY: &str = "
+var<workgroup> qsh: array<f32, 1024>;
+var<workgroup> psh: array<f32, 256>;
+MAIN {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= cfg[0]) { return; }
+    let hq = cfg[1]; let lq = cfg[2]; let hkv = cfg[3]; let lkv = cfg[4]; let d = cfg[5];
+    let b = row / (hq * lq);
+    let h = (row / lq) % hq;
+    let i = row % lq;
+    let kh = h / (hq / hkv);
+    var visible = lkv;
+    if (cfg[6] != 0u) { visible = min(i + lkv - lq + 1u, lkv); }
+    let scale = cfg_f(7u);
+    let qb = b * cfg[8] + h * cfg[9] + i * cfg[10];
+    for (var j = lid; j < d; j = j + 256u) { qsh[j] = ld_q(qb + j * cfg[11]); }
+    workgroupBarrier();
+    let kb = b * cfg[12] + kh * cfg[13];
+    let vb = b * cfg[16] + kh * cfg[17];
+    var m = neg_inf();
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var k0 = 0u; k0 < visible; k0 = k0 + 256u) {
+        let key = k0 + lid;
+        var s = neg_inf();
+        if (key < visible) {
+            var dot = 0.0;
+            let kr = kb + key * cfg[14];
+            for (var j = 0u; j < d; j = j + 1u) { dot = dot + qsh[j] * ld_k(kr + j * cfg[15]); }
+            s = dot * scale;
+        }
+        let mnew = max(m, wg_max(s, lid));
+        var p = 0.0;
+        if (key < visible) { p = exp(s - mnew); }
+        psh[lid] = p;
+        let bsum = wg_sum(p, lid);
+        let corr = exp(m - mnew);
+        l = l * corr + bsum;
+        let cnt = min(256u, visible - k0);
+        for (var t = 0u; t < 4u; t = t + 1u) {
+            let j = lid + t * 256u;
+            if (j < d) {
+                var a = acc[t] * corr;
+                for (var kk = 0u; kk < cnt; kk = kk + 1u) {
+                    a = a + psh[kk] * ld_v(vb + (k0 + kk) * cfg[18] + j * cfg[19]);
+                }
+                acc[t] = a;
+            }
+        }
+        m = mnew;
+        workgroupBarrier();
+    }
+    let ob = b * cfg[20] + h * cfg[21] + i * cfg[22];
+    var inv = 0.0;
+    if (l > 0.0) { inv = 1.0 / l; }
+    for (var t = 0u; t < 4u; t = t + 1u) {
+        let j = lid + t * 256u;
+        if (j < d) { st_out(ob + j * cfg[23], acc[t] * inv); }
+    }
+}
+";
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Attention { scale, causal } = *spec.params else {
+        return Err(Error::Internal(format!(
+            "attention: parameters {:?}",
+            spec.params
+        )));
+    };
+    let (q, k, v, o) = (
+        &spec.inputs[0],
+        &spec.inputs[1],
+        &spec.inputs[2],
+        &spec.outputs[0],
+    );
+    let sq = q.layout.shape();
+    let (b, hq, lq, d) = (sq[0], sq[1], sq[2], sq[3]);
+    let (hkv, lkv) = (k.layout.shape()[1], k.layout.shape()[2]);
+    if d > DIMS_PER_ITEM * 256 {
+        return Err(Error::unsupported(
+            format!(
+                "attention on wgpu with head dim {d} (at most {})",
+                DIMS_PER_ITEM * 256
+            ),
+            DeviceKind::Wgpu,
+        ));
+    }
+    let rows = b * hq * lq;
+    let mut cfg = vec![
+        rows as u32,
+        hq as u32,
+        lq.max(1) as u32,
+        hkv.max(1) as u32,
+        lkv as u32,
+        d as u32,
+        u32::from(causal),
+        wgsl::f(scale),
+    ];
+    for t in [q, k, v, o] {
+        cfg.extend(t.layout.strides().iter().map(|&s| s as u32));
+    }
+    let binds = [
+        Bind::read("q", q.dtype),
+        Bind::read("k", k.dtype),
+        Bind::read("v", v.dtype),
+        Bind::write("out", o.dtype),
+    ];
+    let body = BODY.replace("MAIN", MAIN_ROWS);
+    let source = format!("{}{WG_REDUCE}{body}", wgsl::prelude(&binds));
+    prepare_op(
+        spec,
+        OpSource {
+            name: "attention".into(),
+            passes: vec![(source, rows_grid(rows))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    reg_all(reg, "attention", FLOATS, prepare);
+}

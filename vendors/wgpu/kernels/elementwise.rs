@@ -1,0 +1,156 @@
+//! Elementwise operators in WGSL: binary (tensor–tensor and tensor–scalar), unary, swiglu,
+//! where and masked_fill, from one template: one work item per output element; each input is
+//! read in place through its broadcast strides (or directly by the element index when it is
+//! contiguous in the output's shape, which the generated source then says).
+//!
+//! Constants: `cfg[0]` the element count, `cfg[1]` the scalar (f32 bits), `cfg[2 + k]` where
+//! input `k`'s view (rank, output shape, broadcast strides) starts.
+
+use std::sync::Arc;
+
+use super::op::{prepare as prepare_op, OpSource};
+use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::{reg_all, FLOATS};
+use crate::error::{Error, Result};
+use crate::ops::{BinaryOp, Params, PlanSpec, PreparedKernel, UnaryOp};
+
+/// Functions WGSL lacks, shared by the unary expressions.
+const MATH: &str = "
+fn unirt_tanh(x: f32) -> f32 {
+    // tanh through exp of a non-positive argument: no overflow for large |x|.
+    let e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+fn unirt_erf(x: f32) -> f32 {
+    // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7).
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
+    return sign(x) * y;
+}
+";
+
+fn binary_expr(op: BinaryOp, b: &str) -> String {
+    match op {
+        BinaryOp::Add => format!("x0 + {b}"),
+        BinaryOp::Sub => format!("x0 - {b}"),
+        BinaryOp::Mul => format!("x0 * {b}"),
+        BinaryOp::Div => format!("x0 / {b}"),
+        BinaryOp::Maximum => format!("max(x0, {b})"),
+        BinaryOp::Minimum => format!("min(x0, {b})"),
+        BinaryOp::Pow => format!("pow(x0, {b})"),
+    }
+}
+
+fn unary_expr(op: UnaryOp) -> &'static str {
+    match op {
+        UnaryOp::Neg => "-x0",
+        UnaryOp::Abs => "abs(x0)",
+        UnaryOp::Exp => "exp(x0)",
+        UnaryOp::Log => "log(x0)",
+        UnaryOp::Sqrt => "sqrt(x0)",
+        UnaryOp::Rsqrt => "inverseSqrt(x0)",
+        UnaryOp::Sin => "sin(x0)",
+        UnaryOp::Cos => "cos(x0)",
+        UnaryOp::Tanh => "unirt_tanh(x0)",
+        UnaryOp::Sigmoid => "1.0 / (1.0 + exp(-x0))",
+        UnaryOp::Relu => "max(x0, 0.0)",
+        UnaryOp::Gelu => "0.5 * x0 * (1.0 + unirt_erf(x0 * 0.70710678118654752))",
+        UnaryOp::GeluTanh => {
+            "0.5 * x0 * (1.0 + unirt_tanh(0.79788456080286536 * (x0 + 0.044715 * x0 * x0 * x0)))"
+        }
+        UnaryOp::Silu => "x0 / (1.0 + exp(-x0))",
+    }
+}
+
+/// The output expression of `op` over inputs `x0…` and the scalar `s`.
+fn expr(op: &str) -> Option<String> {
+    if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == op) {
+        return Some(binary_expr(b, "x1"));
+    }
+    if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.scalar_name() == op) {
+        return Some(binary_expr(b, "s"));
+    }
+    if let Some(u) = UnaryOp::ALL.into_iter().find(|u| u.name() == op) {
+        return Some(unary_expr(u).into());
+    }
+    match op {
+        "swiglu" => Some("x0 * x1 / (1.0 + exp(-x1))".into()),
+        "where" => Some("select(x2, x1, x0 != 0.0)".into()),
+        "masked_fill" => Some("select(x0, s, x1 != 0.0)".into()),
+        _ => None,
+    }
+}
+
+const NAMES: [&str; 3] = ["in0", "in1", "in2"];
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let body = expr(spec.op)
+        .ok_or_else(|| Error::Internal(format!("wgpu elementwise: no operator {}", spec.op)))?;
+    let out = spec
+        .outputs
+        .first()
+        .ok_or_else(|| Error::Internal(format!("{}: no output", spec.op)))?;
+    if spec.inputs.len() > NAMES.len() {
+        return Err(Error::Internal(format!("{}: too many inputs", spec.op)));
+    }
+    let shape = out.layout.shape();
+    let n = out.layout.numel();
+    let scalar = match spec.params {
+        Params::Scalar(s) => *s,
+        _ => 0.0,
+    };
+    let mut cfg = vec![n as u32, wgsl::f(scalar)];
+    cfg.extend(std::iter::repeat_n(0, spec.inputs.len()));
+    let mut binds = Vec::new();
+    let mut loads = String::new();
+    for (k, d) in spec.inputs.iter().enumerate() {
+        binds.push(Bind::read(NAMES[k], d.dtype));
+        let direct = d.layout.is_contiguous() && d.layout.shape() == shape;
+        let strides = wgsl::broadcast_strides(d.layout.shape(), d.layout.strides(), shape);
+        cfg[2 + k] = wgsl::push_view(&mut cfg, shape, &strides);
+        let index = if direct {
+            "i".to_string()
+        } else {
+            format!("view_off(i, cfg[{}u])", 2 + k)
+        };
+        loads += &format!("    let x{k} = ld_{}({index});\n", NAMES[k]);
+    }
+    binds.push(Bind::write("out", out.dtype));
+    let source = format!(
+        "{prelude}{MATH}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
+         let s = cfg_f(1u);\n{loads}    st_out(i, {body});\n}}\n",
+        prelude = wgsl::prelude(&binds),
+    );
+    let groups = groups_for(n as u64);
+    prepare_op(
+        spec,
+        OpSource {
+            name: spec.op.to_string(),
+            passes: vec![(source, groups)],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+/// The 2-D grid of [`wgsl::WG`]-wide workgroups for `items` work items (rows of at most
+/// 65535 workgroups, the WebGPU minimum of the per-dimension limit).
+pub(crate) fn groups_for(items: u64) -> [u32; 3] {
+    let g = items.div_ceil(u64::from(wgsl::WG)).max(1);
+    let x = g.min(65535);
+    let y = g.div_ceil(x).min(65535);
+    [x as u32, y as u32, 1]
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    for b in BinaryOp::ALL {
+        reg_all(reg, b.name(), FLOATS, prepare);
+        reg_all(reg, b.scalar_name(), FLOATS, prepare);
+    }
+    for u in UnaryOp::ALL {
+        reg_all(reg, u.name(), FLOATS, prepare);
+    }
+    for op in ["swiglu", "where", "masked_fill"] {
+        reg_all(reg, op, FLOATS, prepare);
+    }
+}

@@ -1,0 +1,264 @@
+//! `C = alpha·A·B + beta·C` (batched, broadcast batch dimensions, any strides) in WGSL: a
+//! tiled GEMM. Each 16×16 workgroup computes a 64×64 tile of C, each invocation a 4×4 block
+//! held in registers; A and B stream through workgroup memory 16 columns / rows at a time,
+//! read in place through their strides. The batch index is the grid's second dimension.
+//!
+//! On adapters that run on the host's cores a barrier-free variant is chosen at plan time
+//! ([`KERNEL_HOST`]).
+//!
+//! Constants: `cfg[0..3]` m, n, k; `cfg[3]` tiles along n; `cfg[4..10]` the row and column
+//! strides of A, B and C; `cfg[10]` / `cfg[11]` alpha and beta (f32 bits); `cfg[12..15]` where
+//! the batch views of A, B and C start.
+
+use std::sync::Arc;
+
+use super::op::{prepare as prepare_op, OpSource};
+use super::wgsl::{self, Bind};
+use super::{reg_all, FLOATS};
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+const TILE: usize = 64;
+
+const KERNEL: &str = "
+var<workgroup> As: array<f32, 1024>;
+var<workgroup> Bs: array<f32, 1024>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let m = cfg[0];
+    let n = cfg[1];
+    let k = cfg[2];
+    let row0 = (wid.x / cfg[3]) * 64u;
+    let col0 = (wid.x % cfg[3]) * 64u;
+    let ab = view_off(wid.y, cfg[12]);
+    let bb = view_off(wid.y, cfg[13]);
+    let cb = view_off(wid.y, cfg[14]);
+    let ars = cfg[4]; let acs = cfg[5];
+    let brs = cfg[6]; let bcs = cfg[7];
+    // The 4×4 block as four row vectors (no private arrays: indexing one dynamically makes
+    // LLVM-based drivers keep it in memory).
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    for (var k0 = 0u; k0 < k; k0 = k0 + 16u) {
+        for (var t = 0u; t < 4u; t = t + 1u) {
+            let e = lid + t * 256u;
+            // A: 64 rows × 16 columns, stored column-major; B: 16 rows × 64 columns.
+            let ar = e / 16u; let ac = e % 16u;
+            let gr = row0 + ar; let gk = k0 + ac;
+            var av = 0.0;
+            if (gr < m && gk < k) { av = ld_a(ab + gr * ars + gk * acs); }
+            As[ac * 64u + ar] = av;
+            let br = e / 64u; let bc = e % 64u;
+            let gk2 = k0 + br; let gc = col0 + bc;
+            var bv = 0.0;
+            if (gk2 < k && gc < n) { bv = ld_b(bb + gk2 * brs + gc * bcs); }
+            Bs[br * 64u + bc] = bv;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < 16u; kk = kk + 1u) {
+            let a = vec4<f32>(As[kk * 64u + l.y], As[kk * 64u + l.y + 16u], As[kk * 64u + l.y + 32u], As[kk * 64u + l.y + 48u]);
+            let b = vec4<f32>(Bs[kk * 64u + l.x], Bs[kk * 64u + l.x + 16u], Bs[kk * 64u + l.x + 32u], Bs[kk * 64u + l.x + 48u]);
+            c0 = c0 + a.x * b;
+            c1 = c1 + a.y * b;
+            c2 = c2 + a.z * b;
+            c3 = c3 + a.w * b;
+        }
+        workgroupBarrier();
+    }
+    let alpha = cfg_f(10u);
+    let beta = cfg_f(11u);
+    store(row0 + l.y, col0 + l.x, cb, c0, alpha, beta);
+    store(row0 + l.y + 16u, col0 + l.x, cb, c1, alpha, beta);
+    store(row0 + l.y + 32u, col0 + l.x, cb, c2, alpha, beta);
+    store(row0 + l.y + 48u, col0 + l.x, cb, c3, alpha, beta);
+}
+
+fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
+    if (r >= cfg[0]) { return; }
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        let c = c0 + j * 16u;
+        if (c < cfg[1]) {
+            let o = cb + r * cfg[8] + c * cfg[9];
+            var y = alpha * v[j];
+            if (beta != 0.0) { y = y + beta * ld_c(o); }
+            st_c(o, y);
+        }
+    }
+}
+";
+
+/// The same GEMM for adapters that emulate a GPU on the host's cores (lavapipe, llvmpipe):
+/// there a workgroup barrier spills every invocation's registers, so this variant has none.
+/// Each 64-invocation workgroup computes 4 rows × 256 columns of C straight from A and B
+/// (the CPU's caches do what workgroup memory does on a GPU): per step of k, the 4 A values
+/// are the same for the whole workgroup and the B values are consecutive across
+/// invocations, so the driver's SIMD lanes load both as vectors.
+const KERNEL_HOST: &str = "
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let m = cfg[0];
+    let n = cfg[1];
+    let k = cfg[2];
+    let row0 = (wid.x / cfg[3]) * 4u;
+    let col0 = (wid.x % cfg[3]) * 256u + lid;
+    let ab = view_off(wid.y, cfg[12]);
+    let bb = view_off(wid.y, cfg[13]);
+    let cb = view_off(wid.y, cfg[14]);
+    let ars = cfg[4]; let acs = cfg[5];
+    let brs = cfg[6]; let bcs = cfg[7];
+    // Rows and columns past the edge read row / column 0 and are not stored.
+    let r0 = select(0u, row0, row0 < m);
+    let r1 = select(0u, row0 + 1u, row0 + 1u < m);
+    let r2 = select(0u, row0 + 2u, row0 + 2u < m);
+    let r3 = select(0u, row0 + 3u, row0 + 3u < m);
+    let q0 = select(0u, col0, col0 < n);
+    let q1 = select(0u, col0 + 64u, col0 + 64u < n);
+    let q2 = select(0u, col0 + 128u, col0 + 128u < n);
+    let q3 = select(0u, col0 + 192u, col0 + 192u < n);
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < k; kk = kk + 1u) {
+        let ak = ab + kk * acs;
+        let a = vec4<f32>(ld_a(ak + r0 * ars), ld_a(ak + r1 * ars), ld_a(ak + r2 * ars), ld_a(ak + r3 * ars));
+        let bk = bb + kk * brs;
+        let b = vec4<f32>(ld_b(bk + q0 * bcs), ld_b(bk + q1 * bcs), ld_b(bk + q2 * bcs), ld_b(bk + q3 * bcs));
+        c0 = c0 + a.x * b;
+        c1 = c1 + a.y * b;
+        c2 = c2 + a.z * b;
+        c3 = c3 + a.w * b;
+    }
+    let alpha = cfg_f(10u);
+    let beta = cfg_f(11u);
+    store(row0, col0, cb, c0, alpha, beta);
+    store(row0 + 1u, col0, cb, c1, alpha, beta);
+    store(row0 + 2u, col0, cb, c2, alpha, beta);
+    store(row0 + 3u, col0, cb, c3, alpha, beta);
+}
+
+fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
+    if (r >= cfg[0]) { return; }
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        let c = c0 + j * 64u;
+        if (c < cfg[1]) {
+            let o = cb + r * cfg[8] + c * cfg[9];
+            var y = alpha * v[j];
+            if (beta != 0.0) { y = y + beta * ld_c(o); }
+            st_c(o, y);
+        }
+    }
+}
+";
+
+/// Whether the plan's device emulates a GPU on the host's cores.
+fn on_host_cores(spec: &PlanSpec<'_>) -> bool {
+    crate::Runtime::get(spec.device)
+        .map(|rt| {
+            crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software
+        })
+        .unwrap_or(false)
+}
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Matmul { alpha, beta } = *spec.params else {
+        return Err(Error::Internal(format!(
+            "matmul: parameters {:?}",
+            spec.params
+        )));
+    };
+    let (a, b, c) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
+    let cs = c.layout.shape();
+    let nd = cs.len();
+    let (m, n) = (cs[nd - 2], cs[nd - 1]);
+    let k = a.shape()[a.shape().len() - 1];
+    let batch_shape = &cs[..nd - 2];
+    let batch: usize = batch_shape.iter().product();
+    let host = on_host_cores(spec);
+    let (tile_m, tile_n) = if host { (4, 256) } else { (TILE, TILE) };
+    let tiles_n = n.div_ceil(tile_n).max(1);
+    let tiles = m.div_ceil(tile_m).max(1) * tiles_n;
+    if tiles > 65535 || batch > 65535 {
+        return Err(Error::unsupported(
+            format!("matmul on wgpu with {tiles} tiles of {tile_m}×{tile_n} and {batch} batches (at most 65535 each)"),
+            DeviceKind::Wgpu,
+        ));
+    }
+    let rc = |d: &crate::ops::TensorDesc| {
+        let (s, st) = (d.layout.shape(), d.layout.strides());
+        let r = s.len();
+        (st[r - 2] as u32, st[r - 1] as u32)
+    };
+    let ((ars, acs), (brs, bcs), (crs, ccs)) = (rc(a), rc(b), rc(c));
+    let mut cfg = vec![
+        m as u32,
+        n as u32,
+        k as u32,
+        tiles_n as u32,
+        ars,
+        acs,
+        brs,
+        bcs,
+        crs,
+        ccs,
+        wgsl::f(alpha),
+        wgsl::f(beta),
+        0,
+        0,
+        0,
+    ];
+    for (slot, d) in [(12, a), (13, b), (14, c)] {
+        let r = d.layout.ndim();
+        let s = wgsl::broadcast_strides(
+            &d.layout.shape()[..r - 2],
+            &d.layout.strides()[..r - 2],
+            batch_shape,
+        );
+        cfg[slot] = wgsl::push_view(&mut cfg, batch_shape, &s);
+    }
+    let binds = [
+        Bind::read("a", a.dtype),
+        Bind::read("b", b.dtype),
+        Bind::write("c", c.dtype),
+    ];
+    let mut kernel = if host { KERNEL_HOST } else { KERNEL }.to_string();
+    if host {
+        // Unit column strides and whole 256-column tiles written as such, so the driver sees
+        // loads consecutive across invocations (vector loads, not gathers).
+        if bcs == 1 {
+            kernel = kernel.replace(" * bcs)", ")");
+        }
+        if n % 256 == 0 {
+            for (q, off) in [
+                ("q0", ""),
+                ("q1", " + 64u"),
+                ("q2", " + 128u"),
+                ("q3", " + 192u"),
+            ] {
+                kernel = kernel.replace(
+                    &format!("let {q} = select(0u, col0{off}, col0{off} < n);"),
+                    &format!("let {q} = col0{off};"),
+                );
+            }
+        }
+    }
+    let source = format!("{}{kernel}", wgsl::prelude(&binds));
+    prepare_op(
+        spec,
+        OpSource {
+            name: "matmul".into(),
+            passes: vec![(source, [tiles as u32, batch.max(1) as u32, 1])],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    reg_all(reg, "matmul", FLOATS, prepare);
+}

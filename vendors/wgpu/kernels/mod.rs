@@ -1,0 +1,62 @@
+//! The wgpu backend's kernels: the HAL's fixed kernels (`fixed.rs`) and the operator kernels
+//! of [`crate::ops`], one file per operator family with the same names as `src/ops/` and the
+//! other vendors. Each family generates its WGSL from one template per kernel, with the
+//! per-dtype loads and stores of [`wgsl::prelude`], and prepares it per plan through
+//! [`op::prepare`]. [`register`] is the one place the wgpu operator kernels enter the
+//! [`KernelRegistry`].
+
+mod attention;
+mod cast;
+mod elementwise;
+mod embedding;
+mod fixed;
+mod matmul;
+mod norm;
+mod op;
+mod rearrange;
+mod reduce;
+mod rope;
+mod sample;
+mod softmax;
+mod user;
+mod wgsl;
+
+pub(crate) use fixed::*;
+pub(crate) use user::prepare as prepare_user;
+
+use crate::device::DeviceKind;
+use crate::ops::{KernelImpl, KernelRegistry, PrepareKernel};
+use crate::tensor::DType;
+
+/// Registers `prepare` for `op` in each of `dtypes`.
+fn reg_all(reg: &mut KernelRegistry, op: &str, dtypes: &[DType], prepare: PrepareKernel) {
+    for &d in dtypes {
+        reg.builtin(
+            op,
+            DeviceKind::Wgpu,
+            d,
+            KernelImpl::Prepared {
+                kind: "wgsl",
+                prepare,
+            },
+        );
+    }
+}
+
+/// The float dtypes (f16 and bf16 stored 16-bit, computed in f32).
+const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+
+/// Registers every wgpu operator kernel.
+pub(crate) fn register(reg: &mut KernelRegistry) {
+    elementwise::register(reg);
+    cast::register(reg);
+    rearrange::register(reg);
+    reduce::register(reg);
+    softmax::register(reg);
+    norm::register(reg);
+    matmul::register(reg);
+    embedding::register(reg);
+    rope::register(reg);
+    attention::register(reg);
+    sample::register(reg);
+}

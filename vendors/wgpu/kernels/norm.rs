@@ -1,0 +1,105 @@
+//! rms_norm and layer_norm over the last dimension in WGSL: one workgroup per row, the row
+//! read in place (strided), the statistics reduced in workgroup memory, then written.
+//!
+//! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` / `cfg[3]` the last-axis
+//! strides of the input and the output, `cfg[4]` / `cfg[5]` where the rows' views start,
+//! `cfg[6]` eps (f32 bits), `cfg[7]` / `cfg[8]` the weight's and the bias's strides.
+
+use std::sync::Arc;
+
+use super::op::{prepare as prepare_op, OpSource};
+use super::reduce::rows_grid;
+use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::{reg_all, FLOATS};
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+const HEAD: &str = "
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= cfg[0]) { return; }
+    let d = cfg[1];
+    let xb = view_off(row, cfg[4]);
+    let ob = view_off(row, cfg[5]);
+    let eps = cfg_f(6u);
+";
+
+const RMS: &str = "
+    var ss = 0.0;
+    for (var j = lid; j < d; j = j + 256u) { let v = ld_x(xb + j * cfg[2]); ss = ss + v * v; }
+    let inv = inverseSqrt(wg_sum(ss, lid) / f32(d) + eps);
+    for (var j = lid; j < d; j = j + 256u) {
+        st_out(ob + j * cfg[3], ld_x(xb + j * cfg[2]) * (inv * ld_w(j * cfg[7])));
+    }
+";
+
+const LAYER: &str = "
+    var s = 0.0;
+    for (var j = lid; j < d; j = j + 256u) { s = s + ld_x(xb + j * cfg[2]); }
+    let mean = wg_sum(s, lid) / f32(d);
+    var ss = 0.0;
+    for (var j = lid; j < d; j = j + 256u) { let v = ld_x(xb + j * cfg[2]) - mean; ss = ss + v * v; }
+    let inv = inverseSqrt(wg_sum(ss, lid) / f32(d) + eps);
+    for (var j = lid; j < d; j = j + 256u) {
+        let v = ld_x(xb + j * cfg[2]) - mean;
+        st_out(ob + j * cfg[3], v * inv * ld_w(j * cfg[7]) + ld_b(j * cfg[8]));
+    }
+";
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Norm { eps } = *spec.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            spec.op, spec.params
+        )));
+    };
+    let layer = spec.op == "layer_norm";
+    let (x, w, out) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
+    let shape = x.layout.shape();
+    let axis = shape.len() - 1;
+    let (ks, xst) = wgsl::kept(shape, x.layout.strides(), &[axis]);
+    let (_, ost) = wgsl::kept(shape, out.layout.strides(), &[axis]);
+    let rows: usize = ks.iter().product();
+    let bias_stride = if layer {
+        spec.inputs[2].layout.strides()[0]
+    } else {
+        0
+    };
+    let mut cfg = vec![
+        rows as u32,
+        shape[axis] as u32,
+        x.layout.strides()[axis] as u32,
+        out.layout.strides()[axis] as u32,
+        0,
+        0,
+        wgsl::f(eps),
+        w.layout.strides()[0] as u32,
+        bias_stride as u32,
+    ];
+    cfg[4] = wgsl::push_view(&mut cfg, &ks, &xst);
+    cfg[5] = wgsl::push_view(&mut cfg, &ks, &ost);
+    let mut binds = vec![Bind::read("x", x.dtype), Bind::read("w", w.dtype)];
+    if layer {
+        binds.push(Bind::read("b", spec.inputs[2].dtype));
+    }
+    binds.push(Bind::write("out", out.dtype));
+    let source = format!(
+        "{}{WG_REDUCE}\n{MAIN_ROWS} {{{HEAD}{}}}\n",
+        wgsl::prelude(&binds),
+        if layer { LAYER } else { RMS }
+    );
+    prepare_op(
+        spec,
+        OpSource {
+            name: spec.op.to_string(),
+            passes: vec![(source, rows_grid(rows))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    for op in ["rms_norm", "layer_norm"] {
+        reg_all(reg, op, FLOATS, prepare);
+    }
+}

@@ -1,0 +1,416 @@
+//! Operator kernels as [`PreparedKernel`]s: what every op family shares.
+//!
+//! A family turns a [`PlanSpec`] into an [`OpSource`] (generated WGSL, one or more passes, and
+//! the plan's constants); [`prepare`] compiles each pass once per device (cached by source,
+//! so plans with the same shapes of code share pipelines), makes the constants buffer and
+//! returns an [`OpKernel`]. A launch ([`WgpuBackend::launch_op`]) checks the launch's byte
+//! ranges against the allocation table, binds each tensor's buffer (the whole buffer when it
+//! fits one storage binding, so the bind group is the same for every launch on that buffer
+//! and the cache hits; else a window aligned to `min_storage_buffer_offset_alignment`), puts
+//! the tensors' element offsets in the immediates, and enqueues the dispatches as stream
+//! commands — which stream capture records like any other, so op launches can be captured.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
+use super::super::stream::{enqueue, Cmd, Imm};
+use super::super::WgpuBackend;
+use crate::checked::Pins;
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::hal::{DevicePtr, StreamId};
+use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
+use crate::vendors::AnyBackend;
+
+/// Bytes of immediates an operator kernel takes: one element offset per tensor.
+pub(crate) const OP_IMMEDIATE_BYTES: u32 = 32;
+/// Tensors one operator kernel binds at most (one immediate word each).
+pub(crate) const MAX_TENSORS: usize = 8;
+
+/// What a family generates for one plan.
+pub(crate) struct OpSource {
+    /// For labels and errors.
+    pub name: String,
+    /// The passes, in order: complete WGSL (entry point `main`) and the dispatch grid.
+    pub passes: Vec<(String, [u32; 3])>,
+    /// The plan's constants (binding 0 of every pass).
+    pub cfg: Vec<u32>,
+    /// The entry point when not `main` (user kernels).
+    pub entry: Option<Arc<str>>,
+}
+
+/// One compiled pass.
+struct Pipe {
+    pipeline: wgpu::ComputePipeline,
+}
+
+type GroupKey = (u64, Vec<(u64, u64, u64)>);
+
+/// The operator pipelines and bind groups of one device.
+#[derive(Default)]
+pub(crate) struct OpCache {
+    /// Bind group layouts by tensor count (binding 0 is the constants).
+    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    /// Pipelines by source.
+    pipes: Mutex<HashMap<String, Arc<Pipe>>>,
+    /// Bind groups by (constants buffer, tensor windows).
+    groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
+    /// Bound in place of an empty tensor (a binding cannot be empty).
+    dummy: Mutex<Option<DevBuf>>,
+}
+
+/// Bind groups kept before the cache is emptied (each holds its buffers alive).
+const MAX_CACHED_GROUPS: usize = 4096;
+
+impl OpCache {
+    fn layout(
+        &self,
+        device: &wgpu::Device,
+        tensors: usize,
+    ) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let mut l = self.layouts.lock();
+        l.entry(tensors)
+            .or_insert_with(|| {
+                let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..=tensors)
+                    .map(|b| wgpu::BindGroupLayoutEntry {
+                        binding: b as u32,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only: b == 0 },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    })
+                    .collect();
+                let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("unirt op"),
+                    entries: &entries,
+                });
+                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some("unirt op"),
+                    bind_group_layouts: &[Some(&bgl)],
+                    immediate_size: OP_IMMEDIATE_BYTES,
+                });
+                (bgl, pl)
+            })
+            .clone()
+    }
+
+    fn pipe(
+        &self,
+        device: &wgpu::Device,
+        name: &str,
+        source: &str,
+        entry: &str,
+        layout: &wgpu::PipelineLayout,
+    ) -> Result<Arc<Pipe>> {
+        let key = format!("{entry}\n{source}");
+        if let Some(p) = self.pipes.lock().get(&key) {
+            return Ok(p.clone());
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: Some(layout),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::KernelCompile {
+                kernel: name.into(),
+                log: e.to_string(),
+            });
+        }
+        let p = Arc::new(Pipe { pipeline });
+        self.pipes.lock().insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Drops the cached bind groups that use buffer `id` (it is being freed).
+    pub fn forget_buffer(&self, id: u64) {
+        self.groups
+            .lock()
+            .retain(|k, _| k.0 != id && !k.1.iter().any(|(b, _, _)| *b == id));
+    }
+}
+
+/// An operator kernel prepared for one plan.
+pub(crate) struct OpKernel {
+    name: String,
+    passes: Vec<(Arc<Pipe>, [u32; 3])>,
+    bgl: wgpu::BindGroupLayout,
+    cfg: wgpu::Buffer,
+    cfg_id: u64,
+    groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
+}
+
+impl Drop for OpKernel {
+    fn drop(&mut self) {
+        let id = self.cfg_id;
+        self.groups.lock().retain(|k, _| k.0 != id);
+    }
+}
+
+impl PreparedKernel for OpKernel {
+    fn launch(
+        &self,
+        backend: &AnyBackend,
+        call: &KernelCall<'_>,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()> {
+        match backend {
+            AnyBackend::Wgpu(b) => b.launch_op(self, call, ranges, stream),
+            _ => Err(Error::Internal(format!(
+                "{}: a wgpu kernel launched on another backend",
+                self.name
+            ))),
+        }
+    }
+}
+
+/// The wgpu backend of a plan's device.
+fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
+    let rt = crate::Runtime::get(spec.device)?;
+    Ok(rt.backend().clone())
+}
+
+/// Compiles `src` for the plan's device and makes its constants buffer.
+pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
+    let backend = backend_of(spec)?;
+    let AnyBackend::Wgpu(b) = &*backend else {
+        return Err(Error::Internal(format!(
+            "{}: a wgpu kernel planned for {}",
+            src.name, spec.device
+        )));
+    };
+    let gpu = &b.gpu;
+    let device = &gpu.device;
+    let limits = device.limits();
+    if !device.features().contains(wgpu::Features::IMMEDIATES)
+        || limits.max_immediate_size < OP_IMMEDIATE_BYTES
+    {
+        return Err(Error::unsupported(
+            format!(
+                "{} on {}: the adapter lacks {OP_IMMEDIATE_BYTES} bytes of immediates \
+                 (IMMEDIATES feature, max_immediate_size {})",
+                src.name, spec.device, limits.max_immediate_size
+            ),
+            DeviceKind::Wgpu,
+        ));
+    }
+    let tensors = spec.inputs.len() + spec.outputs.len();
+    if tensors > MAX_TENSORS || tensors as u32 + 1 > limits.max_storage_buffers_per_shader_stage {
+        return Err(Error::unsupported(
+            format!(
+                "{} on {}: {} storage bindings (the adapter allows {})",
+                src.name,
+                spec.device,
+                tensors + 1,
+                limits.max_storage_buffers_per_shader_stage
+            ),
+            DeviceKind::Wgpu,
+        ));
+    }
+    let cache = &gpu.kernels.ops;
+    let (bgl, pl) = cache.layout(device, tensors);
+    let mut passes = Vec::with_capacity(src.passes.len());
+    for (source, groups) in &src.passes {
+        let entry = src.entry.as_deref().unwrap_or("main");
+        passes.push((cache.pipe(device, &src.name, source, entry, &pl)?, *groups));
+    }
+    let bytes = ceil4((src.cfg.len().max(1) * 4) as u64);
+    let cfg = create_buffer(
+        device,
+        bytes,
+        wgpu::BufferUsages::STORAGE,
+        true,
+        &spec.device.to_string(),
+    )?;
+    {
+        let mut view = cfg
+            .slice(..)
+            .get_mapped_range_mut()
+            .map_err(|e| Error::Internal(format!("constants buffer not mapped: {e}")))?;
+        let words: &[u8] = bytemuck::cast_slice(&src.cfg);
+        view.slice(..words.len()).copy_from_slice(words);
+    }
+    cfg.unmap();
+    Ok(Arc::new(OpKernel {
+        name: src.name,
+        passes,
+        bgl,
+        cfg,
+        cfg_id: crate::handles::fresh_id(),
+        groups: cache.groups.clone(),
+    }))
+}
+
+/// One bound tensor: buffer id, window offset and size.
+struct Bound {
+    buf: DevBuf,
+    offset: u64,
+    size: u64,
+}
+
+impl WgpuBackend {
+    /// Enqueues one launch of an operator kernel (see the module doc).
+    pub(crate) fn launch_op(
+        &self,
+        k: &OpKernel,
+        call: &KernelCall<'_>,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()> {
+        let s = self.stream(stream)?;
+        let mut pins = Pins::new();
+        let mut work = 0;
+        for (p, len) in ranges {
+            self.mem.device_range(p.0, *len, &mut pins)?;
+            work += *len;
+        }
+        let gpu = &self.gpu;
+        let fixed = &gpu.kernels;
+        let cache = &fixed.ops;
+        let mut imm = [0u32; 8];
+        let mut bound = Vec::with_capacity(MAX_TENSORS);
+        for (i, t) in call.inputs.iter().chain(call.outputs).enumerate() {
+            let size = t.dtype.size() as u64;
+            let span = t.layout.span_end().unwrap_or(0) as u64 * size;
+            let start = t.ptr();
+            let len = (t.base + span).saturating_sub(start);
+            if t.layout.numel() == 0 || len == 0 {
+                let mut slot = cache.dummy.lock();
+                let dummy = match &*slot {
+                    Some(d) => d.clone(),
+                    None => {
+                        let usage = wgpu::BufferUsages::STORAGE;
+                        let b = create_buffer(&gpu.device, 16, usage, false, &gpu.name)?;
+                        slot.insert(DevBuf::new(b, false)).clone()
+                    }
+                };
+                drop(slot);
+                bound.push(Bound {
+                    buf: dummy,
+                    offset: 0,
+                    size: 16,
+                });
+                continue;
+            }
+            let (buf, off) = {
+                let a = self
+                    .mem
+                    .device_range(start, len, &mut pins)?
+                    .ok_or_else(|| Error::Internal("an empty tensor range".into()))?;
+                (a.payload.clone(), start - a.base)
+            };
+            let (w_off, w_size) = window(fixed.max_binding, fixed.binding_align, &buf, off, len)?;
+            let rel = off - w_off;
+            if rel % size != 0 {
+                return Err(Error::Internal(format!(
+                    "{}: tensor {i} is not element-aligned in its binding",
+                    k.name
+                )));
+            }
+            let slot = imm
+                .get_mut(i)
+                .ok_or_else(|| Error::Internal(format!("{}: too many tensors", k.name)))?;
+            *slot = u32::try_from(rel / size).map_err(|_| tensor_too_large(len, fixed))?;
+            bound.push(Bound {
+                buf,
+                offset: w_off,
+                size: w_size,
+            });
+        }
+        let group = self.op_group(k, &bound)?;
+        let cmds = k.passes.iter().map(|(p, groups)| Cmd::Dispatch {
+            pipeline: p.pipeline.clone(),
+            group: group.clone(),
+            imm: Imm { words: imm, len: 8 },
+            groups: *groups,
+        });
+        enqueue(gpu, &s, cmds.collect::<Vec<_>>(), pins, work, false)
+    }
+
+    fn op_group(&self, k: &OpKernel, bound: &[Bound]) -> Result<wgpu::BindGroup> {
+        let key: GroupKey = (
+            k.cfg_id,
+            bound.iter().map(|b| (b.buf.id, b.offset, b.size)).collect(),
+        );
+        if let Some(g) = k.groups.lock().get(&key) {
+            return Ok(g.clone());
+        }
+        let device = &self.gpu.device;
+        let mut entries = Vec::with_capacity(bound.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: k.cfg.as_entire_binding(),
+        });
+        for (i, b) in bound.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &b.buf.buffer,
+                    offset: b.offset,
+                    size: NonZeroU64::new(b.size),
+                }),
+            });
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("unirt op"),
+            layout: &k.bgl,
+            entries: &entries,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(wgpu_error("create_bind_group", e));
+        }
+        let mut groups = k.groups.lock();
+        if groups.len() >= MAX_CACHED_GROUPS {
+            groups.clear();
+        }
+        groups.insert(key, group.clone());
+        Ok(group)
+    }
+}
+
+fn tensor_too_large(len: u64, k: &super::Kernels) -> Error {
+    Error::TooLarge {
+        device: "wgpu (one storage binding of an operator kernel)".into(),
+        requested: len,
+        limit: k.max_binding,
+    }
+}
+
+/// The window `(offset, size)` of `buf` to bind for `len` bytes at byte `off`: the whole
+/// buffer when it fits one binding, else from `off` aligned down.
+fn window(max_binding: u64, align: u64, buf: &DevBuf, off: u64, len: u64) -> Result<(u64, u64)> {
+    let size = buf.buffer.size();
+    if size <= max_binding {
+        return Ok((0, size));
+    }
+    let start = off - off % align;
+    let end = ceil4(off + len).min(size);
+    if end - start > max_binding {
+        return Err(Error::TooLarge {
+            device: format!(
+                "wgpu (a tensor of an operator kernel must fit one storage binding: \
+                 max_storage_buffer_binding_size {max_binding} bytes)"
+            ),
+            requested: len,
+            limit: max_binding.saturating_sub(align),
+        });
+    }
+    Ok((start, end - start))
+}

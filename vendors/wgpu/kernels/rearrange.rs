@@ -1,0 +1,127 @@
+//! Copies between layouts in WGSL, for every dtype (raw bits through `ldr_`/`str_`):
+//! `rearrange` (any view into any view) and `concat` (one pass per input, each writing its
+//! slice of the contiguous output).
+//!
+//! rearrange constants: `cfg[0]` the element count, `cfg[1]` / `cfg[2]` where the source's and
+//! the destination's views start. concat: `cfg[0]` the output's axis extent, `cfg[1]` the
+//! inner size (elements after the axis), then per input `k` at `2 + 4k`: its element count,
+//! its axis extent, its start along the axis, where its view starts.
+
+use std::sync::Arc;
+
+use super::elementwise::groups_for;
+use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
+use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::tensor::DType;
+
+fn index(direct: bool, at: usize) -> String {
+    if direct {
+        "i".into()
+    } else {
+        format!("view_off(i, cfg[{at}u])")
+    }
+}
+
+fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let (src, dst) = (&spec.inputs[0], &spec.outputs[0]);
+    let n = dst.layout.numel();
+    let mut cfg = vec![n as u32, 0, 0];
+    cfg[1] = wgsl::push_view(&mut cfg, src.layout.shape(), src.layout.strides());
+    cfg[2] = wgsl::push_view(&mut cfg, dst.layout.shape(), dst.layout.strides());
+    let binds = [Bind::read("src", src.dtype), Bind::write("dst", dst.dtype)];
+    let source = format!(
+        "{}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
+         str_dst({}, ldr_src({}));\n}}\n",
+        wgsl::prelude(&binds),
+        index(dst.layout.is_contiguous(), 2),
+        index(src.layout.is_contiguous(), 1),
+    );
+    prepare_op(
+        spec,
+        OpSource {
+            name: "rearrange".into(),
+            passes: vec![(source, groups_for(n as u64))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Concat { axis } = *spec.params else {
+        return Err(Error::Internal(format!(
+            "concat: parameters {:?}",
+            spec.params
+        )));
+    };
+    if spec.inputs.len() + 1 > MAX_TENSORS {
+        return Err(Error::unsupported(
+            format!(
+                "concat of {} tensors on wgpu (at most {} per kernel)",
+                spec.inputs.len(),
+                MAX_TENSORS - 1
+            ),
+            DeviceKind::Wgpu,
+        ));
+    }
+    let out = &spec.outputs[0];
+    let shape = out.layout.shape();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let mut cfg = vec![shape[axis] as u32, inner as u32];
+    cfg.extend(std::iter::repeat_n(0, 4 * spec.inputs.len()));
+    let names: Vec<&'static str> = ["x0", "x1", "x2", "x3", "x4", "x5", "x6"]
+        .into_iter()
+        .take(spec.inputs.len())
+        .collect();
+    let mut binds: Vec<Bind> = spec
+        .inputs
+        .iter()
+        .zip(&names)
+        .map(|(d, n)| Bind::read(n, d.dtype))
+        .collect();
+    binds.push(Bind::write("out", out.dtype));
+    let prelude = wgsl::prelude(&binds);
+    let mut passes = Vec::new();
+    let mut start = 0;
+    for (k, d) in spec.inputs.iter().enumerate() {
+        let at = 2 + 4 * k;
+        let numel = d.layout.numel();
+        cfg[at] = numel as u32;
+        cfg[at + 1] = d.layout.shape()[axis] as u32;
+        cfg[at + 2] = start as u32;
+        cfg[at + 3] = wgsl::push_view(&mut cfg, d.layout.shape(), d.layout.strides());
+        start += d.layout.shape()[axis];
+        if numel == 0 {
+            continue;
+        }
+        let source = format!(
+            "{prelude}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[{at}u]) {{ return; }}\n    \
+             let inner = cfg[1u];\n    let ak = cfg[{a1}u];\n    \
+             let outer = i / (ak * inner);\n    let a = (i / inner) % ak;\n    let r = i % inner;\n    \
+             let o = (outer * cfg[0u] + cfg[{a2}u] + a) * inner + r;\n    \
+             str_out(o, ldr_{name}({idx}));\n}}\n",
+            a1 = at + 1,
+            a2 = at + 2,
+            name = names[k],
+            idx = index(d.layout.is_contiguous(), at + 3),
+        );
+        passes.push((source, groups_for(numel as u64)));
+    }
+    prepare_op(
+        spec,
+        OpSource {
+            name: "concat".into(),
+            passes,
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    super::reg_all(reg, "rearrange", &DType::ALL, rearrange);
+    super::reg_all(reg, "concat", &DType::ALL, concat);
+}

@@ -1,0 +1,107 @@
+//! Reductions in WGSL (sum, mean, max, min, argmax over any set of axes): one workgroup per
+//! output element, its 256 invocations striding over the reduced elements (read in place
+//! through the reduced axes' strides), then a tree in workgroup memory. max / min propagate
+//! NaN; argmax returns the first maximum (the first NaN if any), as the CPU kernel does.
+//!
+//! Constants: `cfg[0]` the output elements, `cfg[1]` the reduced elements, `cfg[2]` /
+//! `cfg[3]` where the kept and the reduced axes' views of the input start.
+
+use std::sync::Arc;
+
+use super::op::{prepare as prepare_op, OpSource};
+use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::{reg_all, FLOATS};
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+/// The grid of one workgroup per row for `rows` rows.
+pub(crate) fn rows_grid(rows: usize) -> [u32; 3] {
+    let rows = rows.max(1) as u64;
+    let x = rows.min(65535);
+    [x as u32, rows.div_ceil(x).min(65535) as u32, 1]
+}
+
+/// Combines (value, index) pairs: NaN first, then the larger, then the earlier index.
+const ARGMAX: &str = "
+var<workgroup> wg_idx: array<u32, 256>;
+var<workgroup> wg_val: array<f32, 256>;
+fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
+    // Whether (w, j) beats (v, i).
+    let vn = v != v;
+    let wn = w != w;
+    if (vn && wn) { return j < i; }
+    if (vn) { return false; }
+    if (wn) { return true; }
+    if (w > v) { return true; }
+    return w == v && j < i;
+}
+";
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Reduce { axes, .. } = spec.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            spec.op, spec.params
+        )));
+    };
+    let (x, out) = (&spec.inputs[0], &spec.outputs[0]);
+    let (shape, strides) = (x.layout.shape(), x.layout.strides());
+    let (ks, kst) = wgsl::kept(shape, strides, axes);
+    let (rs, rst): (Vec<usize>, Vec<usize>) = axes.iter().map(|&a| (shape[a], strides[a])).unzip();
+    let lanes: usize = ks.iter().product();
+    let red: usize = rs.iter().product();
+    let mut cfg = vec![lanes as u32, red as u32, 0, 0];
+    cfg[2] = wgsl::push_view(&mut cfg, &ks, &kst);
+    cfg[3] = wgsl::push_view(&mut cfg, &rs, &rst);
+    let binds = [Bind::read("x", x.dtype), Bind::write("out", out.dtype)];
+    let head = "    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) { return; }\n    \
+                let n = cfg[1];\n    let base = view_off(row, cfg[2]);\n";
+    let body = match spec.op {
+        "sum" | "mean" => format!(
+            "    var acc = 0.0;\n    for (var j = lid; j < n; j = j + 256u) {{ acc = acc + ld_x(base + view_off(j, cfg[3])); }}\n    \
+             let total = wg_sum(acc, lid);\n    if (lid == 0u) {{ st_out(row, total{}); }}\n",
+            if spec.op == "mean" { " / f32(n)" } else { "" }
+        ),
+        "max" | "min" => {
+            let (cmp, init) = if spec.op == "max" { (">", "neg_inf()") } else { ("<", "-neg_inf()") };
+            format!(
+                "    var acc = {init};\n    var nan = false;\n    \
+                 for (var j = lid; j < n; j = j + 256u) {{ let v = ld_x(base + view_off(j, cfg[3])); \
+                 nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }} }}\n    \
+                 wg_red[lid] = select(acc, bitcast<f32>(0x7fc00000u), nan);\n    workgroupBarrier();\n    \
+                 for (var s = 128u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ let a = wg_red[lid]; let b = wg_red[lid + s]; \
+                 if (a == a && (b != b || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n    \
+                 if (lid == 0u) {{ st_out(row, wg_red[0]); }}\n"
+            )
+        }
+        "argmax" => "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    \
+             for (var j = lid; j < n; j = j + 256u) { let v = ld_x(base + view_off(j, cfg[3])); \
+             if (bi == 0xffffffffu || better(bv, bi, v, j)) { bv = v; bi = j; } }\n    \
+             wg_val[lid] = bv;\n    wg_idx[lid] = bi;\n    workgroupBarrier();\n    \
+             for (var s = 128u; s > 0u; s = s >> 1u) {\n        if (lid < s) { let j = wg_idx[lid + s]; \
+             if (j != 0xffffffffu && (wg_idx[lid] == 0xffffffffu || better(wg_val[lid], wg_idx[lid], wg_val[lid + s], j))) \
+             { wg_val[lid] = wg_val[lid + s]; wg_idx[lid] = j; } }\n        workgroupBarrier();\n    }\n    \
+             if (lid == 0u) { sti_out(row, i32(wg_idx[0])); }\n"
+            .to_string(),
+        op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
+    };
+    let source = format!(
+        "{}{WG_REDUCE}{ARGMAX}\n{MAIN_ROWS} {{\n{head}{body}}}\n",
+        wgsl::prelude(&binds)
+    );
+    prepare_op(
+        spec,
+        OpSource {
+            name: spec.op.to_string(),
+            passes: vec![(source, rows_grid(lanes))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    for op in ["sum", "mean", "max", "min", "argmax"] {
+        reg_all(reg, op, FLOATS, prepare);
+    }
+}

@@ -1,0 +1,116 @@
+//! Rotary embedding in WGSL: one work item per rotated pair. The angle `pos · θ^(-2i/d)` is
+//! taken modulo one turn exactly in integer arithmetic (each frequency over 2π as a 64-bit
+//! fixed-point fraction, prepared on the host in f64), so large positions keep full f32
+//! accuracy, where an f32 product would lose about 1e-4 rad at position 4095.
+//!
+//! Constants: `cfg[0]` pairs, `cfg[1]` half the head dim, `cfg[2]` heads, `cfg[3]` seq,
+//! `cfg[4]` / `cfg[5]` the last-axis strides of x and out, `cfg[6]` / `cfg[7]` where the rows'
+//! views start, `cfg[8]` the positions' stride, `cfg[9]` 1 when interleaved, then per
+//! frequency `i` the fraction's high and low words at `10 + 2i`.
+
+use std::sync::Arc;
+
+use super::elementwise::groups_for;
+use super::op::{prepare as prepare_op, OpSource};
+use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::{reg_all, FLOATS};
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+const BODY: &str = "
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+    let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
+    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
+}
+MAIN {
+    let t = LINEAR;
+    if (t >= cfg[0]) { return; }
+    let half = cfg[1];
+    let row = t / half;
+    let i = t % half;
+    let s = (row / cfg[2]) % cfg[3];
+    let p = ldi_pos(s * cfg[8]);
+    let ap = u32(abs(p));
+    // The angle in turns: frac(|p| · g) from the 64-bit fraction g (high, low words).
+    let lo = mul_wide(ap, cfg[11u + 2u * i]);
+    let top = ap * cfg[10u + 2u * i] + lo.y;
+    var turn = f32(top) * 2.3283064365386963e-10 + f32(lo.x) * 5.421010862427522e-20;
+    if (turn >= 0.5) { turn = turn - 1.0; }
+    if (p < 0) { turn = -turn; }
+    let ang = turn * 6.283185307179586;
+    let c = cos(ang);
+    let sn = sin(ang);
+    var j0 = i;
+    var j1 = i + half;
+    if (cfg[9] != 0u) { j0 = 2u * i; j1 = 2u * i + 1u; }
+    let xb = view_off(row, cfg[6]);
+    let ob = view_off(row, cfg[7]);
+    let x0 = ld_x(xb + j0 * cfg[4]);
+    let x1 = ld_x(xb + j1 * cfg[4]);
+    st_out(ob + j0 * cfg[5], x0 * c - x1 * sn);
+    st_out(ob + j1 * cfg[5], x0 * sn + x1 * c);
+}
+";
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Rope { interleaved, theta } = *spec.params else {
+        return Err(Error::Internal(format!(
+            "rope: parameters {:?}",
+            spec.params
+        )));
+    };
+    let (x, pos, out) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
+    let shape = x.layout.shape();
+    let nd = shape.len();
+    let (seq, heads, d) = (shape[nd - 3], shape[nd - 2], shape[nd - 1]);
+    let half = d / 2;
+    let (ks, xst) = wgsl::kept(shape, x.layout.strides(), &[nd - 1]);
+    let (_, ost) = wgsl::kept(shape, out.layout.strides(), &[nd - 1]);
+    let rows: usize = ks.iter().product();
+    let pairs = rows * half;
+    let mut cfg = vec![
+        pairs as u32,
+        half.max(1) as u32,
+        heads.max(1) as u32,
+        seq.max(1) as u32,
+        x.layout.strides()[nd - 1] as u32,
+        out.layout.strides()[nd - 1] as u32,
+        0,
+        0,
+        pos.layout.strides().first().copied().unwrap_or(0) as u32,
+        u32::from(interleaved),
+    ];
+    for i in 0..half {
+        let g = theta.powf(-2.0 * i as f64 / d as f64) / std::f64::consts::TAU;
+        let frac = g.fract();
+        // frac · 2^64 as two words (f64 has 53 bits; the rest is zero).
+        let hi = (frac * 4294967296.0).floor();
+        let lo = ((frac * 4294967296.0 - hi) * 4294967296.0).floor();
+        cfg.push(hi as u32);
+        cfg.push(lo as u32);
+    }
+    cfg[6] = wgsl::push_view(&mut cfg, &ks, &xst);
+    cfg[7] = wgsl::push_view(&mut cfg, &ks, &ost);
+    let binds = [
+        Bind::read("x", x.dtype),
+        Bind::read("pos", pos.dtype),
+        Bind::write("out", out.dtype),
+    ];
+    let body = BODY.replace("MAIN", MAIN_1D).replace("LINEAR", LINEAR_ID);
+    let source = format!("{}{body}", wgsl::prelude(&binds));
+    prepare_op(
+        spec,
+        OpSource {
+            name: "rope".into(),
+            passes: vec![(source, groups_for(pairs as u64))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    reg_all(reg, "rope", FLOATS, prepare);
+}

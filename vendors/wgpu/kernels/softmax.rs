@@ -1,0 +1,93 @@
+//! softmax, log_softmax and causal_softmax in WGSL: one workgroup per row (every index but
+//! the axis), three strided sweeps of the row (max, sum of exponentials, write), so the input
+//! is read in place and the output may be the input's very view.
+//!
+//! Constants: `cfg[0]` rows, `cfg[1]` the axis length, `cfg[2]` / `cfg[3]` the axis strides of
+//! the input and the output, `cfg[4]` / `cfg[5]` where the rows' views start, `cfg[6]` 1 when
+//! causal, `cfg[7]` the query length, `cfg[8]` the causal offset.
+
+use std::sync::Arc;
+
+use super::op::{prepare as prepare_op, OpSource};
+use super::reduce::rows_grid;
+use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::{reg_all, FLOATS};
+use crate::error::{Error, Result};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+
+const BODY: &str = "
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= cfg[0]) { return; }
+    let len = cfg[1];
+    let xb = view_off(row, cfg[4]);
+    let ob = view_off(row, cfg[5]);
+    var vis = len;
+    if (cfg[6] != 0u) { vis = min(len, row % cfg[7] + cfg[8] + 1u); }
+    var m = neg_inf();
+    for (var j = lid; j < vis; j = j + 256u) { m = max(m, ld_x(xb + j * cfg[2])); }
+    m = wg_max(m, lid);
+    var s = 0.0;
+    for (var j = lid; j < vis; j = j + 256u) { s = s + exp(ld_x(xb + j * cfg[2]) - m); }
+    s = wg_sum(s, lid);
+    let ls = log(s);
+    for (var j = lid; j < len; j = j + 256u) {
+        var y = MASKED;
+        if (j < vis) { let v = ld_x(xb + j * cfg[2]) - m; y = RESULT; }
+        st_out(ob + j * cfg[3], y);
+    }
+";
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Softmax { axis, log, causal } = *spec.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            spec.op, spec.params
+        )));
+    };
+    let (x, out) = (&spec.inputs[0], &spec.outputs[0]);
+    let shape = x.layout.shape();
+    let (ks, xst) = wgsl::kept(shape, x.layout.strides(), &[axis]);
+    let (_, ost) = wgsl::kept(shape, out.layout.strides(), &[axis]);
+    let rows: usize = ks.iter().product();
+    let nd = shape.len();
+    let q_len = if nd >= 2 { shape[nd - 2] } else { 1 };
+    let mut cfg = vec![
+        rows as u32,
+        shape[axis] as u32,
+        x.layout.strides()[axis] as u32,
+        out.layout.strides()[axis] as u32,
+        0,
+        0,
+        u32::from(causal.is_some()),
+        q_len.max(1) as u32,
+        causal.unwrap_or(0) as u32,
+    ];
+    cfg[4] = wgsl::push_view(&mut cfg, &ks, &xst);
+    cfg[5] = wgsl::push_view(&mut cfg, &ks, &ost);
+    let binds = [Bind::read("x", x.dtype), Bind::write("out", out.dtype)];
+    let (masked, result) = if log {
+        ("neg_inf()", "v - ls")
+    } else {
+        ("0.0", "exp(v) / s")
+    };
+    let body = BODY.replace("MASKED", masked).replace("RESULT", result);
+    let source = format!(
+        "{}{WG_REDUCE}\n{MAIN_ROWS} {{{body}}}\n",
+        wgsl::prelude(&binds)
+    );
+    prepare_op(
+        spec,
+        OpSource {
+            name: spec.op.to_string(),
+            passes: vec![(source, rows_grid(rows))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    for op in ["softmax", "log_softmax", "causal_softmax"] {
+        reg_all(reg, op, FLOATS, prepare);
+    }
+}

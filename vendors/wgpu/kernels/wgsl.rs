@@ -1,0 +1,287 @@
+//! The pieces every generated operator kernel shares: the binding declarations, the
+//! per-dtype load/store functions, the per-plan constants and the strided-index helper.
+//!
+//! A family's template names its tensors and calls `ld_<name>(i)` / `st_<name>(i, v)` (values
+//! computed in f32), `ldi_<name>(i)` / `sti_<name>(i, v)` (integers, for ids, positions and
+//! indices) or `ldr_<name>(i)` / `str_<name>(i, v)` (raw bits, for copies of any dtype); `i` is
+//! the element index relative to the tensor's first element, and the functions add the
+//! tensor's element offset inside its binding (an immediate, set per launch). So one template
+//! serves every dtype: what changes per dtype is only this prelude.
+//!
+//! Storage per dtype: f32 and i32 natively; i64 as two 32-bit words (little-endian); f16 and
+//! bf16 as 16-bit halves of u32 words, u8 and bool as bytes of u32 words, computed in f32. A
+//! written binding of a packed dtype is `atomic<u32>` and a store clears then sets its own
+//! bits with two atomic operations, so neighbouring elements written by other invocations are
+//! never lost (WGSL has no 8- or 16-bit stores).
+
+use std::fmt::Write;
+
+use crate::tensor::DType;
+
+/// Work items per workgroup in the one-item-per-element kernels.
+pub(crate) const WG: u32 = 256;
+
+/// One tensor binding of a kernel: its name in the template, dtype, and whether it is written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bind {
+    pub name: &'static str,
+    pub dtype: DType,
+    pub write: bool,
+}
+
+impl Bind {
+    pub fn read(name: &'static str, dtype: DType) -> Self {
+        Bind {
+            name,
+            dtype,
+            write: false,
+        }
+    }
+
+    pub fn write(name: &'static str, dtype: DType) -> Self {
+        Bind {
+            name,
+            dtype,
+            write: true,
+        }
+    }
+}
+
+/// The prelude of a kernel over `binds` (binding 0 is the plan's constants `cfg`; tensor `k`
+/// is binding `k + 1` and its element offset is immediate word `k`).
+pub(crate) fn prelude(binds: &[Bind]) -> String {
+    let mut s = String::from(
+        "struct Imm { o0: u32, o1: u32, o2: u32, o3: u32, o4: u32, o5: u32, o6: u32, o7: u32 }\n\
+         var<immediate> imm: Imm;\n\
+         @group(0) @binding(0) var<storage, read> cfg: array<u32>;\n\
+         fn cfg_f(i: u32) -> f32 { return bitcast<f32>(cfg[i]); }\n\
+         // The element offset of row-major index `i` in a view: rank at cfg[d], then the\n\
+         // shape, then the strides (in elements; 0 for broadcast dimensions).\n\
+         fn view_off(i: u32, d: u32) -> u32 {\n\
+             let r = cfg[d];\n\
+             var rem = i;\n\
+             var off = 0u;\n\
+             for (var k = r; k > 0u; k = k - 1u) {\n\
+                 let n = cfg[d + k];\n\
+                 off = off + (rem % n) * cfg[d + r + k];\n\
+                 rem = rem / n;\n\
+             }\n\
+             return off;\n\
+         }\n",
+    );
+    for (k, b) in binds.iter().enumerate() {
+        accessors(&mut s, k, b);
+    }
+    s
+}
+
+fn accessors(s: &mut String, k: usize, b: &Bind) {
+    let (n, slot) = (b.name, k + 1);
+    let off = format!("imm.o{k}");
+    let packed = matches!(b.dtype, DType::F16 | DType::BF16 | DType::U8 | DType::Bool);
+    let ty = match b.dtype {
+        DType::F32 => "f32",
+        DType::I32 | DType::I64 => "i32",
+        _ if b.write => "atomic<u32>",
+        _ => "u32",
+    };
+    let _ = writeln!(
+        s,
+        "@group(0) @binding({slot}) var<storage, read_write> {n}: array<{ty}>;"
+    );
+    if packed {
+        // Bits per element and the raw read of element e's bits.
+        let bits = if matches!(b.dtype, DType::F16 | DType::BF16) {
+            16
+        } else {
+            8
+        };
+        let per = 32 / bits;
+        let mask = if bits == 16 { "0xffffu" } else { "0xffu" };
+        let word = if b.write {
+            format!("atomicLoad(&{n}[e / {per}u])")
+        } else {
+            format!("{n}[e / {per}u]")
+        };
+        let _ = writeln!(
+            s,
+            "fn ldr_{n}(i: u32) -> vec2<u32> {{ let e = {off} + i; \
+             return vec2<u32>(({word} >> ((e % {per}u) * {bits}u)) & {mask}, 0u); }}"
+        );
+        if b.write {
+            let _ = writeln!(
+                s,
+                "fn str_{n}(i: u32, v: vec2<u32>) {{ let e = {off} + i; let sh = (e % {per}u) * {bits}u; \
+                 atomicAnd(&{n}[e / {per}u], ~({mask} << sh)); \
+                 atomicOr(&{n}[e / {per}u], (v.x & {mask}) << sh); }}"
+            );
+        }
+        let (to_f, from_f) = match b.dtype {
+            DType::F16 => (
+                "unpack2x16float(h).x",
+                "pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu",
+            ),
+            DType::BF16 => (
+                "bitcast<f32>(h << 16u)",
+                "select((bitcast<u32>(v) + 0x7fffu + ((bitcast<u32>(v) >> 16u) & 1u)) >> 16u, 0x7fc0u, v != v)",
+            ),
+            // Bool and u8: any non-zero byte reads as its value; stores saturate like Rust's
+            // `as u8` (bool stores 0 or 1).
+            DType::Bool => ("select(0.0, 1.0, h != 0u)", "select(0u, 1u, v != 0.0)"),
+            _ => ("f32(h)", "u32(clamp(v, 0.0, 255.0))"),
+        };
+        let _ = writeln!(
+            s,
+            "fn ld_{n}(i: u32) -> f32 {{ let h = ldr_{n}(i).x; return {to_f}; }}\n\
+             fn ldi_{n}(i: u32) -> i32 {{ return i32(ldr_{n}(i).x); }}"
+        );
+        if b.write {
+            let _ = writeln!(
+                s,
+                "fn st_{n}(i: u32, v: f32) {{ str_{n}(i, vec2<u32>({from_f}, 0u)); }}\n\
+                 fn sti_{n}(i: u32, v: i32) {{ str_{n}(i, vec2<u32>(u32(v), 0u)); }}"
+            );
+        }
+        return;
+    }
+    match b.dtype {
+        DType::I64 => {
+            let _ = writeln!(
+                s,
+                "fn ldr_{n}(i: u32) -> vec2<u32> {{ let e = 2u * ({off} + i); \
+                 return vec2<u32>(bitcast<u32>({n}[e]), bitcast<u32>({n}[e + 1u])); }}\n\
+                 fn ldi_{n}(i: u32) -> i32 {{ return {n}[2u * ({off} + i)]; }}\n\
+                 fn ld_{n}(i: u32) -> f32 {{ let w = ldr_{n}(i); let lo = bitcast<i32>(w.x); \
+                 let hi = bitcast<i32>(w.y); if (hi == (lo >> 31u)) {{ return f32(lo); }} \
+                 return f32(hi) * 4294967296.0 + f32(w.x); }}"
+            );
+            if b.write {
+                let _ = writeln!(
+                    s,
+                    "fn str_{n}(i: u32, v: vec2<u32>) {{ let e = 2u * ({off} + i); \
+                     {n}[e] = bitcast<i32>(v.x); {n}[e + 1u] = bitcast<i32>(v.y); }}\n\
+                     fn sti_{n}(i: u32, v: i32) {{ str_{n}(i, vec2<u32>(bitcast<u32>(v), select(0u, 0xffffffffu, v < 0))); }}\n\
+                     fn st_{n}(i: u32, v: f32) {{ sti_{n}(i, i32(v)); }}"
+                );
+            }
+        }
+        DType::I32 => {
+            let _ = writeln!(
+                s,
+                "fn ldr_{n}(i: u32) -> vec2<u32> {{ return vec2<u32>(bitcast<u32>({n}[{off} + i]), 0u); }}\n\
+                 fn ldi_{n}(i: u32) -> i32 {{ return {n}[{off} + i]; }}\n\
+                 fn ld_{n}(i: u32) -> f32 {{ return f32({n}[{off} + i]); }}"
+            );
+            if b.write {
+                let _ = writeln!(
+                    s,
+                    "fn str_{n}(i: u32, v: vec2<u32>) {{ {n}[{off} + i] = bitcast<i32>(v.x); }}\n\
+                     fn sti_{n}(i: u32, v: i32) {{ {n}[{off} + i] = v; }}\n\
+                     fn st_{n}(i: u32, v: f32) {{ {n}[{off} + i] = i32(v); }}"
+                );
+            }
+        }
+        _ => {
+            let _ = writeln!(
+                s,
+                "fn ldr_{n}(i: u32) -> vec2<u32> {{ return vec2<u32>(bitcast<u32>({n}[{off} + i]), 0u); }}\n\
+                 fn ld_{n}(i: u32) -> f32 {{ return {n}[{off} + i]; }}\n\
+                 fn ldi_{n}(i: u32) -> i32 {{ return i32({n}[{off} + i]); }}"
+            );
+            if b.write {
+                let _ = writeln!(
+                    s,
+                    "fn str_{n}(i: u32, v: vec2<u32>) {{ {n}[{off} + i] = bitcast<f32>(v.x); }}\n\
+                     fn st_{n}(i: u32, v: f32) {{ {n}[{off} + i] = v; }}\n\
+                     fn sti_{n}(i: u32, v: i32) {{ {n}[{off} + i] = f32(v); }}"
+                );
+            }
+        }
+    }
+}
+
+/// The linear work-item index of a 2-D dispatch of [`WG`]-wide workgroups (rows of at most
+/// the per-dimension limit), as WGSL.
+pub(crate) const LINEAR_ID: &str = "gid.x + gid.y * nwg.x * 256u";
+
+/// The entry-point signature of a one-item-per-element kernel.
+pub(crate) const MAIN_1D: &str = "@compute @workgroup_size(256)\n\
+    fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>)";
+
+/// The entry-point signature of a one-workgroup-per-row kernel (`row` is the workgroup's
+/// linear index, `lid` the invocation's index in it, `WG` invocations).
+pub(crate) const MAIN_ROWS: &str = "@compute @workgroup_size(256)\n\
+    fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
+    @builtin(local_invocation_index) lid: u32)";
+
+/// Appends a view descriptor (rank, shape, strides) to `cfg`, returning its index.
+pub(crate) fn push_view(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
+    let at = cfg.len() as u32;
+    cfg.push(shape.len() as u32);
+    cfg.extend(shape.iter().map(|&n| n as u32));
+    cfg.extend(strides.iter().map(|&s| s as u32));
+    at
+}
+
+/// The strides of a view of `shape`/`strides` broadcast (aligned right) to `to`: 0 where the
+/// view has size 1 or no dimension.
+pub(crate) fn broadcast_strides(shape: &[usize], strides: &[usize], to: &[usize]) -> Vec<usize> {
+    let lead = to.len() - shape.len().min(to.len());
+    (0..to.len())
+        .map(|d| {
+            if d < lead {
+                0
+            } else {
+                let k = d - lead;
+                if shape[k] == 1 {
+                    0
+                } else {
+                    strides[k]
+                }
+            }
+        })
+        .collect()
+}
+
+/// A float as its bits, for `cfg`.
+pub(crate) fn f(v: f64) -> u32 {
+    (v as f32).to_bits()
+}
+
+/// Workgroup-wide sum and max over [`MAIN_ROWS`] kernels' 256 invocations (call from uniform
+/// control flow: they contain barriers), and -inf.
+pub(crate) const WG_REDUCE: &str = "
+var<workgroup> wg_red: array<f32, 256>;
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    wg_red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { wg_red[lid] = wg_red[lid] + wg_red[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = wg_red[0];
+    workgroupBarrier();
+    return r;
+}
+fn wg_max(v: f32, lid: u32) -> f32 {
+    wg_red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { wg_red[lid] = max(wg_red[lid], wg_red[lid + s]); }
+        workgroupBarrier();
+    }
+    let r = wg_red[0];
+    workgroupBarrier();
+    return r;
+}
+";
+
+/// The shape and strides of the dimensions of a view other than `axes` (the lanes of a row
+/// or reduction kernel).
+pub(crate) fn kept(shape: &[usize], strides: &[usize], axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    (0..shape.len())
+        .filter(|d| !axes.contains(d))
+        .map(|d| (shape[d], strides[d]))
+        .unzip()
+}
