@@ -35,15 +35,15 @@ out="$target/capi-valgrind"
 mkdir -p "$out"
 programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/exit_paths.c
   capi/tests/c/lifetime_test.c capi/tests/c/fork_test.c capi/tests/c/sizes_test.c
-  capi/tests/c/fuzz_test.c examples/c/capture_replay.c)
+  examples/c/capture_replay.c)
 for src in "${programs[@]}"; do
   exe="$out/$(basename "$src" .c)"
   "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \
     -L "$lib" -linfinirt -Wl,-rpath,"$lib" -lpthread -ldl
 done
 
-# The C ABI fuzzer runs longer here than in `cargo test` (UNIRT_CAPI_FUZZ_VALGRIND_SECONDS).
-export UNIRT_CAPI_FUZZ_SECONDS="${UNIRT_CAPI_FUZZ_VALGRIND_SECONDS:-20}"
+# Not the C ABI fuzzer: under memcheck its 32-256 MiB allocations grew past the CI machine's
+# memory (the process was killed); it runs natively in cargo test and ci/test.sh.
 
 export UNIRT_BACKENDS="${UNIRT_VALGRIND_BACKENDS:-cpu}"
 status=0
