@@ -219,33 +219,21 @@ impl PlanBuilder {
             }
         }
         let kernel = registry::lookup(&self.op, device.kind, self.dtype)?;
+        let spec = PlanSpec {
+            op: &self.op,
+            device,
+            dtype: self.dtype,
+            params: &self.params,
+            inputs: &self.inputs,
+            outputs: &self.outputs,
+            scalars: &self.scalars,
+            grid: self.grid,
+            workspace: self.workspace,
+        };
         let prepared = match &kernel {
-            KernelImpl::Prepared { prepare, .. } => Some(prepare(&PlanSpec {
-                op: &self.op,
-                device,
-                dtype: self.dtype,
-                params: &self.params,
-                inputs: &self.inputs,
-                outputs: &self.outputs,
-                scalars: &self.scalars,
-                grid: self.grid,
-                workspace: self.workspace,
-            })?),
+            KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
             // User kernels in a device language are prepared by their vendor, as built-ins.
-            KernelImpl::Wgsl { .. } => Some(crate::vendors::prepare_user_kernel(
-                &PlanSpec {
-                    op: &self.op,
-                    device,
-                    dtype: self.dtype,
-                    params: &self.params,
-                    inputs: &self.inputs,
-                    outputs: &self.outputs,
-                    scalars: &self.scalars,
-                    grid: self.grid,
-                    workspace: self.workspace,
-                },
-                &kernel,
-            )?),
+            KernelImpl::Wgsl { .. } => Some(crate::vendors::prepare_user_kernel(&spec, &kernel)?),
             _ => None,
         };
         Ok(Plan(Arc::new(PlanInner {
