@@ -35,15 +35,18 @@ out="$target/capi-valgrind"
 mkdir -p "$out"
 programs=(capi/tests/c/abi_test.c capi/tests/c/infinirt_test.c capi/tests/c/exit_paths.c
   capi/tests/c/lifetime_test.c capi/tests/c/fork_test.c capi/tests/c/sizes_test.c
-  examples/c/capture_replay.c)
+  examples/c/capture_replay.c capi/tests/c/fuzz_test.c)
 for src in "${programs[@]}"; do
   exe="$out/$(basename "$src" .c)"
   "$cc" -std=c11 -O1 -g -Wall -Wextra -Werror -I capi/include -I capi/tests/c "$src" -o "$exe" \
     -L "$lib" -linfinirt -Wl,-rpath,"$lib" -lpthread -ldl
 done
 
-# Not the C ABI fuzzer: under memcheck its 32-256 MiB allocations grew past the CI machine's
-# memory (the process was killed); it runs natively in cargo test and ci/test.sh.
+# The C ABI fuzzer runs single-threaded for a bounded time under memcheck, keeping at most
+# 32 MiB of big buffers live per seed (memcheck shadows what a seed touches) and trying huge
+# sizes only from 1 TiB (refused before any mapping: memcheck takes seconds per GiB mapped).
+export UNIRT_CAPI_FUZZ_SECONDS="${UNIRT_VALGRIND_FUZZ_SECONDS:-15}" UNIRT_CAPI_FUZZ_THREADS=1
+export UNIRT_CAPI_FUZZ_BIG_MIB=32 UNIRT_CAPI_FUZZ_HUGE_LOG2=40
 
 export UNIRT_BACKENDS="${UNIRT_VALGRIND_BACKENDS:-cpu}"
 status=0

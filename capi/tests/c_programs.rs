@@ -144,8 +144,9 @@ fn sizes_test_c() {
 }
 
 /// The C ABI fuzzer (`tests/c/fuzz_test.c`) for a few seconds on every device, single-threaded
-/// (seeds replay exactly); `ci/test.sh` runs it longer, over the fake CUDA driver too, and
-/// with four threads there. A failing seed is printed; see docs/RELIABILITY.md.
+/// (seeds replay exactly) and with four threads sharing one seed's objects; `ci/test.sh` runs
+/// it longer, over the fake CUDA driver too. A failing seed is printed; see
+/// docs/RELIABILITY.md.
 #[test]
 fn fuzz_test_c() {
     let Some(exe) = build(
@@ -155,11 +156,7 @@ fn fuzz_test_c() {
         return;
     };
     let seconds = std::env::var("UNIRT_CAPI_FUZZ_SECONDS").unwrap_or_else(|_| "2".into());
-    // Single-threaded only here: with several threads the CPU backend can still hang (an
-    // event record racing a wait; open, docs/RELIABILITY.md); ci/test.sh runs four threads
-    // over the fake CUDA driver.
-    {
-        let threads = "1";
+    for threads in ["1", "4"] {
         let out = Command::new(&exe)
             .env("LD_LIBRARY_PATH", lib_dir())
             .env("UNIRT_CAPI_FUZZ_SECONDS", &seconds)

@@ -31,6 +31,7 @@ mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
 mod cases_device_loss;
+mod cases_event_races;
 mod cases_fused;
 mod cases_graph;
 mod cases_lifetime;
@@ -171,6 +172,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_lifetime::CASES);
     all.extend_from_slice(cases_stress::CASES);
     all.extend_from_slice(cases_robust::CASES);
+    all.extend_from_slice(cases_event_races::CASES);
     all.extend_from_slice(cases_device_loss::CASES);
     all.extend_from_slice(cases_ops_registry::CASES);
     all.extend(cases_ops_elementwise::cases());

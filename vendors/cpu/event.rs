@@ -1,7 +1,16 @@
 //! CPU events: stamped with the host clock when the stream's worker reaches them.
 //!
-//! `recorded` counts records; `completed` is the highest record the worker has reached. Query
-//! is two atomic loads; synchronize waits on `completed`.
+//! `recorded` counts records whose stamp is already queued; `completed` is the highest record
+//! the worker has reached. Query is two atomic loads; synchronize waits on `completed`.
+//!
+//! A record takes its generation and queues its stamp under the event's `record_lock`, and
+//! only then publishes the generation. A wait issued on another thread meanwhile therefore sees
+//! either the previous record or this one with its stamp already queued — never a generation
+//! whose stamp is not yet in any queue. Every dependency a wait adds then points at a command
+//! queued before the wait itself, so waits cannot form a cycle (they did when the generation was
+//! visible before its stamp was queued: a stream could wait on a stamp queued behind its own
+//! wait). A record whose enqueue fails publishes nothing, so no wait is left on a stamp that
+//! will never run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -16,6 +25,8 @@ use crate::progress::Progress;
 pub(crate) struct CpuEvent {
     pub flags: EventFlags,
     recorded: AtomicU64,
+    /// Held while a record takes its generation and queues its stamp.
+    record_lock: Mutex<()>,
     completed: Progress,
     stamp: Mutex<Option<Instant>>,
     /// Captures in progress that recorded this event (waiting for it is refused meanwhile).
@@ -27,18 +38,48 @@ impl CpuEvent {
         CpuEvent {
             flags,
             recorded: AtomicU64::new(0),
+            record_lock: Mutex::new(()),
             completed: Progress::new(),
             captured: Default::default(),
             stamp: Mutex::new(None),
         }
     }
 
-    /// Starts a new record; returns the generation the worker must reach.
-    pub fn begin_record(&self) -> u64 {
-        self.recorded.fetch_add(1, Ordering::SeqCst) + 1
+    /// Records the event: `enqueue` queues the stamp for the generation it is given; the
+    /// generation becomes visible to waits only once that succeeded.
+    pub fn record(&self, enqueue: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+        let _guard = self.record_lock.lock();
+        let generation = self.current() + 1;
+        enqueue(generation)?;
+        self.recorded.store(generation, Ordering::SeqCst);
+        Ok(())
     }
 
-    /// The generation a wait issued now must see completed.
+    /// Records several events at once (a graph replay with event-record nodes). `enqueue` gets
+    /// the last published generation of each event in `events` (distinct), takes new ones by
+    /// raising those numbers, and queues every stamp; the raised numbers are published only
+    /// once it succeeded. The locks are taken in address order, so two replays recording
+    /// overlapping sets cannot deadlock.
+    pub fn record_all<T>(
+        events: &[&CpuEvent],
+        enqueue: impl FnOnce(&mut [u64]) -> Result<T>,
+    ) -> Result<T> {
+        let mut order: Vec<usize> = (0..events.len()).collect();
+        order.sort_by_key(|&i| events[i] as *const CpuEvent as usize);
+        let _guards: Vec<_> = order
+            .iter()
+            .map(|&i| events[i].record_lock.lock())
+            .collect();
+        let mut generations: Vec<u64> = events.iter().map(|e| e.current()).collect();
+        let out = enqueue(&mut generations)?;
+        for (e, g) in events.iter().zip(&generations) {
+            e.recorded.store(*g, Ordering::SeqCst);
+        }
+        Ok(out)
+    }
+
+    /// The generation a wait issued now must see completed: the last record whose stamp is
+    /// queued.
     pub fn current(&self) -> u64 {
         self.recorded.load(Ordering::SeqCst)
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::event::CpuEvent;
 use super::stream::Op;
 use crate::checked::{CaptureOwner, OwnedCapture, Recorded};
+use crate::error::Result;
 use crate::hal::CaptureMode;
 use crate::hostmem::HostBlock;
 
@@ -82,25 +83,67 @@ impl CpuGraphExec {
         }
     }
 
-    /// The commands of one replay, with event nodes turned into fresh records and waits.
-    pub fn materialize(&self) -> Arc<[Op]> {
+    /// Queues one replay through `enqueue`, with event nodes turned into fresh records and
+    /// waits. The events the replay records are recorded together ([`CpuEvent::record_all`]):
+    /// their new generations become visible to other threads' waits only once the batch that
+    /// stamps them is queued. A wait after a record of the same event in this replay waits for
+    /// that record, as on CUDA.
+    pub fn launch(&self, enqueue: impl FnOnce(Arc<[Op]>) -> Result<()>) -> Result<()> {
         if let Some(b) = &self.batch {
-            return b.clone();
+            return enqueue(b.clone());
         }
-        self.nodes
+        /// A node with its event resolved to an index into `recorded`.
+        enum Step<'a> {
+            Op(&'a Op),
+            Record(usize),
+            Wait(&'a Arc<CpuEvent>),
+        }
+        let mut recorded: Vec<&Arc<CpuEvent>> = Vec::new();
+        let steps: Vec<Step> = self
+            .nodes
             .iter()
             .map(|n| match n {
-                Node::Op(op) => op.clone(),
-                Node::Record(e) => Op::Stamp {
-                    event: e.clone(),
-                    generation: e.begin_record(),
-                },
-                Node::Wait(e) => Op::Wait {
-                    event: e.clone(),
-                    generation: e.current(),
-                },
+                Node::Op(op) => Step::Op(op),
+                Node::Wait(e) => Step::Wait(e),
+                Node::Record(e) => {
+                    Step::Record(match recorded.iter().position(|r| Arc::ptr_eq(r, e)) {
+                        Some(i) => i,
+                        None => {
+                            recorded.push(e);
+                            recorded.len() - 1
+                        }
+                    })
+                }
             })
-            .collect::<Vec<_>>()
-            .into()
+            .collect();
+        let events: Vec<&CpuEvent> = recorded.iter().map(|e| &***e).collect();
+        CpuEvent::record_all(&events, |generations| {
+            let mut stamped = vec![false; generations.len()];
+            let ops: Vec<Op> = steps
+                .iter()
+                .map(|step| match step {
+                    Step::Op(op) => (*op).clone(),
+                    Step::Record(i) => {
+                        generations[*i] += 1;
+                        stamped[*i] = true;
+                        Op::Stamp {
+                            event: recorded[*i].clone(),
+                            generation: generations[*i],
+                        }
+                    }
+                    Step::Wait(e) => {
+                        let mine = recorded.iter().position(|r| Arc::ptr_eq(r, e));
+                        Op::Wait {
+                            event: (*e).clone(),
+                            generation: match mine {
+                                Some(i) if stamped[i] => generations[i],
+                                _ => e.current(),
+                            },
+                        }
+                    }
+                })
+                .collect();
+            enqueue(ops.into())
+        })
     }
 }

@@ -255,14 +255,15 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         drop(cap);
-        let generation = e.begin_record();
-        s.enqueue(
-            Op::Stamp {
-                event: e,
-                generation,
-            },
-            Pins::new(),
-        )
+        e.record(|generation| {
+            s.enqueue(
+                Op::Stamp {
+                    event: e.clone(),
+                    generation,
+                },
+                Pins::new(),
+            )
+        })
     }
 
     fn event_query(&self, event: EventId) -> Result<EventStatus> {
@@ -500,7 +501,7 @@ impl Backend for CpuBackend {
         if x.nodes.is_empty() {
             return Ok(());
         }
-        s.enqueue(Op::Batch(x.materialize()), pins)
+        x.launch(|batch| s.enqueue(Op::Batch(batch), pins))
     }
 
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {

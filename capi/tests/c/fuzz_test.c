@@ -2,7 +2,8 @@
  * The C ABI fuzzer (issue 17): seeded random call sequences through every infinirt entry point,
  * on every device unirt finds, for a bounded time. Pools of live, freed, interior, NULL and
  * garbage device pointers and handles; sizes from 0 B to SIZE_MAX with an occasional
- * 32-256 MiB allocation; captures begun in every mode (and bogus ones) and ended at random;
+ * 32-256 MiB allocation (a seed keeps at most UNIRT_CAPI_FUZZ_BIG_MIB of big buffers live and frees any
+ * bigger one at once, so the copies and memsets that follow cannot take the machine's memory); captures begun in every mode (and bogus ones) and ended at random;
  * streams destroyed with work queued. Every call must return a status of the enum (never a
  * crash, never a hang); after each seed everything is released and the device must still
  * copy bytes correctly. With the fake CUDA driver (UNIRT_CUDA_LIBRARY), a call the driver
@@ -15,6 +16,8 @@
  *   UNIRT_CAPI_FUZZ_STEPS    calls per seed (default 2000)
  *   UNIRT_CAPI_FUZZ_THREADS  threads sharing one pool per seed (default 1; with 1 a seed
  *                            replays exactly, with more the interleaving is the OS's)
+ *   UNIRT_CAPI_FUZZ_BIG_MIB  MiB of buffers over 16 MiB a seed keeps live (default 512)
+ *   UNIRT_CAPI_FUZZ_HUGE_LOG2  log2 of the smallest "huge" size tried (default 30, at most 59)
  * Each seed is printed (and flushed) before it runs, so the last line before a crash names it:
  *   UNIRT_CAPI_FUZZ_SEED=<seed> UNIRT_CAPI_FUZZ_RUNS=1 UNIRT_BACKENDS=<vendor> ./fuzz_test
  */
@@ -34,6 +37,14 @@
 #define POOL 1024
 #define HOSTBUF (1u << 20)
 #define SEED_TIMEOUT_S 120
+/* Device buffers above BIG_MIN count against the big budget (UNIRT_CAPI_FUZZ_BIG_MIB, default
+ * 512 MiB); over it they are freed at once. */
+#define BIG_MIN ((size_t)16 << 20)
+static size_t g_big_budget = (size_t)512 << 20;
+/* The "huge" sizes start at 2^g_huge_log2 bytes (UNIRT_CAPI_FUZZ_HUGE_LOG2, default 30): 1 GiB
+ * and up is granted by the CPU backend where the machine has it. Under memcheck, whose every
+ * GiB mapped costs seconds, 40 keeps them to sizes that are refused before any mapping. */
+static unsigned g_huge_log2 = 30;
 
 typedef struct {
     void *p;
@@ -52,6 +63,7 @@ typedef struct {
     int id;
     int single_thread; /* pinned buffers serve as copy sources only then */
     int bad_status; /* a status outside the enum was returned */
+    size_t big_live; /* bytes of live device buffers above BIG_MIN */
 } Pools;
 
 typedef struct {
@@ -172,6 +184,22 @@ static Buf buf_pick(Rng *r, Buf *table) {
     return none;
 }
 
+/* Keeps a new device buffer in the pool, unless it is big and the seed's budget for big
+ * buffers is spent: then it is freed at once (the allocation path was still exercised). */
+static void keep_dev(Rng *r, Pools *P, void *p, size_t n) {
+    int keep = 1;
+    pthread_mutex_lock(&P->lock);
+    if (n > BIG_MIN) {
+        if (n <= g_big_budget && P->big_live + n <= g_big_budget)
+            P->big_live += n;
+        else
+            keep = 0;
+    }
+    if (keep) buf_put(r, P->dev, p, n);
+    pthread_mutex_unlock(&P->lock);
+    if (!keep) CALL(infinirtFree(p));
+}
+
 /* A device pointer: live (start or interior), freed, NULL, garbage, or a host address. */
 static void *pick_dev(Rng *r, Pools *P, const unsigned char *hostbuf) {
     pthread_mutex_lock(&P->lock);
@@ -198,7 +226,7 @@ static size_t pick_size(Rng *r) {
     switch (below(r, 20)) {
     case 0: return 0;
     case 1: return SIZE_MAX;
-    case 2: return (size_t)1 << (30 + below(r, 20));
+    case 2: return (size_t)1 << (g_huge_log2 + below(r, 60 - g_huge_log2));
     case 3: return (size_t)1 << 20;
     case 4: case 5: case 6: return below(r, 1u << 16);
     default: return below(r, 4096) + 1;
@@ -226,22 +254,14 @@ static void one_call(Rng *r, Pools *P, unsigned char *hostbuf) {
         void *p = NULL;
         void **out = below(r, 30) == 0 ? NULL : &p;
         CALL(infinirtMalloc(out, n));
-        if (p) {
-            pthread_mutex_lock(&P->lock);
-            buf_put(r, P->dev, p, n);
-            pthread_mutex_unlock(&P->lock);
-        }
+        if (p) keep_dev(r, P, p, n);
         break;
     }
     case 2: { /* malloc_async */
         void *p = NULL;
         size_t n = pick_size(r);
         CALL(infinirtMallocAsync(&p, n, pick_handle(r, P, P->streams, P->dead_streams)));
-        if (p) {
-            pthread_mutex_lock(&P->lock);
-            buf_put(r, P->dev, p, n);
-            pthread_mutex_unlock(&P->lock);
-        }
+        if (p) keep_dev(r, P, p, n);
         break;
     }
     case 3: { /* malloc_host */
@@ -260,14 +280,22 @@ static void one_call(Rng *r, Pools *P, unsigned char *hostbuf) {
         pthread_mutex_lock(&P->lock);
         size_t n = 0;
         int was_live = buf_take(P->dev, p, &n);
+        if (was_live && n > BIG_MIN) P->big_live -= n;
         pthread_mutex_unlock(&P->lock);
-        if (below(r, 2))
-            CALL(infinirtFree(p));
-        else
-            CALL(infinirtFreeAsync(p, pick_handle(r, P, P->streams, P->dead_streams)));
+        infiniStatus_t st = below(r, 2) ? infinirtFree(p)
+                                        : infinirtFreeAsync(p, pick_handle(r, P, P->streams,
+                                                                              P->dead_streams));
+        CALL(st);
         if (was_live) {
+            /* A refused free (a dead stream, a capture) leaves the buffer live: keep it so
+             * the cleanup frees it. */
             pthread_mutex_lock(&P->lock);
-            buf_put(r, P->freed_dev, p, n);
+            if (st == INFINI_STATUS_SUCCESS) {
+                buf_put(r, P->freed_dev, p, n);
+            } else {
+                buf_put(r, P->dev, p, n);
+                if (n > BIG_MIN) P->big_live += n;
+            }
             pthread_mutex_unlock(&P->lock);
         }
         break;
@@ -279,10 +307,11 @@ static void one_call(Rng *r, Pools *P, unsigned char *hostbuf) {
         if (k == 3) b.p = (void *)(uintptr_t)next(r);
         int was_live = buf_take(P->host, b.p, NULL);
         pthread_mutex_unlock(&P->lock);
-        CALL(infinirtFreeHost(b.p));
+        infiniStatus_t st = infinirtFreeHost(b.p);
+        CALL(st);
         if (was_live) {
             pthread_mutex_lock(&P->lock);
-            buf_put(r, P->freed_host, b.p, b.size);
+            buf_put(r, st == INFINI_STATUS_SUCCESS ? P->freed_host : P->host, b.p, b.size);
             pthread_mutex_unlock(&P->lock);
         }
         break;
@@ -405,10 +434,11 @@ static void one_call(Rng *r, Pools *P, unsigned char *hostbuf) {
         pthread_mutex_lock(&P->lock);
         int was_live = e && take((void **)P->events, e);
         pthread_mutex_unlock(&P->lock);
-        CALL(infinirtEventDestroy(e));
+        infiniStatus_t st = infinirtEventDestroy(e);
+        CALL(st);
         if (was_live) {
             pthread_mutex_lock(&P->lock);
-            put(r, (void **)P->dead_events, e);
+            put(r, st == INFINI_STATUS_SUCCESS ? (void **)P->dead_events : (void **)P->events, e);
             pthread_mutex_unlock(&P->lock);
         }
         break;
@@ -458,10 +488,11 @@ static void one_call(Rng *r, Pools *P, unsigned char *hostbuf) {
         pthread_mutex_lock(&P->lock);
         int was_live = h && take(live, h);
         pthread_mutex_unlock(&P->lock);
-        CALL(exec ? infinirtGraphExecDestroy(h) : infinirtGraphDestroy(h));
+        infiniStatus_t st = exec ? infinirtGraphExecDestroy(h) : infinirtGraphDestroy(h);
+        CALL(st);
         if (was_live) {
             pthread_mutex_lock(&P->lock);
-            put(r, dead, h);
+            put(r, st == INFINI_STATUS_SUCCESS ? dead : live, h);
             pthread_mutex_unlock(&P->lock);
         }
         break;
@@ -609,6 +640,9 @@ int main(void) {
     unsigned threads = (unsigned)env_u64("UNIRT_CAPI_FUZZ_THREADS", 1);
     if (threads < 1) threads = 1;
     if (threads > 8) threads = 8;
+    g_big_budget = (size_t)env_u64("UNIRT_CAPI_FUZZ_BIG_MIB", 512) << 20;
+    g_huge_log2 = (unsigned)env_u64("UNIRT_CAPI_FUZZ_HUGE_LOG2", 30);
+    if (g_huge_log2 > 59) g_huge_log2 = 59;
     find_fake_driver();
     signal(SIGALRM, on_alarm);
 
