@@ -53,6 +53,11 @@ pub(super) const CASES: &[Case] = &[
         needs: CAP,
         run: empty,
     },
+    Case {
+        name: "capture::execs_sharing_read_backs_replay_back_to_back",
+        needs: CAP,
+        run: shared_read_backs,
+    },
 ];
 
 fn replay(ctx: &Ctx) -> Result<(), Failure> {
@@ -321,4 +326,72 @@ fn empty(ctx: &Ctx) -> Result<(), Failure> {
     ctx.graph_exec_destroy(x)?;
     ctx.graph_destroy(g)?;
     Ok(())
+}
+
+/// Two execs of one graph, and a third from a graph that captured two replays of the first,
+/// all copy to the host: they share whatever the backend captured for the copy (wgpu: the
+/// mappable staging buffer; one submission cannot map it twice). Replayed back to back on two streams with no synchronize between,
+/// every replay must run and land its bytes; none may find the staging buffer still mapped by
+/// another (wgpu refused such a submission with a validation error and dropped its work; the
+/// C ABI fuzzer found it with four threads).
+fn shared_read_backs(ctx: &Ctx) -> Result<(), Failure> {
+    let (s, t) = (Stream::new(&ctx.backend)?, Stream::new(&ctx.backend)?);
+    let n = 64 * 1024 + 3;
+    let host = ctx.malloc_host(n)?;
+    let outs = [ctx.malloc_host(n)?, ctx.malloc_host(n)?];
+    let d = Buf::new(&ctx.backend, n)?;
+    let data = pattern(n, 41);
+    let run = || -> Result<(), Failure> {
+        // SAFETY: host is a live pinned allocation of n bytes; nothing is queued yet.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host.as_mut_ptr(), n) };
+        let mut graphs = Vec::new();
+        let mut execs = Vec::new();
+        let r = (|| -> Result<(), Failure> {
+            ctx.begin_capture(s.id(), CaptureMode::Global)?;
+            // SAFETY: pinned buffers of n bytes live until freed below, after every replay.
+            unsafe {
+                ctx.memcpy_async(d.ptr.0, host.0, n, MemcpyKind::H2D, s.id())?;
+                ctx.memcpy_async(outs[0].0, d.ptr.0, n, MemcpyKind::D2H, s.id())?;
+            }
+            graphs.push(ctx.end_capture(s.id())?);
+            execs.push(ctx.graph_instantiate(graphs[0])?);
+            execs.push(ctx.graph_instantiate(graphs[0])?);
+            // A graph made of two replays of the first exec, then a copy of its own.
+            ctx.begin_capture(t.id(), CaptureMode::Global)?;
+            ctx.graph_launch(execs[0], t.id())?;
+            ctx.graph_launch(execs[0], t.id())?;
+            // SAFETY: as above.
+            unsafe { ctx.memcpy_async(outs[1].0, d.ptr.0, n, MemcpyKind::D2H, t.id())? };
+            graphs.push(ctx.end_capture(t.id())?);
+            execs.push(ctx.graph_instantiate(graphs[1])?);
+            for (k, x) in execs.iter().cycle().take(12).enumerate() {
+                ctx.graph_launch(*x, if k % 2 == 0 { s.id() } else { t.id() })?;
+            }
+            s.synchronize()?;
+            t.synchronize()?;
+            for (i, out) in outs.iter().enumerate() {
+                // SAFETY: out holds n bytes written by the replays, all finished.
+                let got = unsafe { std::slice::from_raw_parts(out.as_mut_ptr(), n) };
+                same(
+                    got,
+                    &data,
+                    &format!("host buffer {i} after back-to-back replays"),
+                )?;
+            }
+            Ok(())
+        })();
+        for x in execs {
+            ctx.graph_exec_destroy(x)?;
+        }
+        for g in graphs {
+            ctx.graph_destroy(g)?;
+        }
+        r
+    };
+    let r = run();
+    ctx.free_host(host)?;
+    for out in outs {
+        ctx.free_host(out)?;
+    }
+    r
 }

@@ -10,7 +10,7 @@
 use super::gpu::Gpu;
 use super::kernels::Which;
 use super::memory::{ceil4, floor4, DevBuf};
-use super::stream::{BufClear, BufCopy, Cmd, Imm};
+use super::stream::{BufClear, BufCopy, Cmd, Imm, StagingGate};
 use crate::error::{Error, Result};
 
 /// The largest piece one byte-kernel dispatch handles.
@@ -283,7 +283,7 @@ pub(crate) fn download(
         skip: soff - lo,
         host,
         len: usize::try_from(n).map_err(|_| Error::BadParam("copy too large".into()))?,
-        pooled: !capturing,
+        gate: capturing.then(StagingGate::default),
     });
     Ok(())
 }

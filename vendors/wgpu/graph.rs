@@ -12,13 +12,11 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use super::gpu::{Gpu, Ticket};
 use super::memory::DevBuf;
 use super::plan::Plan;
-use super::stream::Cmd;
-use crate::checked::{CaptureOwner, OwnedCapture, Recorded};
+use super::stream::{Cmd, StagingGate};
+use crate::checked::{CaptureOwner, OwnedCapture, Pins, Recorded};
 use crate::error::Result;
 use crate::hal::CaptureMode;
 
@@ -46,6 +44,62 @@ impl OwnedCapture for Capture {
     }
 }
 
+/// The commands of a replay captured into another capture, with fresh staging buffers (and
+/// gates) for its device-to-host copies. One submission cannot map a buffer twice, so a graph
+/// that captured the same replay twice — or a replay beside the graph it came from — must not
+/// share a read-back staging buffer within itself; the copies into each staging buffer are
+/// pointed at its replacement.
+pub(crate) fn restage_read_backs(gpu: &Gpu, cmds: &[Cmd]) -> Result<Vec<Cmd>> {
+    let mut fresh: Vec<(wgpu::Buffer, wgpu::Buffer, StagingGate)> = Vec::new();
+    for c in cmds {
+        if let Cmd::Readback {
+            staging,
+            gate: Some(_),
+            ..
+        } = c
+        {
+            if !fresh.iter().any(|(old, _, _)| old == staging) {
+                let new = gpu.buffer(
+                    staging.size(),
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                )?;
+                fresh.push((staging.clone(), new, StagingGate::default()));
+            }
+        }
+    }
+    let replacement = |b: &wgpu::Buffer| fresh.iter().find(|(old, _, _)| old == b);
+    Ok(cmds
+        .iter()
+        .map(|c| match c {
+            Cmd::Copy(copy) => match replacement(&copy.dst) {
+                Some((_, new, _)) => {
+                    let mut copy = copy.clone();
+                    copy.dst = new.clone();
+                    Cmd::Copy(copy)
+                }
+                None => c.clone(),
+            },
+            Cmd::Readback {
+                staging,
+                skip,
+                host,
+                len,
+                gate: Some(_),
+            } => match replacement(staging) {
+                Some((_, new, gate)) => Cmd::Readback {
+                    staging: new.clone(),
+                    skip: *skip,
+                    host: *host,
+                    len: *len,
+                    gate: Some(gate.clone()),
+                },
+                None => c.clone(),
+            },
+            _ => c.clone(),
+        })
+        .collect())
+}
+
 /// A finished capture.
 pub(crate) struct WGraph {
     pub cmds: Arc<[Cmd]>,
@@ -61,11 +115,10 @@ pub(crate) struct WGraphExec {
     pub plan: Arc<Plan>,
     /// The memory the graph uses, one entry per allocation: re-checked at each replay.
     pub uses: Arc<Recorded<DevBuf>>,
-    /// The graph reads back to the host through its own staging buffers, which must not be
-    /// mapped by one replay while the next one is submitted.
-    pub reads_back: bool,
-    /// The last replay's submission.
-    pub last: Mutex<Ticket>,
+    /// The gates of the captured read-back staging buffers the plan maps, distinct and in
+    /// address order (the order [`WGraphExec::launch`] locks them in). Other execs may share
+    /// them: execs of the same graph, and graphs that captured a replay of this one.
+    pub staging_gates: Vec<StagingGate>,
 }
 
 impl WGraphExec {
@@ -73,12 +126,38 @@ impl WGraphExec {
     pub fn new(gpu: &Gpu, g: &WGraph) -> Result<Self> {
         let plan = Plan::new(g.cmds.iter().cloned());
         gpu.validate(&plan)?;
+        let mut staging_gates: Vec<StagingGate> = g
+            .cmds
+            .iter()
+            .filter_map(|c| match c {
+                Cmd::Readback { gate, .. } => gate.clone(),
+                _ => None,
+            })
+            .collect();
+        staging_gates.sort_by_key(|g| Arc::as_ptr(g) as usize);
+        staging_gates.dedup_by(|a, b| Arc::ptr_eq(a, b));
         Ok(WGraphExec {
             cmds: g.cmds.clone(),
-            reads_back: plan.reads_back(),
             plan: Arc::new(plan),
             uses: g.uses.clone(),
-            last: Mutex::new(Ticket::default()),
+            staging_gates,
         })
+    }
+
+    /// Submits one replay. A replay that maps captured staging buffers first waits until the
+    /// last submission mapping each of them — this exec's or another's — has finished and
+    /// unmapped it (wgpu refuses to submit work on a buffer still mapped, dropping the whole
+    /// submission), and holds their gates until its own submission is queued, so replays on
+    /// several threads take their turns.
+    pub fn launch(&self, gpu: &Gpu, keep: Pins<DevBuf>) -> Result<Ticket> {
+        let mut held: Vec<_> = self.staging_gates.iter().map(|g| g.lock()).collect();
+        for last in &held {
+            gpu.wait(last)?;
+        }
+        let t = gpu.submit_prepared(&self.plan, keep)?;
+        for last in &mut held {
+            **last = t.clone();
+        }
+        Ok(t)
     }
 }

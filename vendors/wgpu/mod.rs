@@ -361,46 +361,49 @@ impl Backend for WgpuBackend {
         if bytes == 0 {
             return Ok(());
         }
-        let mut cmds = Vec::new();
-        let (work, flush) = match kind {
-            MemcpyKind::H2H => {
-                if s.is_capturing() {
-                    return Err(Error::unsupported(
-                        "a host-to-host copy inside a capture",
-                        DeviceKind::Wgpu,
-                    ));
-                }
-                // Ordered after the stream's work by waiting for it.
-                s.synchronize(&self.gpu)?;
-                // SAFETY: neither side is a device address (checked); pinned host ranges are
-                // bounds-checked and held until `pins` drops, after the copy; other host
-                // ranges are the caller's promise. ptr::copy allows overlap.
-                unsafe {
-                    std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes)
-                };
-                drop(pins);
-                return Ok(());
+        if kind == MemcpyKind::H2H {
+            if s.is_capturing() {
+                return Err(Error::unsupported(
+                    "a host-to-host copy inside a capture",
+                    DeviceKind::Wgpu,
+                ));
             }
-            MemcpyKind::H2D => {
-                let (buf, off) = self.resolve(dst, n, &mut pins)?;
-                // SAFETY: the caller promised the host source is readable (now, and at each
-                // replay of a capture).
-                unsafe { copy::upload(&self.gpu, &mut cmds, &buf, off, src, n, s.is_capturing())? };
-                (n, false)
-            }
-            MemcpyKind::D2H => {
-                let (buf, off) = self.resolve(src, n, &mut pins)?;
-                copy::download(&self.gpu, &mut cmds, dst, &buf, off, n, s.is_capturing())?;
-                (n, true)
-            }
-            MemcpyKind::D2D => {
-                let (dbuf, doff) = self.resolve(dst, n, &mut pins)?;
-                let (sbuf, soff) = self.resolve(src, n, &mut pins)?;
-                copy::device_copy(&self.gpu, &mut cmds, &dbuf, doff, &sbuf, soff, n)?;
-                (n, false)
-            }
+            // Ordered after the stream's work by waiting for it.
+            s.synchronize(&self.gpu)?;
+            // SAFETY: neither side is a device address (checked); pinned host ranges are
+            // bounds-checked and held until `pins` drops, after the copy; other host
+            // ranges are the caller's promise. ptr::copy allows overlap.
+            unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes) };
+            drop(pins);
+            return Ok(());
+        }
+        let (dst_buf, src_buf) = match kind {
+            MemcpyKind::H2D => (Some(self.resolve(dst, n, &mut pins)?), None),
+            MemcpyKind::D2H => (None, Some(self.resolve(src, n, &mut pins)?)),
+            _ => (
+                Some(self.resolve(dst, n, &mut pins)?),
+                Some(self.resolve(src, n, &mut pins)?),
+            ),
         };
-        enqueue(&self.gpu, &s, cmds, pins, work, flush)
+        stream::enqueue_built(&self.gpu, &s, pins, |capturing, cmds| {
+            match (dst_buf, src_buf) {
+                (Some((buf, off)), None) => {
+                    // SAFETY: the caller promised the host source is readable (now, and at
+                    // each replay of a capture).
+                    unsafe { copy::upload(&self.gpu, cmds, &buf, off, src, n, capturing)? };
+                    Ok((n, false))
+                }
+                (None, Some((buf, off))) => {
+                    copy::download(&self.gpu, cmds, dst, &buf, off, n, capturing)?;
+                    Ok((n, true))
+                }
+                (Some((dbuf, doff)), Some((sbuf, soff))) => {
+                    copy::device_copy(&self.gpu, cmds, &dbuf, doff, &sbuf, soff, n)?;
+                    Ok((n, false))
+                }
+                (None, None) => Err(Error::Internal("a copy with no device side".into())),
+            }
+        })
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
@@ -572,8 +575,9 @@ impl Backend for WgpuBackend {
         let pins = self.mem.repin(&x.uses)?;
         let mut st = s.lock();
         if let Some(c) = st.capture.as_mut() {
-            stream::note_captured_records(&x.cmds);
-            c.cmds.extend(x.cmds.iter().cloned());
+            let cmds = graph::restage_read_backs(&self.gpu, &x.cmds)?;
+            stream::note_captured_records(&cmds);
+            c.cmds.extend(cmds);
             c.uses.extend(&x.uses);
             return Ok(());
         }
@@ -581,14 +585,7 @@ impl Backend for WgpuBackend {
             return Ok(());
         }
         flush_locked(&self.gpu, &mut st)?;
-        let mut last = x.last.lock();
-        if x.reads_back {
-            // The previous replay's read-back buffers must be unmapped before reuse.
-            self.gpu.wait(&last)?;
-        }
-        let t = self.gpu.submit_prepared(&x.plan, pins)?;
-        *last = t.clone();
-        st.last = t;
+        st.last = x.launch(&self.gpu, pins)?;
         Ok(())
     }
 

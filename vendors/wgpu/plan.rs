@@ -138,14 +138,14 @@ impl Plan {
                     skip,
                     host,
                     len,
-                    pooled,
+                    gate,
                 } => {
                     io.readbacks.push(Readback {
                         staging,
                         skip,
                         host,
                         len,
-                        pooled,
+                        pooled: gate.is_none(),
                     });
                     None
                 }
@@ -177,11 +177,6 @@ impl Plan {
     /// Whether submitting this plan does nothing.
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty() && self.io.is_none()
-    }
-
-    /// Whether the plan reads back into host memory.
-    pub fn reads_back(&self) -> bool {
-        self.io.as_ref().is_some_and(|io| !io.readbacks.is_empty())
     }
 
     /// Records the steps into `enc`; `timestamp` gives, for each event record with a query

@@ -109,11 +109,17 @@ pub(crate) enum Cmd {
         skip: u64,
         host: u64,
         len: usize,
-        /// The staging buffer came from the pool and goes back after the read (a graph's own
-        /// staging buffers are reused by every replay instead).
-        pooled: bool,
+        /// `None`: the staging buffer came from the pool and goes back after the read.
+        /// `Some`: a captured copy's own staging buffer, reused by every replay of every exec
+        /// whose commands hold this one (execs of one graph, graphs that captured a replay);
+        /// the gate holds the last submission that maps it, which must have finished (and
+        /// unmapped it) before the next one is submitted.
+        gate: Option<StagingGate>,
     },
 }
+
+/// The last submission that maps a captured read-back staging buffer (see `Cmd::Readback`).
+pub(crate) type StagingGate = Arc<Mutex<Ticket>>;
 
 /// What a stream holds between flushes.
 pub(crate) struct StreamState {
@@ -190,6 +196,35 @@ pub(crate) fn enqueue(
     flush: bool,
 ) -> Result<()> {
     let mut st = stream.lock();
+    push_locked(gpu, &mut st, cmds, pins, work, flush)
+}
+
+/// As [`enqueue`], for commands whose form depends on whether the stream is capturing (the
+/// staging of host copies: pooled and recycled eagerly, the graph's own when captured).
+/// `build` gets that answer under the stream's lock, so a capture begun or ended by another
+/// thread cannot fall between the choice and the enqueue (pooled staging captured into a graph
+/// would be recycled by every replay while other work reuses it); it returns the work and
+/// whether to flush.
+pub(crate) fn enqueue_built(
+    gpu: &Gpu,
+    stream: &WStream,
+    pins: Pins<DevBuf>,
+    build: impl FnOnce(bool, &mut Vec<Cmd>) -> Result<(u64, bool)>,
+) -> Result<()> {
+    let mut st = stream.lock();
+    let mut cmds = Vec::new();
+    let (work, flush) = build(st.capture.is_some(), &mut cmds)?;
+    push_locked(gpu, &mut st, cmds, pins, work, flush)
+}
+
+fn push_locked(
+    gpu: &Gpu,
+    st: &mut StreamState,
+    cmds: impl IntoIterator<Item = Cmd>,
+    pins: Pins<DevBuf>,
+    work: u64,
+    flush: bool,
+) -> Result<()> {
     if let Some(c) = st.capture.as_mut() {
         let from = c.cmds.len();
         c.cmds.extend(cmds);
@@ -201,7 +236,7 @@ pub(crate) fn enqueue(
     st.keep.append(pins);
     st.pending_bytes += work;
     if flush || st.pending.len() >= FLUSH_COMMANDS || st.pending_bytes >= FLUSH_BYTES {
-        flush_locked(gpu, &mut st)?;
+        flush_locked(gpu, st)?;
     }
     Ok(())
 }
