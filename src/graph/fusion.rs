@@ -175,7 +175,13 @@ fn fuse(chain: &[(Step, ElementOp)], device: crate::Device) -> Result<Option<Ste
         return Ok(None);
     }
     let descs: Vec<_> = inputs.iter().map(|o| o.desc(device)).collect();
-    let plan = fused_elementwise(&descs, program)?;
+    // A device that cannot run this chain as one kernel (fewer storage bindings per stage
+    // than it needs, say) runs it unfused.
+    let plan = match fused_elementwise(&descs, program) {
+        Ok(p) => p,
+        Err(crate::Error::Unsupported { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     Ok(Some(Step {
         kind: NodeKind::Op(plan),
         inputs,

@@ -8,7 +8,7 @@
 //! may not overlap an input.
 //!
 //! A backend runs fused chains once it registers a `fused_elementwise` kernel for the dtype
-//! (the CPU does; a WGSL or CUDA C kernel generated from the program can be registered the
+//! (the CPU and wgpu do; a CUDA C kernel generated from the program can be registered the
 //! same way). Where none is registered, the planner simply does not fuse.
 
 use std::sync::Arc;
@@ -22,8 +22,9 @@ use crate::tensor::Layout;
 /// The registry name of the fused operator.
 pub const FUSED_ELEMENTWISE: &str = "fused_elementwise";
 
-/// The most inputs one fused kernel takes (the planner fuses no wider chain).
-pub const MAX_FUSED_INPUTS: usize = 8;
+/// The most inputs one fused kernel takes on every backend (the planner fuses no wider
+/// chain): a wgpu operator kernel binds at most eight tensors, the output included.
+pub const MAX_FUSED_INPUTS: usize = 7;
 
 /// Where a step reads an operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

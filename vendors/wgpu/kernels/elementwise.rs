@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::ops::{BinaryOp, Params, PlanSpec, PreparedKernel, UnaryOp};
 
 /// Functions WGSL lacks, shared by the unary expressions.
-const MATH: &str = "
+pub(super) const MATH: &str = "
 fn unirt_tanh(x: f32) -> f32 {
     // tanh through exp of a non-positive argument: no overflow for large |x|.
     let e = exp(-2.0 * abs(x));
@@ -63,7 +63,7 @@ fn unary_expr(op: UnaryOp) -> &'static str {
 }
 
 /// The output expression of `op` over inputs `x0…` and the scalar `s`.
-fn expr(op: &str) -> Option<String> {
+pub(super) fn expr(op: &str) -> Option<String> {
     if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == op) {
         return Some(binary_expr(b, "x1"));
     }

@@ -10,6 +10,7 @@ mod cast;
 mod elementwise;
 mod embedding;
 mod fixed;
+mod fused;
 mod matmul;
 mod norm;
 mod op;
@@ -49,6 +50,7 @@ const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 /// Registers every wgpu operator kernel.
 pub(crate) fn register(reg: &mut KernelRegistry) {
     elementwise::register(reg);
+    fused::register(reg);
     cast::register(reg);
     rearrange::register(reg);
     reduce::register(reg);

@@ -1,0 +1,124 @@
+//! `fused_elementwise` in WGSL: a chain of elementwise steps, one work item per element, each
+//! input loaded once and only the last step stored.
+//!
+//! Each step calls a function whose body is the unfused operator's expression (the same text
+//! as `elementwise.rs` generates), then passes its result through `keep`: rounded to the dtype
+//! as the unfused operator stores it, and made opaque to the shader compiler (its bits XORed
+//! with a constant that is 0 at run time). The unfused operators store every result, so a
+//! multiply in one step contracted with an add in the next into one fused multiply-add would
+//! round differently; behind `keep` the compiler cannot see through a step. The fused chain is
+//! therefore bitwise the unfused one (conformance `ops::fused_elementwise::*` checks it).
+//!
+//! Constants: `cfg[0]` the element count, `cfg[1]` zero (the opaque mask), `cfg[2 + s]` step
+//! `s`'s scalar (f32 bits).
+
+use std::sync::Arc;
+
+use super::elementwise::{expr, groups_for, MATH};
+use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
+use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::{reg_all, FLOATS};
+use crate::error::{Error, Result};
+use crate::ops::fused::{FusedSrc, FusedStep, FUSED_ELEMENTWISE};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::tensor::DType;
+
+const NAMES: [&str; MAX_TENSORS - 1] = ["in0", "in1", "in2", "in3", "in4", "in5", "in6"];
+
+/// `keep(v)`: `v` rounded to `dtype` and hidden from the optimizer (see the module docs).
+fn keep(dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "fn keep(v: f32) -> f32 { return bitcast<f32>(bitcast<u32>(v) ^ cfg[1]); }\n",
+        DType::F16 => {
+            "fn keep(v: f32) -> f32 {\n    let h = pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;\n    \
+             return unpack2x16float(h ^ cfg[1]).x;\n}\n"
+        }
+        DType::BF16 => {
+            "fn keep(v: f32) -> f32 {\n    let b = bitcast<u32>(v);\n    \
+             let h = select((b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u, 0x7fc0u, v != v);\n    \
+             return bitcast<f32>((h ^ cfg[1]) << 16u);\n}\n"
+        }
+        other => {
+            return Err(Error::Internal(format!(
+                "{FUSED_ELEMENTWISE}: no wgpu kernel for {other:?}"
+            )))
+        }
+    })
+}
+
+fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Fused(prog) = spec.params else {
+        return Err(Error::Internal(format!(
+            "{}: unexpected parameters {:?}",
+            spec.op, spec.params
+        )));
+    };
+    let out = spec
+        .outputs
+        .first()
+        .ok_or_else(|| Error::Internal(format!("{}: no output", spec.op)))?;
+    if spec.inputs.len() > NAMES.len() || prog.steps.is_empty() {
+        return Err(Error::Internal(format!(
+            "{}: {} inputs, {} steps (unchecked program)",
+            spec.op,
+            spec.inputs.len(),
+            prog.steps.len()
+        )));
+    }
+    let n = out.layout.numel();
+    let mut cfg = vec![n as u32, 0];
+    let mut binds = Vec::new();
+    let mut body = String::new();
+    for (k, d) in spec.inputs.iter().enumerate() {
+        binds.push(Bind::read(NAMES[k], d.dtype));
+        // The plan made every input contiguous of the output's shape.
+        body += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
+    }
+    binds.push(Bind::write("out", out.dtype));
+    let mut funcs = String::new();
+    let operand = |src: FusedSrc| match src {
+        FusedSrc::Input(k) => format!("x{k}"),
+        FusedSrc::Step(k) => format!("t{k}"),
+    };
+    for (s, step) in prog.steps.iter().enumerate() {
+        let (name, a, b, scalar) = match *step {
+            FusedStep::Unary(u, a) => (u.name(), a, None, 0.0),
+            FusedStep::Binary(o, a, b) => (o.name(), a, Some(b), 0.0),
+            FusedStep::Scalar(o, a, c) => (o.scalar_name(), a, None, c),
+            FusedStep::Swiglu(a, b) => ("swiglu", a, Some(b), 0.0),
+        };
+        let e = expr(name).ok_or_else(|| {
+            Error::Internal(format!(
+                "{FUSED_ELEMENTWISE}: no wgpu expression for {name}"
+            ))
+        })?;
+        cfg.push(wgsl::f(scalar));
+        funcs += &format!("fn step{s}(x0: f32, x1: f32, s: f32) -> f32 {{ return {e}; }}\n");
+        let b = b.map_or_else(|| "0.0".to_string(), operand);
+        body += &format!(
+            "    let t{s} = keep(step{s}({}, {b}, cfg_f({}u)));\n",
+            operand(a),
+            2 + s
+        );
+    }
+    let last = prog.steps.len() - 1;
+    let source = format!(
+        "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    \
+         if (i >= cfg[0]) {{ return; }}\n{body}    st_out(i, t{last});\n}}\n",
+        prelude = wgsl::prelude(&binds),
+        keep = keep(out.dtype)?,
+    );
+    prepare_op(
+        spec,
+        OpSource {
+            name: spec.op.to_string(),
+            passes: vec![(source, groups_for(n as u64))],
+            cfg,
+            entry: None,
+        },
+    )
+}
+
+pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
+    reg_all(reg, FUSED_ELEMENTWISE, FLOATS, prepare);
+}
