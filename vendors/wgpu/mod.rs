@@ -31,6 +31,7 @@ mod copy;
 mod event;
 mod gpu;
 mod graph;
+mod guard;
 mod instance;
 mod kernels;
 mod loaders;
@@ -156,16 +157,173 @@ impl Drop for WgpuBackend {
     }
 }
 
+/// Every call that reaches wgpu runs inside [`guard::guarded`]: a wgpu panic (its GL backend's
+/// 6 s context-lock timeout, say) is an `Error::Driver`, never a panic in the caller's thread.
+/// The calls themselves are the `raw_*` methods below.
 impl Backend for WgpuBackend {
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Wgpu
+        self.raw_kind()
     }
 
     fn info(&self) -> &DeviceInfo {
-        &self.info
+        self.raw_info()
     }
 
     fn mem_info(&self) -> Result<MemInfo> {
+        guard::guarded("mem_info", || self.raw_mem_info())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        guard::guarded("synchronize", || self.raw_synchronize())
+    }
+
+    fn default_stream(&self) -> StreamId {
+        self.raw_default_stream()
+    }
+
+    fn stream_create(&self) -> Result<StreamId> {
+        guard::guarded("stream_create", || self.raw_stream_create())
+    }
+
+    fn stream_destroy(&self, stream: StreamId) -> Result<()> {
+        guard::guarded("stream_destroy", || self.raw_stream_destroy(stream))
+    }
+
+    fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
+        guard::guarded("stream_synchronize", || self.raw_stream_synchronize(stream))
+    }
+
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+        guard::guarded("stream_wait_event", || {
+            self.raw_stream_wait_event(stream, event)
+        })
+    }
+
+    fn event_create(&self, flags: EventFlags) -> Result<EventId> {
+        guard::guarded("event_create", || self.raw_event_create(flags))
+    }
+
+    fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
+        guard::guarded("event_record", || self.raw_event_record(event, stream))
+    }
+
+    fn event_query(&self, event: EventId) -> Result<EventStatus> {
+        guard::guarded("event_query", || self.raw_event_query(event))
+    }
+
+    fn event_synchronize(&self, event: EventId) -> Result<()> {
+        guard::guarded("event_synchronize", || self.raw_event_synchronize(event))
+    }
+
+    fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
+        guard::guarded("event_elapsed_ms", || self.raw_event_elapsed_ms(start, end))
+    }
+
+    fn event_destroy(&self, event: EventId) -> Result<()> {
+        guard::guarded("event_destroy", || self.raw_event_destroy(event))
+    }
+
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
+        guard::guarded("malloc", || self.raw_malloc(bytes))
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        guard::guarded("free", || self.raw_free(ptr))
+    }
+
+    fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
+        guard::guarded("malloc_host", || self.raw_malloc_host(bytes))
+    }
+
+    fn free_host(&self, ptr: HostPtr) -> Result<()> {
+        guard::guarded("free_host", || self.raw_free_host(ptr))
+    }
+
+    fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
+        guard::guarded("malloc_async", || self.raw_malloc_async(bytes, stream))
+    }
+
+    fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+        guard::guarded("free_async", || self.raw_free_async(ptr, stream))
+    }
+
+    unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
+        // SAFETY: the caller's contract for `memcpy`, forwarded unchanged.
+        guard::guarded("memcpy", || unsafe {
+            self.raw_memcpy(dst, src, bytes, kind)
+        })
+    }
+
+    unsafe fn memcpy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        kind: MemcpyKind,
+        stream: StreamId,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract for `memcpy_async`, forwarded unchanged.
+        guard::guarded("memcpy_async", || unsafe {
+            self.raw_memcpy_async(dst, src, bytes, kind, stream)
+        })
+    }
+
+    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        guard::guarded("memset", || self.raw_memset(dst, value, bytes))
+    }
+
+    fn memset_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<()> {
+        guard::guarded("memset_async", || {
+            self.raw_memset_async(dst, value, bytes, stream)
+        })
+    }
+
+    fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
+        guard::guarded("launch", || self.raw_launch(kernel, args, stream))
+    }
+
+    fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
+        guard::guarded("begin_capture", || self.raw_begin_capture(stream, mode))
+    }
+
+    fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
+        guard::guarded("end_capture", || self.raw_end_capture(stream))
+    }
+
+    fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
+        guard::guarded("graph_instantiate", || self.raw_graph_instantiate(graph))
+    }
+
+    fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
+        guard::guarded("graph_launch", || self.raw_graph_launch(exec, stream))
+    }
+
+    fn graph_destroy(&self, graph: GraphId) -> Result<()> {
+        guard::guarded("graph_destroy", || self.raw_graph_destroy(graph))
+    }
+
+    fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
+        guard::guarded("graph_exec_destroy", || self.raw_graph_exec_destroy(exec))
+    }
+}
+
+/// The backend's calls, each run by the `Backend` impl above inside [`guard::guarded`].
+impl WgpuBackend {
+    fn raw_kind(&self) -> DeviceKind {
+        DeviceKind::Wgpu
+    }
+
+    fn raw_info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn raw_mem_info(&self) -> Result<MemInfo> {
         let used = self.mem.device.usage().1;
         match adapter::host_memory() {
             Some((total, avail)) => Ok(MemInfo {
@@ -179,7 +337,7 @@ impl Backend for WgpuBackend {
         }
     }
 
-    fn synchronize(&self) -> Result<()> {
+    fn raw_synchronize(&self) -> Result<()> {
         let mut first = Ok(());
         for s in self.streams.values() {
             if let Err(e) = s.flush(&self.gpu) {
@@ -193,22 +351,22 @@ impl Backend for WgpuBackend {
             .and_then(|()| self.gpu.check_lost())
     }
 
-    fn default_stream(&self) -> StreamId {
+    fn raw_default_stream(&self) -> StreamId {
         StreamId(self.default_stream)
     }
 
-    fn stream_create(&self) -> Result<StreamId> {
+    fn raw_stream_create(&self) -> Result<StreamId> {
         Ok(StreamId(self.streams.insert(WStream::new())?.0))
     }
 
-    fn stream_destroy(&self, stream: StreamId) -> Result<()> {
+    fn raw_stream_destroy(&self, stream: StreamId) -> Result<()> {
         checked::check_destroyable(self.default_stream(), stream)?;
         let s = self.streams.remove(stream.0)?;
         // Work already enqueued still runs.
         s.flush(&self.gpu).map(|_| ())
     }
 
-    fn stream_synchronize(&self, stream: StreamId) -> Result<()> {
+    fn raw_stream_synchronize(&self, stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
         checked::refuse_while_capturing(
             s.is_capturing(),
@@ -217,7 +375,7 @@ impl Backend for WgpuBackend {
         s.synchronize(&self.gpu)
     }
 
-    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+    fn raw_stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         // Records submit at once and every stream submits to the one queue in order, so the
         // waiting stream's later work already runs after the event's work; only a capture
@@ -232,41 +390,41 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn event_create(&self, flags: EventFlags) -> Result<EventId> {
+    fn raw_event_create(&self, flags: EventFlags) -> Result<EventId> {
         let flags = EventFlags::new(flags.0)?;
         let e = WEvent::new(&self.gpu, flags)?;
         Ok(EventId(self.events.insert(e)?.0))
     }
 
-    fn event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
+    fn raw_event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
         enqueue(&self.gpu, &s, vec![Cmd::Record(e)], Pins::new(), 0, true)
     }
 
-    fn event_query(&self, event: EventId) -> Result<EventStatus> {
+    fn raw_event_query(&self, event: EventId) -> Result<EventStatus> {
         let e = self.event(event)?;
         e.captured.refuse("event_query")?;
         e.status(&self.gpu)
     }
 
-    fn event_synchronize(&self, event: EventId) -> Result<()> {
+    fn raw_event_synchronize(&self, event: EventId) -> Result<()> {
         let e = self.event(event)?;
         e.captured.refuse("event_synchronize")?;
         e.wait(&self.gpu)
     }
 
-    fn event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
+    fn raw_event_elapsed_ms(&self, start: EventId, end: EventId) -> Result<f32> {
         let (a, b) = (self.event(start)?, self.event(end)?);
         a.captured.refuse("event_elapsed_ms")?;
         b.captured.refuse("event_elapsed_ms")?;
         WEvent::elapsed_ms(&self.gpu, &a, &b)
     }
 
-    fn event_destroy(&self, event: EventId) -> Result<()> {
+    fn raw_event_destroy(&self, event: EventId) -> Result<()> {
         self.events.remove(event.0).map(|_| ())
     }
 
-    fn malloc(&self, bytes: usize) -> Result<DevicePtr> {
+    fn raw_malloc(&self, bytes: usize) -> Result<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -302,7 +460,7 @@ impl Backend for WgpuBackend {
         Ok(DevicePtr(base))
     }
 
-    fn free(&self, ptr: DevicePtr) -> Result<()> {
+    fn raw_free(&self, ptr: DevicePtr) -> Result<()> {
         // Dead for new work at once. Gathered and submitted commands hold the buffer (and wgpu
         // keeps it while a submission uses it), so nothing waits for the device here.
         if let Some(a) = self.mem.unregister(ptr.0)? {
@@ -311,16 +469,16 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn malloc_host(&self, bytes: usize) -> Result<HostPtr> {
+    fn raw_malloc_host(&self, bytes: usize) -> Result<HostPtr> {
         self.mem.pinned.alloc(bytes)
     }
 
-    fn free_host(&self, ptr: HostPtr) -> Result<()> {
+    fn raw_free_host(&self, ptr: HostPtr) -> Result<()> {
         // Released once no submission that reads or writes it is in flight.
         self.mem.pinned.free(ptr)
     }
 
-    fn malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
+    fn raw_malloc_async(&self, bytes: usize, stream: StreamId) -> Result<DevicePtr> {
         let capturing = self.stream(stream)?.is_capturing();
         checked::unsupported_while_capturing(
             capturing,
@@ -331,7 +489,7 @@ impl Backend for WgpuBackend {
         self.malloc(bytes)
     }
 
-    fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+    fn raw_free_async(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
         let capturing = self.stream(stream)?.is_capturing();
         checked::unsupported_while_capturing(capturing, "stream-ordered free", DeviceKind::Wgpu)?;
         // One queue runs every stream in submission order, and the commands gathered on any
@@ -339,7 +497,7 @@ impl Backend for WgpuBackend {
         self.free(ptr)
     }
 
-    unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
+    unsafe fn raw_memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()> {
         self.mem.copy(dst, src, bytes, kind)?;
         let s = self.sync_default()?;
         // SAFETY: forwarded caller contract; the copy completes before this returns.
@@ -347,7 +505,7 @@ impl Backend for WgpuBackend {
         s.synchronize(&self.gpu)
     }
 
-    unsafe fn memcpy_async(
+    unsafe fn raw_memcpy_async(
         &self,
         dst: u64,
         src: u64,
@@ -406,7 +564,7 @@ impl Backend for WgpuBackend {
         })
     }
 
-    fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+    fn raw_memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.mem
             .device_range(dst.0, bytes as u64, &mut Pins::new())?;
         let s = self.sync_default()?;
@@ -414,7 +572,7 @@ impl Backend for WgpuBackend {
         s.synchronize(&self.gpu)
     }
 
-    fn memset_async(
+    fn raw_memset_async(
         &self,
         dst: DevicePtr,
         value: u8,
@@ -433,7 +591,7 @@ impl Backend for WgpuBackend {
         enqueue(&self.gpu, &s, cmds, pins, n, false)
     }
 
-    fn launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
+    fn raw_launch(&self, kernel: &str, args: &[KernelArg], stream: StreamId) -> Result<()> {
         let s = self.stream(stream)?;
         let mut pins = Pins::new();
         let checked = check_launch(kernel, args, |p, len| {
@@ -541,13 +699,13 @@ impl Backend for WgpuBackend {
         enqueue(&self.gpu, &s, [cmd], pins, work, false)
     }
 
-    fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
+    fn raw_begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
         let s = self.stream(stream)?;
         let begun = checked::begin_capture(&mut s.lock().capture, Capture::new(mode));
         begun
     }
 
-    fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
+    fn raw_end_capture(&self, stream: StreamId) -> Result<GraphId> {
         let s = self.stream(stream)?;
         let c = checked::end_capture(&mut s.lock().capture)?;
         stream::release_captured_records(&c.cmds);
@@ -560,7 +718,7 @@ impl Backend for WgpuBackend {
         Ok(GraphId(self.graphs.insert(graph)?.0))
     }
 
-    fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
+    fn raw_graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
         // Refused when memory the graph uses was freed since the capture.
         self.mem.repin(&g.uses)?;
@@ -568,7 +726,7 @@ impl Backend for WgpuBackend {
         Ok(GraphExecId(self.execs.insert(exec)?.0))
     }
 
-    fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
+    fn raw_graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
         // A replay never touches memory freed since the capture; the submission holds what
         // it uses until it has completed.
@@ -589,11 +747,11 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
-    fn graph_destroy(&self, graph: GraphId) -> Result<()> {
+    fn raw_graph_destroy(&self, graph: GraphId) -> Result<()> {
         self.graphs.remove(graph.0).map(|_| ())
     }
 
-    fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
+    fn raw_graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
         self.execs.remove(exec.0).map(|_| ())
     }
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::super::guard::guarded;
 use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
 use super::super::stream::{enqueue, Cmd, Imm};
 use super::super::WgpuBackend;
@@ -186,8 +187,15 @@ fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
     Ok(rt.backend().clone())
 }
 
-/// Compiles `src` for the plan's device and makes its constants buffer.
+/// Compiles `src` for the plan's device and makes its constants buffer (a wgpu panic meanwhile
+/// is an error, see `guard.rs`).
 pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
+    guarded("prepare an operator kernel", || {
+        prepare_unguarded(spec, src)
+    })
+}
+
+fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
     let backend = backend_of(spec)?;
     let AnyBackend::Wgpu(b) = &*backend else {
         return Err(Error::Internal(format!(
@@ -265,8 +273,21 @@ struct Bound {
 }
 
 impl WgpuBackend {
-    /// Enqueues one launch of an operator kernel (see the module doc).
+    /// Enqueues one launch of an operator kernel (see the module doc); a wgpu panic meanwhile
+    /// is an error (see `guard.rs`).
     pub(crate) fn launch_op(
+        &self,
+        k: &OpKernel,
+        call: &KernelCall<'_>,
+        ranges: &[(DevicePtr, u64)],
+        stream: StreamId,
+    ) -> Result<()> {
+        guarded("launch an operator kernel", || {
+            self.launch_op_unguarded(k, call, ranges, stream)
+        })
+    }
+
+    fn launch_op_unguarded(
         &self,
         k: &OpKernel,
         call: &KernelCall<'_>,
