@@ -181,11 +181,7 @@ fn probe_one(kind: DeviceKind) -> Probe {
     // Probes are written not to panic; this is the last line of defence against a driver
     // library that does.
     catch_unwind(AssertUnwindSafe(probe)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let msg = crate::error::panic_message(&*p).unwrap_or_default();
         Probe::Unavailable(format!("the {kind} probe failed: {msg}"))
     })
 }

@@ -292,3 +292,12 @@ impl From<ParseDeviceError> for Error {
         Error::BadParam(e.0)
     }
 }
+
+/// The message of a caught panic (its `&str` or `String` payload), if it has one: for the
+/// places that turn a driver's or a kernel's panic into an error.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+}

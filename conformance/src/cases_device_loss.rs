@@ -8,10 +8,10 @@
 //! lost-device callback); the CPU backend has no device to lose, and on CUDA a lost device is
 //! a sticky context error, which the fake driver's fault matrix injects at every entry point.
 
-use std::sync::mpsc;
 use std::time::Duration;
 
 use super::*;
+
 use crate::ensure;
 use crate::ops_check::fail;
 use unirt::hal::{CaptureMode, DevicePtr, EventFlags, KernelArg, MemcpyKind};
@@ -64,31 +64,17 @@ fn device_lost(ctx: &Ctx) -> Result<(), Failure> {
     lose(&b)?;
 
     // Everything after the loss runs on a watchdog'd thread: a hang fails the case.
-    let (tx, rx) = mpsc::channel();
-    let worker = {
+    {
         let b = b.clone();
-        std::thread::spawn(move || {
-            let r = after_loss(&b, a, c, s, e, host, g, x);
-            let _ = tx.send(r);
-        })
-    };
-    let outcome = rx.recv_timeout(HANG).map_err(|_| {
-        fail(format!(
-            "calls on the lost device did not return within {HANG:?}"
-        ))
-    })?;
-    worker
-        .join()
-        .map_err(|_| fail("a call on the lost device panicked"))?;
-    outcome?;
+        within(HANG, "calls on the lost device", move || {
+            after_loss(&b, a, c, s, e, host, g, x)
+        })?;
+    }
     // Dropping the lost backend returns too (its teardown waits for nothing that cannot end).
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
+    within(HANG, "dropping the lost backend", move || {
         drop(b);
-        let _ = tx.send(());
-    });
-    rx.recv_timeout(HANG)
-        .map_err(|_| fail("dropping the lost backend hung"))?;
+        Ok(())
+    })?;
     // The process's shared backend of the same device is a device of its own: unharmed.
     let buf = Buf::with(&ctx.backend, &data[..4096])?;
     same(

@@ -14,11 +14,11 @@
 //! The race runs on its own thread with a time bound: a hang is reported as a failure naming
 //! the seed, not a test run that never ends.
 
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+
 use unirt::hal::{CaptureMode, EventFlags, EventId, GraphExecId, MemcpyKind, StreamId};
 use unirt::Backend;
 
@@ -48,21 +48,14 @@ fn records_race_waits(ctx: &Ctx) -> Result<(), Failure> {
         .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
         .unwrap_or(0x5eed_e7e7);
     let backend = ctx.backend.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("event-race".into())
-        .spawn(move || {
-            // The receiver is gone only if the case already reported a hang.
-            let _ = tx.send(race(&backend, seed));
-        })
-        .map_err(|e| Failure::Failed(format!("cannot start the race thread: {e}")))?;
-    match rx.recv_timeout(HANG_AFTER) {
-        Ok(r) => r,
-        Err(_) => Err(Failure::Failed(format!(
-            "{THREADS} threads recording and waiting on shared events did not finish in \
-             {HANG_AFTER:?}: the streams wait on each other (seed {seed:#x}, UNIRT_RACE_SEED)"
-        ))),
-    }
+    within(
+        HANG_AFTER,
+        &format!(
+            "{THREADS} threads recording and waiting on shared events (seed {seed:#x}, \
+             UNIRT_RACE_SEED)"
+        ),
+        move || race(&backend, seed),
+    )
 }
 
 /// xorshift64*: the choices of one thread depend on the seed only.
@@ -182,19 +175,9 @@ fn race(b: &Arc<AnyBackend>, seed: u64) -> Result<(), Failure> {
 
 fn captures_race_host_copies(ctx: &Ctx) -> Result<(), Failure> {
     let backend = ctx.backend.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("capture-race".into())
-        .spawn(move || {
-            let _ = tx.send(capture_race(&backend));
-        })
-        .map_err(|e| Failure::Failed(format!("cannot start the race thread: {e}")))?;
-    match rx.recv_timeout(HANG_AFTER) {
-        Ok(r) => r,
-        Err(_) => Err(Failure::Failed(format!(
-            "captures racing host copies did not finish in {HANG_AFTER:?} (hang)"
-        ))),
-    }
+    within(HANG_AFTER, "captures racing host copies", move || {
+        capture_race(&backend)
+    })
 }
 
 fn capture_race(b: &Arc<AnyBackend>) -> Result<(), Failure> {

@@ -1,7 +1,9 @@
 //! Helpers for writing cases: checks that return [`Failure`]s, patterned data, device buffers
 //! that free themselves.
 
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::Failure;
 use unirt::error::Error;
@@ -133,5 +135,30 @@ pub fn env_u64(name: &str) -> Option<u64> {
     match v.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
         None => v.parse().ok(),
+    }
+}
+
+/// Runs `f` on a thread of its own and waits at most `limit` for it, so a hang fails the case
+/// (naming `what`) instead of the test run; the hung thread is left behind. A panic in `f`
+/// fails the case too.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("watched".into())
+        .spawn(move || {
+            // The receiver is gone only if the case already reported a hang.
+            let _ = tx.send(f());
+        })
+        .map_err(|e| Failure::Failed(format!("cannot start a thread for {what}: {e}")))?;
+    match rx.recv_timeout(limit) {
+        Ok(r) => r,
+        Err(RecvTimeoutError::Timeout) => Err(Failure::Failed(format!(
+            "{what} did not finish within {limit:?} (hang)"
+        ))),
+        Err(RecvTimeoutError::Disconnected) => Err(Failure::Failed(format!("{what} panicked"))),
     }
 }

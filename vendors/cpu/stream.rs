@@ -192,11 +192,8 @@ fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
                 shared.failed.store(true, Ordering::Release);
             }
             Err(p) => {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a command panicked".into());
+                let msg =
+                    crate::error::panic_message(&*p).unwrap_or_else(|| "a command panicked".into());
                 shared
                     .error
                     .lock()

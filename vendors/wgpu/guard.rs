@@ -19,10 +19,7 @@ pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> R
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
-            let msg = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
+            let msg = crate::error::panic_message(&*p)
                 .unwrap_or_else(|| "a panic without a message".into());
             Err(Error::Driver {
                 backend: DeviceKind::Wgpu,

@@ -157,16 +157,16 @@ impl Drop for WgpuBackend {
     }
 }
 
-/// Every call that reaches wgpu runs inside [`guard::guarded`]: a wgpu panic (its GL backend's
-/// 6 s context-lock timeout, say) is an `Error::Driver`, never a panic in the caller's thread.
-/// The calls themselves are the `raw_*` methods below.
+/// Every call that can reach wgpu runs inside [`guard::guarded`]: a wgpu panic (its GL
+/// backend's 6 s context-lock timeout, say) is an `Error::Driver`, never a panic in the
+/// caller's thread. The calls themselves are the `raw_*` methods below.
 impl Backend for WgpuBackend {
     fn kind(&self) -> DeviceKind {
-        self.raw_kind()
+        DeviceKind::Wgpu
     }
 
     fn info(&self) -> &DeviceInfo {
-        self.raw_info()
+        &self.info
     }
 
     fn mem_info(&self) -> Result<MemInfo> {
@@ -178,7 +178,7 @@ impl Backend for WgpuBackend {
     }
 
     fn default_stream(&self) -> StreamId {
-        self.raw_default_stream()
+        StreamId(self.default_stream)
     }
 
     fn stream_create(&self) -> Result<StreamId> {
@@ -315,14 +315,6 @@ impl Backend for WgpuBackend {
 
 /// The backend's calls, each run by the `Backend` impl above inside [`guard::guarded`].
 impl WgpuBackend {
-    fn raw_kind(&self) -> DeviceKind {
-        DeviceKind::Wgpu
-    }
-
-    fn raw_info(&self) -> &DeviceInfo {
-        &self.info
-    }
-
     fn raw_mem_info(&self) -> Result<MemInfo> {
         let used = self.mem.device.usage().1;
         match adapter::host_memory() {
@@ -349,10 +341,6 @@ impl WgpuBackend {
         first
             .and(self.gpu.wait(&self.gpu.last()))
             .and_then(|()| self.gpu.check_lost())
-    }
-
-    fn raw_default_stream(&self) -> StreamId {
-        StreamId(self.default_stream)
     }
 
     fn raw_stream_create(&self) -> Result<StreamId> {

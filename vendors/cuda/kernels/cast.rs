@@ -14,15 +14,7 @@ pub(super) const FAMILY: Family = Family {
     name: "cast",
     text: include_str!("cast.cu"),
     ops: &["cast"],
-    dtypes: &[
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::Bool,
-    ],
+    dtypes: &DType::ALL,
     entries: &[
         "op_cast_to_f32",
         "op_cast_to_f16",

@@ -149,7 +149,7 @@ const FAMILIES: &[&Family] = &[
 ];
 
 /// The float dtypes most families are generated for.
-const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+const FLOATS: &[DType] = &DType::FLOATS;
 
 /// The C element type of `dtype` in the generated sources.
 fn c_type(dtype: DType) -> &'static str {

@@ -45,7 +45,7 @@ fn reg_all(reg: &mut KernelRegistry, op: &str, dtypes: &[DType], prepare: Prepar
 }
 
 /// The float dtypes (f16 and bf16 stored 16-bit, computed in f32).
-const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+const FLOATS: &[DType] = &DType::FLOATS;
 
 /// Registers every wgpu operator kernel.
 pub(crate) fn register(reg: &mut KernelRegistry) {

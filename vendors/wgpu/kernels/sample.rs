@@ -38,6 +38,17 @@ fn wg_min_u(v: u32, lid: u32) -> u32 {
 fn before(w: f32, j: u32, v: f32, i: u32) -> bool {
     return w > v || (w == v && j < i);
 }
+// Element (v, e)'s rank in that order, and the weight (exp((x - mx) / t)) of it and of every
+// element ranked before it, from a sweep of the row at `xb` (stride `xs`, length `n`).
+struct Ranked { rank: u32, cum: f32 }
+fn ranked(xb: u32, xs: u32, n: u32, v: f32, e: u32, mx: f32, t: f32) -> Ranked {
+    var r = Ranked(0u, exp((v - mx) / t));
+    for (var j = 0u; j < n; j = j + 1u) {
+        let w = ld_x(xb + j * xs);
+        if (before(w, j, v, e)) { r.rank = r.rank + 1u; r.cum = r.cum + exp((w - mx) / t); }
+    }
+    return r;
+}
 MAIN {
     let row = wid.x + wid.y * nwg.x;
     if (row >= cfg[0]) { return; }
@@ -84,40 +95,22 @@ MAIN {
     // Pass 2: ranks and cumulative weights; the top-p cut.
     var kp = 0xffffffffu;
     for (var e = lid; e < n; e = e + 256u) {
-        let v = ld_x(xb + e * xs);
-        var rank = 0u;
-        var cum = exp((v - mx) / t);
-        for (var j = 0u; j < n; j = j + 1u) {
-            let w = ld_x(xb + j * xs);
-            if (before(w, j, v, e)) { rank = rank + 1u; cum = cum + exp((w - mx) / t); }
-        }
-        if (rank < k && cum >= top_p * total) { kp = min(kp, rank); }
+        let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
+        if (r.rank < k && r.cum >= top_p * total) { kp = min(kp, r.rank); }
     }
     var keep = min(wg_min_u(kp, lid), k - 1u) + 1u;
     // Pass 3: the kept weight, then the first rank whose cumulative weight passes the draw.
     for (var e = lid; e < n; e = e + 256u) {
-        let v = ld_x(xb + e * xs);
-        var rank = 0u;
-        var cum = exp((v - mx) / t);
-        for (var j = 0u; j < n; j = j + 1u) {
-            let w = ld_x(xb + j * xs);
-            if (before(w, j, v, e)) { rank = rank + 1u; cum = cum + exp((w - mx) / t); }
-        }
-        if (rank == keep - 1u) { cut = random * cum; }
+        let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
+        if (r.rank == keep - 1u) { cut = random * r.cum; }
     }
     workgroupBarrier();
     let threshold = cut;
     var best = 0xffffffffu;
     var pick = 0u;
     for (var e = lid; e < n; e = e + 256u) {
-        let v = ld_x(xb + e * xs);
-        var rank = 0u;
-        var cum = exp((v - mx) / t);
-        for (var j = 0u; j < n; j = j + 1u) {
-            let w = ld_x(xb + j * xs);
-            if (before(w, j, v, e)) { rank = rank + 1u; cum = cum + exp((w - mx) / t); }
-        }
-        if (rank < keep && cum > threshold && rank < best) { best = rank; pick = e; }
+        let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
+        if (r.rank < keep && r.cum > threshold && r.rank < best) { best = r.rank; pick = e; }
     }
     let win = wg_min_u(best, lid);
     if (best == win && win != 0xffffffffu) { sti_out(row, i32(pick)); }
