@@ -16,6 +16,8 @@ crate::op_cases! {
     minimum = "minimum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
     pow = "pow": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
     add_span = "add": [f32] => [span_over_binding] via binary_case;
+    add_offsets = "add": [f32, f16, bf16] => [offsets] via binary_case;
+    swiglu_offsets = "swiglu": [f32, f16, bf16] => [offsets] via binary_case;
     swiglu = "swiglu": [f32, f16, bf16] => [sizes, broadcast, strided, bad_input] via binary_case;
     add_scalar = "add_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
     sub_scalar = "sub_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
@@ -37,7 +39,7 @@ crate::op_cases! {
     relu = "relu": [f32, f16, bf16] => [sizes, strided] via unary_case;
     gelu = "gelu": [f32, f16, bf16] => [sizes, strided] via unary_case;
     gelu_tanh = "gelu_tanh": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    silu = "silu": [f32, f16, bf16] => [sizes, strided] via unary_case;
+    silu = "silu": [f32, f16, bf16] => [sizes, strided, offsets] via unary_case;
     where_ = "where": [f32, f16, bf16] => [broadcast, bad_input] via select_case;
     masked_fill = "masked_fill": [f32, f16, bf16] => [broadcast, bad_input] via select_case;
 }
@@ -156,6 +158,39 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
             plan.launch(&[&a2, &b], &[&a2], None, s)
                 .map_err(err("in-place launch"))?;
             close("in place", &values(&a2, "in place")?, &want, dt, None)
+        }
+        "offsets" => {
+            // Contiguous views starting 0–5 elements into their buffers, 4k elements (what
+            // kernels that read four at a time take), in place too.
+            let (f, ra, rb) = binary_ref(op)?;
+            for shift in 0..6usize {
+                let n = 64 + 4 * shift;
+                let seed = 300 + 2 * shift as u64;
+                let (abase, va) = random(&[n + shift], ra.0, ra.1, seed, dt, ctx.device)?;
+                let (bbase, vb) = random(&[n + 5], rb.0, rb.1, seed + 1, dt, ctx.device)?;
+                let a = abase.narrow(0, shift, n).map_err(err("narrow"))?;
+                let b = bbase.narrow(0, 5 - shift, n).map_err(err("narrow"))?;
+                let want: Vec<f64> = va[shift..]
+                    .iter()
+                    .zip(&vb[5 - shift..])
+                    .map(|(&x, &y)| f(x, y))
+                    .collect();
+                let what = format!("{op} on views at offsets {shift} and {}", 5 - shift);
+                let out = run_binary(op, &a, &b).map_err(err(&what))?;
+                close(&what, &values(&out, &what)?, &want, dt, None)?;
+                let plan = plan_binary(op, &a, &b).map_err(err("plan"))?;
+                let s = a.stream().map_err(err("stream"))?;
+                plan.launch(&[&a, &b], &[&a], None, s)
+                    .map_err(err("in-place launch"))?;
+                close(
+                    &format!("{what}, in place"),
+                    &values(&a, &what)?,
+                    &want,
+                    dt,
+                    None,
+                )?;
+            }
+            Ok(())
         }
         "span_over_binding" => {
             // A [5, 1] view of a 160 MiB buffer spanning just over 128 MiB (lavapipe's storage
@@ -319,6 +354,19 @@ fn unary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), 
                 .and_then(|t| t.narrow(2, 1, 5))
                 .map_err(err("view"))?;
             check(&a, &host_view(&v, a.layout()), "permuted, sliced input")
+        }
+        "offsets" => {
+            for shift in 0..6usize {
+                let n = 128 - 4 * shift;
+                let (base, v) = random(&[n + shift], r.0, r.1, 310 + shift as u64, dt, ctx.device)?;
+                let a = base.narrow(0, shift, n).map_err(err("narrow"))?;
+                check(
+                    &a,
+                    &v[shift..],
+                    &format!("{op} on a view at offset {shift}"),
+                )?;
+            }
+            Ok(())
         }
         "bad_input" => {
             let x = Tensor::zeros(&[8], dt, ctx.device).map_err(err("zeros"))?;

@@ -7,7 +7,7 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, bad_input] via matmul_case;
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, bad_input] via matmul_case;
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
     attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, bad_input] via attention_case;
     random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, bad_input] via sample_case;
@@ -126,6 +126,50 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 close(
                     &format!("gemm alpha/beta, m = {m}"),
                     &got,
+                    &want,
+                    dt,
+                    Some(&scale),
+                )?;
+            }
+            Ok(())
+        }
+        "quads" => {
+            // Extents and strides in multiples of four — what vectorised kernels read four at
+            // a time — at tile edges, with operands starting on and off a 16-byte boundary.
+            for (i, &(m, k, n)) in [(17, 12, 260), (1, 8, 4), (33, 64, 300), (16, 4, 512)]
+                .iter()
+                .enumerate()
+            {
+                check_mm(ctx, dt, &[m, k], &[k, n], 560 + 2 * i as u64)?;
+            }
+            check_mm(ctx, dt, &[3, 5, 8], &[8, 12], 570)?;
+            let (m, k, n) = (9, 16, 20);
+            for (shift, seed) in [(1usize, 572u64), (4, 576), (2, 580)] {
+                let (fa, va) = random(&[m * k + shift], -1.0, 1.0, seed, dt, ctx.device)?;
+                let (fb, vb) = random(&[k * n + shift], -1.0, 1.0, seed + 1, dt, ctx.device)?;
+                let (fc, vc) = random(&[m * n + shift], -1.0, 1.0, seed + 2, dt, ctx.device)?;
+                let view = |t: &Tensor, len: usize, shape: &[usize]| {
+                    t.narrow(0, shift, len)
+                        .and_then(|v| v.reshape(shape))
+                        .map_err(err("offset view"))
+                };
+                let a = view(&fa, m * k, &[m, k])?;
+                let b = view(&fb, k * n, &[k, n])?;
+                let c = view(&fc, m * n, &[m, n])?;
+                a.gemm_into(&b, &c, 0.5, -1.5)
+                    .map_err(err("gemm on offset views"))?;
+                let (ab, scale) =
+                    matmul_ref(&va[shift..], &[m, k], &vb[shift..], &[k, n], &[], m, k, n);
+                let want: Vec<f64> = ab
+                    .iter()
+                    .zip(&vc[shift..])
+                    .map(|(x, c)| 0.5 * x - 1.5 * c)
+                    .collect();
+                close(
+                    &format!(
+                        "gemm alpha 0.5 beta -1.5, operands {shift} elements into their buffers"
+                    ),
+                    &values(&c, "gemm")?,
                     &want,
                     dt,
                     Some(&scale),

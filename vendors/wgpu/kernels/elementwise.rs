@@ -103,9 +103,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     cfg.extend(std::iter::repeat_n(0, spec.inputs.len()));
     let mut binds = Vec::new();
     let mut loads = String::new();
+    let mut all_direct = n % 4 == 0;
     for (k, d) in spec.inputs.iter().enumerate() {
         binds.push(Bind::read(NAMES[k], d.dtype));
         let direct = d.layout.is_contiguous() && d.layout.shape() == shape;
+        all_direct &= direct;
         let strides = wgsl::broadcast_strides(d.layout.shape(), d.layout.strides(), shape);
         cfg[2 + k] = wgsl::push_view(&mut cfg, shape, &strides);
         let index = if direct {
@@ -122,6 +124,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         prelude = wgsl::prelude(&binds),
     );
     let groups = groups_for(n as u64);
+    let aligned = if all_direct {
+        quads(&binds, &body, n)
+    } else {
+        None
+    };
     prepare_op(
         spec,
         OpSource {
@@ -129,8 +136,39 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups)],
             cfg,
             entry: None,
+            aligned,
         },
     )
+}
+
+/// The quad variant (see [`super::op::Aligned`]) of an elementwise kernel whose tensors are
+/// all contiguous in the output's shape, `n` (a multiple of four) elements: one work item
+/// per four elements, each read and written as one quad, then computed element by element
+/// with the scalar kernel's expression (so both variants give bitwise the same result).
+/// `None` when a tensor's dtype has no quad form.
+pub(super) fn quads(binds: &[Bind], body: &str, n: usize) -> Option<super::op::Aligned> {
+    let prelude = wgsl::prelude_quads(binds)?;
+    let inputs = binds.len() - 1;
+    let mut loads = String::new();
+    for (k, b) in binds[..inputs].iter().enumerate() {
+        loads += &format!("    let v{k} = ld4_{}(i);\n", b.name);
+    }
+    let mut lanes = String::new();
+    for c in ["x", "y", "z", "w"] {
+        let xs: String = (0..inputs)
+            .map(|k| format!("let x{k} = v{k}.{c}; "))
+            .collect();
+        lanes += &format!("    {{ {xs}r.{c} = {body}; }}\n");
+    }
+    let out = binds[inputs].name;
+    let source = format!(
+        "{prelude}{MATH}\n{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    if (i >= cfg[0]) {{ return; }}\n    \
+         let s = cfg_f(1u);\n{loads}    var r: vec4<f32>;\n{lanes}    st4_{out}(i, r);\n}}\n"
+    );
+    Some(super::op::Aligned {
+        passes: vec![(source, groups_for(n as u64 / 4))],
+        tensors: (0..binds.len()).collect(),
+    })
 }
 
 /// The 2-D grid of [`wgsl::WG`]-wide workgroups for `items` work items (rows of at most

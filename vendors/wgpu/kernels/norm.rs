@@ -94,6 +94,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, rows_grid(rows))],
             cfg,
             entry: None,
+            aligned: None,
         },
     )
 }

@@ -42,12 +42,30 @@ pub(crate) struct OpSource {
     pub cfg: Vec<u32>,
     /// The entry point when not `main` (user kernels).
     pub entry: Option<Arc<str>>,
+    /// A faster variant of `passes` that reads and writes some tensors four elements at a
+    /// time, taken by the launches where those tensors start on a multiple of four elements
+    /// in their binding (a tensor's offset is known only at launch).
+    pub aligned: Option<Aligned>,
+}
+
+/// The quad variant of an [`OpSource`]'s passes (same constants, same bindings; see
+/// [`super::wgsl::prelude_quads`]).
+pub(crate) struct Aligned {
+    /// Complete WGSL and grid per pass, as [`OpSource::passes`].
+    pub passes: Vec<(String, [u32; 3])>,
+    /// The tensors (inputs then outputs, by position) that must start on a multiple of four
+    /// elements. The family guarantees at plan time that each one's extents and strides are
+    /// multiples of four, so it also ends on a quad boundary inside its binding.
+    pub tensors: Vec<usize>,
 }
 
 /// One compiled pass.
 struct Pipe {
     pipeline: wgpu::ComputePipeline,
 }
+
+/// Compiled passes with their grids.
+type Passes = Vec<(Arc<Pipe>, [u32; 3])>;
 
 type GroupKey = (u64, Vec<(u64, u64, u64)>);
 
@@ -149,7 +167,9 @@ impl OpCache {
 /// An operator kernel prepared for one plan.
 pub(crate) struct OpKernel {
     name: String,
-    passes: Vec<(Arc<Pipe>, [u32; 3])>,
+    passes: Passes,
+    /// The quad passes and the tensors whose alignment selects them.
+    aligned: Option<(Passes, Vec<usize>)>,
     bgl: wgpu::BindGroupLayout,
     cfg: wgpu::Buffer,
     cfg_id: u64,
@@ -233,11 +253,19 @@ fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prepa
     }
     let cache = &gpu.kernels.ops;
     let (bgl, pl) = cache.layout(device, tensors);
-    let mut passes = Vec::with_capacity(src.passes.len());
-    for (source, groups) in &src.passes {
-        let entry = src.entry.as_deref().unwrap_or("main");
-        passes.push((cache.pipe(device, &src.name, source, entry, &pl)?, *groups));
-    }
+    let entry = src.entry.as_deref().unwrap_or("main");
+    let compile = |list: &[(String, [u32; 3])]| -> Result<Passes> {
+        list.iter()
+            .map(|(source, groups)| {
+                Ok((cache.pipe(device, &src.name, source, entry, &pl)?, *groups))
+            })
+            .collect()
+    };
+    let passes = compile(&src.passes)?;
+    let aligned = match &src.aligned {
+        Some(a) => Some((compile(&a.passes)?, a.tensors.clone())),
+        None => None,
+    };
     let bytes = ceil4((src.cfg.len().max(1) * 4) as u64);
     let cfg = create_buffer(
         device,
@@ -258,6 +286,7 @@ fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prepa
     Ok(Arc::new(OpKernel {
         name: src.name,
         passes,
+        aligned,
         bgl,
         cfg,
         cfg_id: crate::handles::fresh_id(),
@@ -355,7 +384,17 @@ impl WgpuBackend {
             });
         }
         let group = self.op_group(k, &bound)?;
-        let cmds = k.passes.iter().map(|(p, groups)| Cmd::Dispatch {
+        let passes = match &k.aligned {
+            Some((quads, tensors))
+                if tensors
+                    .iter()
+                    .all(|&t| imm.get(t).is_some_and(|o| o % 4 == 0)) =>
+            {
+                quads
+            }
+            _ => &k.passes,
+        };
+        let cmds = passes.iter().map(|(p, groups)| Cmd::Dispatch {
             pipeline: p.pipeline.clone(),
             group: group.clone(),
             imm: Imm { words: imm, len: 8 },

@@ -46,6 +46,7 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups_for(n as u64))],
             cfg,
             entry: None,
+            aligned: None,
         },
     )
 }
@@ -117,6 +118,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes,
             cfg,
             entry: None,
+            aligned: None,
         },
     )
 }

@@ -96,6 +96,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, rows_grid(lanes))],
             cfg,
             entry: None,
+            aligned: None,
         },
     )
 }

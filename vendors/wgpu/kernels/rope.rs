@@ -107,6 +107,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups_for(pairs as u64))],
             cfg,
             entry: None,
+            aligned: None,
         },
     )
 }

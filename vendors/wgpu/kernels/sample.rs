@@ -170,6 +170,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, rows_grid(rows))],
             cfg,
             entry: None,
+            aligned: None,
         },
     )
 }

@@ -50,30 +50,87 @@ impl Bind {
 /// The prelude of a kernel over `binds` (binding 0 is the plan's constants `cfg`; tensor `k`
 /// is binding `k + 1` and its element offset is immediate word `k`).
 pub(crate) fn prelude(binds: &[Bind]) -> String {
-    let mut s = String::from(
-        "struct Imm { o0: u32, o1: u32, o2: u32, o3: u32, o4: u32, o5: u32, o6: u32, o7: u32 }\n\
-         var<immediate> imm: Imm;\n\
-         @group(0) @binding(0) var<storage, read> cfg: array<u32>;\n\
-         fn cfg_f(i: u32) -> f32 { return bitcast<f32>(cfg[i]); }\n\
-         // The element offset of row-major index `i` in a view: rank at cfg[d], then the\n\
-         // shape, then the strides (in elements; 0 for broadcast dimensions).\n\
-         fn view_off(i: u32, d: u32) -> u32 {\n\
-             let r = cfg[d];\n\
-             var rem = i;\n\
-             var off = 0u;\n\
-             for (var k = r; k > 0u; k = k - 1u) {\n\
-                 let n = cfg[d + k];\n\
-                 off = off + (rem % n) * cfg[d + r + k];\n\
-                 rem = rem / n;\n\
-             }\n\
-             return off;\n\
-         }\n",
-    );
+    let mut s = String::from(HEADER);
     for (k, b) in binds.iter().enumerate() {
         accessors(&mut s, k, b);
     }
     s
 }
+
+/// The prelude of a kernel's quad variant (see [`super::op::Aligned`]): every binding is
+/// declared as an array of four-element quads — `vec4<f32>` for f32, `vec2<u32>` (four
+/// 16-bit halves) for f16 and bf16 — read as `vec4<f32>` with `ldq_<name>(q)` (`q` the quad's
+/// index in the binding) or `ld4_<name>(i)` (`i` an element index relative to the tensor,
+/// a multiple of four), and written with `stq_<name>` / `st4_<name>`. A quad is written
+/// whole, so 16-bit stores need no atomics; values round as the scalar stores round. `None`
+/// when a binding's dtype has no quad form.
+pub(crate) fn prelude_quads(binds: &[Bind]) -> Option<String> {
+    let mut s = String::from(HEADER);
+    for (k, b) in binds.iter().enumerate() {
+        let (n, slot) = (b.name, k + 1);
+        let (ty, load, store) = match b.dtype {
+            DType::F32 => ("vec4<f32>", "return {n}[q];", "{n}[q] = v;"),
+            DType::F16 => (
+                "vec2<u32>",
+                "let w = {n}[q]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));",
+                "{n}[q] = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));",
+            ),
+            DType::BF16 => (
+                "vec2<u32>",
+                "let w = {n}[q]; return vec4<f32>(bitcast<f32>(w.x << 16u), \
+                 bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), \
+                 bitcast<f32>(w.y & 0xffff0000u));",
+                "let h = bf16_round4(v); {n}[q] = vec2<u32>(h.x | (h.y << 16u), h.z | (h.w << 16u));",
+            ),
+            _ => return None,
+        };
+        let (load, store) = (load.replace("{n}", n), store.replace("{n}", n));
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({slot}) var<storage, read_write> {n}: array<{ty}>;\n\
+             fn ldq_{n}(q: u32) -> vec4<f32> {{ {load} }}\n\
+             fn ld4_{n}(i: u32) -> vec4<f32> {{ return ldq_{n}((imm.o{k} + i) >> 2u); }}"
+        );
+        if b.write {
+            let _ = writeln!(
+                s,
+                "fn stq_{n}(q: u32, v: vec4<f32>) {{ {store} }}\n\
+                 fn st4_{n}(i: u32, v: vec4<f32>) {{ stq_{n}((imm.o{k} + i) >> 2u, v); }}"
+            );
+        }
+    }
+    if binds.iter().any(|b| b.write && b.dtype == DType::BF16) {
+        // Round to nearest even, NaN to the quiet NaN: the scalar bf16 store's rounding.
+        s += "fn bf16_round4(v: vec4<f32>) -> vec4<u32> {
+    let u = bitcast<vec4<u32>>(v);
+    return select((u + 0x7fffu + ((u >> vec4<u32>(16u)) & vec4<u32>(1u))) >> vec4<u32>(16u), vec4<u32>(0x7fc0u), v != v);
+}
+";
+    }
+    Some(s)
+}
+
+/// What every kernel declares first: the immediates (one element offset per tensor), the
+/// plan's constants and the strided-index helper.
+const HEADER: &str =
+    "struct Imm { o0: u32, o1: u32, o2: u32, o3: u32, o4: u32, o5: u32, o6: u32, o7: u32 }
+var<immediate> imm: Imm;
+@group(0) @binding(0) var<storage, read> cfg: array<u32>;
+fn cfg_f(i: u32) -> f32 { return bitcast<f32>(cfg[i]); }
+// The element offset of row-major index `i` in a view: rank at cfg[d], then the
+// shape, then the strides (in elements; 0 for broadcast dimensions).
+fn view_off(i: u32, d: u32) -> u32 {
+    let r = cfg[d];
+    var rem = i;
+    var off = 0u;
+    for (var k = r; k > 0u; k = k - 1u) {
+        let n = cfg[d + k];
+        off = off + (rem % n) * cfg[d + r + k];
+        rem = rem / n;
+    }
+    return off;
+}
+";
 
 fn accessors(s: &mut String, k: usize, b: &Bind) {
     let (n, slot) = (b.name, k + 1);
