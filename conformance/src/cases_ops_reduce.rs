@@ -257,6 +257,8 @@ fn softmax_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<()
                 (&[5, 7], 0),
                 (&[4, 0], -1),
                 (&[2, 3, 5], 1),
+                (&[10, 36], -1),
+                (&[3, 4, 12], 2),
             ];
             for (i, (shape, axis)) in cases.iter().enumerate() {
                 let (x, vx) = random(shape, -4.0, 4.0, 300 + i as u64, dt, ctx.device)?;
@@ -277,13 +279,29 @@ fn softmax_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<()
             Ok(())
         }
         "strided" => {
-            let (base, vb) = random(&[9, 6], -4.0, 4.0, 310, dt, ctx.device)?;
-            let x = base.transpose(0, 1).map_err(err("transpose"))?; // [6, 9], lanes strided
-            let hx = host_view(&vb, x.layout());
+            // [6, 9] and [11, 9] (rows enough for a row-per-lane kernel), lanes strided.
+            for (rows, seed) in [(6usize, 310u64), (11, 311)] {
+                let (base, vb) = random(&[9, rows], -4.0, 4.0, seed, dt, ctx.device)?;
+                let x = base.transpose(0, 1).map_err(err("transpose"))?;
+                let hx = host_view(&vb, x.layout());
+                close(
+                    &format!("transposed input of {rows} rows"),
+                    &run(&x, -1, "transposed")?,
+                    &softmax_along(&hx, &[rows, 9], 1, log),
+                    dt,
+                    None,
+                )?;
+            }
+            // Contiguous rows of 16 starting 2 elements into their buffer.
+            let (flat, vf) = random(&[162], -4.0, 4.0, 312, dt, ctx.device)?;
+            let x = flat
+                .narrow(0, 2, 160)
+                .and_then(|v| v.reshape(&[10, 16]))
+                .map_err(err("offset view"))?;
             close(
-                "transposed input",
-                &run(&x, -1, "transposed")?,
-                &softmax_along(&hx, &[6, 9], 1, log),
+                "rows 2 elements into their buffer",
+                &run(&x, -1, "offset rows")?,
+                &softmax_along(&vf[2..], &[10, 16], 1, log),
                 dt,
                 None,
             )
@@ -293,6 +311,9 @@ fn softmax_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<()
                 (&[2usize, 3, 7][..], None),
                 (&[5, 5][..], None),
                 (&[3, 9][..], Some(2usize)),
+                // Rows enough for a row-per-lane kernel, with a partial last group.
+                (&[2, 6, 9][..], None),
+                (&[13, 16][..], Some(1)),
             ]
             .iter()
             .enumerate()
@@ -384,6 +405,9 @@ fn norm_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), F
                 &[2, 4099],
                 &[3, 1, 16],
                 &[0, 8],
+                &[19, 33],
+                &[12, 64],
+                &[9, 2, 8],
             ]
             .iter()
             .enumerate()
@@ -396,7 +420,17 @@ fn norm_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), F
         "strided" => {
             let (base, vb) = random(&[64, 5], -2.0, 2.0, 470, dt, ctx.device)?;
             let x = base.transpose(0, 1).map_err(err("transpose"))?; // rows of 64, stride 5
-            run(&x, &host_view(&vb, x.layout()), 471, "transposed rows")
+            run(&x, &host_view(&vb, x.layout()), 471, "transposed rows")?;
+            let (base, vb) = random(&[40, 12], -2.0, 2.0, 472, dt, ctx.device)?;
+            let x = base.transpose(0, 1).map_err(err("transpose"))?; // 12 rows of 40, stride 12
+            run(&x, &host_view(&vb, x.layout()), 473, "12 transposed rows")?;
+            // Contiguous rows of 16 starting 2 elements into their buffer.
+            let (flat, vf) = random(&[162], -2.0, 2.0, 474, dt, ctx.device)?;
+            let x = flat
+                .narrow(0, 2, 160)
+                .and_then(|v| v.reshape(&[10, 16]))
+                .map_err(err("offset view"))?;
+            run(&x, &vf[2..], 475, "rows 2 elements into their buffer")
         }
         "bad_input" => {
             let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));

@@ -171,13 +171,9 @@ pub(super) fn quads(binds: &[Bind], body: &str, n: usize) -> Option<super::op::A
     })
 }
 
-/// The 2-D grid of [`wgsl::WG`]-wide workgroups for `items` work items (rows of at most
-/// 65535 workgroups, the WebGPU minimum of the per-dimension limit).
+/// The 2-D grid of [`wgsl::WG`]-wide workgroups for `items` work items.
 pub(crate) fn groups_for(items: u64) -> [u32; 3] {
-    let g = items.div_ceil(u64::from(wgsl::WG)).max(1);
-    let x = g.min(65535);
-    let y = g.div_ceil(x).min(65535);
-    [x as u32, y as u32, 1]
+    wgsl::grid_for(items, wgsl::WG)
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

@@ -255,15 +255,6 @@ fn host_quad_source(rows: usize, dtype: DType) -> Option<String> {
     ))
 }
 
-/// Whether the plan's device emulates a GPU on the host's cores.
-fn on_host_cores(spec: &PlanSpec<'_>) -> bool {
-    crate::Runtime::get(spec.device)
-        .map(|rt| {
-            crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software
-        })
-        .unwrap_or(false)
-}
-
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Matmul { alpha, beta } = *spec.params else {
         return Err(Error::Internal(format!(
@@ -278,7 +269,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let k = a.shape()[a.shape().len() - 1];
     let batch_shape = &cs[..nd - 2];
     let batch: usize = batch_shape.iter().product();
-    let host = on_host_cores(spec);
+    let host = super::on_host_cores(spec);
     let (tile_m, tile_n) = if host { (4, 256) } else { (TILE, TILE) };
     let tiles_n = n.div_ceil(tile_n).max(1);
     let tiles = m.div_ceil(tile_m).max(1) * tiles_n;

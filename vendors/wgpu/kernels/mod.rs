@@ -44,6 +44,16 @@ fn reg_all(reg: &mut KernelRegistry, op: &str, dtypes: &[DType], prepare: Prepar
     }
 }
 
+/// Whether the plan's device emulates a GPU on the host's cores (lavapipe, llvmpipe), where
+/// some families take a barrier-free form.
+fn on_host_cores(spec: &crate::ops::PlanSpec<'_>) -> bool {
+    crate::Runtime::get(spec.device)
+        .map(|rt| {
+            crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software
+        })
+        .unwrap_or(false)
+}
+
 /// The float dtypes (f16 and bf16 stored 16-bit, computed in f32).
 const FLOATS: &[DType] = &DType::FLOATS;
 

@@ -1,5 +1,6 @@
 //! rms_norm and layer_norm over the last dimension in WGSL: one workgroup per row, the row
-//! read in place (strided), the statistics reduced in workgroup memory, then written.
+//! read in place (strided), the statistics reduced in workgroup memory, then written (on
+//! adapters on the host's cores, one invocation per row: [`wgsl::row_kernel`]).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` / `cfg[3]` the last-axis
 //! strides of the input and the output, `cfg[4]` / `cfg[5]` where the rows' views start,
@@ -7,15 +8,13 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
-use super::reduce::rows_grid;
-use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::op::{prepare as prepare_op, Aligned, OpSource};
+use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
 const HEAD: &str = "
-    let row = wid.x + wid.y * nwg.x;
     if (row >= cfg[0]) { return; }
     let d = cfg[1];
     let xb = view_off(row, cfg[4]);
@@ -25,23 +24,44 @@ const HEAD: &str = "
 
 const RMS: &str = "
     var ss = 0.0;
-    for (var j = lid; j < d; j = j + 256u) { let v = ld_x(xb + j * cfg[2]); ss = ss + v * v; }
+    for (var j = lid; j < d; j = j + LANES) { let v = ld_x(xb + j * cfg[2]); ss = ss + v * v; }
     let inv = inverseSqrt(wg_sum(ss, lid) / f32(d) + eps);
-    for (var j = lid; j < d; j = j + 256u) {
+    for (var j = lid; j < d; j = j + LANES) {
         st_out(ob + j * cfg[3], ld_x(xb + j * cfg[2]) * (inv * ld_w(j * cfg[7])));
     }
 ";
 
 const LAYER: &str = "
     var s = 0.0;
-    for (var j = lid; j < d; j = j + 256u) { s = s + ld_x(xb + j * cfg[2]); }
+    for (var j = lid; j < d; j = j + LANES) { s = s + ld_x(xb + j * cfg[2]); }
     let mean = wg_sum(s, lid) / f32(d);
     var ss = 0.0;
-    for (var j = lid; j < d; j = j + 256u) { let v = ld_x(xb + j * cfg[2]) - mean; ss = ss + v * v; }
+    for (var j = lid; j < d; j = j + LANES) { let v = ld_x(xb + j * cfg[2]) - mean; ss = ss + v * v; }
     let inv = inverseSqrt(wg_sum(ss, lid) / f32(d) + eps);
-    for (var j = lid; j < d; j = j + 256u) {
+    for (var j = lid; j < d; j = j + LANES) {
         let v = ld_x(xb + j * cfg[2]) - mean;
         st_out(ob + j * cfg[3], v * inv * ld_w(j * cfg[7]) + ld_b(j * cfg[8]));
+    }
+";
+
+/// The host form's quad variant (contiguous rows of 4k elements): four elements per load,
+/// the statistics summed in four lanes of a vec4.
+const RMS_QUADS: &str = "
+    var ss = vec4<f32>(0.0);
+    for (var j = 0u; j < d; j = j + 4u) { let v = ld4_x(xb + j); ss = ss + v * v; }
+    let inv = inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(d) + eps);
+    for (var j = 0u; j < d; j = j + 4u) { st4_out(ob + j, ld4_x(xb + j) * (inv * ld4_w(j))); }
+";
+
+const LAYER_QUADS: &str = "
+    var s = vec4<f32>(0.0);
+    for (var j = 0u; j < d; j = j + 4u) { s = s + ld4_x(xb + j); }
+    let mean = (s.x + s.y + s.z + s.w) / f32(d);
+    var ss = vec4<f32>(0.0);
+    for (var j = 0u; j < d; j = j + 4u) { let v = ld4_x(xb + j) - mean; ss = ss + v * v; }
+    let inv = inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(d) + eps);
+    for (var j = 0u; j < d; j = j + 4u) {
+        st4_out(ob + j, (ld4_x(xb + j) - mean) * inv * ld4_w(j) + ld4_b(j));
     }
 ";
 
@@ -82,19 +102,28 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         binds.push(Bind::read("b", spec.inputs[2].dtype));
     }
     binds.push(Bind::write("out", out.dtype));
-    let source = format!(
-        "{}{WG_REDUCE}\n{MAIN_ROWS} {{{HEAD}{}}}\n",
-        wgsl::prelude(&binds),
-        if layer { LAYER } else { RMS }
-    );
+    let body = format!("{HEAD}{}", if layer { LAYER } else { RMS });
+    let host = super::on_host_cores(spec) && rows >= wgsl::HOST_ROWS_MIN;
+    let (source, grid) = wgsl::row_kernel(&wgsl::prelude(&binds), &body, host, rows);
+    let quads = host && spec.inputs.iter().chain(spec.outputs).all(wgsl::quad_rows);
+    let aligned = match (quads, wgsl::prelude_quads(&binds)) {
+        (true, Some(prelude)) => {
+            let body = format!("{HEAD}{}", if layer { LAYER_QUADS } else { RMS_QUADS });
+            Some(Aligned {
+                passes: vec![wgsl::row_kernel(&prelude, &body, true, rows)],
+                tensors: (0..binds.len()).collect(),
+            })
+        }
+        _ => None,
+    };
     prepare_op(
         spec,
         OpSource {
             name: spec.op.to_string(),
-            passes: vec![(source, rows_grid(rows))],
+            passes: vec![(source, grid)],
             cfg,
             entry: None,
-            aligned: None,
+            aligned,
         },
     )
 }

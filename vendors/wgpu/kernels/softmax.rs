@@ -1,5 +1,5 @@
 //! softmax, log_softmax and causal_softmax in WGSL: one workgroup per row (every index but
-//! the axis), three strided sweeps of the row (max, sum of exponentials, write), so the input
+//! the axis; one invocation per row on the host's cores, [`wgsl::row_kernel`]), three strided sweeps of the row (max, sum of exponentials, write), so the input
 //! is read in place and the output may be the input's very view.
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the axis length, `cfg[2]` / `cfg[3]` the axis strides of
@@ -8,15 +8,13 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
-use super::reduce::rows_grid;
-use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::op::{prepare as prepare_op, Aligned, OpSource};
+use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
 const BODY: &str = "
-    let row = wid.x + wid.y * nwg.x;
     if (row >= cfg[0]) { return; }
     let len = cfg[1];
     let xb = view_off(row, cfg[4]);
@@ -24,17 +22,34 @@ const BODY: &str = "
     var vis = len;
     if (cfg[6] != 0u) { vis = min(len, row % cfg[7] + cfg[8] + 1u); }
     var m = neg_inf();
-    for (var j = lid; j < vis; j = j + 256u) { m = max(m, ld_x(xb + j * cfg[2])); }
+    for (var j = lid; j < vis; j = j + LANES) { m = max(m, ld_x(xb + j * cfg[2])); }
     m = wg_max(m, lid);
     var s = 0.0;
-    for (var j = lid; j < vis; j = j + 256u) { s = s + exp(ld_x(xb + j * cfg[2]) - m); }
+    for (var j = lid; j < vis; j = j + LANES) { s = s + exp(ld_x(xb + j * cfg[2]) - m); }
     s = wg_sum(s, lid);
     let ls = log(s);
-    for (var j = lid; j < len; j = j + 256u) {
+    for (var j = lid; j < len; j = j + LANES) {
         var y = MASKED;
         if (j < vis) { let v = ld_x(xb + j * cfg[2]) - m; y = RESULT; }
         st_out(ob + j * cfg[3], y);
     }
+";
+
+/// The host form's quad variant (not causal; contiguous rows of 4k elements along the last
+/// axis): four elements per load, the max and the sum kept in the four lanes of a vec4.
+const BODY_QUADS: &str = "
+    if (row >= cfg[0]) { return; }
+    let len = cfg[1];
+    let xb = view_off(row, cfg[4]);
+    let ob = view_off(row, cfg[5]);
+    var m4 = vec4<f32>(neg_inf());
+    for (var j = 0u; j < len; j = j + 4u) { m4 = max(m4, ld4_x(xb + j)); }
+    let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+    var s4 = vec4<f32>(0.0);
+    for (var j = 0u; j < len; j = j + 4u) { s4 = s4 + exp(ld4_x(xb + j) - m); }
+    let s = s4.x + s4.y + s4.z + s4.w;
+    let ls = log(s);
+    for (var j = 0u; j < len; j = j + 4u) { let v = ld4_x(xb + j) - m; st4_out(ob + j, RESULT); }
 ";
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
@@ -71,18 +86,33 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         ("0.0", "exp(v) / s")
     };
     let body = BODY.replace("MASKED", masked).replace("RESULT", result);
-    let source = format!(
-        "{}{WG_REDUCE}\n{MAIN_ROWS} {{{body}}}\n",
-        wgsl::prelude(&binds)
-    );
+    let host = super::on_host_cores(spec) && rows >= wgsl::HOST_ROWS_MIN;
+    let (source, grid) = wgsl::row_kernel(&wgsl::prelude(&binds), &body, host, rows);
+    let quads = host
+        && causal.is_none()
+        && axis + 1 == shape.len()
+        && wgsl::quad_rows(x)
+        && wgsl::quad_rows(out);
+    let aligned = match (quads, wgsl::prelude_quads(&binds)) {
+        (true, Some(prelude)) => Some(Aligned {
+            passes: vec![wgsl::row_kernel(
+                &prelude,
+                &BODY_QUADS.replace("RESULT", result),
+                true,
+                rows,
+            )],
+            tensors: vec![0, 1],
+        }),
+        _ => None,
+    };
     prepare_op(
         spec,
         OpSource {
             name: spec.op.to_string(),
-            passes: vec![(source, rows_grid(rows))],
+            passes: vec![(source, grid)],
             cfg,
             entry: None,
-            aligned: None,
+            aligned,
         },
     )
 }

@@ -110,6 +110,17 @@ pub(crate) fn prelude_quads(binds: &[Bind]) -> Option<String> {
     Some(s)
 }
 
+/// Whether `t`'s rows (its last dimension) suit a quad variant: contiguous, of a multiple of
+/// four elements, each starting four elements after a multiple of four from the tensor's
+/// start (every other stride a multiple of four).
+pub(crate) fn quad_rows(t: &crate::ops::TensorDesc) -> bool {
+    let (shape, strides) = (t.layout.shape(), t.layout.strides());
+    match (shape.split_last(), strides.split_last()) {
+        (Some((n, _)), Some((1, rest))) => n % 4 == 0 && rest.iter().all(|s| s % 4 == 0),
+        _ => false,
+    }
+}
+
 /// What every kernel declares first: the immediates (one element offset per tensor), the
 /// plan's constants and the strided-index helper.
 const HEADER: &str =
@@ -304,6 +315,55 @@ pub(crate) fn broadcast_strides(shape: &[usize], strides: &[usize], to: &[usize]
 pub(crate) fn f(v: f64) -> u32 {
     (v as f32).to_bits()
 }
+
+/// Rows of a row kernel before adapters on the host's cores take its one-invocation-per-row
+/// form ([`row_kernel`]): with fewer, the workgroup per row spreads the row over more lanes.
+pub(crate) const HOST_ROWS_MIN: usize = 8;
+
+/// Invocations per workgroup of a row kernel's host form (one SIMD batch on lavapipe).
+const HOST_ROWS_WG: u32 = 8;
+
+/// A complete row kernel around `body`, which sees `row` (the row index; the body checks it
+/// against its row count), `lid` and `LANES` (it strides its row from `lid` by `LANES`), and
+/// reduces across the lanes with `wg_sum` / `wg_max` (from uniform control flow), and its
+/// grid for `rows` rows. On a GPU, one 256-invocation workgroup per row, reduced in
+/// workgroup memory. On adapters that run on the host's cores (`host`), one invocation per
+/// row and no barrier at all: there a barrier spills every invocation's registers, and a
+/// row walked by one lane is a sequential stream the CPU's caches prefetch.
+pub(crate) fn row_kernel(prelude: &str, body: &str, host: bool, rows: usize) -> (String, [u32; 3]) {
+    if host {
+        let src = format!(
+            "{prelude}{HOST_REDUCE}\nconst LANES: u32 = 1u;\n\
+             @compute @workgroup_size({HOST_ROWS_WG})\n\
+             fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{\n\
+             let row = gid.x + gid.y * nwg.x * {HOST_ROWS_WG}u;\n    let lid = 0u;\n{body}}}\n"
+        );
+        return (src, grid_for(rows as u64, HOST_ROWS_WG));
+    }
+    let src = format!(
+        "{prelude}{WG_REDUCE}\nconst LANES: u32 = 256u;\n{MAIN_ROWS} {{\n    \
+         let row = wid.x + wid.y * nwg.x;\n{body}}}\n"
+    );
+    let r = rows.max(1) as u64;
+    let x = r.min(65535);
+    (src, [x as u32, r.div_ceil(x).min(65535) as u32, 1])
+}
+
+/// The 2-D grid of `wg`-wide workgroups for `items` work items (rows of at most 65535
+/// workgroups, the WebGPU minimum of the per-dimension limit).
+pub(crate) fn grid_for(items: u64, wg: u32) -> [u32; 3] {
+    let g = items.div_ceil(u64::from(wg)).max(1);
+    let x = g.min(65535);
+    let y = g.div_ceil(x).min(65535);
+    [x as u32, y as u32, 1]
+}
+
+/// [`WG_REDUCE`]'s functions for a row kernel's host form, where each row is one lane.
+const HOST_REDUCE: &str = "
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+fn wg_sum(v: f32, lid: u32) -> f32 { return v; }
+fn wg_max(v: f32, lid: u32) -> f32 { return v; }
+";
 
 /// Workgroup-wide sum and max over [`MAIN_ROWS`] kernels' 256 invocations (call from uniform
 /// control flow: they contain barriers), and -inf.
