@@ -1,12 +1,14 @@
-//! Rotary embedding in WGSL: one work item per rotated pair. The angle `pos · θ^(-2i/d)` is
+//! Rotary embedding in WGSL: one work item per rotated pair (on the host's cores, per
+//! position and frequency, looping over the heads: [`MAIN_HEADS`]). The angle `pos · θ^(-2i/d)` is
 //! taken modulo one turn exactly in integer arithmetic (each frequency over 2π as a 64-bit
 //! fixed-point fraction, prepared on the host in f64), so large positions keep full f32
 //! accuracy, where an f32 product would lose about 1e-4 rad at position 4095.
 //!
 //! Constants: `cfg[0]` pairs, `cfg[1]` half the head dim, `cfg[2]` heads, `cfg[3]` seq,
 //! `cfg[4]` / `cfg[5]` the last-axis strides of x and out, `cfg[6]` / `cfg[7]` where the rows'
-//! views start, `cfg[8]` the positions' stride, `cfg[9]` 1 when interleaved, then per
-//! frequency `i` the fraction's high and low words at `10 + 2i`.
+//! views start, `cfg[8]` the positions' stride, `cfg[9]` 1 when interleaved, `cfg[10]` /
+//! `cfg[11]` the heads' strides in x and out, then per frequency `i` the fraction's high and
+//! low words at `12 + 2i`.
 
 use std::sync::Arc;
 
@@ -24,33 +26,61 @@ fn mul_wide(a: u32, b: u32) -> vec2<u32> {
     let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
     return vec2<u32>((p00 & 0xffffu) | (mid << 16u), p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
 }
+// (cos, sin) of the angle of frequency i at sequence index s.
+fn angle(s: u32, i: u32) -> vec2<f32> {
+    let p = ldi_pos(s * cfg[8]);
+    let ap = u32(abs(p));
+    // The angle in turns: frac(|p| · g) from the 64-bit fraction g (high, low words).
+    let lo = mul_wide(ap, cfg[13u + 2u * i]);
+    let top = ap * cfg[12u + 2u * i] + lo.y;
+    var turn = f32(top) * 2.3283064365386963e-10 + f32(lo.x) * 5.421010862427522e-20;
+    if (turn >= 0.5) { turn = turn - 1.0; }
+    if (p < 0) { turn = -turn; }
+    let ang = turn * 6.283185307179586;
+    return vec2<f32>(cos(ang), sin(ang));
+}
+// Rotates pair i of the row at xb (input) / ob (output) by the angle cs = (cos, sin).
+fn rotate(xb: u32, ob: u32, i: u32, cs: vec2<f32>) {
+    let half = cfg[1];
+    var j0 = i;
+    var j1 = i + half;
+    if (cfg[9] != 0u) { j0 = 2u * i; j1 = 2u * i + 1u; }
+    let x0 = ld_x(xb + j0 * cfg[4]);
+    let x1 = ld_x(xb + j1 * cfg[4]);
+    st_out(ob + j0 * cfg[5], x0 * cs.x - x1 * cs.y);
+    st_out(ob + j1 * cfg[5], x0 * cs.y + x1 * cs.x);
+}
+";
+
+/// One work item per rotated pair.
+const MAIN_PAIRS: &str = "
 MAIN {
     let t = LINEAR;
     if (t >= cfg[0]) { return; }
     let half = cfg[1];
     let row = t / half;
     let i = t % half;
-    let s = (row / cfg[2]) % cfg[3];
-    let p = ldi_pos(s * cfg[8]);
-    let ap = u32(abs(p));
-    // The angle in turns: frac(|p| · g) from the 64-bit fraction g (high, low words).
-    let lo = mul_wide(ap, cfg[11u + 2u * i]);
-    let top = ap * cfg[10u + 2u * i] + lo.y;
-    var turn = f32(top) * 2.3283064365386963e-10 + f32(lo.x) * 5.421010862427522e-20;
-    if (turn >= 0.5) { turn = turn - 1.0; }
-    if (p < 0) { turn = -turn; }
-    let ang = turn * 6.283185307179586;
-    let c = cos(ang);
-    let sn = sin(ang);
-    var j0 = i;
-    var j1 = i + half;
-    if (cfg[9] != 0u) { j0 = 2u * i; j1 = 2u * i + 1u; }
-    let xb = view_off(row, cfg[6]);
-    let ob = view_off(row, cfg[7]);
-    let x0 = ld_x(xb + j0 * cfg[4]);
-    let x1 = ld_x(xb + j1 * cfg[4]);
-    st_out(ob + j0 * cfg[5], x0 * c - x1 * sn);
-    st_out(ob + j1 * cfg[5], x0 * sn + x1 * c);
+    rotate(view_off(row, cfg[6]), view_off(row, cfg[7]), i, angle((row / cfg[2]) % cfg[3], i));
+}
+";
+
+/// On the host's cores: one work item per (position, frequency), rotating that pair in
+/// every head — the angle (integer products, a sine and a cosine: most of the op's cost on
+/// a CPU) is computed once instead of once per head.
+const MAIN_HEADS: &str = "
+MAIN {
+    let u = LINEAR;
+    let half = cfg[1];
+    let heads = cfg[2];
+    if (u >= cfg[0] / heads) { return; }
+    let rs = u / half;
+    let i = u % half;
+    let cs = angle(rs % cfg[3], i);
+    // Heads are the rows' innermost dimension: one strided index per work item, not per head
+    // (a vector integer division is a loop of scalar ones on a CPU).
+    let xb = view_off(rs * heads, cfg[6]);
+    let ob = view_off(rs * heads, cfg[7]);
+    for (var h = 0u; h < heads; h = h + 1u) { rotate(xb + h * cfg[10], ob + h * cfg[11], i, cs); }
 }
 ";
 
@@ -81,6 +111,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         0,
         pos.layout.strides().first().copied().unwrap_or(0) as u32,
         u32::from(interleaved),
+        x.layout.strides()[nd - 2] as u32,
+        out.layout.strides()[nd - 2] as u32,
     ];
     for i in 0..half {
         let g = theta.powf(-2.0 * i as f64 / d as f64) / std::f64::consts::TAU;
@@ -98,13 +130,16 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("pos", pos.dtype),
         Bind::write("out", out.dtype),
     ];
-    let body = BODY.replace("MAIN", MAIN_1D).replace("LINEAR", LINEAR_ID);
-    let source = format!("{}{body}", wgsl::prelude(&binds));
+    let host = super::on_host_cores(spec);
+    let main = if host { MAIN_HEADS } else { MAIN_PAIRS };
+    let main = main.replace("MAIN", MAIN_1D).replace("LINEAR", LINEAR_ID);
+    let source = format!("{}{BODY}{main}", wgsl::prelude(&binds));
+    let items = if host { pairs / heads.max(1) } else { pairs };
     prepare_op(
         spec,
         OpSource {
             name: "rope".into(),
-            passes: vec![(source, groups_for(pairs as u64))],
+            passes: vec![(source, groups_for(items as u64))],
             cfg,
             entry: None,
             aligned: None,
