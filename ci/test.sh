@@ -35,6 +35,12 @@ cargo test --workspace
 echo "== CUDA conformance over the fake driver: no memory pools, PTX kernels (about 15 s)"
 UNIRT_FAKECUDA_POOLS=0 UNIRT_FAKECUDA_CC=100 cargo test -p unirt-conformance --test fakecuda_conformance
 
+# The wgpu operator kernels' GPU forms on the Mesa adapters: there the software adapters take
+# barrier-free host forms (vendors/wgpu/mod.rs), so without this run the forms a real GPU
+# takes would go unchecked on CI.
+echo "== wgpu operator conformance with the GPU kernel forms on the Mesa adapters (UNIRT_WGPU_GPU_FORMS=1)"
+UNIRT_WGPU_GPU_FORMS=1 UNIRT_CONFORMANCE_DEVICES=wgpu cargo test -p unirt-conformance --test conformance -- ops::
+
 # The Rust API fuzzer for a bounded time on every device (cargo test --workspace above ran it
 # for its default 5 s); a failing or crashing seed is printed, see docs/RELIABILITY.md.
 fuzz_seconds="${UNIRT_FUZZ_SECONDS_CI:-40}"

@@ -14,7 +14,15 @@
 //!   is made and validated once at instantiate, and each replay hands it to the submitter
 //!   thread, which encodes it as one encoder and one submit (`graph.rs`, `gpu.rs`).
 //! - **Kernels**: WGSL in `kernels/`: the HAL's fixed kernels and the operator kernels
-//!   generated per op family, pipelines and bind groups cached per device.
+//!   generated per op family, pipelines and bind groups cached per device. Two choices shape
+//!   their speed on adapters that run on the host's cores (lavapipe, llvmpipe), where a
+//!   workgroup is a loop of SIMD batches on one core: there a barrier spills every
+//!   invocation's registers, every non-uniform storage load is a per-lane scalar load and a
+//!   vector integer division is a loop of scalar ones. So on those adapters GEMM, the row
+//!   kernels and rope take barrier-free forms chosen at plan time, and GEMM, elementwise,
+//!   fused chains, norms and softmax have a *quad* variant that loads and stores four
+//!   elements at once, which a launch takes when its tensors start on a multiple of four
+//!   elements (`kernels/op.rs`, `Aligned`).
 //!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses

@@ -4,6 +4,8 @@
 //! workgroup memory, and every invocation rescales and accumulates its own output dimensions —
 //! so no score matrix is ever stored. A decode step (query length 1) is one workgroup per
 //! head; grouped-query heads share their kv head; causal rows see keys `j ≤ i + lkv - lq`.
+//! On adapters on the host's cores, with 8 rows or more, one invocation per query row and no
+//! barrier ([`host_kernel`]).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1..5]` hq, lq, hkv, lkv, `cfg[5]` d, `cfg[6]` causal,
 //! `cfg[7]` scale (f32 bits), `cfg[8..24]` the strides of q, k, v and out (4 each).
@@ -83,6 +85,78 @@ MAIN {
 }
 ";
 
+/// The form for adapters on the host's cores (see [`super::on_host_cores`]) for head dims
+/// `d` of 4k up to [`HOST_MAX_DIM`]: one invocation per query row and no barrier, generated
+/// for the plan's `d` — the query row and the output accumulator are `d / 4` named vec4s, as
+/// private arrays indexed at run time are lowered to compare-and-select chains by some
+/// drivers (llvmpipe's GL path). The softmax is online and rescales the accumulator only
+/// when a key raises the running max.
+fn host_kernel(d: usize) -> String {
+    let quads = d / 4;
+    let quad = |t: usize, ld: &str, base: &str, stride: &str| {
+        let e = |c: usize| format!("{ld}({base} + {}u * {stride})", 4 * t + c);
+        format!("vec4<f32>({}, {}, {}, {})", e(0), e(1), e(2), e(3))
+    };
+    let mut s = String::from(
+        "
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+@compute @workgroup_size(8)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 8u;
+    if (row >= cfg[0]) { return; }
+    let hq = cfg[1]; let lq = cfg[2]; let hkv = cfg[3]; let lkv = cfg[4];
+    let b = row / (hq * lq);
+    let h = (row / lq) % hq;
+    let i = row % lq;
+    let kh = h / (hq / hkv);
+    var visible = lkv;
+    if (cfg[6] != 0u) { visible = min(i + lkv - lq + 1u, lkv); }
+    let scale = cfg_f(7u);
+    let qb = b * cfg[8] + h * cfg[9] + i * cfg[10];
+    let kb = b * cfg[12] + kh * cfg[13];
+    let vb = b * cfg[16] + kh * cfg[17];
+",
+    );
+    for t in 0..quads {
+        s += &format!(
+            "    let q{t} = {};\n    var a{t} = vec4<f32>(0.0);\n",
+            quad(t, "ld_q", "qb", "cfg[11]")
+        );
+    }
+    s += "    var m = neg_inf();\n    var l = 0.0;\n    for (var key = 0u; key < visible; key = key + 1u) {\n        let kr = kb + key * cfg[14];\n        var dv = vec4<f32>(0.0);\n";
+    for t in 0..quads {
+        s += &format!(
+            "        dv = dv + q{t} * {};\n",
+            quad(t, "ld_k", "kr", "cfg[15]")
+        );
+    }
+    s += "        let sc = (dv.x + dv.y + dv.z + dv.w) * scale;\n        if (sc > m) {\n            let corr = exp(m - sc);\n            l = l * corr;\n";
+    for t in 0..quads {
+        s += &format!("            a{t} = a{t} * corr;\n");
+    }
+    s += "            m = sc;\n        }\n        let p = exp(sc - m);\n        l = l + p;\n        let vr = vb + key * cfg[18];\n";
+    for t in 0..quads {
+        s += &format!(
+            "        a{t} = a{t} + p * {};\n",
+            quad(t, "ld_v", "vr", "cfg[19]")
+        );
+    }
+    s += "    }\n    let ob = b * cfg[20] + h * cfg[21] + i * cfg[22];\n    var inv = 0.0;\n    if (l > 0.0) { inv = 1.0 / l; }\n";
+    for t in 0..quads {
+        for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+            s += &format!(
+                "    st_out(ob + {}u * cfg[23], a{t}.{comp} * inv);\n",
+                4 * t + c
+            );
+        }
+    }
+    s += "}\n";
+    s
+}
+
+/// The largest head dim of the host form (its code grows with `d`).
+const HOST_MAX_DIM: usize = 256;
+
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Attention { scale, causal } = *spec.params else {
         return Err(Error::Internal(format!(
@@ -128,13 +202,23 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("v", v.dtype),
         Bind::write("out", o.dtype),
     ];
-    let body = BODY.replace("MAIN", MAIN_ROWS);
-    let source = format!("{}{WG_REDUCE}{body}", wgsl::prelude(&binds));
+    let host = super::on_host_cores(spec)
+        && rows >= wgsl::HOST_ROWS_MIN
+        && d % 4 == 0
+        && (4..=HOST_MAX_DIM).contains(&d);
+    let (source, grid) = if host {
+        let src = format!("{}{}", wgsl::prelude(&binds), host_kernel(d));
+        (src, wgsl::grid_for(rows as u64, 8))
+    } else {
+        let body = BODY.replace("MAIN", MAIN_ROWS);
+        let src = format!("{}{WG_REDUCE}{body}", wgsl::prelude(&binds));
+        (src, rows_grid(rows))
+    };
     prepare_op(
         spec,
         OpSource {
             name: "attention".into(),
-            passes: vec![(source, rows_grid(rows))],
+            passes: vec![(source, grid)],
             cfg,
             entry: None,
             aligned: None,

@@ -1,5 +1,6 @@
-//! `fused_elementwise` in WGSL: a chain of elementwise steps, one work item per element, each
-//! input loaded once and only the last step stored.
+//! `fused_elementwise` in WGSL: a chain of elementwise steps, one work item per element (or
+//! per four, in the quad variant of launches whose tensors start on a multiple of four
+//! elements), each input loaded once and only the last step stored.
 //!
 //! Each step calls a function whose body is the unfused operator's expression (the same text
 //! as `elementwise.rs` generates), then passes its result through `keep`: rounded to the dtype
@@ -15,7 +16,7 @@
 use std::sync::Arc;
 
 use super::elementwise::{expr, groups_for, MATH};
-use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
+use super::op::{prepare as prepare_op, Aligned, OpSource, MAX_TENSORS};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -68,12 +69,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let n = out.layout.numel();
     let mut cfg = vec![n as u32, 0];
     let mut binds = Vec::new();
-    let mut body = String::new();
+    let (mut loads, mut loads4, mut lanes) = (String::new(), String::new(), String::new());
     for (k, d) in spec.inputs.iter().enumerate() {
         binds.push(Bind::read(NAMES[k], d.dtype));
         // The plan made every input contiguous of the output's shape.
-        body += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
+        loads += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
+        loads4 += &format!("    let v{k} = ld4_{}(i);\n", NAMES[k]);
     }
+    let mut body = String::new();
     binds.push(Bind::write("out", out.dtype));
     let mut funcs = String::new();
     let operand = |src: FusedSrc| match src {
@@ -102,12 +105,32 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         );
     }
     let last = prog.steps.len() - 1;
+    let keep = keep(out.dtype)?;
     let source = format!(
         "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    \
-         if (i >= cfg[0]) {{ return; }}\n{body}    st_out(i, t{last});\n}}\n",
+         if (i >= cfg[0]) {{ return; }}\n{loads}{body}    st_out(i, t{last});\n}}\n",
         prelude = wgsl::prelude(&binds),
-        keep = keep(out.dtype)?,
     );
+    // The quad variant: four elements per load and store, each run through the same steps.
+    for c in ["x", "y", "z", "w"] {
+        let xs: String = (0..spec.inputs.len())
+            .map(|k| format!("let x{k} = v{k}.{c}; "))
+            .collect();
+        lanes += &format!("    {{\n    {xs}\n{body}    r.{c} = t{last};\n    }}\n");
+    }
+    let aligned = match wgsl::prelude_quads(&binds) {
+        Some(prelude) if n % 4 == 0 => Some(Aligned {
+            passes: vec![(
+                format!(
+                    "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    \
+                     if (i >= cfg[0]) {{ return; }}\n{loads4}    var r: vec4<f32>;\n{lanes}    st4_out(i, r);\n}}\n"
+                ),
+                groups_for(n as u64 / 4),
+            )],
+            tensors: (0..binds.len()).collect(),
+        }),
+        _ => None,
+    };
     prepare_op(
         spec,
         OpSource {
@@ -115,7 +138,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups_for(n as u64))],
             cfg,
             entry: None,
-            aligned: None,
+            aligned,
         },
     )
 }

@@ -45,8 +45,13 @@ fn reg_all(reg: &mut KernelRegistry, op: &str, dtypes: &[DType], prepare: Prepar
 }
 
 /// Whether the plan's device emulates a GPU on the host's cores (lavapipe, llvmpipe), where
-/// some families take a barrier-free form.
+/// some families take a barrier-free form. `UNIRT_WGPU_GPU_FORMS=1` makes every adapter take
+/// the GPU forms, so that CI checks them on the Mesa adapters too.
 fn on_host_cores(spec: &crate::ops::PlanSpec<'_>) -> bool {
+    static GPU_FORMS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *GPU_FORMS.get_or_init(|| std::env::var("UNIRT_WGPU_GPU_FORMS").is_ok_and(|v| v == "1")) {
+        return false;
+    }
     crate::Runtime::get(spec.device)
         .map(|rt| {
             crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software
