@@ -91,10 +91,36 @@ impl Float for bf16 {
         bf16::from_f32(v)
     }
     fn load(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst)
+        bf16_load(src, dst)
     }
     fn store(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src)
+        bf16_store(src, dst)
+    }
+}
+
+/// bf16 → f32 for a block: a shift per element, in a loop the compiler vectorises (the `half`
+/// crate's slice conversion converts one element at a time).
+#[inline(always)]
+fn bf16_widen(src: &[bf16], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+    }
+}
+
+/// f32 → bf16 for a block, branch-free so it vectorises, bit for bit `bf16::from_f32`: round
+/// to nearest even, and a NaN keeps its payload's high bits with the quiet bit set.
+#[inline(always)]
+fn bf16_narrow(src: &[f32], dst: &mut [bf16]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        let x = s.to_bits();
+        let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1))) >> 16;
+        let nan = (x >> 16) | 0x40;
+        let bits = if x & 0x7fff_ffff > 0x7f80_0000 {
+            nan
+        } else {
+            rounded
+        };
+        *d = bf16::from_bits(bits as u16);
     }
 }
 
@@ -134,6 +160,16 @@ macro_rules! simd {
     };
 }
 pub(super) use simd;
+
+/// [`bf16_widen`] compiled for AVX2 where the CPU has it.
+fn bf16_load(src: &[bf16], dst: &mut [f32]) {
+    simd!(bf16_widen(src, dst))
+}
+
+/// [`bf16_narrow`] compiled for AVX2 where the CPU has it.
+fn bf16_store(src: &[f32], dst: &mut [bf16]) {
+    simd!(bf16_narrow(src, dst))
+}
 
 /// Elements per block when f16/bf16 go through f32 buffers.
 pub(super) const BLOCK: usize = 512;
@@ -515,5 +551,49 @@ mod tests {
             max_f32(&[1.0, 9.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 2.0, -1.0]),
             9.0
         );
+    }
+}
+
+#[cfg(test)]
+mod bf16_tests {
+    use super::*;
+
+    /// The block conversions are bit for bit `half`'s per-element ones: every 2^32 / 7919-th
+    /// bit pattern (all exponents, both signs), the rounding ties around them, and the edges.
+    #[test]
+    fn bf16_blocks_match_half() {
+        let mut bits: Vec<u32> = (0..=u32::MAX / 7919).map(|i| i * 7919).collect();
+        for b in bits.clone() {
+            let base = b & !0xffff;
+            bits.extend([base | 0x8000, base | 0x18000, base | 0x7fff, base | 0x8001]);
+        }
+        bits.extend([
+            0,
+            0x8000_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffff_ffff,
+            0x7f7f_ffff,
+            0x0000_0001,
+            0x807f_ffff,
+        ]);
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let mut got = vec![bf16::ZERO; src.len()];
+        bf16_store(&src, &mut got);
+        for (i, (&s, g)) in src.iter().zip(&got).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                bf16::from_f32(s).to_bits(),
+                "bits {:#x}",
+                bits[i]
+            );
+        }
+        let mut back = vec![0f32; got.len()];
+        bf16_load(&got, &mut back);
+        for (g, b) in got.iter().zip(&back) {
+            assert_eq!(b.to_bits(), g.to_f32().to_bits());
+        }
     }
 }
