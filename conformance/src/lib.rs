@@ -41,6 +41,7 @@ mod cases_ops_elementwise;
 mod cases_ops_linalg;
 mod cases_ops_reduce;
 mod cases_ops_registry;
+mod cases_ops_views;
 mod cases_robust;
 mod cases_streams;
 mod cases_stress;
@@ -181,6 +182,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
     all.extend(cases_fused::cases());
+    all.extend(cases_ops_views::cases());
     all
 }
 

@@ -31,9 +31,9 @@ const NEEDS_A_GPU: &str = "the CUDA operator kernels are CUDA C, compiled by NVR
 const GPU_ONLY_ERROR: &str = "cuModuleGetFunction failed: CUDA_ERROR_NOT_SUPPORTED";
 
 /// Whether `case` is an operator case (`ops::<op>::<dtype>::…`) of a CUDA C kernel, or an
-/// operator-graph case (`graph::…`, which runs such kernels).
+/// operator-graph case (`graph::…`) or `ops::random_views`, which run such kernels.
 fn needs_a_gpu(case: &str) -> bool {
-    if case.starts_with("graph::") {
+    if case.starts_with("graph::") || case == "ops::random_views" {
         return true;
     }
     let mut parts = case.split("::");

@@ -1,0 +1,127 @@
+//! `ops::random_views`: operators on seeded random views — contiguous or transposed, starting
+//! 0–7 elements into their buffers, with extents that are and are not multiples of four and
+//! row counts on both sides of the wgpu host forms' threshold — against f64 references. Every
+//! backend picks kernel variants by layout (the wgpu quad variants by each launch's offsets,
+//! host or GPU forms by row count); this draws layouts the fixed cases do not, so a variant
+//! chosen for a layout it cannot serve shows up as a wrong value.
+
+use unirt::tensor::{DType, SplitMix64, Tensor};
+
+use crate::ops_check::*;
+use crate::{Case, Ctx, Failure};
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![Case {
+        name: "ops::random_views",
+        needs: &[],
+        run: random_views,
+    }]
+}
+
+/// Extents drawn for every dimension: multiples of four and not, 1 and past a tile.
+const EXTENTS: [usize; 10] = [1, 3, 4, 5, 8, 12, 16, 17, 36, 64];
+
+struct Draw(SplitMix64);
+
+impl Draw {
+    fn below(&mut self, n: usize) -> usize {
+        (self.0.next_u64() % n as u64) as usize
+    }
+    fn extent(&mut self) -> usize {
+        EXTENTS[self.below(EXTENTS.len())]
+    }
+}
+
+/// A random view of logical shape `[rows, cols]` on `ctx`'s device: a flat buffer of
+/// `rows·cols + shift` elements, `shift` in 0..8, seen as `[rows, cols]` or as the
+/// transpose of `[cols, rows]`. Returns the view and its values.
+fn view(
+    ctx: &Ctx,
+    d: &mut Draw,
+    rows: usize,
+    cols: usize,
+    dt: DType,
+    seed: u64,
+) -> Result<(Tensor, Vec<f64>, String), Failure> {
+    let shift = d.below(8);
+    let transposed = d.below(3) == 0;
+    let (flat, vf) = random(&[rows * cols + shift], -2.0, 2.0, seed, dt, ctx.device)?;
+    let base = flat.narrow(0, shift, rows * cols).map_err(err("narrow"))?;
+    let v = if transposed {
+        base.reshape(&[cols, rows])
+            .and_then(|t| t.transpose(0, 1))
+            .map_err(err("transposed view"))?
+    } else {
+        base.reshape(&[rows, cols]).map_err(err("view"))?
+    };
+    let hv = host_view(&vf, v.layout());
+    let what = format!(
+        "[{rows}, {cols}]{} at offset {shift}",
+        if transposed { " transposed" } else { "" }
+    );
+    Ok((v, hv, what))
+}
+
+fn random_views(ctx: &Ctx) -> Result<(), Failure> {
+    let mut d = Draw(SplitMix64::new(0x5eed_u64));
+    for trial in 0..40u64 {
+        let dt = [DType::F32, DType::F16, DType::BF16][(trial % 3) as usize];
+        let (rows, cols) = (d.extent(), d.extent());
+        let seed = 900 + 4 * trial;
+        let (x, hx, what) = view(ctx, &mut d, rows, cols, dt, seed)?;
+        match trial % 5 {
+            0 => {
+                let (y, hy, wy) = view(ctx, &mut d, rows, cols, dt, seed + 1)?;
+                let w = format!("trial {trial}: add {what} + {wy} ({dt})");
+                let out = x.add(&y).map_err(err(&w))?;
+                let want: Vec<f64> = hx.iter().zip(&hy).map(|(a, b)| a + b).collect();
+                close(&w, &values(&out, &w)?, &want, dt, None)?;
+            }
+            1 => {
+                let w = format!("trial {trial}: silu {what} ({dt})");
+                let out = x.silu().map_err(err(&w))?;
+                let want: Vec<f64> = hx.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+                close(&w, &values(&out, &w)?, &want, dt, None)?;
+            }
+            2 => {
+                let n = d.extent();
+                let (y, hy, wy) = view(ctx, &mut d, cols, n, dt, seed + 1)?;
+                let w = format!("trial {trial}: matmul {what} @ {wy} ({dt})");
+                let out = x.matmul(&y).map_err(err(&w))?;
+                let (mut want, mut scale) = (Vec::new(), Vec::new());
+                for i in 0..rows {
+                    for j in 0..n {
+                        let terms = (0..cols).map(|q| hx[i * cols + q] * hy[q * n + j]);
+                        want.push(terms.clone().sum());
+                        scale.push(terms.map(f64::abs).sum());
+                    }
+                }
+                close(&w, &values(&out, &w)?, &want, dt, Some(&scale))?;
+            }
+            3 => {
+                let (g, hg) = random(&[cols], 0.5, 1.5, seed + 2, dt, ctx.device)?;
+                let w = format!("trial {trial}: rms_norm {what} ({dt})");
+                let out = x.rms_norm(&g, 1e-5).map_err(err(&w))?;
+                let mut want = Vec::new();
+                for row in hx.chunks(cols) {
+                    let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+                    let inv = 1.0 / (ms + 1e-5).sqrt();
+                    want.extend(row.iter().zip(&hg).map(|(v, g)| v * inv * g));
+                }
+                close(&w, &values(&out, &w)?, &want, dt, None)?;
+            }
+            _ => {
+                let w = format!("trial {trial}: softmax {what} ({dt})");
+                let out = x.softmax(-1).map_err(err(&w))?;
+                let mut want = Vec::new();
+                for row in hx.chunks(cols) {
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                    want.extend(row.iter().map(|v| (v - m).exp() / s));
+                }
+                close(&w, &values(&out, &w)?, &want, dt, None)?;
+            }
+        }
+    }
+    Ok(())
+}
