@@ -140,6 +140,27 @@ fn memory_rows(dev: Device, dt: DType, mib: usize, rows: &mut Vec<Row>) -> CliRe
         run_plan(&bin(ops::BinaryOp::Mul)?, &[&a, &b], 1)?,
         3 * bytes,
     ));
+    // Strided reads: a bias broadcast along rows, and a transposed input made contiguous.
+    let bias = rand(&[width], dt, dev, 7)?;
+    rows.push(bw_row(
+        "add_bias_bcast",
+        dt,
+        s.clone(),
+        run_plan(
+            &ops::elementwise::binary(ops::BinaryOp::Add, &a.desc(), &bias.desc())?,
+            &[&a, &bias],
+            1,
+        )?,
+        2 * bytes,
+    ));
+    let t = b.reshape(&[shape[1], shape[0]])?.transpose(0, 1)?;
+    rows.push(bw_row(
+        "rearrange_transp",
+        dt,
+        s.clone(),
+        run_plan(&ops::rearrange::copy(&t.desc())?, &[&t], 1)?,
+        2 * bytes,
+    ));
     let silu = ops::elementwise::unary(ops::UnaryOp::Silu, &a.desc())?;
     rows.push(bw_row(
         "silu",

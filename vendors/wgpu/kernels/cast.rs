@@ -83,13 +83,16 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut cfg = vec![n as u32, 0];
     cfg[1] = wgsl::push_view(&mut cfg, src.layout.shape(), src.layout.strides());
     let binds = [Bind::read("src", src.dtype), Bind::write("dst", to)];
+    let mut views = String::new();
     let j = if src.layout.is_contiguous() {
-        "i"
+        "i".to_string()
     } else {
-        "view_off(i, cfg[1u])"
+        let (shape, strides) = (src.layout.shape(), src.layout.strides());
+        let host = super::on_host_cores(spec);
+        wgsl::view_index(&mut views, "view_src", "i", 1, shape, strides, host)
     };
     let source = format!(
-        "{}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
+        "{}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
          let j = {j};\n    {}\n}}\n",
         wgsl::prelude(&binds),
         convert(src.dtype, to),

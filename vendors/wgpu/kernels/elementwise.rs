@@ -103,6 +103,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     cfg.extend(std::iter::repeat_n(0, spec.inputs.len()));
     let mut binds = Vec::new();
     let mut loads = String::new();
+    let mut views = String::new();
+    let host = super::on_host_cores(spec);
     let mut all_direct = n % 4 == 0;
     for (k, d) in spec.inputs.iter().enumerate() {
         binds.push(Bind::read(NAMES[k], d.dtype));
@@ -113,13 +115,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         let index = if direct {
             "i".to_string()
         } else {
-            format!("view_off(i, cfg[{}u])", 2 + k)
+            let name = format!("view_{}", NAMES[k]);
+            wgsl::view_index(&mut views, &name, "i", 2 + k as u32, shape, &strides, host)
         };
         loads += &format!("    let x{k} = ld_{}({index});\n", NAMES[k]);
     }
     binds.push(Bind::write("out", out.dtype));
     let source = format!(
-        "{prelude}{MATH}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
+        "{prelude}{MATH}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
          let s = cfg_f(1u);\n{loads}    st_out(i, {body});\n}}\n",
         prelude = wgsl::prelude(&binds),
     );

@@ -82,6 +82,9 @@ pub(crate) struct OpCache {
     dummy: Mutex<Option<DevBuf>>,
 }
 
+/// Pipelines kept before the cache is emptied.
+const MAX_CACHED_PIPELINES: usize = 1024;
+
 /// Bind groups kept before the cache is emptied (each holds its buffers alive).
 const MAX_CACHED_GROUPS: usize = 4096;
 
@@ -152,7 +155,14 @@ impl OpCache {
             });
         }
         let p = Arc::new(Pipe { pipeline });
-        self.pipes.lock().insert(key, p.clone());
+        let mut pipes = self.pipes.lock();
+        // Host forms write shapes into their code (`wgsl::view_index`), so a program that
+        // sees ever new shapes would grow this map without end; plans hold their own pipelines,
+        // so emptying it only costs later plans a compile.
+        if pipes.len() >= MAX_CACHED_PIPELINES {
+            pipes.clear();
+        }
+        pipes.insert(key, p.clone());
         Ok(p)
     }
 

@@ -17,14 +17,6 @@ use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 
-fn index(direct: bool, at: usize) -> String {
-    if direct {
-        "i".into()
-    } else {
-        format!("view_off(i, cfg[{at}u])")
-    }
-}
-
 fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (src, dst) = (&spec.inputs[0], &spec.outputs[0]);
     let n = dst.layout.numel();
@@ -32,12 +24,21 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     cfg[1] = wgsl::push_view(&mut cfg, src.layout.shape(), src.layout.strides());
     cfg[2] = wgsl::push_view(&mut cfg, dst.layout.shape(), dst.layout.strides());
     let binds = [Bind::read("src", src.dtype), Bind::write("dst", dst.dtype)];
+    let host = super::on_host_cores(spec);
+    let mut views = String::new();
+    let mut index = |name: &str, d: &crate::ops::TensorDesc, at: u32| {
+        if d.layout.is_contiguous() {
+            "i".to_string()
+        } else {
+            let (shape, strides) = (d.layout.shape(), d.layout.strides());
+            wgsl::view_index(&mut views, name, "i", at, shape, strides, host)
+        }
+    };
+    let (di, si) = (index("view_dst", dst, 2), index("view_src", src, 1));
     let source = format!(
-        "{}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
-         str_dst({}, ldr_src({}));\n}}\n",
+        "{}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
+         str_dst({di}, ldr_src({si}));\n}}\n",
         wgsl::prelude(&binds),
-        index(dst.layout.is_contiguous(), 2),
-        index(src.layout.is_contiguous(), 1),
     );
     prepare_op(
         spec,
@@ -85,6 +86,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         .collect();
     binds.push(Bind::write("out", out.dtype));
     let prelude = wgsl::prelude(&binds);
+    let host = super::on_host_cores(spec);
     let mut passes = Vec::new();
     let mut start = 0;
     for (k, d) in spec.inputs.iter().enumerate() {
@@ -98,8 +100,16 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         if numel == 0 {
             continue;
         }
+        let mut views = String::new();
+        let idx = if d.layout.is_contiguous() {
+            "i".to_string()
+        } else {
+            let (shape, strides) = (d.layout.shape(), d.layout.strides());
+            let slot = (at + 3) as u32;
+            wgsl::view_index(&mut views, "view_in", "i", slot, shape, strides, host)
+        };
         let source = format!(
-            "{prelude}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[{at}u]) {{ return; }}\n    \
+            "{prelude}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[{at}u]) {{ return; }}\n    \
              let inner = cfg[1u];\n    let ak = cfg[{a1}u];\n    \
              let outer = i / (ak * inner);\n    let a = (i / inner) % ak;\n    let r = i % inner;\n    \
              let o = (outer * cfg[0u] + cfg[{a2}u] + a) * inner + r;\n    \
@@ -107,7 +117,6 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             a1 = at + 1,
             a2 = at + 2,
             name = names[k],
-            idx = index(d.layout.is_contiguous(), at + 3),
         );
         passes.push((source, groups_for(numel as u64)));
     }

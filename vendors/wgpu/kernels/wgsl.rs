@@ -282,6 +282,57 @@ pub(crate) const MAIN_ROWS: &str = "@compute @workgroup_size(256)\n\
     fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
     @builtin(local_invocation_index) lid: u32)";
 
+/// The WGSL expression of element `i`'s offset in a view of `shape` / `strides` whose
+/// descriptor starts at the index held in `cfg[at]`. With `literal` (on the host's cores), a
+/// function `name` with the shape and strides written into the code is added to `funcs` and
+/// called: the compiler then turns each division by an extent into a multiply and a shift,
+/// where `view_off`'s run-time divisions are loops of scalar divisions on a CPU (strided
+/// kernels ran 6–9× slower than contiguous ones on lavapipe). The source then differs per
+/// shape, so such a pipeline is compiled per shape.
+pub(crate) fn view_index(
+    funcs: &mut String,
+    name: &str,
+    i: &str,
+    at: u32,
+    shape: &[usize],
+    strides: &[usize],
+    literal: bool,
+) -> String {
+    if !literal {
+        return format!("view_off({i}, cfg[{at}u])");
+    }
+    if shape.contains(&0) {
+        // No element to index (and no extent to divide by).
+        let _ = writeln!(funcs, "fn {name}(i: u32) -> u32 {{ return 0u; }}");
+        return format!("{name}({i})");
+    }
+    let mut body = String::new();
+    let dims: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .map(|(&n, &s)| (n, s))
+        .filter(|&(n, _)| n != 1)
+        .collect();
+    for (k, &(n, s)) in dims.iter().enumerate().rev() {
+        let outermost = k == 0;
+        if s != 0 {
+            if outermost {
+                let _ = writeln!(body, "    off = off + rem * {s}u;");
+            } else {
+                let _ = writeln!(body, "    off = off + (rem % {n}u) * {s}u;");
+            }
+        }
+        if !outermost {
+            let _ = writeln!(body, "    rem = rem / {n}u;");
+        }
+    }
+    let _ = writeln!(
+        funcs,
+        "fn {name}(i: u32) -> u32 {{\n    var rem = i;\n    var off = 0u;\n{body}    return off;\n}}"
+    );
+    format!("{name}({i})")
+}
+
 /// Appends a view descriptor (rank, shape, strides) to `cfg`, returning its index.
 pub(crate) fn push_view(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
     let at = cfg.len() as u32;
