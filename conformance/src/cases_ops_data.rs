@@ -10,6 +10,7 @@ crate::op_cases! {
     cast = "cast": [f32, f16, bf16, i32, i64, u8, bool] => [all_targets] via cast_case;
     rearrange = "rearrange": [f32, f16, bf16, i32, i64, u8, bool] => [layouts] via rearrange_case;
     rearrange_bad = "rearrange": [f32] => [bad_input] via rearrange_case;
+    rearrange_big = "rearrange": [f32, f16, i64, u8] => [large_transposes] via rearrange_case;
     concat = "concat": [f32, f16, bf16, i32, i64, u8, bool] => [axes] via concat_case;
     concat_bad = "concat": [f32] => [bad_input] via concat_case;
     embedding = "embedding": [f32, f16, bf16] => [gather, bad_input] via embedding_case;
@@ -65,6 +66,45 @@ fn cast_case(ctx: &Ctx, _op: &'static str, dt: DType, _what: &str) -> Result<(),
 }
 
 fn rearrange_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    if what == "large_transposes" {
+        // Transposes big enough for blocked copies, with partial blocks at both edges and
+        // an outer dimension, and a strided destination.
+        let (base, vb) = tensor(&sample_values(3 * 70 * 45, dt, 11), &[3, 70, 45], dt, ctx)?;
+        let views = [
+            base.transpose(1, 2).map_err(err("transpose"))?,
+            base.permute(&[2, 0, 1]).map_err(err("permute"))?,
+            base.narrow(0, 1, 1)
+                .and_then(|t| t.squeeze(0))
+                .and_then(|t| t.transpose(0, 1))
+                .map_err(err("transpose"))?,
+        ];
+        for v in &views {
+            let w = format!(
+                "contiguous copy of {:?} strides {:?}",
+                v.shape(),
+                v.layout().strides()
+            );
+            let c = v.contiguous().map_err(err(&w))?;
+            close(&w, &values(&c, &w)?, &host_view(&vb, v.layout()), dt, None)?;
+        }
+        let src = base
+            .narrow(0, 2, 1)
+            .and_then(|t| t.squeeze(0))
+            .map_err(err("view"))?;
+        let dst = Tensor::zeros(&[45, 70], dt, ctx.device).map_err(err("zeros"))?;
+        dst.transpose(0, 1)
+            .and_then(|t| t.copy_from(&src))
+            .map_err(err("copy into a transposed view"))?;
+        let hs = host_view(&vb, src.layout());
+        let want: Vec<f64> = (0..45 * 70).map(|i| hs[(i % 70) * 45 + i / 70]).collect();
+        return close(
+            "copy into a transposed view",
+            &values(&dst, "dst")?,
+            &want,
+            dt,
+            None,
+        );
+    }
     let (base, vb) = tensor(&sample_values(120, dt, 9), &[4, 5, 6], dt, ctx)?;
     if what == "bad_input" {
         let dst = Tensor::zeros(&[4, 6, 5], dt, ctx.device).map_err(err("zeros"))?;
