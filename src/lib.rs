@@ -71,9 +71,9 @@
 //!   backend that compiles; then crate `unirt-conformance` runs every case on it.
 //! - **A new operator**: its name and signature in [`kernel::KERNELS`] (checked once for every
 //!   vendor), and its kernel in the op family's file of each vendor — `kernels/<family>.rs` on
-//!   the CPU, `kernels/<family>.cu` on CUDA, `kernels/<family>.wgsl` on wgpu (the same family
-//!   names everywhere: `elementwise`, `cast`, `rearrange`, `reduce`, `softmax`, `norm`,
-//!   `matmul`, `embedding`, `rope`, `attention`, `sample`).
+//!   the CPU, `kernels/<family>.cu` on CUDA, `kernels/<family>.rs` on wgpu, which generates
+//!   the family's WGSL (the same family names everywhere: `elementwise`, `cast`, `rearrange`,
+//!   `reduce`, `softmax`, `norm`, `matmul`, `embedding`, `rope`, `attention`, `sample`).
 //! - **A rule every backend shares** (handle checks, capture state, copy ranges, allocation
 //!   lifetimes): the checked layer between the public API and the vendors, not each vendor.
 //!
