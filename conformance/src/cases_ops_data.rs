@@ -78,32 +78,12 @@ fn rearrange_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
                 .and_then(|t| t.transpose(0, 1))
                 .map_err(err("transpose"))?,
         ];
-        for v in &views {
-            let w = format!(
-                "contiguous copy of {:?} strides {:?}",
-                v.shape(),
-                v.layout().strides()
-            );
-            let c = v.contiguous().map_err(err(&w))?;
-            close(&w, &values(&c, &w)?, &host_view(&vb, v.layout()), dt, None)?;
-        }
+        contiguous_copies(&views, &vb, dt)?;
         let src = base
             .narrow(0, 2, 1)
             .and_then(|t| t.squeeze(0))
             .map_err(err("view"))?;
-        let dst = Tensor::zeros(&[45, 70], dt, ctx.device).map_err(err("zeros"))?;
-        dst.transpose(0, 1)
-            .and_then(|t| t.copy_from(&src))
-            .map_err(err("copy into a transposed view"))?;
-        let hs = host_view(&vb, src.layout());
-        let want: Vec<f64> = (0..45 * 70).map(|i| hs[(i % 70) * 45 + i / 70]).collect();
-        return close(
-            "copy into a transposed view",
-            &values(&dst, "dst")?,
-            &want,
-            dt,
-            None,
-        );
+        return copy_into_transposed(ctx, &src, &vb, dt);
     }
     let (base, vb) = tensor(&sample_values(120, dt, 9), &[4, 5, 6], dt, ctx)?;
     if what == "bad_input" {
@@ -142,7 +122,22 @@ fn rearrange_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
             .and_then(|t| t.squeeze(0))
             .map_err(err("squeeze"))?,
     ];
-    for v in &views {
+    contiguous_copies(&views, &vb, dt)?;
+    // Into a strided destination: the transpose of a [6, 5] tensor.
+    let src = base
+        .narrow(0, 1, 1)
+        .and_then(|t| t.squeeze(0))
+        .map_err(err("view"))?; // [5, 6]
+    copy_into_transposed(ctx, &src, &vb, dt)?;
+    // Device to device and back (to()).
+    let same = base.to(ctx.device).map_err(err("to(same device)"))?;
+    close("to(same device)", &values(&same, "to")?, &vb, dt, None)
+}
+
+/// `contiguous()` of each view (of a base whose values are `vb`) is contiguous and holds the
+/// view's values.
+fn contiguous_copies(views: &[Tensor], vb: &[f64], dt: DType) -> Result<(), Failure> {
+    for v in views {
         let w = format!(
             "contiguous copy of {:?} strides {:?}",
             v.shape(),
@@ -152,29 +147,28 @@ fn rearrange_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
         if !c.is_contiguous() {
             return Err(fail(format!("{w}: result is not contiguous")));
         }
-        close(&w, &values(&c, &w)?, &host_view(&vb, v.layout()), dt, None)?;
+        close(&w, &values(&c, &w)?, &host_view(vb, v.layout()), dt, None)?;
     }
-    // Into a strided destination: the transpose of a [6, 5] tensor.
-    let src = base
-        .narrow(0, 1, 1)
-        .and_then(|t| t.squeeze(0))
-        .map_err(err("view"))?; // [5, 6]
-    let dst = Tensor::zeros(&[6, 5], dt, ctx.device).map_err(err("zeros"))?;
+    Ok(())
+}
+
+/// Copying the 2-D view `src` (of a base whose values are `vb`) into the transposed view of
+/// a fresh tensor writes its transpose.
+fn copy_into_transposed(ctx: &Ctx, src: &Tensor, vb: &[f64], dt: DType) -> Result<(), Failure> {
+    let (r, c) = (src.shape()[0], src.shape()[1]);
+    let dst = Tensor::zeros(&[c, r], dt, ctx.device).map_err(err("zeros"))?;
     dst.transpose(0, 1)
-        .and_then(|t| t.copy_from(&src))
+        .and_then(|t| t.copy_from(src))
         .map_err(err("copy into a transposed view"))?;
-    let hs = host_view(&vb, src.layout());
-    let want: Vec<f64> = (0..30).map(|i| hs[(i % 5) * 6 + i / 5]).collect();
+    let hs = host_view(vb, src.layout());
+    let want: Vec<f64> = (0..r * c).map(|i| hs[(i % r) * c + i / r]).collect();
     close(
         "copy into a transposed view",
         &values(&dst, "dst")?,
         &want,
         dt,
         None,
-    )?;
-    // Device to device and back (to()).
-    let same = base.to(ctx.device).map_err(err("to(same device)"))?;
-    close("to(same device)", &values(&same, "to")?, &vb, dt, None)
+    )
 }
 
 fn concat_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {

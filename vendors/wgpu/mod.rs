@@ -22,7 +22,7 @@
 //!   kernels and rope take barrier-free forms chosen at plan time, and GEMM, elementwise,
 //!   fused chains, norms and softmax have a *quad* variant that loads and stores four
 //!   elements at once, which a launch takes when its tensors start on a multiple of four
-//!   elements (`kernels/op.rs`, `Aligned`).
+//!   elements (`kernels/op.rs`, `OpSource::aligned`).
 //!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses

@@ -5,7 +5,7 @@
 //! so no score matrix is ever stored. A decode step (query length 1) is one workgroup per
 //! head; grouped-query heads share their kv head; causal rows see keys `j ≤ i + lkv - lq`.
 //! On adapters on the host's cores, with 8 rows or more, one invocation per query row and no
-//! barrier ([`host_kernel`]).
+//! barrier ([`host_body`]).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1..5]` hq, lq, hkv, lkv, `cfg[5]` d, `cfg[6]` causal,
 //! `cfg[7]` scale (f32 bits), `cfg[8..24]` the strides of q, k, v and out (4 each).
@@ -13,8 +13,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource};
-use super::reduce::rows_grid;
-use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
@@ -23,11 +22,9 @@ use crate::ops::{Params, PlanSpec, PreparedKernel};
 /// Head dims one invocation accumulates (d ≤ 4 · 256).
 const DIMS_PER_ITEM: usize = 4;
 
-const BODY: &str = "
-var<workgroup> qsh: array<f32, 1024>;
-var<workgroup> psh: array<f32, 256>;
-MAIN {
-    let row = wid.x + wid.y * nwg.x;
+/// What both forms start with: the query row's batch, head and position, its kv head, the
+/// keys it sees, and where its q, k and v start ([`wgsl::row_kernel`] gives `row`).
+const HEAD: &str = "
     if (row >= cfg[0]) { return; }
     let hq = cfg[1]; let lq = cfg[2]; let hkv = cfg[3]; let lkv = cfg[4]; let d = cfg[5];
     let b = row / (hq * lq);
@@ -38,10 +35,20 @@ MAIN {
     if (cfg[6] != 0u) { visible = min(i + lkv - lq + 1u, lkv); }
     let scale = cfg_f(7u);
     let qb = b * cfg[8] + h * cfg[9] + i * cfg[10];
-    for (var j = lid; j < d; j = j + 256u) { qsh[j] = ld_q(qb + j * cfg[11]); }
-    workgroupBarrier();
     let kb = b * cfg[12] + kh * cfg[13];
     let vb = b * cfg[16] + kh * cfg[17];
+";
+
+/// The workgroup memory of the GPU form.
+const GPU_SHARED: &str = "
+var<workgroup> qsh: array<f32, 1024>;
+var<workgroup> psh: array<f32, 256>;
+";
+
+/// The GPU form after [`HEAD`]: a workgroup per query row (see the module docs).
+const GPU_BODY: &str = "
+    for (var j = lid; j < d; j = j + 256u) { qsh[j] = ld_q(qb + j * cfg[11]); }
+    workgroupBarrier();
     var m = neg_inf();
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -82,76 +89,71 @@ MAIN {
         let j = lid + t * 256u;
         if (j < d) { st_out(ob + j * cfg[23], acc[t] * inv); }
     }
-}
 ";
 
-/// The form for adapters on the host's cores (see [`super::on_host_cores`]) for head dims
-/// `d` of 4k up to [`HOST_MAX_DIM`]: one invocation per query row and no barrier, generated
-/// for the plan's `d` — the query row and the output accumulator are `d / 4` named vec4s, as
-/// private arrays indexed at run time are lowered to compare-and-select chains by some
-/// drivers (llvmpipe's GL path). The softmax is online and rescales the accumulator only
-/// when a key raises the running max.
-fn host_kernel(d: usize) -> String {
-    let quads = d / 4;
+/// The host form after [`HEAD`], for adapters on the host's cores (see
+/// [`super::on_host_cores`]) and head dims `d` of 4k up to [`HOST_MAX_DIM`]: one invocation
+/// per query row and no barrier, generated for the plan's `d` — the query row and the output
+/// accumulator are `d / 4` named vec4s, as private arrays indexed at run time are lowered to
+/// compare-and-select chains by some drivers (llvmpipe's GL path). The softmax is online and
+/// rescales the accumulator only when a key raises the running max.
+fn host_body(d: usize) -> String {
+    // One line per quad t of the head dim.
+    let each = |line: &dyn Fn(usize) -> String| (0..d / 4).map(line).collect::<String>();
     let quad = |t: usize, ld: &str, base: &str, stride: &str| {
         let e = |c: usize| format!("{ld}({base} + {}u * {stride})", 4 * t + c);
         format!("vec4<f32>({}, {}, {}, {})", e(0), e(1), e(2), e(3))
     };
-    let mut s = String::from(
-        "
-fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
-@compute @workgroup_size(8)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = gid.x + gid.y * nwg.x * 8u;
-    if (row >= cfg[0]) { return; }
-    let hq = cfg[1]; let lq = cfg[2]; let hkv = cfg[3]; let lkv = cfg[4];
-    let b = row / (hq * lq);
-    let h = (row / lq) % hq;
-    let i = row % lq;
-    let kh = h / (hq / hkv);
-    var visible = lkv;
-    if (cfg[6] != 0u) { visible = min(i + lkv - lq + 1u, lkv); }
-    let scale = cfg_f(7u);
-    let qb = b * cfg[8] + h * cfg[9] + i * cfg[10];
-    let kb = b * cfg[12] + kh * cfg[13];
-    let vb = b * cfg[16] + kh * cfg[17];
-",
-    );
-    for t in 0..quads {
-        s += &format!(
-            "    let q{t} = {};\n    var a{t} = vec4<f32>(0.0);\n",
-            quad(t, "ld_q", "qb", "cfg[11]")
-        );
-    }
-    s += "    var m = neg_inf();\n    var l = 0.0;\n    for (var key = 0u; key < visible; key = key + 1u) {\n        let kr = kb + key * cfg[14];\n        var dv = vec4<f32>(0.0);\n";
-    for t in 0..quads {
-        s += &format!(
+    let init = each(&|t| {
+        let q = quad(t, "ld_q", "qb", "cfg[11]");
+        format!("    let q{t} = {q};\n    var a{t} = vec4<f32>(0.0);\n")
+    });
+    let dot = each(&|t| {
+        format!(
             "        dv = dv + q{t} * {};\n",
             quad(t, "ld_k", "kr", "cfg[15]")
-        );
-    }
-    s += "        let sc = (dv.x + dv.y + dv.z + dv.w) * scale;\n        if (sc > m) {\n            let corr = exp(m - sc);\n            l = l * corr;\n";
-    for t in 0..quads {
-        s += &format!("            a{t} = a{t} * corr;\n");
-    }
-    s += "            m = sc;\n        }\n        let p = exp(sc - m);\n        l = l + p;\n        let vr = vb + key * cfg[18];\n";
-    for t in 0..quads {
-        s += &format!(
+        )
+    });
+    let rescale = each(&|t| format!("            a{t} = a{t} * corr;\n"));
+    let accumulate = each(&|t| {
+        format!(
             "        a{t} = a{t} + p * {};\n",
             quad(t, "ld_v", "vr", "cfg[19]")
-        );
-    }
-    s += "    }\n    let ob = b * cfg[20] + h * cfg[21] + i * cfg[22];\n    var inv = 0.0;\n    if (l > 0.0) { inv = 1.0 / l; }\n";
-    for t in 0..quads {
-        for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-            s += &format!(
-                "    st_out(ob + {}u * cfg[23], a{t}.{comp} * inv);\n",
-                4 * t + c
-            );
-        }
-    }
-    s += "}\n";
-    s
+        )
+    });
+    let store = each(&|t| {
+        ["x", "y", "z", "w"]
+            .iter()
+            .enumerate()
+            .map(|(c, comp)| {
+                format!(
+                    "    st_out(ob + {}u * cfg[23], a{t}.{comp} * inv);\n",
+                    4 * t + c
+                )
+            })
+            .collect()
+    });
+    format!(
+        "{init}    var m = neg_inf();
+    var l = 0.0;
+    for (var key = 0u; key < visible; key = key + 1u) {{
+        let kr = kb + key * cfg[14];
+        var dv = vec4<f32>(0.0);
+{dot}        let sc = (dv.x + dv.y + dv.z + dv.w) * scale;
+        if (sc > m) {{
+            let corr = exp(m - sc);
+            l = l * corr;
+{rescale}            m = sc;
+        }}
+        let p = exp(sc - m);
+        l = l + p;
+        let vr = vb + key * cfg[18];
+{accumulate}    }}
+    let ob = b * cfg[20] + h * cfg[21] + i * cfg[22];
+    var inv = 0.0;
+    if (l > 0.0) {{ inv = 1.0 / l; }}
+{store}"
+    )
 }
 
 /// The largest head dim of the host form (its code grows with `d`).
@@ -207,12 +209,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         && d % 4 == 0
         && (4..=HOST_MAX_DIM).contains(&d);
     let (source, grid) = if host {
-        let src = format!("{}{}", wgsl::prelude(&binds), host_kernel(d));
-        (src, wgsl::grid_for(rows as u64, 8))
+        let body = format!("{HEAD}{}", host_body(d));
+        wgsl::row_kernel(&wgsl::prelude(&binds), &body, true, rows)
     } else {
-        let body = BODY.replace("MAIN", MAIN_ROWS);
-        let src = format!("{}{WG_REDUCE}{body}", wgsl::prelude(&binds));
-        (src, rows_grid(rows))
+        let prelude = format!("{}{GPU_SHARED}", wgsl::prelude(&binds));
+        wgsl::row_kernel(&prelude, &format!("{HEAD}{GPU_BODY}"), false, rows)
     };
     prepare_op(
         spec,

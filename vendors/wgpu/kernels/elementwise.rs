@@ -144,34 +144,40 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )
 }
 
-/// The quad variant (see [`super::op::Aligned`]) of an elementwise kernel whose tensors are
-/// all contiguous in the output's shape, `n` (a multiple of four) elements: one work item
-/// per four elements, each read and written as one quad, then computed element by element
-/// with the scalar kernel's expression (so both variants give bitwise the same result).
-/// `None` when a tensor's dtype has no quad form.
-pub(super) fn quads(binds: &[Bind], body: &str, n: usize) -> Option<super::op::Aligned> {
+/// The quad variant (see [`super::op::OpSource::aligned`]) of an elementwise kernel whose
+/// tensors are all contiguous in the output's shape, `n` (a multiple of four) elements: one
+/// work item per four elements, each read and written as one quad, then computed element by
+/// element with the scalar kernel's expression (so both variants give bitwise the same
+/// result). `None` when a tensor's dtype has no quad form.
+pub(super) fn quads(binds: &[Bind], body: &str, n: usize) -> Option<Vec<(String, [u32; 3])>> {
     let prelude = wgsl::prelude_quads(binds)?;
-    let inputs = binds.len() - 1;
-    let mut loads = String::new();
-    for (k, b) in binds[..inputs].iter().enumerate() {
-        loads += &format!("    let v{k} = ld4_{}(i);\n", b.name);
-    }
-    let mut lanes = String::new();
-    for c in ["x", "y", "z", "w"] {
-        let xs: String = (0..inputs)
-            .map(|k| format!("let x{k} = v{k}.{c}; "))
-            .collect();
-        lanes += &format!("    {{ {xs}r.{c} = {body}; }}\n");
-    }
-    let out = binds[inputs].name;
+    let lanes = quad_lanes(binds, |c| format!("r.{c} = {body};"));
+    let out = binds[binds.len() - 1].name;
     let source = format!(
         "{prelude}{MATH}\n{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    if (i >= cfg[0]) {{ return; }}\n    \
-         let s = cfg_f(1u);\n{loads}    var r: vec4<f32>;\n{lanes}    st4_{out}(i, r);\n}}\n"
+         let s = cfg_f(1u);\n{lanes}    st4_{out}(i, r);\n}}\n"
     );
-    Some(super::op::Aligned {
-        passes: vec![(source, groups_for(n as u64 / 4))],
-        tensors: (0..binds.len()).collect(),
-    })
+    Some(vec![(source, groups_for(n as u64 / 4))])
+}
+
+/// The lanes of a quad kernel over `binds` (inputs, then the output): each input's quad at
+/// element `i` loaded as `v<k>`, then for each of the four lanes `c` a block that names the
+/// lane's inputs `x<k>` and runs `stmt(c)`, which sets `r.c` of the result quad `r`.
+pub(super) fn quad_lanes(binds: &[Bind], stmt: impl Fn(&str) -> String) -> String {
+    let inputs = &binds[..binds.len() - 1];
+    let mut s: String = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, b)| format!("    let v{k} = ld4_{}(i);\n", b.name))
+        .collect();
+    s += "    var r: vec4<f32>;\n";
+    for c in ["x", "y", "z", "w"] {
+        let xs: String = (0..inputs.len())
+            .map(|k| format!("let x{k} = v{k}.{c}; "))
+            .collect();
+        s += &format!("    {{ {xs}{} }}\n", stmt(c));
+    }
+    s
 }
 
 /// The 2-D grid of [`wgsl::WG`]-wide workgroups for `items` work items.

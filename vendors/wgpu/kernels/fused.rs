@@ -15,8 +15,8 @@
 
 use std::sync::Arc;
 
-use super::elementwise::{expr, groups_for, MATH};
-use super::op::{prepare as prepare_op, Aligned, OpSource, MAX_TENSORS};
+use super::elementwise::{expr, groups_for, quad_lanes, MATH};
+use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -69,12 +69,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let n = out.layout.numel();
     let mut cfg = vec![n as u32, 0];
     let mut binds = Vec::new();
-    let (mut loads, mut loads4, mut lanes) = (String::new(), String::new(), String::new());
+    let mut loads = String::new();
     for (k, d) in spec.inputs.iter().enumerate() {
         binds.push(Bind::read(NAMES[k], d.dtype));
         // The plan made every input contiguous of the output's shape.
         loads += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
-        loads4 += &format!("    let v{k} = ld4_{}(i);\n", NAMES[k]);
     }
     let mut body = String::new();
     binds.push(Bind::write("out", out.dtype));
@@ -112,23 +111,17 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         prelude = wgsl::prelude(&binds),
     );
     // The quad variant: four elements per load and store, each run through the same steps.
-    for c in ["x", "y", "z", "w"] {
-        let xs: String = (0..spec.inputs.len())
-            .map(|k| format!("let x{k} = v{k}.{c}; "))
-            .collect();
-        lanes += &format!("    {{\n    {xs}\n{body}    r.{c} = t{last};\n    }}\n");
-    }
     let aligned = match wgsl::prelude_quads(&binds) {
-        Some(prelude) if n % 4 == 0 => Some(Aligned {
-            passes: vec![(
+        Some(prelude) if n % 4 == 0 => {
+            let lanes = quad_lanes(&binds, |c| format!("\n{body}    r.{c} = t{last};\n    "));
+            Some(vec![(
                 format!(
                     "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    \
-                     if (i >= cfg[0]) {{ return; }}\n{loads4}    var r: vec4<f32>;\n{lanes}    st4_out(i, r);\n}}\n"
+                     if (i >= cfg[0]) {{ return; }}\n{lanes}    st4_out(i, r);\n}}\n"
                 ),
                 groups_for(n as u64 / 4),
-            )],
-            tensors: (0..binds.len()).collect(),
-        }),
+            )])
+        }
         _ => None,
     };
     prepare_op(

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, Aligned, OpSource};
+use super::op::{prepare as prepare_op, OpSource};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
@@ -159,7 +159,7 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 ";
 
 /// The host GEMM's quad variant, for operands whose rows are contiguous and whose row
-/// strides, k and n are multiples of four (see [`super::op::Aligned`]): each invocation
+/// strides, k and n are multiples of four (see [`super::op::OpSource::aligned`]): each invocation
 /// computes `rows` rows × 16 columns of C, reading A four values of k at a time and B and C
 /// four columns at a time, so the driver issues one wide load where the scalar variant
 /// issues four (on lavapipe a load costs far more than a multiply-add: this is what the
@@ -367,7 +367,7 @@ fn host_quads(
     m: usize,
     n: usize,
     k: usize,
-) -> Option<Aligned> {
+) -> Option<Vec<(String, [u32; 3])>> {
     let fits = k.is_multiple_of(4)
         && n.is_multiple_of(4)
         && spec.inputs.iter().chain(spec.outputs).all(|d| {
@@ -391,13 +391,10 @@ fn host_quads(
         return None;
     }
     cfg[15] = tiles_n as u32;
-    Some(Aligned {
-        passes: vec![(
-            host_quad_source(rows, spec.outputs[0].dtype)?,
-            [tiles as u32, batch.max(1) as u32, 1],
-        )],
-        tensors: vec![0, 1, 2],
-    })
+    Some(vec![(
+        host_quad_source(rows, spec.outputs[0].dtype)?,
+        [tiles as u32, batch.max(1) as u32, 1],
+    )])
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

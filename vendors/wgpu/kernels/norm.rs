@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, Aligned, OpSource};
+use super::op::{prepare as prepare_op, OpSource};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -109,10 +109,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let aligned = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = format!("{HEAD}{}", if layer { LAYER_QUADS } else { RMS_QUADS });
-            Some(Aligned {
-                passes: vec![wgsl::row_kernel(&prelude, &body, true, rows)],
-                tensors: (0..binds.len()).collect(),
-            })
+            Some(vec![wgsl::row_kernel(&prelude, &body, true, rows)])
         }
         _ => None,
     };

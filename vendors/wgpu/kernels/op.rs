@@ -42,21 +42,13 @@ pub(crate) struct OpSource {
     pub cfg: Vec<u32>,
     /// The entry point when not `main` (user kernels).
     pub entry: Option<Arc<str>>,
-    /// A faster variant of `passes` that reads and writes some tensors four elements at a
-    /// time, taken by the launches where those tensors start on a multiple of four elements
-    /// in their binding (a tensor's offset is known only at launch).
-    pub aligned: Option<Aligned>,
-}
-
-/// The quad variant of an [`OpSource`]'s passes (same constants, same bindings; see
-/// [`super::wgsl::prelude_quads`]).
-pub(crate) struct Aligned {
-    /// Complete WGSL and grid per pass, as [`OpSource::passes`].
-    pub passes: Vec<(String, [u32; 3])>,
-    /// The tensors (inputs then outputs, by position) that must start on a multiple of four
-    /// elements. The family guarantees at plan time that each one's extents and strides are
-    /// multiples of four, so it also ends on a quad boundary inside its binding.
-    pub tensors: Vec<usize>,
+    /// The quad variant of `passes` (same constants, same bindings; see
+    /// [`super::wgsl::prelude_quads`]): it reads and writes every tensor four elements at a
+    /// time, and a launch takes it when every tensor starts on a multiple of four elements in
+    /// its binding (a tensor's offset is known only at launch). The family guarantees at
+    /// plan time that each tensor's extents and strides are multiples of four, so it also
+    /// ends on a quad boundary inside its binding.
+    pub aligned: Option<Vec<(String, [u32; 3])>>,
 }
 
 /// One compiled pass.
@@ -178,8 +170,8 @@ impl OpCache {
 pub(crate) struct OpKernel {
     name: String,
     passes: Passes,
-    /// The quad passes and the tensors whose alignment selects them.
-    aligned: Option<(Passes, Vec<usize>)>,
+    /// The quad passes (see [`OpSource::aligned`]).
+    aligned: Option<Passes>,
     bgl: wgpu::BindGroupLayout,
     cfg: wgpu::Buffer,
     cfg_id: u64,
@@ -272,10 +264,7 @@ fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prepa
             .collect()
     };
     let passes = compile(&src.passes)?;
-    let aligned = match &src.aligned {
-        Some(a) => Some((compile(&a.passes)?, a.tensors.clone())),
-        None => None,
-    };
+    let aligned = src.aligned.as_deref().map(compile).transpose()?;
     let bytes = ceil4((src.cfg.len().max(1) * 4) as u64);
     let cfg = create_buffer(
         device,
@@ -395,13 +384,7 @@ impl WgpuBackend {
         }
         let group = self.op_group(k, &bound)?;
         let passes = match &k.aligned {
-            Some((quads, tensors))
-                if tensors
-                    .iter()
-                    .all(|&t| imm.get(t).is_some_and(|o| o % 4 == 0)) =>
-            {
-                quads
-            }
+            Some(quads) if imm[..bound.len()].iter().all(|o| o % 4 == 0) => quads,
             _ => &k.passes,
         };
         let cmds = passes.iter().map(|(p, groups)| Cmd::Dispatch {

@@ -14,13 +14,6 @@ use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
-/// The grid of one workgroup per row for `rows` rows.
-pub(crate) fn rows_grid(rows: usize) -> [u32; 3] {
-    let rows = rows.max(1) as u64;
-    let x = rows.min(65535);
-    [x as u32, rows.div_ceil(x).min(65535) as u32, 1]
-}
-
 /// Combines (value, index) pairs: NaN first, then the larger, then the earlier index.
 const ARGMAX: &str = "
 var<workgroup> wg_idx: array<u32, 256>;
@@ -93,7 +86,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         spec,
         OpSource {
             name: spec.op.to_string(),
-            passes: vec![(source, rows_grid(lanes))],
+            passes: vec![(source, wgsl::rows_grid(lanes))],
             cfg,
             entry: None,
             aligned: None,

@@ -13,7 +13,6 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource};
-use super::reduce::rows_grid;
 use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -167,7 +166,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         spec,
         OpSource {
             name: "random_sample".into(),
-            passes: vec![(source, rows_grid(rows))],
+            passes: vec![(source, wgsl::rows_grid(rows))],
             cfg,
             entry: None,
             aligned: None,

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, Aligned, OpSource};
+use super::op::{prepare as prepare_op, OpSource};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -94,15 +94,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         && wgsl::quad_rows(x)
         && wgsl::quad_rows(out);
     let aligned = match (quads, wgsl::prelude_quads(&binds)) {
-        (true, Some(prelude)) => Some(Aligned {
-            passes: vec![wgsl::row_kernel(
-                &prelude,
-                &BODY_QUADS.replace("RESULT", result),
-                true,
-                rows,
-            )],
-            tensors: vec![0, 1],
-        }),
+        (true, Some(prelude)) => Some(vec![wgsl::row_kernel(
+            &prelude,
+            &BODY_QUADS.replace("RESULT", result),
+            true,
+            rows,
+        )]),
         _ => None,
     };
     prepare_op(

@@ -57,7 +57,7 @@ pub(crate) fn prelude(binds: &[Bind]) -> String {
     s
 }
 
-/// The prelude of a kernel's quad variant (see [`super::op::Aligned`]): every binding is
+/// The prelude of a kernel's quad variant (see [`super::op::OpSource::aligned`]): every binding is
 /// declared as an array of four-element quads — `vec4<f32>` for f32, `vec2<u32>` (four
 /// 16-bit halves) for f16 and bf16 — read as `vec4<f32>` with `ldq_<name>(q)` (`q` the quad's
 /// index in the binding) or `ld4_<name>(i)` (`i` an element index relative to the tensor,
@@ -395,9 +395,12 @@ pub(crate) fn row_kernel(prelude: &str, body: &str, host: bool, rows: usize) -> 
         "{prelude}{WG_REDUCE}\nconst LANES: u32 = 256u;\n{MAIN_ROWS} {{\n    \
          let row = wid.x + wid.y * nwg.x;\n{body}}}\n"
     );
-    let r = rows.max(1) as u64;
-    let x = r.min(65535);
-    (src, [x as u32, r.div_ceil(x).min(65535) as u32, 1])
+    (src, rows_grid(rows))
+}
+
+/// The grid of one workgroup per row for `rows` rows.
+pub(crate) fn rows_grid(rows: usize) -> [u32; 3] {
+    grid_for(rows as u64, 1)
 }
 
 /// The 2-D grid of `wg`-wide workgroups for `items` work items (rows of at most 65535
