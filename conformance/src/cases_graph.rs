@@ -27,6 +27,9 @@ const GRAPH_OPS: &[&str] = &[
     "sub",
     "sum",
     "rearrange",
+    "matmul",
+    "gelu",
+    "swiglu",
 ];
 
 pub(super) fn cases() -> Vec<Case> {

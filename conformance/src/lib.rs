@@ -31,6 +31,7 @@ mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
 mod cases_device_loss;
+mod cases_epilogue;
 mod cases_event_races;
 mod cases_fused;
 mod cases_graph;
@@ -182,6 +183,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
     all.extend(cases_fused::cases());
+    all.extend(cases_epilogue::cases());
     all.extend(cases_ops_views::cases());
     all
 }

@@ -1,8 +1,16 @@
-//! Fusion of elementwise chains: consecutive steps where each consumes the previous one's
-//! result (an intermediate nobody else reads) become one `fused_elementwise` step
-//! ([`crate::ops::fused`]). Only chains whose operands are all contiguous and of the output's
-//! shape fuse, and only where the device registers a `fused_elementwise` kernel for the
-//! dtype: a backend without one runs the chain unfused.
+//! Fusion, in two passes over consecutive steps where each consumes the previous one's
+//! result (an intermediate nobody else reads):
+//!
+//! - **Epilogues** ([`fuse_epilogues`]): a matmul followed by elementwise steps — bias,
+//!   activation, residual, a SwiGLU gate — becomes one `matmul_epilogue` step
+//!   ([`crate::ops::matmul::matmul_epilogue`]): the product is never stored. The other
+//!   operands may be broadcast (a bias of shape `[n]`) and have any layout.
+//! - **Elementwise chains** ([`fuse_chains`]): the chains left become one `fused_elementwise`
+//!   step ([`crate::ops::fused`]). Only chains whose operands are all contiguous and of the
+//!   output's shape fuse.
+//!
+//! Each pass fuses only where the device registers the fused operator's kernel for the
+//! dtype: a backend without one runs the steps unfused, with the same result.
 
 use std::collections::HashMap;
 
@@ -10,7 +18,8 @@ use super::graph::{BufferId, BufferRole, Graph, NodeKind, Operand};
 use super::plan::Step;
 use crate::error::Result;
 use crate::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE};
-use crate::ops::{BinaryOp, Params, UnaryOp};
+use crate::ops::matmul::{matmul_epilogue, MATMUL_EPILOGUE, MAX_EPILOGUE_OPERANDS};
+use crate::ops::{BinaryOp, Params, Plan, UnaryOp};
 use crate::tensor::Layout;
 
 /// The elementwise operator a step is, if it can join a chain.
@@ -18,7 +27,6 @@ fn as_elementwise(step: &Step) -> Option<ElementOp> {
     let NodeKind::Op(plan) = &step.kind else {
         return None;
     };
-    let name = plan.op();
     let out = step.outputs.first()?;
     let contiguous = |o: &Operand| {
         o.layout.shape() == out.layout.shape()
@@ -28,6 +36,28 @@ fn as_elementwise(step: &Step) -> Option<ElementOp> {
     if step.outputs.len() != 1 || !step.inputs.iter().chain(&step.outputs).all(contiguous) {
         return None;
     }
+    element_op(plan)
+}
+
+/// The elementwise operator a step is, if it can join a matmul's epilogue: one output of
+/// `shape` and `dtype`, every operand of `dtype` and broadcasting to `shape`.
+fn as_epilogue_op(step: &Step, shape: &[usize], dtype: crate::tensor::DType) -> Option<ElementOp> {
+    let NodeKind::Op(plan) = &step.kind else {
+        return None;
+    };
+    let [out] = step.outputs.as_slice() else {
+        return None;
+    };
+    let fits = |o: &Operand| o.dtype == dtype && o.layout.broadcast_to(shape).is_ok();
+    if out.layout.shape() != shape || !fits(out) || !step.inputs.iter().all(fits) {
+        return None;
+    }
+    element_op(plan)
+}
+
+/// The elementwise operator `plan` runs, if any.
+fn element_op(plan: &Plan) -> Option<ElementOp> {
+    let name = plan.op();
     if let Some(op) = UnaryOp::ALL.into_iter().find(|u| u.name() == name) {
         return Some(ElementOp::Unary(op));
     }
@@ -57,32 +87,9 @@ pub(crate) fn fuse_chains(
     steps: Vec<Step>,
     keep: &[BufferId],
 ) -> Result<(Vec<Step>, usize)> {
-    // How often each buffer is read and written across the plan.
-    let mut reads: HashMap<BufferId, usize> = HashMap::new();
-    let mut writes: HashMap<BufferId, usize> = HashMap::new();
-    for s in &steps {
-        for o in &s.inputs {
-            *reads.entry(o.buffer).or_default() += 1;
-        }
-        for o in &s.outputs {
-            *writes.entry(o.buffer).or_default() += 1;
-        }
-    }
+    let uses = Uses::of(&steps);
     let device = graph.device();
-    // A result that only the next step reads, that is nothing else.
-    let private_link = |prev: &Step, next: &Step| -> bool {
-        let Some(o) = prev.outputs.first() else {
-            return false;
-        };
-        let b = o.buffer;
-        graph.buffers()[b.0].role == BufferRole::Intermediate
-            && !keep.contains(&b)
-            && reads.get(&b) == Some(&1)
-            && writes.get(&b) == Some(&1)
-            && o.layout.offset() == 0
-            && next.inputs.iter().any(|i| i.buffer == b)
-            && !next.outputs.iter().any(|x| x.buffer == b)
-    };
+    let private_link = |prev: &Step, next: &Step| uses.private_link(graph, keep, prev, next);
     let mut out = Vec::with_capacity(steps.len());
     let mut fused = 0;
     let mut chain: Vec<(Step, ElementOp)> = Vec::new();
@@ -127,6 +134,198 @@ pub(crate) fn fuse_chains(
     }
     flush(&mut chain, &mut out, &mut fused)?;
     Ok((out, fused))
+}
+
+/// How often each buffer is read and written across a plan.
+struct Uses {
+    reads: HashMap<BufferId, usize>,
+    writes: HashMap<BufferId, usize>,
+}
+
+impl Uses {
+    fn of(steps: &[Step]) -> Self {
+        let mut uses = Uses {
+            reads: HashMap::new(),
+            writes: HashMap::new(),
+        };
+        for s in steps {
+            for o in &s.inputs {
+                *uses.reads.entry(o.buffer).or_default() += 1;
+            }
+            for o in &s.outputs {
+                *uses.writes.entry(o.buffer).or_default() += 1;
+            }
+        }
+        uses
+    }
+
+    /// Whether `prev`'s result is an intermediate that only `next` reads, written once and
+    /// not kept: a link a fused kernel can keep in registers.
+    fn private_link(&self, graph: &Graph, keep: &[BufferId], prev: &Step, next: &Step) -> bool {
+        let Some(o) = prev.outputs.first() else {
+            return false;
+        };
+        let b = o.buffer;
+        graph.buffers()[b.0].role == BufferRole::Intermediate
+            && !keep.contains(&b)
+            && self.reads.get(&b) == Some(&1)
+            && self.writes.get(&b) == Some(&1)
+            && o.layout.offset() == 0
+            && next.inputs.iter().any(|i| i.buffer == b)
+            && !next.outputs.iter().any(|x| x.buffer == b)
+    }
+}
+
+/// Fuses every matmul (with `beta = 0`) that is followed by elementwise steps reading its
+/// result into one `matmul_epilogue` step; returns the new steps and how many were fused.
+/// `keep` are buffers that must stay materialised (the graph's outputs).
+pub(crate) fn fuse_epilogues(
+    graph: &Graph,
+    steps: Vec<Step>,
+    keep: &[BufferId],
+) -> Result<(Vec<Step>, usize)> {
+    let uses = Uses::of(&steps);
+    let device = graph.device();
+    let mut out = Vec::with_capacity(steps.len());
+    let mut fused = 0;
+    let mut i = 0;
+    while i < steps.len() {
+        let mut chain = Epilogue::start(&steps[i], device);
+        let mut j = i + 1;
+        if let Some(c) = &mut chain {
+            while j < steps.len()
+                && uses.private_link(graph, keep, &steps[j - 1], &steps[j])
+                && c.push(&steps[j - 1], &steps[j])
+            {
+                j += 1;
+            }
+        }
+        match chain.filter(|_| j > i + 1) {
+            Some(c) => match c.finish(&steps[i..j], device)? {
+                Some(step) => {
+                    out.push(step);
+                    fused += 1;
+                    i = j;
+                }
+                None => {
+                    out.push(steps[i].clone());
+                    i += 1;
+                }
+            },
+            None => {
+                out.push(steps[i].clone());
+                i += 1;
+            }
+        }
+    }
+    Ok((out, fused))
+}
+
+/// A matmul's epilogue as it grows, step by step.
+struct Epilogue {
+    alpha: f64,
+    /// The product's shape and dtype: every step's.
+    shape: Vec<usize>,
+    dtype: crate::tensor::DType,
+    extras: Vec<Operand>,
+    program: FusedProgram,
+}
+
+impl Epilogue {
+    /// The start of an epilogue at `step`, if it is a matmul that can have one here.
+    fn start(step: &Step, device: crate::Device) -> Option<Epilogue> {
+        let NodeKind::Op(plan) = &step.kind else {
+            return None;
+        };
+        let Params::Matmul { alpha, beta } = *plan.params() else {
+            return None;
+        };
+        let [out] = step.outputs.as_slice() else {
+            return None;
+        };
+        let registered = crate::ops::is_registered(MATMUL_EPILOGUE, device.kind, out.dtype);
+        (plan.op() == "matmul" && beta == 0.0 && registered).then(|| Epilogue {
+            alpha,
+            shape: out.layout.shape().to_vec(),
+            dtype: out.dtype,
+            extras: Vec::new(),
+            program: FusedProgram::default(),
+        })
+    }
+
+    /// Adds `next`, which reads `prev`'s result, if it is an elementwise step that fits (its
+    /// other operands within [`MAX_EPILOGUE_OPERANDS`]).
+    fn push(&mut self, prev: &Step, next: &Step) -> bool {
+        let Some(op) = as_epilogue_op(next, &self.shape, self.dtype) else {
+            return false;
+        };
+        let link = &prev.outputs[0];
+        let here = match self.program.steps.len() {
+            0 => FusedSrc::Input(0),
+            n => FusedSrc::Step(n - 1),
+        };
+        let mut extras = self.extras.clone();
+        let mut src = |o: &Operand| -> FusedSrc {
+            if o == link {
+                return here;
+            }
+            let k = extras.iter().position(|x| x == o).unwrap_or_else(|| {
+                extras.push(o.clone());
+                extras.len() - 1
+            });
+            FusedSrc::Input(1 + k)
+        };
+        let a = src(&next.inputs[0]);
+        let b = next.inputs.get(1).map(&mut src);
+        let step = match (op, b) {
+            (ElementOp::Unary(u), None) => FusedStep::Unary(u, a),
+            (ElementOp::Scalar(o, s), None) => FusedStep::Scalar(o, a, s),
+            (ElementOp::Binary(o), Some(b)) => FusedStep::Binary(o, a, b),
+            (ElementOp::Swiglu, Some(b)) => FusedStep::Swiglu(a, b),
+            _ => return false,
+        };
+        // The link is read as itself only: no other view of its (never stored) buffer.
+        if extras.len() > MAX_EPILOGUE_OPERANDS || extras.iter().any(|x| x.buffer == link.buffer) {
+            return false;
+        }
+        self.extras = extras;
+        self.program.steps.push(step);
+        true
+    }
+
+    /// The fused step for `chain` (the matmul and the steps pushed), or `None` where the
+    /// device cannot plan it or the output would overwrite an operand it still reads.
+    fn finish(self, chain: &[Step], device: crate::Device) -> Result<Option<Step>> {
+        let (mm, last) = (&chain[0], &chain[chain.len() - 1]);
+        let out = &last.outputs[0];
+        let mut inputs = mm.inputs.clone();
+        inputs.extend(self.extras.iter().cloned());
+        if inputs.iter().any(|i| i.buffer == out.buffer) {
+            return Ok(None);
+        }
+        let descs: Vec<_> = self.extras.iter().map(|o| o.desc(device)).collect();
+        let plan = match matmul_epilogue(
+            &mm.inputs[0].desc(device),
+            &mm.inputs[1].desc(device),
+            &descs,
+            self.alpha,
+            self.program,
+            &out.desc(device),
+        ) {
+            Ok(p) => p,
+            Err(crate::Error::Unsupported { .. } | crate::Error::UnsupportedKernel { .. }) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Some(Step {
+            kind: NodeKind::Op(plan),
+            inputs,
+            outputs: last.outputs.clone(),
+            nodes: chain.iter().flat_map(|s| s.nodes.iter().copied()).collect(),
+            unsafe_reason: None,
+        }))
+    }
 }
 
 /// One fused step from a chain (at least two steps, each reading the previous one's result).

@@ -3,8 +3,9 @@
 //! 1. **Order**: a topological order of the nodes over their buffer dependencies
 //!    (read-after-write, write-after-read, write-after-write), stable (recording order where
 //!    the dependencies allow nothing else).
-//! 2. **Fusion**: chains of elementwise operators become one `fused_elementwise` step where
-//!    the device registers its kernel ([`super::fusion`]).
+//! 2. **Fusion**: a matmul and the elementwise steps after it become one `matmul_epilogue`
+//!    step, and chains of elementwise operators one `fused_elementwise` step, where the
+//!    device registers the kernel ([`super::fusion`]).
 //! 3. **Capture safety**: each step is capture-safe or not — host nodes (reads back to the
 //!    host, data-dependent decisions) and kernels the backend cannot record are not — and the
 //!    steps split into maximal segments of one kind.
@@ -15,7 +16,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
-use super::fusion::fuse_chains;
+use super::fusion::{fuse_chains, fuse_epilogues};
 use super::graph::{BufferId, BufferRole, Graph, NodeKind, Operand};
 use super::memory::{plan_memory, Lifetime, MemoryPlan};
 use crate::error::{Error, Result};
@@ -88,6 +89,7 @@ pub struct CapturePlan {
     pub(crate) workspace: usize,
     pub(crate) outputs: Vec<(String, Operand)>,
     pub(crate) fused_chains: usize,
+    pub(crate) fused_epilogues: usize,
 }
 
 /// A stable topological order of the graph's nodes.
@@ -195,10 +197,12 @@ impl CapturePlan {
             .collect();
         let outputs = graph.outputs();
         let keep: Vec<BufferId> = outputs.iter().map(|(_, o)| o.buffer).collect();
-        let (mut steps, fused_chains) = if options.fuse {
-            fuse_chains(graph, steps, &keep)?
+        let (mut steps, fused_epilogues, fused_chains) = if options.fuse {
+            let (steps, epilogues) = fuse_epilogues(graph, steps, &keep)?;
+            let (steps, chains) = fuse_chains(graph, steps, &keep)?;
+            (steps, epilogues, chains)
         } else {
-            (steps, 0)
+            (steps, 0, 0)
         };
         let can_capture = crate::open(graph.device())?.info().capabilities.capture;
         for s in &mut steps {
@@ -255,6 +259,7 @@ impl CapturePlan {
             workspace,
             outputs,
             fused_chains,
+            fused_epilogues,
         })
     }
 
@@ -285,6 +290,11 @@ impl CapturePlan {
     /// How many elementwise chains became one fused step.
     pub fn fused_chains(&self) -> usize {
         self.fused_chains
+    }
+
+    /// How many matmuls took the elementwise steps after them as their epilogue.
+    pub fn fused_epilogues(&self) -> usize {
+        self.fused_epilogues
     }
 
     /// Instantiates the plan (see [`GraphExec::instantiate`](super::GraphExec::instantiate)).

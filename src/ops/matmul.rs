@@ -1,7 +1,15 @@
 //! matmul / gemm: `C = alpha·A·B + beta·C` for `A [.., m, k]`, `B [.., k, n]`, batch
 //! dimensions broadcast (NumPy `matmul` rules). Transposed operands are views: pass
 //! `w.transpose(-1, -2)?` and no copy is made. f16/bf16 compute in f32 through a workspace.
+//!
+//! [`matmul_epilogue`] is the same product with an elementwise epilogue applied where the
+//! GEMM stores its result (bias, activation, residual: what a [`CapturePlan`] fuses).
+//!
+//! [`CapturePlan`]: crate::graph::CapturePlan
 
+use std::sync::Arc;
+
+use super::fused::{FusedProgram, FusedSrc};
 use super::{same_device_dtype, Params, Plan, PlanBuilder, TensorDesc};
 use crate::error::{Error, Result};
 use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
@@ -46,6 +54,109 @@ pub fn gemm(a: &TensorDesc, b: &TensorDesc, c: &TensorDesc, alpha: f64, beta: f6
     p.outputs = vec![TensorDesc::new(device, dtype, c.layout.clone())];
     p.params = Params::Matmul { alpha, beta };
     // f16/bf16: A, B and C of one batch converted to f32.
+    if dtype != DType::F32 {
+        p.workspace = 4 * (m * k + k * n + m * n);
+    }
+    p.build()
+}
+
+/// The registry name of [`matmul_epilogue`].
+pub const MATMUL_EPILOGUE: &str = "matmul_epilogue";
+
+/// The most extra operands an epilogue reads: a wgpu operator kernel binds at most eight
+/// tensors, and A, B and the output take three.
+pub const MAX_EPILOGUE_OPERANDS: usize = 4;
+
+/// `out = program(alpha·A·B, extras[0], extras[1], …)`: a matmul whose result goes through
+/// an elementwise epilogue before it is stored, in one kernel — the bias, activation and
+/// residual that follow a projection.
+///
+/// In `program`, `FusedSrc::Input(0)` is the product as the plain matmul stores it (rounded
+/// to the dtype) and `Input(1 + i)` is `extras[i]`, broadcast to the output's shape (a bias
+/// of shape `[n]`, a residual of the output's shape, any strides). Every step rounds its
+/// result to the dtype as the unfused operator stores it, so the result is bitwise that of
+/// `matmul` followed by the unfused operators on the same device. The output, laid out as
+/// `out` (any layout of the product's shape), may not overlap an input.
+///
+/// ```
+/// # fn main() -> unirt::Result<()> {
+/// use unirt::ops::fused::{FusedProgram, FusedSrc, FusedStep};
+/// use unirt::ops::matmul::matmul_epilogue;
+/// use unirt::ops::{BinaryOp, UnaryOp};
+/// use unirt::tensor::{DType, Tensor};
+/// let dev = unirt::Device::CPU;
+/// let x = Tensor::rand_uniform(&[8, 64], -1.0, 1.0, 1, DType::F32, dev)?;
+/// let w = Tensor::rand_uniform(&[64, 32], -1.0, 1.0, 2, DType::F32, dev)?;
+/// let bias = Tensor::rand_uniform(&[32], -1.0, 1.0, 3, DType::F32, dev)?;
+/// // relu(x·w + bias)
+/// let program = FusedProgram {
+///     steps: vec![
+///         FusedStep::Binary(BinaryOp::Add, FusedSrc::Input(0), FusedSrc::Input(1)),
+///         FusedStep::Unary(UnaryOp::Relu, FusedSrc::Step(0)),
+///     ],
+/// };
+/// let out = Tensor::empty(&[8, 32], DType::F32, dev)?;
+/// let plan = matmul_epilogue(&x.desc(), &w.desc(), &[bias.desc()], 1.0, program, &out.desc())?;
+/// let y = plan.run1(&[&x, &w, &bias])?;
+/// assert_eq!(y.to_bytes()?, x.matmul(&w)?.add(&bias)?.relu()?.to_bytes()?);
+/// # Ok(())
+/// # }
+/// ```
+pub fn matmul_epilogue(
+    a: &TensorDesc,
+    b: &TensorDesc,
+    extras: &[TensorDesc],
+    alpha: f64,
+    program: FusedProgram,
+    out: &TensorDesc,
+) -> Result<Plan> {
+    let mut all = vec![a, b, out];
+    all.extend(extras);
+    let (device, dtype) = same_device_dtype(MATMUL_EPILOGUE, &all)?;
+    let shape = out_shape(a, b)?;
+    if out.shape() != shape {
+        return Err(Error::ShapeMismatch {
+            op: format!("{MATMUL_EPILOGUE} (output)"),
+            expected: shape,
+            got: out.shape().to_vec(),
+        });
+    }
+    if extras.len() > MAX_EPILOGUE_OPERANDS {
+        return Err(Error::BadParam(format!(
+            "{MATMUL_EPILOGUE}: {} extra operands (at most {MAX_EPILOGUE_OPERANDS})",
+            extras.len()
+        )));
+    }
+    program.validate(1 + extras.len())?;
+    if !program
+        .steps
+        .iter()
+        .any(|s| s.sources().contains(&FusedSrc::Input(0)))
+    {
+        return Err(Error::BadParam(format!(
+            "{MATMUL_EPILOGUE}: the program never reads the product (input 0)"
+        )));
+    }
+    for e in extras {
+        // Each extra operand broadcasts to the output (NumPy rules, no copy).
+        e.layout
+            .broadcast_to(&shape)
+            .map_err(|_| Error::NotBroadcastable {
+                op: MATMUL_EPILOGUE.into(),
+                lhs: e.shape().to_vec(),
+                rhs: shape.clone(),
+            })?;
+    }
+    let (m, n) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let k = a.shape()[a.shape().len() - 1];
+    let mut inputs = vec![a.clone(), b.clone()];
+    inputs.extend(extras.iter().cloned());
+    let mut p = PlanBuilder::new(MATMUL_EPILOGUE, dtype, inputs);
+    p.outputs = vec![TensorDesc::new(device, dtype, out.layout.clone())];
+    p.params = Params::MatmulEpilogue {
+        alpha,
+        program: Arc::new(program),
+    };
     if dtype != DType::F32 {
         p.workspace = 4 * (m * k + k * n + m * n);
     }

@@ -119,6 +119,11 @@ pub enum Params {
     },
     /// A fused chain of elementwise operators ([`fused`]).
     Fused(Arc<fused::FusedProgram>),
+    /// `program(alpha·A·B, extra operands…)` ([`matmul::matmul_epilogue`]).
+    MatmulEpilogue {
+        alpha: f64,
+        program: Arc<fused::FusedProgram>,
+    },
     /// Concatenation along `axis`.
     Concat {
         axis: usize,

@@ -8,6 +8,9 @@
 //! - `elementwise_chain4_16MiB`: `relu(x·y + 0.5)·2` over 4 Mi floats (memory-bound: four
 //!   passes over 16 MiB unfused, one fused), eager, replayed fused (one `fused_elementwise`
 //!   pass) and replayed unfused.
+//! - `matmul_bias_gelu_residual`: `gelu(x·w + b) + r` with x 64×256, w 256×4096 (a
+//!   projection's epilogue over a 1 MiB result), eager, replayed fused (one
+//!   `matmul_epilogue` kernel) and replayed unfused (matmul and three elementwise passes).
 //!
 //! Every figure is the median of repeated timed runs, each ending with a stream sync; the
 //! sides of a workload are sampled alternately, so load from other processes hits them alike.
@@ -80,6 +83,10 @@ fn chain4(x: &Tensor, y: &Tensor) -> unirt::Result<Tensor> {
     x.mul(y)?.add_scalar(0.5)?.relu()?.mul_scalar(2.0)
 }
 
+fn projection(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> unirt::Result<Tensor> {
+    x.matmul(w)?.add(b)?.gelu()?.add(r)
+}
+
 fn record(
     device: Device,
     inputs: &[&Tensor],
@@ -142,6 +149,13 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     let st2 = model::State::new(&cfg, 1, device)?;
     let (g, _) = model::record_step(&w, &st2)?;
     let plan = g.plan()?;
+    println!(
+        "decode step: {} operators planned as {} steps ({} matmul epilogues, {} elementwise chains fused)",
+        g.nodes().len(),
+        plan.steps().len(),
+        plan.fused_epilogues(),
+        plan.fused_chains()
+    );
     let exec = plan.instantiate_with(ExecOptions {
         warmups: 0,
         capture: true,
@@ -203,6 +217,49 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     });
     if fused.fused_chains() == 0 {
         println!("note: {device} registers no fused_elementwise kernel; the chain ran unfused");
+    }
+
+    // A projection and its epilogue: bias, GELU, residual.
+    let (m, k, n) = (64, 256, 4096);
+    let rnd =
+        |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, device);
+    let (x, w, b, r) = (
+        rnd(&[m, k], 4)?,
+        rnd(&[k, n], 5)?,
+        rnd(&[n], 6)?,
+        rnd(&[m, n], 7)?,
+    );
+    let g = record(device, &[&x, &r], || projection(&x, &w, &b, &r))?;
+    let fused = g.plan()?;
+    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
+    let [eager, fused_ms, unfused_ms] = time_ms(
+        reps[2],
+        [
+            &mut || {
+                projection(&x, &w, &b, &r)?;
+                sync()
+            },
+            &mut || {
+                fx.replay()?;
+                sync()
+            },
+            &mut || {
+                ux.replay()?;
+                sync()
+            },
+        ],
+    )?;
+    rows.push(Row {
+        workload: "matmul_bias_gelu_residual",
+        eager_ms: eager,
+        replay_ms: fused_ms,
+        fused_ms: Some(fused_ms),
+        unfused_ms: Some(unfused_ms),
+        ..Row::default()
+    });
+    if fused.fused_epilogues() == 0 {
+        println!("note: {device} registers no matmul_epilogue kernel; the projection ran unfused");
     }
 
     println!(

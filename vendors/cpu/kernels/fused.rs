@@ -141,6 +141,38 @@ unsafe fn run_rows<T: Float>(
     }
 }
 
+/// Runs `prog` over one block of `n` loaded operands (`srcs`, in f32), every step into its
+/// own buffer of `steps` and rounded to T as the unfused operator stores it; the result is
+/// `steps[prog.steps.len() - 1][..n]`. (The GEMM epilogue's evaluation: strided operands
+/// that [`run_rows`] does not take.)
+#[inline(always)]
+pub(super) fn eval_block<T: Float>(
+    prog: &FusedProgram,
+    srcs: &[&[f32]],
+    steps: &mut [[f32; BLOCK]],
+    n: usize,
+) {
+    for (s, step) in prog.steps.iter().enumerate() {
+        let (done, rest) = steps.split_at_mut(s);
+        let o = &mut rest[0][..n];
+        let read = |src: FusedSrc| -> &[f32] {
+            match src {
+                FusedSrc::Input(k) => &srcs[k][..n],
+                FusedSrc::Step(k) => &done[k][..n],
+            }
+        };
+        match *step {
+            FusedStep::Unary(op, a) => unary(op, read(a), o),
+            FusedStep::Binary(op, a, b) => binary(op, read(a), read(b), o),
+            FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
+            FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
+        }
+        if T::DTYPE != crate::tensor::DType::F32 {
+            o.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
+        }
+    }
+}
+
 fn fused<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let Params::Fused(prog) = call.params else {
         return Err(Error::Internal(format!(

@@ -4,13 +4,86 @@
 //! panel a single-threaded `sgemm`. One-row products (decode: `1×k · k×n`) are memory-bound
 //! and take a direct GEMV instead of paying for packing. f16/bf16 convert one batch of A, B
 //! (and C when beta ≠ 0) into f32 in the plan's workspace, multiply in f32, and round back.
+//!
+//! `matmul_epilogue` is the same GEMM with its epilogue applied to each region of C (a
+//! panel, a GEMV column block) by the task that computed it, right after it did, while the
+//! region is still in cache: the product is stored in the dtype, then read back and run
+//! through the program exactly as the unfused operators would (bitwise their result).
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::util::{axpy, coalesce, dot, floats, gather, par_chunks, par_rows, simd, Float, Ptr};
+use super::fused::eval_block;
+use super::util::{
+    axpy, bcast, coalesce, dot, floats, gather, offsets, par_chunks, par_rows, scatter, simd,
+    Float, Ptr, BLOCK,
+};
 use crate::error::{Error, Result};
+use crate::ops::fused::{FusedProgram, MAX_FUSED_INPUTS};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 use crate::tensor::{DType, Layout};
+
+/// Called once a region of one batch's C (rows, columns) holds its final product.
+type After<'a> = &'a (dyn Fn(Range<usize>, Range<usize>) + Sync);
+
+/// Nothing to do after a region (the plain matmul).
+fn no_epilogue(_: Range<usize>, _: Range<usize>) {}
+
+/// A `matmul_epilogue` program bound to one launch.
+struct Epilogue<'a, T> {
+    prog: &'a FusedProgram,
+    /// Each extra operand's first element and its row and column strides, broadcast to the
+    /// output's shape.
+    extras: Vec<(Ptr<T>, usize, usize)>,
+    /// Per batch (in the order of [`batches`]), each extra operand's offset.
+    batch_offs: Vec<Vec<usize>>,
+}
+
+impl<T: Float> Epilogue<'_, T> {
+    /// Runs the program over `rows × cols` of batch `bi`'s C (at `c`, strides `crs`, `ccs`),
+    /// reading the product from C and writing the result there.
+    ///
+    /// # Safety
+    /// The region lies in C; every extra operand is valid for its broadcast layout and does
+    /// not overlap C (the launch refused overlapping outputs).
+    unsafe fn apply(
+        &self,
+        bi: usize,
+        c: Ptr<T>,
+        (crs, ccs): (usize, usize),
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) {
+        let ne = self.extras.len();
+        let mut loaded = vec![[0f32; BLOCK]; 1 + ne];
+        let mut steps = vec![[0f32; BLOCK]; self.prog.steps.len()];
+        let last = self.prog.steps.len() - 1;
+        for r in rows {
+            let mut j = cols.start;
+            while j < cols.end {
+                let n = BLOCK.min(cols.end - j);
+                let (first, rest) = loaded.split_at_mut(1);
+                // SAFETY: row r, columns j..j+n of C and of each broadcast operand.
+                unsafe {
+                    gather(c.at(r * crs + j * ccs), ccs, &mut first[0][..n]);
+                    for (q, &(p, rs, cs)) in self.extras.iter().enumerate() {
+                        let at = p.at(self.batch_offs[bi][q] + r * rs + j * cs);
+                        gather(at, cs, &mut rest[q][..n]);
+                    }
+                }
+                let mut srcs: [&[f32]; MAX_FUSED_INPUTS] = [&[]; MAX_FUSED_INPUTS];
+                for (d, l) in srcs.iter_mut().zip(&loaded) {
+                    *d = &l[..n];
+                }
+                simd!(eval_block::<T>(self.prog, &srcs[..1 + ne], &mut steps, n));
+                // SAFETY: as above; C is disjoint from every operand read.
+                unsafe { scatter(&steps[last][..n], c.at(r * crs + j * ccs), ccs) };
+                j += n;
+            }
+        }
+    }
+}
 
 /// A strided f32 matrix: base pointer, row and column strides in elements.
 #[derive(Clone, Copy)]
@@ -25,7 +98,17 @@ struct Mat {
 /// # Safety
 /// The matrices must be valid for their shapes and strides; C must not overlap A or B.
 #[allow(clippy::too_many_arguments)] // the BLAS signature
-unsafe fn sgemm_par(m: usize, k: usize, n: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: Mat) {
+unsafe fn sgemm_par(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: Mat,
+    after: After<'_>,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -65,6 +148,7 @@ unsafe fn sgemm_par(m: usize, k: usize, n: usize, alpha: f32, a: Mat, b: Mat, be
                     c.rs as isize,
                     c.cs as isize,
                 );
+                after(start..end, 0..n);
             } else {
                 matrixmultiply::sgemm(
                     m,
@@ -82,6 +166,7 @@ unsafe fn sgemm_par(m: usize, k: usize, n: usize, alpha: f32, a: Mat, b: Mat, be
                     c.rs as isize,
                     c.cs as isize,
                 );
+                after(0..m, start..end);
             }
         }
     };
@@ -132,6 +217,7 @@ unsafe fn gemv<T: Float>(
     beta: f32,
     c: Ptr<T>,
     csc: usize,
+    after: After<'_>,
 ) {
     let k = x.len();
     let finish = |j: usize, v: f32| {
@@ -162,6 +248,7 @@ unsafe fn gemv<T: Float>(
                     for (t, &v) in acc[..w].iter().enumerate() {
                         finish(j0 + t, v);
                     }
+                    after(0..1, j0..j0 + w);
                     continue;
                 }
                 for (i, &xi) in x.iter().enumerate() {
@@ -172,17 +259,19 @@ unsafe fn gemv<T: Float>(
                 for (t, &v) in acc[..w].iter().enumerate() {
                     finish(j0 + t, v);
                 }
+                after(0..1, j0..j0 + w);
             }
         });
     } else {
         // B columns are contiguous (a transposed weight): one dot product per column.
         par_chunks(n, k, |cols| {
             let mut col = vec![0f32; k];
-            for j in cols {
+            for j in cols.clone() {
                 // SAFETY: column j of B.
                 unsafe { gather(b.at(j * csb), rsb, &mut col) };
                 finish(j, simd!(dot(x, &col)));
             }
+            after(0..1, cols);
         });
     }
 }
@@ -276,7 +365,49 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             call.params
         )));
     };
-    let (alpha, beta) = (alpha as f32, beta as f32);
+    gemm::<T>(call, alpha as f32, beta as f32, None)
+}
+
+fn matmul_epilogue<T: Float>(call: &KernelCall<'_>) -> Result<()> {
+    let Params::MatmulEpilogue { alpha, program } = call.params else {
+        return Err(Error::Internal(format!(
+            "{}: parameters {:?}",
+            call.op, call.params
+        )));
+    };
+    let c = &call.outputs[0];
+    let shape = c.layout.shape();
+    let nd = shape.len();
+    let extras = &call.inputs[2..];
+    if program.steps.is_empty() || 1 + extras.len() > MAX_FUSED_INPUTS {
+        return Err(Error::Internal(format!("{}: unchecked program", call.op)));
+    }
+    let mut epi = Epilogue {
+        prog: program,
+        extras: Vec::new(),
+        batch_offs: Vec::new(),
+    };
+    let mut per_extra = Vec::new();
+    for e in extras {
+        let l = bcast(e, shape)?;
+        let st = l.strides();
+        epi.extras.push((Ptr::of(e), st[nd - 2], st[nd - 1]));
+        per_extra.push(offsets(&shape[..nd - 2], &st[..nd - 2]));
+    }
+    let batches: usize = shape[..nd - 2].iter().product();
+    epi.batch_offs = (0..batches)
+        .map(|bi| per_extra.iter().map(|o| o[bi]).collect())
+        .collect();
+    gemm::<T>(call, *alpha as f32, 0.0, Some(&epi))
+}
+
+/// The GEMM of `matmul` and `matmul_epilogue`: `C = alpha·A·B + beta·C`, then the epilogue.
+fn gemm<T: Float>(
+    call: &KernelCall<'_>,
+    alpha: f32,
+    beta: f32,
+    epi: Option<&Epilogue<'_, T>>,
+) -> Result<()> {
     let (a, b, c) = (&call.inputs[0], &call.inputs[1], &call.outputs[0]);
     let nd = c.layout.ndim();
     let (m, n) = (c.layout.shape()[nd - 2], c.layout.shape()[nd - 1]);
@@ -288,7 +419,24 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     };
     let ((ars, acs), (brs, bcs), (crs, ccs)) = (st(&a.layout), st(&b.layout), st(&c.layout));
     let (pa, pb, pc) = (Ptr::<T>::of(a), Ptr::<T>::of(b), Ptr::<T>::of(c));
-    for [oc, oa, ob] in batches(&c.layout, &a.layout, &b.layout)? {
+    for (bi, [oc, oa, ob]) in batches(&c.layout, &a.layout, &b.layout)?
+        .into_iter()
+        .enumerate()
+    {
+        // SAFETY: `oc` is where this batch's C starts, inside the output's checked view.
+        let pcb = Ptr(unsafe { pc.at(oc) });
+        let epilogue = |rows: Range<usize>, cols: Range<usize>| {
+            if let Some(e) = epi {
+                // SAFETY: the region lies in this batch's C; the plan and the launch
+                // checked every operand's range and refused outputs overlapping inputs.
+                unsafe { e.apply(bi, pcb, (crs, ccs), rows, cols) }
+            }
+        };
+        let after: After<'_> = if epi.is_some() {
+            &epilogue
+        } else {
+            &no_epilogue
+        };
         // SAFETY: every matrix below lies in its checked view (batch offsets come from the
         // broadcast layouts); the plan refused outputs overlapping the inputs.
         unsafe {
@@ -304,6 +452,7 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                         *o = T::from_f32(old);
                     }
                 }
+                after(0..m, 0..n);
                 continue;
             }
             if m == 1 {
@@ -319,6 +468,7 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                     beta,
                     Ptr(pc.at(oc)),
                     ccs,
+                    after,
                 );
                 continue;
             }
@@ -345,6 +495,7 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                         rs: crs,
                         cs: ccs,
                     },
+                    after,
                 );
                 continue;
             }
@@ -385,8 +536,13 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                     rs: n,
                     cs: 1,
                 },
+                &no_epilogue,
             );
             from_f32(wc, m, n, Ptr(pc.at(oc)), crs, ccs);
+            if epi.is_some() {
+                // The product is in C only now: the epilogue follows in row blocks.
+                par_chunks(m, n, |rows| after(rows, 0..n));
+            }
         }
     }
     Ok(())
@@ -394,4 +550,5 @@ fn matmul<T: Float>(call: &KernelCall<'_>) -> Result<()> {
 
 pub(super) fn register(reg: &mut KernelRegistry) {
     floats!(reg, "matmul", matmul);
+    floats!(reg, crate::ops::matmul::MATMUL_EPILOGUE, matmul_epilogue);
 }

@@ -139,6 +139,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups)],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned,
         },
     )

@@ -20,31 +20,67 @@ use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
-use crate::ops::fused::{FusedSrc, FusedStep, FUSED_ELEMENTWISE};
+use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 
 const NAMES: [&str; MAX_TENSORS - 1] = ["in0", "in1", "in2", "in3", "in4", "in5", "in6"];
 
-/// `keep(v)`: `v` rounded to `dtype` and hidden from the optimizer (see the module docs).
-fn keep(dtype: DType) -> Result<&'static str> {
+/// `keep(v)`: `v` rounded to `dtype` and hidden from the optimizer (see the module docs);
+/// `cfg[mask]` holds the opaque zero.
+pub(super) fn keep(dtype: DType, mask: usize) -> Result<String> {
     Ok(match dtype {
-        DType::F32 => "fn keep(v: f32) -> f32 { return bitcast<f32>(bitcast<u32>(v) ^ cfg[1]); }\n",
-        DType::F16 => {
-            "fn keep(v: f32) -> f32 {\n    let h = pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;\n    \
-             return unpack2x16float(h ^ cfg[1]).x;\n}\n"
-        }
-        DType::BF16 => {
-            "fn keep(v: f32) -> f32 {\n    let b = bitcast<u32>(v);\n    \
+        DType::F32 => format!(
+            "fn keep(v: f32) -> f32 {{ return bitcast<f32>(bitcast<u32>(v) ^ cfg[{mask}]); }}\n"
+        ),
+        DType::F16 => format!(
+            "fn keep(v: f32) -> f32 {{\n    let h = pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu;\n    \
+             return unpack2x16float(h ^ cfg[{mask}]).x;\n}}\n"
+        ),
+        DType::BF16 => format!(
+            "fn keep(v: f32) -> f32 {{\n    let b = bitcast<u32>(v);\n    \
              let h = select((b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u, 0x7fc0u, v != v);\n    \
-             return bitcast<f32>((h ^ cfg[1]) << 16u);\n}\n"
-        }
+             return bitcast<f32>((h ^ cfg[{mask}]) << 16u);\n}}\n"
+        ),
         other => {
             return Err(Error::Internal(format!(
                 "{FUSED_ELEMENTWISE}: no wgpu kernel for {other:?}"
             )))
         }
     })
+}
+
+/// The WGSL of a program's steps: one function per step (the unfused operator's expression)
+/// and the body lines `let t<s> = keep(step<s>(…));`, each step's scalar pushed to `cfg`.
+/// `operand` names where a step reads its inputs. Returns (functions, body).
+pub(super) fn steps_wgsl(
+    prog: &FusedProgram,
+    operand: impl Fn(FusedSrc) -> String,
+    cfg: &mut Vec<u32>,
+) -> Result<(String, String)> {
+    let (mut funcs, mut body) = (String::new(), String::new());
+    for (s, step) in prog.steps.iter().enumerate() {
+        let (name, a, b, scalar) = match *step {
+            FusedStep::Unary(u, a) => (u.name(), a, None, 0.0),
+            FusedStep::Binary(o, a, b) => (o.name(), a, Some(b), 0.0),
+            FusedStep::Scalar(o, a, c) => (o.scalar_name(), a, None, c),
+            FusedStep::Swiglu(a, b) => ("swiglu", a, Some(b), 0.0),
+        };
+        let e = expr(name).ok_or_else(|| {
+            Error::Internal(format!(
+                "{FUSED_ELEMENTWISE}: no wgpu expression for {name}"
+            ))
+        })?;
+        let slot = cfg.len();
+        cfg.push(wgsl::f(scalar));
+        funcs += &format!("fn step{s}(x0: f32, x1: f32, s: f32) -> f32 {{ return {e}; }}\n");
+        let b = b.map_or_else(|| "0.0".to_string(), &operand);
+        body += &format!(
+            "    let t{s} = keep(step{s}({}, {b}, cfg_f({slot}u)));\n",
+            operand(a)
+        );
+    }
+    Ok((funcs, body))
 }
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
@@ -75,36 +111,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         // The plan made every input contiguous of the output's shape.
         loads += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
     }
-    let mut body = String::new();
     binds.push(Bind::write("out", out.dtype));
-    let mut funcs = String::new();
     let operand = |src: FusedSrc| match src {
         FusedSrc::Input(k) => format!("x{k}"),
         FusedSrc::Step(k) => format!("t{k}"),
     };
-    for (s, step) in prog.steps.iter().enumerate() {
-        let (name, a, b, scalar) = match *step {
-            FusedStep::Unary(u, a) => (u.name(), a, None, 0.0),
-            FusedStep::Binary(o, a, b) => (o.name(), a, Some(b), 0.0),
-            FusedStep::Scalar(o, a, c) => (o.scalar_name(), a, None, c),
-            FusedStep::Swiglu(a, b) => ("swiglu", a, Some(b), 0.0),
-        };
-        let e = expr(name).ok_or_else(|| {
-            Error::Internal(format!(
-                "{FUSED_ELEMENTWISE}: no wgpu expression for {name}"
-            ))
-        })?;
-        cfg.push(wgsl::f(scalar));
-        funcs += &format!("fn step{s}(x0: f32, x1: f32, s: f32) -> f32 {{ return {e}; }}\n");
-        let b = b.map_or_else(|| "0.0".to_string(), operand);
-        body += &format!(
-            "    let t{s} = keep(step{s}({}, {b}, cfg_f({}u)));\n",
-            operand(a),
-            2 + s
-        );
-    }
+    // Step s's scalar lands in cfg[2 + s].
+    let (funcs, body) = steps_wgsl(prog, operand, &mut cfg)?;
     let last = prog.steps.len() - 1;
-    let keep = keep(out.dtype)?;
+    let keep = keep(out.dtype, 1)?;
     let source = format!(
         "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    \
          if (i >= cfg[0]) {{ return; }}\n{loads}{body}    st_out(i, t{last});\n}}\n",
@@ -131,6 +146,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups_for(n as u64))],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned,
         },
     )

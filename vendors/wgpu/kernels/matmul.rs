@@ -13,13 +13,15 @@
 
 use std::sync::Arc;
 
+use super::elementwise::MATH;
 use super::op::{prepare as prepare_op, OpSource};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
+use crate::ops::fused::{FusedProgram, FusedSrc};
+use crate::ops::matmul::{MATMUL_EPILOGUE, MAX_EPILOGUE_OPERANDS};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
-use crate::tensor::DType;
 
 const TILE: usize = 64;
 
@@ -165,7 +167,7 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// issues four (on lavapipe a load costs far more than a multiply-add: this is what the
 /// GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `HOST_QUAD_WG` invocations
 /// side by side cover 256 columns; `cfg[15]` is the number of such column tiles.
-fn host_quad_kernel(rows: usize) -> String {
+fn host_quad_kernel(rows: usize, c_slot: usize) -> String {
     const V: usize = 4;
     let w = HOST_QUAD_WG;
     let mut s = format!(
@@ -218,7 +220,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     s += "        ob = ob + 4u * bstep;\n    }\n    let alpha = cfg_f(10u);\n    let beta = cfg_f(11u);\n";
     for r in 0..rows {
         s += &format!(
-            "    if (row0 + {r}u < m) {{\n        let pc = imm.o2 + cb + (row0 + {r}u) * cfg[8];\n"
+            "    if (row0 + {r}u < m) {{\n        let pc = imm.o{c_slot} + cb + (row0 + {r}u) * cfg[8];\n"
         );
         for q in 0..V {
             s += &format!(
@@ -242,27 +244,164 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 const HOST_QUAD_WG: u32 = 16;
 
 /// The quad variant's complete source for `rows` rows per invocation.
-fn host_quad_source(rows: usize, dtype: DType) -> Option<String> {
-    let binds = [
-        Bind::read("a", dtype),
-        Bind::read("b", dtype),
-        Bind::write("c", dtype),
-    ];
-    Some(format!(
-        "{}{}",
-        wgsl::prelude_quads(&binds)?,
-        host_quad_kernel(rows)
-    ))
+fn host_quad_source(rows: usize, binds: &[Bind], epi: Option<&Epilogue>) -> Option<String> {
+    let c_slot = binds.len() - 1;
+    let mut kernel = host_quad_kernel(rows, c_slot);
+    let mut extra = String::new();
+    if let Some(e) = epi {
+        let w = HOST_QUAD_WG;
+        let tile = format!(
+            "    for (var t = 0u; t < {n}u; t = t + 1u) {{
+        let r = row0 + t / 4u;
+        let q = cq + (t % 4u) * {w}u;
+        if (r < m && q < n4) {{
+            let e = (imm.o{c_slot} + cb + r * cfg[8] + q * 4u) >> 2u;
+            stq_c(e, epi4(r, q * 4u, ldq_c(e)));
+        }}
+    }}
+",
+            n = rows * 4
+        );
+        kernel = with_epilogue(&kernel, &tile);
+        extra = e.quad.clone();
+    }
+    Some(format!("{}{kernel}{extra}", wgsl::prelude_quads(binds)?))
+}
+
+/// Binding names of an epilogue's extra operands.
+const EXTRAS: [&str; MAX_EPILOGUE_OPERANDS] = ["e0", "e1", "e2", "e3"];
+
+/// The WGSL of a `matmul_epilogue` program: `epi(r, c, y)` (scalar stores) and
+/// `epi4(r, c, y)` (the quad variant's stores) return what is stored at row `r`, column `c`
+/// of batch `bi` for the product `alpha·A·B` there (`y`). Both go through `epi_core`, the
+/// program over the rounded product and the extra operands' values, in the fused
+/// elementwise kernel's form (each step rounded as stored and opaque to the compiler), so
+/// the result is bitwise the unfused operators'.
+struct Epilogue {
+    /// `keep`, the steps, `epi_core` and `epi`.
+    scalar: String,
+    /// `epi4` and its loads.
+    quad: String,
+}
+
+/// The kernel with an epilogue: the batch index kept in `bi`, and once the invocation has
+/// stored its product, `tile` — a loop over the elements it stored that reads each back (in
+/// the dtype, as the unfused operator reads it) and stores the epilogue's result there.
+/// One loop, not one epilogue per store: drivers inline every call, and a copy per register
+/// of the tile would multiply the shader's size (and its compile time) by up to 64.
+fn with_epilogue(kernel: &str, tile: &str) -> String {
+    let end = kernel.rfind("\n}\n\nfn store").unwrap_or(kernel.len());
+    format!("{}\n{tile}{}", &kernel[..end], &kernel[end..]).replace(
+        "let cb = view_off(wid.y, cfg[14]);",
+        "let cb = view_off(wid.y, cfg[14]);\n    bi = wid.y;",
+    )
+}
+
+/// Builds the epilogue's WGSL and its constants (appended to `cfg`): the opaque zero, each
+/// extra operand's row stride, column stride and batch view, and the steps' scalars.
+fn epilogue(
+    prog: &FusedProgram,
+    extras: &[crate::ops::TensorDesc],
+    out: &crate::ops::TensorDesc,
+    cfg: &mut Vec<u32>,
+) -> Result<Epilogue> {
+    let shape = out.layout.shape();
+    let nd = shape.len();
+    let mask = cfg.len();
+    cfg.push(0);
+    let mut layouts = Vec::new();
+    for e in extras {
+        let l = e.layout.broadcast_to(shape)?;
+        let st = l.strides();
+        cfg.extend([st[nd - 2] as u32, st[nd - 1] as u32, 0]);
+        layouts.push(l);
+    }
+    let operand = |src: FusedSrc| match src {
+        FusedSrc::Input(k) => format!("x{k}"),
+        FusedSrc::Step(k) => format!("t{k}"),
+    };
+    let (funcs, body) = super::fused::steps_wgsl(prog, operand, cfg)?;
+    // The batch views last: they have no fixed slots.
+    let mut offs = Vec::new();
+    for (q, l) in layouts.iter().enumerate() {
+        let slot = mask + 1 + 3 * q;
+        cfg[slot + 2] = wgsl::push_view(cfg, &shape[..nd - 2], &l.strides()[..nd - 2]);
+        offs.push((
+            slot,
+            format!("view_off(bi, cfg[{}u]) + r * cfg[{slot}u]", slot + 2),
+        ));
+    }
+    let last = prog.steps.len() - 1;
+    let params: String = (1..=extras.len()).map(|k| format!(", x{k}: f32")).collect();
+    let common = format!(
+        "\nvar<private> bi: u32;\n{MATH}\n{keep}{funcs}\
+         fn epi_core(p: f32{params}) -> f32 {{\n    let x0 = keep(p);\n{body}    return t{last};\n}}\n",
+        keep = super::fused::keep(out.dtype, mask)?,
+    );
+    let args: String = offs
+        .iter()
+        .enumerate()
+        .map(|(q, (slot, off))| format!(", ld_{}({off} + c * cfg[{}u])", EXTRAS[q], slot + 1))
+        .collect();
+    let scalar =
+        format!("{common}fn epi(r: u32, c: u32, y: f32) -> f32 {{ return epi_core(y{args}); }}\n");
+    // The quad variant: an extra operand whose quads are aligned with C's is read a quad at
+    // a time, any other one element at a time.
+    let mut quad = String::from("fn epi4(r: u32, c: u32, y: vec4<f32>) -> vec4<f32> {\n");
+    for (q, ((slot, off), l)) in offs.iter().zip(&layouts).enumerate() {
+        let name = EXTRAS[q];
+        let st = l.strides();
+        if st[nd - 1] == 1 && st[..nd - 1].iter().all(|s| s.is_multiple_of(4)) {
+            quad += &format!("    let v{q} = ld4_{name}({off} + c);\n");
+        } else {
+            quad += &format!(
+                "    let b{q} = {off} + c * cfg[{cs}u];\n    let v{q} = vec4<f32>(pick_{name}(b{q}), \
+                 pick_{name}(b{q} + cfg[{cs}u]), pick_{name}(b{q} + 2u * cfg[{cs}u]), \
+                 pick_{name}(b{q} + 3u * cfg[{cs}u]));\n",
+                cs = slot + 1
+            );
+        }
+    }
+    let lanes: Vec<String> = ["x", "y", "z", "w"]
+        .iter()
+        .map(|l| {
+            let xs: String = (0..extras.len()).map(|q| format!(", v{q}.{l}")).collect();
+            format!("epi_core(y.{l}{xs})")
+        })
+        .collect();
+    quad += &format!("    return vec4<f32>({});\n}}\n", lanes.join(", "));
+    for (q, name) in EXTRAS.iter().enumerate().take(extras.len()) {
+        quad += &format!(
+            "fn pick_{name}(i: u32) -> f32 {{ let e = imm.o{k} + i; return ldq_{name}(e >> 2u)[e & 3u]; }}\n",
+            k = 2 + q
+        );
+    }
+    Ok(Epilogue {
+        scalar,
+        quad: format!("{common}{quad}"),
+    })
 }
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
-    let Params::Matmul { alpha, beta } = *spec.params else {
-        return Err(Error::Internal(format!(
-            "matmul: parameters {:?}",
-            spec.params
-        )));
+    let (alpha, beta, prog) = match spec.params {
+        Params::Matmul { alpha, beta } => (*alpha, *beta, None),
+        Params::MatmulEpilogue { alpha, program } => (*alpha, 0.0, Some(program.as_ref())),
+        other => {
+            return Err(Error::Internal(format!(
+                "{}: parameters {other:?}",
+                spec.op
+            )))
+        }
     };
     let (a, b, c) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
+    let extras = &spec.inputs[2..];
+    if extras.len() > EXTRAS.len() || (prog.is_none() && !extras.is_empty()) {
+        return Err(Error::Internal(format!(
+            "{}: {} extra operands",
+            spec.op,
+            extras.len()
+        )));
+    }
     let cs = c.layout.shape();
     let nd = cs.len();
     let (m, n) = (cs[nd - 2], cs[nd - 1]);
@@ -303,6 +442,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         0,
         0,
     ];
+    let epi = match prog {
+        Some(p) => Some(epilogue(p, extras, c, &mut cfg)?),
+        None => None,
+    };
     for (slot, d) in [(12, a), (13, b), (14, c)] {
         let r = d.layout.ndim();
         let s = wgsl::broadcast_strides(
@@ -312,11 +455,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         );
         cfg[slot] = wgsl::push_view(&mut cfg, batch_shape, &s);
     }
-    let binds = [
-        Bind::read("a", a.dtype),
-        Bind::read("b", b.dtype),
-        Bind::write("c", c.dtype),
-    ];
+    let mut binds = vec![Bind::read("a", a.dtype), Bind::read("b", b.dtype)];
+    for (name, e) in EXTRAS.iter().zip(extras) {
+        binds.push(Bind::read(name, e.dtype));
+    }
+    binds.push(Bind::write("c", c.dtype));
     let mut kernel = if host { KERNEL_HOST } else { KERNEL }.to_string();
     if host {
         // Unit column strides and whole 256-column tiles written as such, so the driver sees
@@ -338,28 +481,51 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             }
         }
     }
+    if let Some(e) = &epi {
+        // The invocation's 4×4 elements: rows 16 (GPU) or 1 (host) apart, columns 16 or 64.
+        let (dr, dc, r0, c0) = if host {
+            (1, 64, "row0", "col0")
+        } else {
+            (16, 16, "row0 + l.y", "col0 + l.x")
+        };
+        let tile = format!(
+            "    for (var t = 0u; t < 16u; t = t + 1u) {{
+        let r = {r0} + (t / 4u) * {dr}u;
+        let c = {c0} + (t % 4u) * {dc}u;
+        if (r < m && c < n) {{
+            let o = cb + r * cfg[8] + c * cfg[9];
+            st_c(o, epi(r, c, ld_c(o)));
+        }}
+    }}
+"
+        );
+        kernel = with_epilogue(&kernel, &tile) + &e.scalar;
+    }
     let source = format!("{}{kernel}", wgsl::prelude(&binds));
     let aligned = if host {
-        host_quads(spec, &mut cfg, batch, m, n, k)
+        host_quads(spec, &mut cfg, batch, m, n, k, &binds, epi.as_ref())
     } else {
         None
     };
     prepare_op(
         spec,
         OpSource {
-            name: "matmul".into(),
+            name: spec.op.to_string(),
             passes: vec![(source, [tiles as u32, batch.max(1) as u32, 1])],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned,
         },
     )
 }
 
 /// The host GEMM's quad variant for this plan, when its layouts allow one (f32, f16 or
-/// bf16): unit column strides, and row strides, batch strides, k and n all multiples of four
-/// (so every row of A, B and C starts and ends on a quad boundary once the tensor's own start
-/// is on one, which the launch checks). Sets `cfg[15]`.
+/// bf16): A, B and C with unit column strides, and row strides, batch strides, k and n all
+/// multiples of four (so every row of A, B and C starts and ends on a quad boundary once the
+/// tensor's own start is on one, which the launch checks). An epilogue's extra operands may
+/// have any layout. Sets `cfg[15]`.
+#[allow(clippy::too_many_arguments)] // the plan's facts, computed once by `prepare`
 fn host_quads(
     spec: &PlanSpec<'_>,
     cfg: &mut [u32],
@@ -367,10 +533,12 @@ fn host_quads(
     m: usize,
     n: usize,
     k: usize,
+    binds: &[Bind],
+    epi: Option<&Epilogue>,
 ) -> Option<Vec<(String, [u32; 3])>> {
     let fits = k.is_multiple_of(4)
         && n.is_multiple_of(4)
-        && spec.inputs.iter().chain(spec.outputs).all(|d| {
+        && spec.inputs[..2].iter().chain(spec.outputs).all(|d| {
             let Some((last, rest)) = d.layout.strides().split_last() else {
                 return false;
             };
@@ -392,11 +560,12 @@ fn host_quads(
     }
     cfg[15] = tiles_n as u32;
     Some(vec![(
-        host_quad_source(rows, spec.outputs[0].dtype)?,
+        host_quad_source(rows, binds, epi)?,
         [tiles as u32, batch.max(1) as u32, 1],
     )])
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
     reg_all(reg, "matmul", FLOATS, prepare);
+    reg_all(reg, MATMUL_EPILOGUE, FLOATS, prepare);
 }

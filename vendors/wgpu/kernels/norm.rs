@@ -120,6 +120,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, grid)],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned,
         },
     )

@@ -49,6 +49,11 @@ pub(crate) struct OpSource {
     /// plan time that each tensor's extents and strides are multiples of four, so it also
     /// ends on a quad boundary inside its binding.
     pub aligned: Option<Vec<(String, [u32; 3])>>,
+    /// Whether workgroup memory starts zeroed, as WebGPU guarantees: kept for user kernels.
+    /// unirt's own kernels write every workgroup element before they read it, and skip the
+    /// zeroing: on GL, naga writes it as one array constructor per variable, which llvmpipe
+    /// took 18 s to compile for the tiled GEMM (0.3 s without).
+    pub zero_workgroup_memory: bool,
 }
 
 /// One compiled pass.
@@ -122,8 +127,9 @@ impl OpCache {
         source: &str,
         entry: &str,
         layout: &wgpu::PipelineLayout,
+        zero_workgroup_memory: bool,
     ) -> Result<Arc<Pipe>> {
-        let key = format!("{entry}\n{source}");
+        let key = format!("{entry}\n{zero_workgroup_memory}\n{source}");
         if let Some(p) = self.pipes.lock().get(&key) {
             return Ok(p.clone());
         }
@@ -137,7 +143,10 @@ impl OpCache {
             layout: Some(layout),
             module: &module,
             entry_point: Some(entry),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: zero_workgroup_memory,
+                ..Default::default()
+            },
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -259,7 +268,17 @@ fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prepa
     let compile = |list: &[(String, [u32; 3])]| -> Result<Passes> {
         list.iter()
             .map(|(source, groups)| {
-                Ok((cache.pipe(device, &src.name, source, entry, &pl)?, *groups))
+                Ok((
+                    cache.pipe(
+                        device,
+                        &src.name,
+                        source,
+                        entry,
+                        &pl,
+                        src.zero_workgroup_memory,
+                    )?,
+                    *groups,
+                ))
             })
             .collect()
     };

@@ -47,6 +47,7 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups_for(n as u64))],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned: None,
         },
     )
@@ -127,6 +128,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes,
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned: None,
         },
     )

@@ -89,6 +89,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, wgsl::rows_grid(lanes))],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned: None,
         },
     )

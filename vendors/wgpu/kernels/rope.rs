@@ -142,6 +142,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, groups_for(items as u64))],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned: None,
         },
     )

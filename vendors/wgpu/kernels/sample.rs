@@ -97,6 +97,9 @@ MAIN {
         let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
         if (r.rank < k && r.cum >= top_p * total) { kp = min(kp, r.rank); }
     }
+    // `cut` is written below by the lane holding rank keep - 1; zero it first all the same
+    // (workgroup memory is not zeroed for unirt's kernels). wg_min_u's barriers order this.
+    if (lid == 0u) { cut = 0.0; }
     var keep = min(wg_min_u(kp, lid), k - 1u) + 1u;
     // Pass 3: the kept weight, then the first rank whose cumulative weight passes the draw.
     for (var e = lid; e < n; e = e + 256u) {
@@ -169,6 +172,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             passes: vec![(source, wgsl::rows_grid(rows))],
             cfg,
             entry: None,
+            zero_workgroup_memory: false,
             aligned: None,
         },
     )

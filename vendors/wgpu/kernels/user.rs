@@ -116,6 +116,7 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
             passes: vec![(src, groups)],
             cfg,
             entry: Some(entry.clone()),
+            zero_workgroup_memory: true,
             aligned: None,
         },
     )
