@@ -9,7 +9,8 @@
 //!      │  plan once for the device
 //!  CapturePlan  topological order; capture-safe steps (host functions — reads back to the
 //!               host, data-dependent decisions — are not) split into maximal segments;
-//!               fused elementwise chains (fusion.rs); a liveness-based memory plan in one
+//!               matmul epilogues (bias, activation, residual) and elementwise chains fused
+//!               into one kernel each (fusion.rs); a liveness-based memory plan in one
 //!               arena (memory.rs); descriptors and workspace made here (plan.rs)
 //!      │  instantiate (exec.rs)
 //!  GraphExec    warm-ups, then per capture-safe segment a captured stream graph (a prepared

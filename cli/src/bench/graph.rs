@@ -4,11 +4,12 @@
 //!   allocate, launch per operator) against one replay of the recorded graph, planned without
 //!   fusion so every operator still runs (per-operator overhead = replay time / 100).
 //! - `decode_step`: one decode step of the tiny Llama model (hidden 256, 2 layers) eager vs
-//!   replayed, with the planned and one-buffer-per-tensor peak of intermediate memory.
+//!   replayed (fused, and planned without fusion), with the planned and
+//!   one-buffer-per-tensor peak of intermediate memory.
 //! - `elementwise_chain4_16MiB`: `relu(x·y + 0.5)·2` over 4 Mi floats (memory-bound: four
 //!   passes over 16 MiB unfused, one fused), eager, replayed fused (one `fused_elementwise`
 //!   pass) and replayed unfused.
-//! - `matmul_bias_gelu_residual`: `gelu(x·w + b) + r` with x 64×256, w 256×4096 (a
+//! - `matmul_bias_relu_residual`: `relu(x·w + b) + r` with x 64×256, w 256×4096 (a
 //!   projection's epilogue over a 1 MiB result), eager, replayed fused (one
 //!   `matmul_epilogue` kernel) and replayed unfused (matmul and three elementwise passes).
 //!
@@ -84,7 +85,7 @@ fn chain4(x: &Tensor, y: &Tensor) -> unirt::Result<Tensor> {
 }
 
 fn projection(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> unirt::Result<Tensor> {
-    x.matmul(w)?.add(b)?.gelu()?.add(r)
+    x.matmul(w)?.add(b)?.relu()?.add(r)
 }
 
 fn record(
@@ -156,11 +157,15 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         plan.fused_epilogues(),
         plan.fused_chains()
     );
-    let exec = plan.instantiate_with(ExecOptions {
+    let options = ExecOptions {
         warmups: 0,
         capture: true,
-    })?;
-    let [eager, replay] = time_ms(
+    };
+    let exec = plan.instantiate_with(options)?;
+    // The same step planned without fusion: what the fused kernels save on replay.
+    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let unfused_exec = unfused.instantiate_with(options)?;
+    let [eager, replay, unfused_ms] = time_ms(
         reps[1],
         [
             &mut || {
@@ -171,6 +176,10 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
                 exec.replay()?;
                 sync()
             },
+            &mut || {
+                unfused_exec.replay()?;
+                sync()
+            },
         ],
     )?;
     rows.push(Row {
@@ -179,6 +188,8 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         replay_ms: replay,
         peak_bytes_planned: Some(plan.memory().arena_bytes),
         peak_bytes_naive: Some(plan.memory().naive_bytes),
+        fused_ms: Some(replay),
+        unfused_ms: Some(unfused_ms),
         ..Row::default()
     });
 
@@ -251,7 +262,7 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         ],
     )?;
     rows.push(Row {
-        workload: "matmul_bias_gelu_residual",
+        workload: "matmul_bias_relu_residual",
         eager_ms: eager,
         replay_ms: fused_ms,
         fused_ms: Some(fused_ms),
@@ -281,6 +292,9 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             );
         }
         if let (Some(f), Some(u)) = (r.fused_ms, r.unfused_ms) {
+            if !extra.is_empty() {
+                extra += "; ";
+            }
             extra += &format!("fused {f:.3} ms vs unfused {u:.3} ms ({:.2}x)", u / f);
         }
         println!(
