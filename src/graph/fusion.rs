@@ -200,18 +200,16 @@ pub(crate) fn fuse_epilogues(
                 j += 1;
             }
         }
-        match chain.filter(|_| j > i + 1) {
-            Some(c) => match c.finish(&steps[i..j], device)? {
-                Some(step) => {
-                    out.push(step);
-                    fused += 1;
-                    i = j;
-                }
-                None => {
-                    out.push(steps[i].clone());
-                    i += 1;
-                }
-            },
+        let step = match chain.filter(|_| j > i + 1) {
+            Some(c) => c.finish(&steps[i..j], device)?,
+            None => None,
+        };
+        match step {
+            Some(step) => {
+                out.push(step);
+                fused += 1;
+                i = j;
+            }
             None => {
                 out.push(steps[i].clone());
                 i += 1;

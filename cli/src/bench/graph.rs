@@ -88,6 +88,46 @@ fn projection(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> unirt::Result<T
     x.matmul(w)?.add(b)?.relu()?.add(r)
 }
 
+/// A row of `g` (recorded from what `eager` runs): eager, replayed as planned with fusion and
+/// replayed as planned without, sampled alternately. Also returns the fused plan.
+fn fused_row(
+    workload: &'static str,
+    reps: usize,
+    g: &unirt::Graph,
+    sync: &dyn Fn() -> unirt::Result<()>,
+    eager: &mut dyn FnMut() -> unirt::Result<()>,
+) -> unirt::Result<(Row, CapturePlan)> {
+    let fused = g.plan()?;
+    let unfused = CapturePlan::with_options(g, PlanOptions { fuse: false })?;
+    let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
+    let [eager_ms, fused_ms, unfused_ms] = time_ms(
+        reps,
+        [
+            &mut || {
+                eager()?;
+                sync()
+            },
+            &mut || {
+                fx.replay()?;
+                sync()
+            },
+            &mut || {
+                ux.replay()?;
+                sync()
+            },
+        ],
+    )?;
+    let row = Row {
+        workload,
+        eager_ms,
+        replay_ms: fused_ms,
+        fused_ms: Some(fused_ms),
+        unfused_ms: Some(unfused_ms),
+        ..Row::default()
+    };
+    Ok((row, fused))
+}
+
 fn record(
     device: Device,
     inputs: &[&Tensor],
@@ -198,39 +238,15 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     let x = Tensor::rand_uniform(&[n], -1.0, 1.0, 2, DType::F32, device)?;
     let y = Tensor::rand_uniform(&[n], -1.0, 1.0, 3, DType::F32, device)?;
     let g = record(device, &[&x, &y], || chain4(&x, &y))?;
-    let fused = g.plan()?;
-    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
-    let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
-    let [eager, fused_ms, unfused_ms] = time_ms(
-        reps[2],
-        [
-            &mut || {
-                chain4(&x, &y)?;
-                sync()
-            },
-            &mut || {
-                fx.replay()?;
-                sync()
-            },
-            &mut || {
-                ux.replay()?;
-                sync()
-            },
-        ],
-    )?;
-    rows.push(Row {
-        workload: "elementwise_chain4_16MiB",
-        eager_ms: eager,
-        replay_ms: fused_ms,
-        fused_ms: Some(fused_ms),
-        unfused_ms: Some(unfused_ms),
-        ..Row::default()
-    });
+    let (row, fused) = fused_row("elementwise_chain4_16MiB", reps[2], &g, &sync, &mut || {
+        chain4(&x, &y).map(drop)
+    })?;
+    rows.push(row);
     if fused.fused_chains() == 0 {
         println!("note: {device} registers no fused_elementwise kernel; the chain ran unfused");
     }
 
-    // A projection and its epilogue: bias, GELU, residual.
+    // A projection and its epilogue: bias, ReLU, residual.
     let (m, k, n) = (64, 256, 4096);
     let rnd =
         |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, device);
@@ -241,34 +257,10 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         rnd(&[m, n], 7)?,
     );
     let g = record(device, &[&x, &r], || projection(&x, &w, &b, &r))?;
-    let fused = g.plan()?;
-    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
-    let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
-    let [eager, fused_ms, unfused_ms] = time_ms(
-        reps[2],
-        [
-            &mut || {
-                projection(&x, &w, &b, &r)?;
-                sync()
-            },
-            &mut || {
-                fx.replay()?;
-                sync()
-            },
-            &mut || {
-                ux.replay()?;
-                sync()
-            },
-        ],
-    )?;
-    rows.push(Row {
-        workload: "matmul_bias_relu_residual",
-        eager_ms: eager,
-        replay_ms: fused_ms,
-        fused_ms: Some(fused_ms),
-        unfused_ms: Some(unfused_ms),
-        ..Row::default()
-    });
+    let (row, fused) = fused_row("matmul_bias_relu_residual", reps[2], &g, &sync, &mut || {
+        projection(&x, &w, &b, &r).map(drop)
+    })?;
+    rows.push(row);
     if fused.fused_epilogues() == 0 {
         println!("note: {device} registers no matmul_epilogue kernel; the projection ran unfused");
     }

@@ -73,6 +73,24 @@ fn scalar(op: BinaryOp, a: &[f32], s: f32, o: &mut [f32]) {
     }
 }
 
+/// One step over `n` elements into `o`: its operands are the loaded inputs `srcs` and the
+/// earlier steps' results `done`.
+#[inline(always)]
+fn run_step(step: &FusedStep, srcs: &[&[f32]], done: &[[f32; BLOCK]], n: usize, o: &mut [f32]) {
+    let read = |src: FusedSrc| -> &[f32] {
+        match src {
+            FusedSrc::Input(k) => &srcs[k][..n],
+            FusedSrc::Step(k) => &done[k][..n],
+        }
+    };
+    match *step {
+        FusedStep::Unary(op, a) => unary(op, read(a), o),
+        FusedStep::Binary(op, a, b) => binary(op, read(a), read(b), o),
+        FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
+        FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
+    }
+}
+
 /// Runs the program over `len` elements starting `off` elements into every operand. f32
 /// operands are read and the last step written in place; other dtypes go through f32 blocks.
 ///
@@ -115,18 +133,7 @@ unsafe fn run_rows<T: Float>(
             } else {
                 &mut rest[0][..n]
             };
-            let read = |src: FusedSrc| -> &[f32] {
-                match src {
-                    FusedSrc::Input(k) => srcs[k],
-                    FusedSrc::Step(k) => &done[k][..n],
-                }
-            };
-            match *step {
-                FusedStep::Unary(op, a) => unary(op, read(a), o),
-                FusedStep::Binary(op, a, b) => binary(op, read(a), read(b), o),
-                FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
-                FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
-            }
+            run_step(step, &srcs, done, n, o);
             if !direct {
                 // The unfused operator stores each result in the dtype.
                 o.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
@@ -155,18 +162,7 @@ pub(super) fn eval_block<T: Float>(
     for (s, step) in prog.steps.iter().enumerate() {
         let (done, rest) = steps.split_at_mut(s);
         let o = &mut rest[0][..n];
-        let read = |src: FusedSrc| -> &[f32] {
-            match src {
-                FusedSrc::Input(k) => &srcs[k][..n],
-                FusedSrc::Step(k) => &done[k][..n],
-            }
-        };
-        match *step {
-            FusedStep::Unary(op, a) => unary(op, read(a), o),
-            FusedStep::Binary(op, a, b) => binary(op, read(a), read(b), o),
-            FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
-            FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
-        }
+        run_step(step, srcs, done, n, o);
         if T::DTYPE != crate::tensor::DType::F32 {
             o.iter_mut().for_each(|x| *x = T::from_f32(*x).to_f32());
         }

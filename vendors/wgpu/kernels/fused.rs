@@ -52,12 +52,12 @@ pub(super) fn keep(dtype: DType, mask: usize) -> Result<String> {
 
 /// The WGSL of a program's steps: one function per step (the unfused operator's expression)
 /// and the body lines `let t<s> = keep(step<s>(…));`, each step's scalar pushed to `cfg`.
-/// `operand` names where a step reads its inputs. Returns (functions, body).
-pub(super) fn steps_wgsl(
-    prog: &FusedProgram,
-    operand: impl Fn(FusedSrc) -> String,
-    cfg: &mut Vec<u32>,
-) -> Result<(String, String)> {
+/// Input `k` is read from `x<k>`, step `s`'s result is `t<s>`. Returns (functions, body).
+pub(super) fn steps_wgsl(prog: &FusedProgram, cfg: &mut Vec<u32>) -> Result<(String, String)> {
+    let operand = |src: FusedSrc| match src {
+        FusedSrc::Input(k) => format!("x{k}"),
+        FusedSrc::Step(k) => format!("t{k}"),
+    };
     let (mut funcs, mut body) = (String::new(), String::new());
     for (s, step) in prog.steps.iter().enumerate() {
         let (name, a, b, scalar) = match *step {
@@ -112,12 +112,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         loads += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
     }
     binds.push(Bind::write("out", out.dtype));
-    let operand = |src: FusedSrc| match src {
-        FusedSrc::Input(k) => format!("x{k}"),
-        FusedSrc::Step(k) => format!("t{k}"),
-    };
     // Step s's scalar lands in cfg[2 + s].
-    let (funcs, body) = steps_wgsl(prog, operand, &mut cfg)?;
+    let (funcs, body) = steps_wgsl(prog, &mut cfg)?;
     let last = prog.steps.len() - 1;
     let keep = keep(out.dtype, 1)?;
     let source = format!(

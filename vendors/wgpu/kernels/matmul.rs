@@ -19,7 +19,7 @@ use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
-use crate::ops::fused::{FusedProgram, FusedSrc};
+use crate::ops::fused::FusedProgram;
 use crate::ops::matmul::{MATMUL_EPILOGUE, MAX_EPILOGUE_OPERANDS};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
@@ -316,11 +316,7 @@ fn epilogue(
         cfg.extend([st[nd - 2] as u32, st[nd - 1] as u32, 0]);
         layouts.push(l);
     }
-    let operand = |src: FusedSrc| match src {
-        FusedSrc::Input(k) => format!("x{k}"),
-        FusedSrc::Step(k) => format!("t{k}"),
-    };
-    let (funcs, body) = super::fused::steps_wgsl(prog, operand, cfg)?;
+    let (funcs, body) = super::fused::steps_wgsl(prog, cfg)?;
     // The batch views last: they have no fixed slots.
     let mut offs = Vec::new();
     for (q, l) in layouts.iter().enumerate() {
