@@ -1,6 +1,16 @@
-//! Rotary embedding: the angles `pos · theta^(−2i/d)` are computed in f64 (cos/sin of one
-//! position at a time, shared by its heads), then every (position, head) row rotates in f32;
-//! contiguous f32 rows are read and written in place, others go through a buffer.
+//! Rotary embedding: the angles `pos · theta^(−2i/d)` are computed in f64 and rounded to f32
+//! cos/sin, then every (position, head) row rotates in f32; contiguous f32 rows are read and
+//! written in place, others go through a buffer.
+//!
+//! The cos/sin of positions `0..P` are kept in a process-wide table per `(theta, d)`, grown
+//! on demand and shared by every launch, as inference engines keep a rotary cache: computing
+//! them (two libm calls per pair) cost more than the rotation itself. Positions outside the
+//! table's bound are computed per launch, one position at a time, with the same arithmetic,
+//! so both ways give the same bits.
+
+use std::sync::{Arc, Mutex};
+
+use rayon::prelude::*;
 
 use super::util::{floats, gather, par_chunks, read_index, scatter, simd, Float, Lanes, Ptr};
 use crate::error::{Error, Result};
@@ -49,6 +59,69 @@ fn rotate_to(x: &[f32], o: &mut [f32], c: &[f32], sn: &[f32], interleaved: bool)
     o[2 * h..].copy_from_slice(&x[2 * h..]);
 }
 
+/// Most bytes one angle table may hold (cos and sin): 16 Ki positions at head dim 128.
+const TABLE_BYTES: usize = 8 << 20;
+/// Most `(theta, d)` tables kept; the oldest goes first.
+const TABLES_KEPT: usize = 4;
+
+/// cos and sin of `p · inv_freq[i]` for positions `p < positions`, row-major by position.
+struct AngleTable {
+    positions: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// The tables, keyed by `(theta's bits, d)`.
+static TABLES: Mutex<Vec<((u64, usize), Arc<AngleTable>)>> = Mutex::new(Vec::new());
+
+/// The f32 cos and sin of position `p` (one row of a table; the on-the-fly path too).
+#[inline]
+fn angles(p: f64, inv_freq: &[f64], c: &mut [f32], sn: &mut [f32]) {
+    for ((c, sn), &f) in c.iter_mut().zip(sn.iter_mut()).zip(inv_freq) {
+        let (si, co) = (p * f).sin_cos();
+        (*c, *sn) = (co as f32, si as f32);
+    }
+}
+
+/// A table covering positions `0..needed` for `(theta, d)`, built (in parallel, outside the
+/// lock) when none is large enough; `None` when it would exceed [`TABLE_BYTES`].
+fn angle_table(theta: f64, d: usize, inv_freq: &[f64], needed: usize) -> Option<Arc<AngleTable>> {
+    let half = inv_freq.len();
+    let max_positions = TABLE_BYTES / (half * 8).max(1);
+    if half == 0 || needed > max_positions {
+        return None;
+    }
+    let key = (theta.to_bits(), d);
+    // A poisoned lock only means a panic elsewhere while it was held; the list stays valid.
+    let lock = || TABLES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, t)) = lock().iter().find(|(k, _)| *k == key) {
+        if t.positions >= needed {
+            return Some(t.clone());
+        }
+    }
+    let positions = needed.next_power_of_two().clamp(256, max_positions);
+    let (mut cos, mut sin) = (vec![0f32; positions * half], vec![0f32; positions * half]);
+    cos.par_chunks_mut(half)
+        .zip(sin.par_chunks_mut(half))
+        .enumerate()
+        .for_each(|(p, (c, sn))| angles(p as f64, inv_freq, c, sn));
+    let table = Arc::new(AngleTable {
+        positions,
+        cos,
+        sin,
+    });
+    let mut tables = lock();
+    tables.retain(|(k, t)| *k != key || t.positions > positions);
+    if let Some((_, t)) = tables.iter().find(|(k, _)| *k == key) {
+        return Some(t.clone()); // another launch built a larger one meanwhile
+    }
+    if tables.len() >= TABLES_KEPT {
+        tables.remove(0);
+    }
+    tables.push((key, table.clone()));
+    Some(table)
+}
+
 fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let Params::Rope { interleaved, theta } = *call.params else {
         return Err(Error::Internal(format!(
@@ -71,24 +144,38 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         .map(|i| theta.powf(-2.0 * i as f64 / d as f64))
         .collect();
     let pos_stride = pos.layout.strides().first().copied().unwrap_or(0);
+    // SAFETY: elements 0..seq of the checked position view.
+    let ids: Vec<i64> = (0..seq)
+        .map(|s| unsafe { read_index(pos, s * pos_stride) })
+        .collect();
+    let table = match ids.iter().min().zip(ids.iter().max()) {
+        Some((&lo, &hi)) if lo >= 0 && seq * heads > 1 => {
+            angle_table(theta, d, &inv_freq, hi as usize + 1)
+        }
+        _ => None,
+    };
     let lanes = Lanes::new([&out.layout, &x.layout], nd - 1);
     let in_place_f32 = T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0;
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
     par_chunks(lanes.count(), d, |range| {
-        let (mut c, mut sn) = (vec![0f32; half], vec![0f32; half]);
+        let mut own = (vec![0f32; half], vec![0f32; half]);
         let mut buf = vec![0f32; if in_place_f32 { 0 } else { d }];
         let mut angles_of = usize::MAX;
         for l in range {
             let s = (l / heads) % seq;
-            if s != angles_of {
-                // SAFETY: element s of the checked position view.
-                let p = unsafe { read_index(pos, s * pos_stride) } as f64;
-                for ((c, sn), &f) in c.iter_mut().zip(sn.iter_mut()).zip(&inv_freq) {
-                    let (si, co) = (p * f).sin_cos();
-                    (*c, *sn) = (co as f32, si as f32);
+            let (c, sn): (&[f32], &[f32]) = match &table {
+                Some(t) => {
+                    let at = ids[s] as usize * half;
+                    (&t.cos[at..at + half], &t.sin[at..at + half])
                 }
-                angles_of = s;
-            }
+                None => {
+                    if s != angles_of {
+                        angles(ids[s] as f64, &inv_freq, &mut own.0, &mut own.1);
+                        angles_of = s;
+                    }
+                    (&own.0, &own.1)
+                }
+            };
             let [oo, ox] = lanes.offsets(l);
             if in_place_f32 {
                 // SAFETY: T is f32 (checked above); row l of both checked views is a
@@ -99,17 +186,17 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                     let (o, xr) = (po.at(oo) as *mut f32, px.at(ox) as *const f32);
                     let orow = std::slice::from_raw_parts_mut(o, d);
                     if std::ptr::eq(o, xr) {
-                        simd!(rotate(orow, &c, &sn, interleaved));
+                        simd!(rotate(orow, c, sn, interleaved));
                     } else {
                         let xrow = std::slice::from_raw_parts(xr, d);
-                        simd!(rotate_to(xrow, orow, &c, &sn, interleaved));
+                        simd!(rotate_to(xrow, orow, c, sn, interleaved));
                     }
                 }
                 continue;
             }
             // SAFETY: row l of both checked views; read whole before writing.
             unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
-            simd!(rotate(&mut buf, &c, &sn, interleaved));
+            simd!(rotate(&mut buf, c, sn, interleaved));
             // SAFETY: as above.
             unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
         }
@@ -119,4 +206,27 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
 
 pub(super) fn register(reg: &mut KernelRegistry) {
     floats!(reg, "rope", rope);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tensor::{DType, Tensor};
+
+    /// A position past the table's bound (16 Ki at head dim 128) is computed per launch; a
+    /// negative one too. Both must give the bits the table gives for the same position.
+    #[test]
+    fn table_and_per_launch_angles_agree() -> crate::Result<()> {
+        let cpu = "cpu:0".parse()?;
+        for interleaved in [false, true] {
+            let x = Tensor::rand_uniform(&[3, 2, 128], -1.0, 1.0, 9, DType::F32, cpu)?;
+            let far = Tensor::from_slice(&[1000i64, 1 << 20, -3], &[3], cpu)?;
+            let near = Tensor::from_slice(&[1000i64, 1001, 1002], &[3], cpu)?;
+            let a = x.rope(&far, 1e4, interleaved)?.to_vec::<f32>()?;
+            let b = x.rope(&near, 1e4, interleaved)?.to_vec::<f32>()?;
+            // Row 0 is position 1000 both ways: per launch in `a`, from the table in `b`.
+            assert_eq!(a[..256], b[..256]);
+            assert_ne!(a[256..512], b[256..512]);
+        }
+        Ok(())
+    }
 }
