@@ -71,8 +71,11 @@ struct AngleTable {
     sin: Vec<f32>,
 }
 
-/// The tables, keyed by `(theta's bits, d)`.
-static TABLES: Mutex<Vec<((u64, usize), Arc<AngleTable>)>> = Mutex::new(Vec::new());
+/// A table's key: theta's bits and the head dim.
+type TableKey = (u64, usize);
+
+/// The tables kept, oldest first.
+static TABLES: Mutex<Vec<(TableKey, Arc<AngleTable>)>> = Mutex::new(Vec::new());
 
 /// The f32 cos and sin of position `p` (one row of a table; the on-the-fly path too).
 #[inline]
