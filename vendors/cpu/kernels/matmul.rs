@@ -177,13 +177,21 @@ unsafe fn sgemm_par(
     }
 }
 
-/// `acc[t] += Σ_i x[i]·B[i, j0 + t]` over contiguous f32 rows of B, four rows per pass so
-/// the accumulator is loaded and stored a quarter as often.
+/// `acc[t] += Σ_i x[i]·B[i, j0 + t]` over contiguous rows of B whose elements `widen` turns
+/// into f32 (exactly: f32 as is, bf16 by a shift), four rows per pass so the accumulator is
+/// loaded and stored a quarter as often.
 ///
 /// # Safety
 /// B must be valid for rows `0..x.len()` at stride `rsb`, columns `j0..j0 + acc.len()`.
 #[inline(always)]
-unsafe fn axpy_rows(acc: &mut [f32], x: &[f32], b: Ptr<f32>, rsb: usize, j0: usize) {
+unsafe fn axpy_rows<T: Copy>(
+    acc: &mut [f32],
+    x: &[f32],
+    b: Ptr<T>,
+    rsb: usize,
+    j0: usize,
+    widen: impl Fn(T) -> f32,
+) {
     let w = acc.len();
     // SAFETY: the caller's promise, row by row.
     let row = |i: usize| unsafe { std::slice::from_raw_parts(b.at(i * rsb + j0), w) };
@@ -191,13 +199,15 @@ unsafe fn axpy_rows(acc: &mut [f32], x: &[f32], b: Ptr<f32>, rsb: usize, j0: usi
     while i + 4 <= x.len() {
         let (r0, r1, r2, r3) = (row(i), row(i + 1), row(i + 2), row(i + 3));
         let (x0, x1, x2, x3) = (x[i], x[i + 1], x[i + 2], x[i + 3]);
-        for ((((a, v0), v1), v2), v3) in acc.iter_mut().zip(r0).zip(r1).zip(r2).zip(r3) {
-            *a += x0 * v0 + x1 * v1 + x2 * v2 + x3 * v3;
+        for ((((a, &v0), &v1), &v2), &v3) in acc.iter_mut().zip(r0).zip(r1).zip(r2).zip(r3) {
+            *a += x0 * widen(v0) + x1 * widen(v1) + x2 * widen(v2) + x3 * widen(v3);
         }
         i += 4;
     }
     for (q, &xi) in x.iter().enumerate().skip(i) {
-        axpy(acc, xi, row(q));
+        for (a, &v) in acc.iter_mut().zip(row(q)) {
+            *a += xi * widen(v);
+        }
     }
 }
 
@@ -233,18 +243,31 @@ unsafe fn gemv<T: Float>(
         }
     };
     if csb == 1 || rsb != 1 {
-        // B rows are (mostly) contiguous: accumulate row by row over column blocks.
-        const COLS: usize = 512;
-        par_chunks(n.div_ceil(COLS), k * COLS, |blocks| {
-            let (mut acc, mut row) = (vec![0f32; COLS], vec![0f32; COLS]);
+        // B rows are (mostly) contiguous: accumulate row by row over column blocks, one
+        // block per thread where n allows (each row then streams as one long run; a column
+        // sums in the same order whatever the block width).
+        let cols = n
+            .div_ceil(rayon::current_num_threads().max(1))
+            .next_multiple_of(64)
+            .clamp(512, 2048);
+        par_chunks(n.div_ceil(cols), k * cols, |blocks| {
+            let (mut acc, mut row) = (vec![0f32; cols], vec![0f32; cols]);
             for blk in blocks {
-                let (j0, w) = (blk * COLS, COLS.min(n - blk * COLS));
+                let (j0, w) = (blk * cols, cols.min(n - blk * cols));
                 acc[..w].fill(0.0);
-                if csb == 1 && T::DTYPE == DType::F32 {
-                    // f32 rows are read in place, four at a time, without a copy.
-                    let bf = Ptr(b.0 as *mut f32);
-                    // SAFETY: rows 0..k, columns j0..j0+w of B (T is f32).
-                    simd!(unsafe { axpy_rows(&mut acc[..w], x, bf, rsb, j0) });
+                if csb == 1 && matches!(T::DTYPE, DType::F32 | DType::BF16) {
+                    // f32 and bf16 rows are read in place, four at a time, without a copy.
+                    // SAFETY: rows 0..k, columns j0..j0+w of B, whose dtype T is checked.
+                    unsafe {
+                        if T::DTYPE == DType::F32 {
+                            let bf = Ptr(b.0 as *mut f32);
+                            simd!(axpy_rows(&mut acc[..w], x, bf, rsb, j0, |v| v));
+                        } else {
+                            let bh = Ptr(b.0 as *mut u16);
+                            let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
+                            simd!(axpy_rows(&mut acc[..w], x, bh, rsb, j0, widen));
+                        }
+                    }
                     for (t, &v) in acc[..w].iter().enumerate() {
                         finish(j0 + t, v);
                     }
