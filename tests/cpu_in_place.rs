@@ -25,17 +25,20 @@ fn both_ways(plan: &Plan, ins: &[&Tensor]) -> unirt::Result<(Vec<f32>, Vec<f32>)
 
 #[test]
 fn softmax_in_place_matches_out_of_place() -> unirt::Result<()> {
-    // 37 columns: one 8-wide chunk remainder; rows of several lengths of visible keys.
-    let x = Tensor::rand_uniform(&[5, 37], -4.0, 4.0, 1, DType::F32, cpu())?;
-    for plan in [
-        ops::softmax::softmax(&x.desc(), -1, false)?,
-        ops::softmax::softmax(&x.desc(), -1, true)?,
-        ops::softmax::causal_softmax(&x.desc(), Some(3))?,
-    ] {
-        let (out, in_place) = both_ways(&plan, &[&x])?;
-        assert_eq!(out, in_place);
-        let first_row: f32 = out[..37].iter().sum();
-        assert!(out.iter().all(|v| v.is_finite()) && first_row != 0.0);
+    // 37 columns: two 16-wide steps and a remainder of 5; 45: an 8-wide step before it;
+    // rows of several lengths of visible keys.
+    for cols in [37, 45] {
+        let x = Tensor::rand_uniform(&[5, cols], -4.0, 4.0, 1, DType::F32, cpu())?;
+        for plan in [
+            ops::softmax::softmax(&x.desc(), -1, false)?,
+            ops::softmax::softmax(&x.desc(), -1, true)?,
+            ops::softmax::causal_softmax(&x.desc(), Some(3))?,
+        ] {
+            let (out, in_place) = both_ways(&plan, &[&x])?;
+            assert_eq!(out, in_place);
+            let first_row: f32 = out[..cols].iter().sum();
+            assert!(out.iter().all(|v| v.is_finite()) && first_row != 0.0);
+        }
     }
     Ok(())
 }

@@ -2,7 +2,10 @@
 //! rows input → output, others through f32 buffers), with vectorised f32 sums (eight
 //! accumulators) for the statistics.
 
-use super::util::{dot, floats, gather, par_chunks, scatter, simd, sum_f32, Float, Lanes, Ptr};
+use super::util::{
+    dot, floats, gather, next_lane, par_chunks, prefetch_l2, scatter, simd, sum_f32, Float, Lanes,
+    Ptr,
+};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 use crate::tensor::DType;
@@ -29,13 +32,25 @@ fn normalize(buf: &mut [f32], w: &[f32], b: &[f32], layer: bool, eps: f64) {
 }
 
 /// RMS norm of the f32 row `x` into `o` (distinct, same length), without a buffer: the same
-/// arithmetic as [`normalize`].
+/// arithmetic as [`normalize`]. The scale pass (on `x`, now in L1) prefetches the row at
+/// `next` when it is not null.
 #[inline(always)]
-fn rms_to(x: &[f32], o: &mut [f32], w: &[f32], eps: f64) {
+fn rms_to(x: &[f32], o: &mut [f32], w: &[f32], eps: f64, next: *const f32) {
     let ms = dot(x, x) as f64 / x.len() as f64;
     let inv = (1.0 / (ms + eps).sqrt()) as f32;
-    for ((y, &v), w) in o.iter_mut().zip(x).zip(w) {
-        *y = v * (inv * w);
+    // 16 elements (one cache line) per step.
+    for (j, ((ys, xs), ws)) in o
+        .chunks_mut(16)
+        .zip(x.chunks(16))
+        .zip(w.chunks(16))
+        .enumerate()
+    {
+        if !next.is_null() {
+            prefetch_l2(next.wrapping_add(16 * j));
+        }
+        for ((y, &v), w) in ys.iter_mut().zip(xs).zip(ws) {
+            *y = v * (inv * w);
+        }
     }
 }
 
@@ -65,7 +80,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
     if !layer && T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0 {
         let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
         par_chunks(lanes.count(), d, |range| {
-            for i in range {
+            for i in range.clone() {
                 let [oo, ox] = lanes.offsets(i);
                 // SAFETY: T is f32 (checked above); both rows are contiguous runs of d
                 // elements inside their checked views, and the plan lets the output overlap
@@ -77,7 +92,8 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
                         simd!(normalize(o, &w, &[], false, eps));
                     } else {
                         let x = std::slice::from_raw_parts(px.at(ox), d);
-                        simd!(rms_to(x, o, &w, eps));
+                        let next = next_lane(&lanes, px, i, &range);
+                        simd!(rms_to(x, o, &w, eps, next));
                     }
                 }
             }

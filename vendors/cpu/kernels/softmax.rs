@@ -2,7 +2,8 @@
 //! and written in place (input → output, no buffer); other lanes go through an f32 buffer.
 
 use super::util::{
-    exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Lanes, Ptr,
+    exp_f32, floats, gather, max_f32, next_lane, par_chunks, prefetch_l2, scatter, simd, sum_f32,
+    Float, Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -32,9 +33,11 @@ fn softmax_lane(v: &mut [f32], visible: usize, log: bool) {
 
 /// softmax of the contiguous f32 lane `x` written to `o` (log-softmax when `log`; elements
 /// from `visible` on become 0 / −∞), reading `x` once from memory: the max pass reads it,
-/// the exp pass writes `o`, the sum and scale passes run on `o` (now in L1).
+/// the exp pass writes `o` and sums it (the eight accumulators of [`sum_f32`], in its order,
+/// so the same bits) while it prefetches the lane at `next` (when not null), and the scale
+/// pass runs on `o` (now in L1).
 #[inline(always)]
-fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool) {
+fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool, next: *const f32) {
     let v = visible.min(x.len());
     let (seen, rest) = o.split_at_mut(v);
     rest.iter_mut()
@@ -47,13 +50,38 @@ fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool) {
     if log {
         let lse = max + x.iter().map(|&a| exp_f32(a - max)).sum::<f32>().ln();
         seen.iter_mut().zip(x).for_each(|(y, &a)| *y = a - lse);
-    } else {
-        seen.iter_mut()
-            .zip(x)
-            .for_each(|(y, &a)| *y = exp_f32(a - max));
-        let inv = 1.0 / sum_f32(seen);
-        seen.iter_mut().for_each(|y| *y *= inv);
+        return;
     }
+    let mut acc = [0f32; 8];
+    let mut j = 0;
+    // 16 elements (one cache line) per step; the sums go to the accumulators 8 at a time.
+    for (ys, xs) in seen.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
+        if !next.is_null() {
+            prefetch_l2(next.wrapping_add(j));
+        }
+        for (y, &a) in ys.iter_mut().zip(xs) {
+            *y = exp_f32(a - max);
+        }
+        for half in ys.chunks_exact(8) {
+            for l in 0..8 {
+                acc[l] += half[l];
+            }
+        }
+        j += 16;
+    }
+    if j + 8 <= v {
+        for l in 0..8 {
+            seen[j + l] = exp_f32(x[j + l] - max);
+            acc[l] += seen[j + l];
+        }
+        j += 8;
+    }
+    for (y, &a) in seen[j..].iter_mut().zip(&x[j..]) {
+        *y = exp_f32(a - max);
+    }
+    let tail: f32 = seen[j..].iter().sum();
+    let inv = 1.0 / (acc.iter().sum::<f32>() + tail);
+    seen.iter_mut().for_each(|y| *y *= inv);
 }
 
 fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
@@ -77,7 +105,7 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     if T::DTYPE == DType::F32 && lanes.stride == [1, 1] && lanes.len > 0 {
         let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
         par_chunks(lanes.count(), lanes.len, |range| {
-            for i in range {
+            for i in range.clone() {
                 let [oo, ox] = lanes.offsets(i);
                 // SAFETY: T is f32 (checked above); both lanes are contiguous runs inside
                 // their checked views, and the plan lets the output overlap the input only
@@ -89,7 +117,8 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                         simd!(softmax_lane(o, visible(i), log));
                     } else {
                         let x = std::slice::from_raw_parts(px.at(ox), lanes.len);
-                        simd!(softmax_lane_to(x, o, visible(i), log));
+                        let next = next_lane(&lanes, px, i, &range);
+                        simd!(softmax_lane_to(x, o, visible(i), log, next));
                     }
                 }
             }

@@ -557,6 +557,38 @@ pub(super) fn sigmoid_f32(x: f32) -> f32 {
     1.0 / (1.0 + exp_f32(-x))
 }
 
+/// Asks the CPU to bring the cache line holding `p` into its L2 cache ahead of use: a row
+/// kernel that reads its row from memory once and then computes on it in L1 prefetches the
+/// next row meanwhile, so memory and arithmetic overlap. No effect on results; any address
+/// may be given (a prefetch never faults).
+#[inline(always)]
+pub(super) fn prefetch_l2(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch hint reads nothing architecturally and never faults, whatever the
+    // address; SSE (which has it) is part of baseline x86-64.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The start of lane `i + 1` of the input (operand 1 of `lanes`) when `range` has it, for
+/// [`prefetch_l2`]; null otherwise.
+pub(super) fn next_lane<T>(
+    lanes: &Lanes<2>,
+    x: Ptr<T>,
+    i: usize,
+    range: &std::ops::Range<usize>,
+) -> *const T {
+    if i + 1 < range.end {
+        x.0.wrapping_add(lanes.offsets(i + 1)[1])
+    } else {
+        std::ptr::null()
+    }
+}
+
 /// Sum with eight accumulators (vectorisable).
 #[inline(always)]
 pub(super) fn sum_f32(v: &[f32]) -> f32 {
