@@ -231,6 +231,29 @@ fn machine_copy_row(mib: usize) -> Row {
     bw_row("machine_copy", DType::U8, format!("{n}"), ms, 2 * n)
 }
 
+/// The machine's multi-threaded read bandwidth (a sum over host buffers split across rayon's
+/// threads): the roofline of rows that only stream their inputs, such as attention decode
+/// reading a KV cache.
+fn machine_read_row(mib: usize) -> Row {
+    use rayon::prelude::*;
+    let n = (mib << 20) / 8;
+    let src: Vec<u64> = (0..n as u64).collect();
+    let chunk = n.div_ceil(rayon::current_num_threads() * 4);
+    let read = || {
+        let t = Instant::now();
+        let sum = src
+            .par_chunks(chunk)
+            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    read();
+    let mut v: Vec<f64> = (0..15).map(|_| read()).collect();
+    let ms = median(&mut v);
+    bw_row("machine_read", DType::U8, format!("{}", n * 8), ms, n * 8)
+}
+
 fn attention_row(dev: Device, dt: DType, kv: usize) -> CliResult<Row> {
     let (h, d) = (32, 128);
     let q = rand(&[1, h, 1, d], dt, dev, 7)?;
@@ -373,6 +396,9 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     }
     if !quick && !gpu {
         memory_rows(dev, DType::BF16, 16, &mut rows)?;
+    }
+    if !gpu && dev.kind == unirt::DeviceKind::Cpu {
+        rows.push(machine_read_row(if quick { 16 } else { 64 }));
     }
     for kv in if gpu {
         &[][..]

@@ -1,13 +1,14 @@
 //! Scaled dot-product attention, one (batch, query head, query) row per work item: scores
 //! against the visible keys, softmax, weighted sum of values, all in f32. Keys and values are
-//! read in their dtype row by row, so decode (one query over a long cache) streams K and V
-//! once per head at memory speed.
+//! read row by row (contiguous f32 rows in place, others converted through a buffer), so
+//! decode (one query over a long cache) streams K and V once per head at memory speed.
 
 use super::util::{
     axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+use crate::tensor::DType;
 
 /// `s ← exp(s − max s)`; returns the sum.
 #[inline(always)]
@@ -51,6 +52,8 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     );
     let scale = scale as f32;
     let rows = b * hq * lq;
+    let k_direct = T::DTYPE == DType::F32 && ks[3] == 1;
+    let v_direct = T::DTYPE == DType::F32 && vs[3] == 1;
     par_chunks(rows, lkv * d * 2, |range| {
         let (mut qrow, mut krow, mut acc) = (vec![0f32; d], vec![0f32; d], vec![0f32; d]);
         let mut scores = vec![0f32; lkv];
@@ -66,19 +69,38 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             unsafe {
                 gather(pq.at(bi * qs[0] + h * qs[1] + i * qs[2]), qs[3], &mut qrow);
                 let kbase = bi * ks[0] + kh * ks[1];
-                for (j, s) in scores[..visible].iter_mut().enumerate() {
-                    gather(pk.at(kbase + j * ks[2]), ks[3], &mut krow);
-                    *s = simd!(dot(&qrow, &krow)) * scale;
+                if k_direct {
+                    // Contiguous f32 keys are read in place.
+                    let (pk, ks2) = (Ptr(pk.0 as *mut f32), ks[2]);
+                    simd!(for (j, s) in scores[..visible].iter_mut().enumerate() {
+                        let kr = std::slice::from_raw_parts(pk.at(kbase + j * ks2), d);
+                        *s = dot(&qrow, kr) * scale;
+                    });
+                } else {
+                    for (j, s) in scores[..visible].iter_mut().enumerate() {
+                        gather(pk.at(kbase + j * ks[2]), ks[3], &mut krow);
+                        *s = simd!(dot(&qrow, &krow)) * scale;
+                    }
                 }
             }
             let seen = &mut scores[..visible];
             let sum = simd!(exp_normalised(seen));
             acc.fill(0.0);
             let vbase = bi * vs[0] + kh * vs[1];
-            for (j, &p) in seen.iter().enumerate() {
-                // SAFETY: value row j of the checked view.
-                unsafe { gather(pv.at(vbase + j * vs[2]), vs[3], &mut krow) };
-                simd!(axpy(&mut acc, p, &krow));
+            if v_direct {
+                // Contiguous f32 values are read in place.
+                let (pv, vs2) = (Ptr(pv.0 as *mut f32), vs[2]);
+                simd!(for (j, &p) in seen.iter().enumerate() {
+                    // SAFETY: value row j of the checked view, d contiguous f32s.
+                    let vr = unsafe { std::slice::from_raw_parts(pv.at(vbase + j * vs2), d) };
+                    axpy(&mut acc, p, vr);
+                });
+            } else {
+                for (j, &p) in seen.iter().enumerate() {
+                    // SAFETY: value row j of the checked view.
+                    unsafe { gather(pv.at(vbase + j * vs[2]), vs[3], &mut krow) };
+                    simd!(axpy(&mut acc, p, &krow));
+                }
             }
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             acc.iter_mut().for_each(|x| *x *= inv);
