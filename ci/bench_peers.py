@@ -16,10 +16,15 @@ import numpy as np
 
 
 def median_ms(fn, budget=0.6, min_reps=3, max_reps=50):
-    fn()  # warm-up
-    t = time.perf_counter()
-    fn()
-    one = time.perf_counter() - t
+    # Warm-up: at least 100 ms of calls, as `unirt bench ops` does (a VM's idle vCPUs wake
+    # faster once the hypervisor has seen repeated wake-ups).
+    warm = time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t
+        if time.perf_counter() - warm >= 0.1:
+            break
     reps = int(max(min_reps, min(max_reps, budget / max(one, 1e-9))))
     samples = []
     for _ in range(reps):

@@ -55,7 +55,16 @@ fn time_plan(
         rt.sync_stream()?;
         Ok(t.elapsed().as_secs_f64() * 1e3 / inner as f64)
     };
-    let first = sample()?; // warm-up (page faults, caches)
+    // Warm-up: page faults and caches, and at least 100 ms of launches, because a virtual
+    // machine's idle vCPUs halt and the hypervisor adapts how fast it wakes them only after
+    // repeated wake-ups (a 256³ GEMM launched and synchronised one at a time takes 0.4 ms for
+    // its first few dozen launches here and 0.2 ms afterwards). The peers' script warms up
+    // the same way.
+    let warm = Instant::now();
+    let mut first = sample()?;
+    while warm.elapsed() < Duration::from_millis(100) {
+        first = sample()?;
+    }
     let reps = reps_for(
         Duration::from_secs_f64(first * inner as f64 / 1e3),
         Duration::from_millis(600),
