@@ -3,25 +3,33 @@
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
 use super::util::{
-    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, Float, Ptr, BLOCK,
+    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, streams,
+    write_streaming, Float, Ptr, BLOCK,
 };
 use crate::error::Result;
 use crate::ops::{KernelCall, KernelRegistry};
 
 /// A binary function of f32s, as a type so each kernel is monomorphised.
 pub(super) trait Bin: Send + Sync + 'static {
+    /// Cheap enough that large outputs are memory-bound: written with non-temporal stores
+    /// (`write_streaming`). Transcendental functions are not: measured, their large
+    /// outputs ran slower through the streaming buffer.
+    const STREAM: bool;
     fn f(a: f32, b: f32) -> f32;
 }
 
 /// A unary function of f32s.
 pub(super) trait Un: Send + Sync + 'static {
+    /// As [`Bin::STREAM`].
+    const STREAM: bool;
     fn f(x: f32) -> f32;
 }
 
 macro_rules! bin {
-    ($($name:ident($a:ident, $b:ident) = $e:expr;)*) => {$(
+    ($stream:literal; $($name:ident($a:ident, $b:ident) = $e:expr;)*) => {$(
         pub(super) struct $name;
         impl Bin for $name {
+            const STREAM: bool = $stream;
             #[inline(always)]
             fn f($a: f32, $b: f32) -> f32 { $e }
         }
@@ -29,24 +37,27 @@ macro_rules! bin {
 }
 
 macro_rules! un {
-    ($($name:ident($x:ident) = $e:expr;)*) => {$(
+    ($stream:literal; $($name:ident($x:ident) = $e:expr;)*) => {$(
         pub(super) struct $name;
         impl Un for $name {
+            const STREAM: bool = $stream;
             #[inline(always)]
             fn f($x: f32) -> f32 { $e }
         }
     )*};
 }
 
-bin! {
+bin! { true;
     Add(a, b) = a + b;
     Sub(a, b) = a - b;
     Mul(a, b) = a * b;
     Div(a, b) = a / b;
     Maximum(a, b) = if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
     Minimum(a, b) = if a.is_nan() || b.is_nan() { f32::NAN } else { a.min(b) };
-    Pow(a, b) = a.powf(b);
+}
 
+bin! { false;
+    Pow(a, b) = a.powf(b);
     Swiglu(up, gate) = up * gate * sigmoid_f32(gate);
 }
 
@@ -55,9 +66,13 @@ pub(super) fn silu(x: f32) -> f32 {
     x * sigmoid_f32(x)
 }
 
-un! {
+un! { true;
     Neg(x) = -x;
     Abs(x) = x.abs();
+    Relu(x) = x.max(0.0);
+}
+
+un! { false;
     Exp(x) = exp_f32(x);
     Log(x) = x.ln();
     Sqrt(x) = x.sqrt();
@@ -66,14 +81,14 @@ un! {
     Cos(x) = x.cos();
     Tanh(x) = x.tanh();
     Sigmoid(x) = sigmoid_f32(x);
-    Relu(x) = x.max(0.0);
     Gelu(x) = 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
     // 0.5·(1 + tanh(z)) = sigmoid(2z), with z = sqrt(2/pi)·(x + 0.044715·x³).
     GeluTanh(x) = x * sigmoid_f32(2.0 * 0.797_884_6 * (x + 0.044715 * x * x * x));
     Silu(x) = silu(x);
 }
 
-/// One row of `o[i] = f(a[i], b[i])`.
+/// One row of `o[i] = f(a[i], b[i])`; a contiguous f32 output distinct from the inputs is
+/// written with non-temporal stores when `stream`.
 ///
 /// # Safety
 /// `o`, `a`, `b` are valid for `len` elements at their strides; `o` is either disjoint from
@@ -85,6 +100,7 @@ unsafe fn row2<T: Float>(
     b: *const T,
     len: usize,
     st: [usize; 3],
+    stream: bool,
     f: impl Fn(f32, f32) -> f32,
 ) {
     if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::F32 {
@@ -106,9 +122,11 @@ unsafe fn row2<T: Float>(
                     std::slice::from_raw_parts(a, len),
                     std::slice::from_raw_parts(b, len),
                 );
-                for ((x, y), z) in out.iter_mut().zip(a).zip(b) {
-                    *x = f(*y, *z);
-                }
+                write_streaming(out, stream, |s, d| {
+                    for ((x, y), z) in d.iter_mut().zip(&a[s..]).zip(&b[s..]) {
+                        *x = f(*y, *z);
+                    }
+                });
             }
         }
         return;
@@ -141,7 +159,7 @@ unsafe fn row2<T: Float>(
     }
 }
 
-/// One row of `o[i] = f(a[i])`.
+/// One row of `o[i] = f(a[i])`, streaming as [`row2`].
 ///
 /// # Safety
 /// As [`row2`].
@@ -151,6 +169,7 @@ unsafe fn row1<T: Float>(
     a: *const T,
     len: usize,
     st: [usize; 2],
+    stream: bool,
     f: impl Fn(f32) -> f32,
 ) {
     if st == [1, 1] && T::DTYPE == crate::tensor::DType::F32 {
@@ -162,7 +181,9 @@ unsafe fn row1<T: Float>(
                 out.iter_mut().for_each(|x| *x = f(*x));
             } else {
                 let a = std::slice::from_raw_parts(a, len);
-                out.iter_mut().zip(a).for_each(|(x, y)| *x = f(*y));
+                write_streaming(out, stream, |s, d| {
+                    d.iter_mut().zip(&a[s..]).for_each(|(x, y)| *x = f(*y));
+                });
             }
         }
         return;
@@ -188,8 +209,10 @@ unsafe fn row1<T: Float>(
     }
 }
 
+/// `binary_with` and `unary_with` stream (non-temporal stores) a large output when `cheap`.
 fn binary_with<T: Float>(
     call: &KernelCall<'_>,
+    cheap: bool,
     f: impl Fn(f32, f32) -> f32 + Sync + Copy,
 ) -> Result<()> {
     let out = &call.outputs[0];
@@ -204,38 +227,54 @@ fn binary_with<T: Float>(
         Ptr::<T>::of(&call.inputs[0]),
         Ptr::<T>::of(&call.inputs[1]),
     );
+    let stream = cheap && streams(out.layout.numel() * T::DTYPE.size());
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: par_rows hands out rows inside the (checked) views; tasks write disjoint
         // output elements.
-        simd!(unsafe { row2(po.at(off[0]), pa.at(off[1]), pb.at(off[2]), len, st, f) })
+        simd!(unsafe {
+            row2(
+                po.at(off[0]),
+                pa.at(off[1]),
+                pb.at(off[2]),
+                len,
+                st,
+                stream,
+                f,
+            )
+        })
     });
     Ok(())
 }
 
-fn unary_with<T: Float>(call: &KernelCall<'_>, f: impl Fn(f32) -> f32 + Sync + Copy) -> Result<()> {
+fn unary_with<T: Float>(
+    call: &KernelCall<'_>,
+    cheap: bool,
+    f: impl Fn(f32) -> f32 + Sync + Copy,
+) -> Result<()> {
     let out = &call.outputs[0];
     let shape = out.layout.shape();
     let a = bcast(&call.inputs[0], shape)?;
     let (shape, strides) = coalesce(shape, [out.layout.strides(), a.strides()]);
     let (po, pa) = (Ptr::<T>::of(out), Ptr::<T>::of(&call.inputs[0]));
+    let stream = cheap && streams(out.layout.numel() * T::DTYPE.size());
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: as in binary_with.
-        simd!(unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, f) })
+        simd!(unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, stream, f) })
     });
     Ok(())
 }
 
 fn binary<T: Float, O: Bin>(call: &KernelCall<'_>) -> Result<()> {
-    binary_with::<T>(call, O::f)
+    binary_with::<T>(call, O::STREAM, O::f)
 }
 
 fn binary_scalar<T: Float, O: Bin>(call: &KernelCall<'_>) -> Result<()> {
     let s = scalar_param(call)? as f32;
-    unary_with::<T>(call, move |x| O::f(x, s))
+    unary_with::<T>(call, O::STREAM, move |x| O::f(x, s))
 }
 
 fn unary<T: Float, O: Un>(call: &KernelCall<'_>) -> Result<()> {
-    unary_with::<T>(call, O::f)
+    unary_with::<T>(call, O::STREAM, O::f)
 }
 
 /// `where(cond, a, b)` and `masked_fill(x, mask)`: a u8 condition selects per element.
