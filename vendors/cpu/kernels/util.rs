@@ -590,13 +590,18 @@ pub(super) fn next_lane<T>(
 }
 
 /// Whether an output of `bytes` is written with non-temporal stores ([`write_streaming`]):
-/// when it is at least 3/4 of the last-level cache (glibc's rule for `memcpy`), so it
-/// would not stay cached for the next operator anyway, and a normal store first reads each
-/// line it writes. Smaller outputs stay in cache for whoever reads them next.
+/// when it is at least 3/4 of the last-level cache's share per thread (glibc's threshold
+/// for non-temporal `memcpy`, at least 4 MiB), so it would not stay cached for the next
+/// operator anyway, and a normal store first reads each line it writes. Smaller outputs
+/// stay in cache for whoever reads them next.
 pub(super) fn streams(bytes: usize) -> bool {
     static THRESHOLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     bytes
-        >= *THRESHOLD.get_or_init(|| (last_level_cache().unwrap_or(32 << 20) / 4 * 3).max(4 << 20))
+        >= *THRESHOLD.get_or_init(|| {
+            let l3 = last_level_cache().unwrap_or(32 << 20);
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (l3 / threads / 4 * 3).max(4 << 20)
+        })
 }
 
 /// The size of the L3 cache the first CPU sits behind, from sysfs ("32768K"), as `lscpu`
