@@ -160,49 +160,53 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let lanes = Lanes::new([&out.layout, &x.layout], nd - 1);
     let in_place_f32 = T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0;
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
+    // One vector-compiled body per task: a row (64 pairs at head dim 128) is too short to
+    // pay for entering the vector code once per row.
     par_chunks(lanes.count(), d, |range| {
-        let mut own = (vec![0f32; half], vec![0f32; half]);
-        let mut buf = vec![0f32; if in_place_f32 { 0 } else { d }];
-        let mut angles_of = usize::MAX;
-        for l in range {
-            let s = (l / heads) % seq;
-            let (c, sn): (&[f32], &[f32]) = match &table {
-                Some(t) => {
-                    let at = ids[s] as usize * half;
-                    (&t.cos[at..at + half], &t.sin[at..at + half])
-                }
-                None => {
-                    if s != angles_of {
-                        angles(ids[s] as f64, &inv_freq, &mut own.0, &mut own.1);
-                        angles_of = s;
+        simd!({
+            let mut own = (vec![0f32; half], vec![0f32; half]);
+            let mut buf = vec![0f32; if in_place_f32 { 0 } else { d }];
+            let mut angles_of = usize::MAX;
+            for l in range {
+                let s = (l / heads) % seq;
+                let (c, sn): (&[f32], &[f32]) = match &table {
+                    Some(t) => {
+                        let at = ids[s] as usize * half;
+                        (&t.cos[at..at + half], &t.sin[at..at + half])
                     }
-                    (&own.0, &own.1)
-                }
-            };
-            let [oo, ox] = lanes.offsets(l);
-            if in_place_f32 {
-                // SAFETY: T is f32 (checked above); row l of both checked views is a
-                // contiguous run of d elements; the plan lets the output overlap the input
-                // only as the very same view, so the rows are identical (one slice) or
-                // disjoint (two).
-                unsafe {
-                    let (o, xr) = (po.at(oo) as *mut f32, px.at(ox) as *const f32);
-                    let orow = std::slice::from_raw_parts_mut(o, d);
-                    if std::ptr::eq(o, xr) {
-                        simd!(rotate(orow, c, sn, interleaved));
-                    } else {
-                        let xrow = std::slice::from_raw_parts(xr, d);
-                        simd!(rotate_to(xrow, orow, c, sn, interleaved));
+                    None => {
+                        if s != angles_of {
+                            angles(ids[s] as f64, &inv_freq, &mut own.0, &mut own.1);
+                            angles_of = s;
+                        }
+                        (&own.0, &own.1)
                     }
+                };
+                let [oo, ox] = lanes.offsets(l);
+                if in_place_f32 {
+                    // SAFETY: T is f32 (checked above); row l of both checked views is a
+                    // contiguous run of d elements; the plan lets the output overlap the input
+                    // only as the very same view, so the rows are identical (one slice) or
+                    // disjoint (two).
+                    unsafe {
+                        let (o, xr) = (po.at(oo) as *mut f32, px.at(ox) as *const f32);
+                        let orow = std::slice::from_raw_parts_mut(o, d);
+                        if std::ptr::eq(o, xr) {
+                            rotate(orow, c, sn, interleaved);
+                        } else {
+                            let xrow = std::slice::from_raw_parts(xr, d);
+                            rotate_to(xrow, orow, c, sn, interleaved);
+                        }
+                    }
+                    continue;
                 }
-                continue;
+                // SAFETY: row l of both checked views; read whole before writing.
+                unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
+                rotate(&mut buf, c, sn, interleaved);
+                // SAFETY: as above.
+                unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
             }
-            // SAFETY: row l of both checked views; read whole before writing.
-            unsafe { gather(px.at(ox), lanes.stride[1], &mut buf) };
-            simd!(rotate(&mut buf, c, sn, interleaved));
-            // SAFETY: as above.
-            unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
-        }
+        })
     });
     Ok(())
 }
