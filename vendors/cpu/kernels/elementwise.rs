@@ -3,7 +3,7 @@
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
 use super::util::{
-    bcast, coalesce, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, streams,
+    bcast, coalesce, erf_f32, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, streams,
     write_streaming, Float, Ptr, BLOCK,
 };
 use crate::error::Result;
@@ -81,7 +81,7 @@ un! { false;
     Cos(x) = x.cos();
     Tanh(x) = x.tanh();
     Sigmoid(x) = sigmoid_f32(x);
-    Gelu(x) = 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+    Gelu(x) = 0.5 * x * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2));
     // 0.5·(1 + tanh(z)) = sigmoid(2z), with z = sqrt(2/pi)·(x + 0.044715·x³).
     GeluTanh(x) = x * sigmoid_f32(2.0 * 0.797_884_6 * (x + 0.044715 * x * x * x));
     Silu(x) = silu(x);
