@@ -116,7 +116,7 @@ def rows_ort(rows, threads):
                 ms = median_ms(lambda: s.run(None, feeds))
                 out.append(dict(r, peer="onnxruntime", ms=ms, gflops=2 * m * n * k / (ms * 1e6)))
                 continue
-            if op in ("add", "mul", "silu", "swiglu", "softmax", "rms_norm"):
+            if op in ("add", "mul", "silu", "gelu", "swiglu", "softmax", "rms_norm"):
                 rows_, cols = map(int, shape.split("x"))
                 sh = [rows_, cols]
                 a = rng.standard_normal(sh, dtype=np.float32)
@@ -129,6 +129,9 @@ def rows_ort(rows, threads):
                 elif op == "silu":
                     nodes = [helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Mul", ["a", "s"], ["c"])]
                     ins, feeds = [vi("a", sh)], {"a": a}
+                elif op == "gelu":  # the erf form, as unirt's gelu
+                    nodes = [helper.make_node("Gelu", ["a"], ["c"], domain="com.microsoft")]
+                    ins, feeds, msd = [vi("a", sh)], {"a": a}, True
                 elif op == "swiglu":
                     nodes = [helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Mul", ["b", "s"], ["t"]), helper.make_node("Mul", ["a", "t"], ["c"])]
                     ins, feeds = [vi("a", sh), vi("b", sh)], {"a": a, "b": b}

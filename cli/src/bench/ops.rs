@@ -178,6 +178,14 @@ fn memory_rows(dev: Device, dt: DType, mib: usize, rows: &mut Vec<Row>) -> CliRe
         run_plan(&silu, &[&a], 1)?,
         2 * bytes,
     ));
+    let gelu = ops::elementwise::unary(ops::UnaryOp::Gelu, &a.desc())?;
+    rows.push(bw_row(
+        "gelu",
+        dt,
+        s.clone(),
+        run_plan(&gelu, &[&a], 1)?,
+        2 * bytes,
+    ));
     let sw = ops::elementwise::swiglu(&a.desc(), &b.desc())?;
     rows.push(bw_row(
         "swiglu",
