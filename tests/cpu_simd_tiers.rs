@@ -25,7 +25,7 @@ fn digest(t: &Tensor) -> unirt::Result<String> {
     Ok(format!("{:?} {h:016x}", t.shape()))
 }
 
-/// Every operator family whose CPU kernel goes through `simd!`, in every float dtype, on odd
+/// Every operator family whose CPU kernel depends on the tier, in every float dtype, on odd
 /// sizes (vector remainders) and a size past the parallel threshold.
 fn digests() -> unirt::Result<Vec<String>> {
     let mut out = Vec::new();
@@ -54,6 +54,7 @@ fn digests() -> unirt::Result<Vec<String>> {
             "mul_transposed",
             x.transpose(0, 1)?.mul(&y.transpose(0, 1)?)?,
         )?;
+        push("transposed_copy", x.transpose(0, 1)?.contiguous()?)?;
         push("swiglu", x.swiglu(&y)?)?;
         push("rms_norm", x.rms_norm(&row, 1e-5)?)?;
         push("layer_norm", x.layer_norm(&row, &row, 1e-5)?)?;

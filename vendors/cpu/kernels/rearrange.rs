@@ -4,6 +4,8 @@
 use rayon::prelude::*;
 
 use super::util::{coalesce, par_rows, Ptr};
+#[cfg(target_arch = "x86_64")]
+use super::util::{simd_tier, SimdTier};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelImpl, KernelRegistry, Params, TensorRef};
@@ -81,6 +83,10 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
     let outer: Vec<usize> = (0..nd).filter(|&d| d != a && d != b).collect();
     let n_outer: usize = outer.iter().map(|&d| shape[d]).product();
     let tiles_b = nb.div_ceil(TILE);
+    #[cfg(target_arch = "x86_64")]
+    let words4 = std::mem::size_of::<W>() == 4 && simd_tier() >= SimdTier::Avx2;
+    #[cfg(not(target_arch = "x86_64"))]
+    let words4 = false;
     (0..n_outer * tiles_b).into_par_iter().for_each(|t| {
         let (mut od, mut os, mut rem) = (0, 0, t / tiles_b);
         for &d in outer.iter().rev() {
@@ -93,7 +99,27 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
         let b1 = (b0 + TILE).min(nb);
         for a0 in (0..na).step_by(TILE_A) {
             let a1 = (a0 + TILE_A).min(na);
-            for bi in b0..b1 {
+            let mut bi = b0;
+            if a1 - a0 == 8 && words4 {
+                // 8 × 8 tiles through registers: eight row loads, the transpose in
+                // shuffles, eight row stores (instead of 64 single-element copies).
+                while bi + 8 <= b1 {
+                    // SAFETY: rows a0..a0+8 and columns bi..bi+8 of the block lie inside the
+                    // shape (the caller's promise); W is 4 bytes and the CPU has AVX2
+                    // (words4).
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        transpose8x8(
+                            ps.at(os + bi + a0 * sa) as *const u32,
+                            sa,
+                            pd.at(od + bi * db + a0) as *mut u32,
+                            db,
+                        )
+                    };
+                    bi += 8;
+                }
+            }
+            for bi in bi..b1 {
                 for ai in a0..a1 {
                     // SAFETY: (bi, ai) and the outer index lie inside the shape, so both
                     // addresses lie in their checked views (the caller's promise).
@@ -103,6 +129,50 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
         }
     });
     true
+}
+
+/// Copies the 8 × 8 tile of 4-byte words whose rows start at `src` (row stride `sa`) into
+/// its transpose at `dst` (row stride `db`): row `l` of the source becomes column `l` of the
+/// destination. Shuffles move the words' bits unchanged.
+///
+/// # Safety
+/// Both tiles must be valid (8 rows of 8 words each); the CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8x8(src: *const u32, sa: usize, dst: *mut u32, db: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's promise: eight rows of eight words at both ends.
+    unsafe {
+        let r: [__m256; 8] =
+            std::array::from_fn(|l| _mm256_loadu_ps(src.add(l * sa) as *const f32));
+        // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+        let t: [__m256; 8] = std::array::from_fn(|q| {
+            let (x, y) = (r[2 * (q / 2)], r[2 * (q / 2) + 1]);
+            if q % 2 == 0 {
+                _mm256_unpacklo_ps(x, y)
+            } else {
+                _mm256_unpackhi_ps(x, y)
+            }
+        });
+        let u: [__m256; 8] = std::array::from_fn(|q| {
+            let (g, h) = (4 * (q / 4), q % 4);
+            let (x, y) = (t[g + h / 2], t[g + 2 + h / 2]);
+            if h % 2 == 0 {
+                _mm256_shuffle_ps::<0x44>(x, y)
+            } else {
+                _mm256_shuffle_ps::<0xEE>(x, y)
+            }
+        });
+        for k in 0..8 {
+            let (lo, hi) = (u[k % 4], u[4 + k % 4]);
+            let o = if k < 4 {
+                _mm256_permute2f128_ps::<0x20>(lo, hi)
+            } else {
+                _mm256_permute2f128_ps::<0x31>(lo, hi)
+            };
+            _mm256_storeu_ps(dst.add(k * db) as *mut f32, o);
+        }
+    }
 }
 
 fn copy_any(dst: &TensorRef, dst_layout: &Layout, src: &TensorRef) {
