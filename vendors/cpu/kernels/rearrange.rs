@@ -87,6 +87,7 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
     let words4 = std::mem::size_of::<W>() == 4 && simd_tier() >= SimdTier::Avx2;
     #[cfg(not(target_arch = "x86_64"))]
     let words4 = false;
+    let words2 = cfg!(target_arch = "x86_64") && std::mem::size_of::<W>() == 2;
     (0..n_outer * tiles_b).into_par_iter().for_each(|t| {
         let (mut od, mut os, mut rem) = (0, 0, t / tiles_b);
         for &d in outer.iter().rev() {
@@ -100,6 +101,22 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
         for a0 in (0..na).step_by(TILE_A) {
             let a1 = (a0 + TILE_A).min(na);
             let mut bi = b0;
+            if a1 - a0 == 8 && words2 {
+                // The same for 2-byte words, in 128-bit registers (SSE2, every x86-64).
+                while bi + 8 <= b1 {
+                    // SAFETY: as below; W is 2 bytes.
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        transpose8x8_u16(
+                            ps.at(os + bi + a0 * sa) as *const u16,
+                            sa,
+                            pd.at(od + bi * db + a0) as *mut u16,
+                            db,
+                        )
+                    };
+                    bi += 8;
+                }
+            }
             if a1 - a0 == 8 && words4 {
                 // 8 × 8 tiles through registers: eight row loads, the transpose in
                 // shuffles, eight row stores (instead of 64 single-element copies).
@@ -171,6 +188,49 @@ unsafe fn transpose8x8(src: *const u32, sa: usize, dst: *mut u32, db: usize) {
                 _mm256_permute2f128_ps::<0x31>(lo, hi)
             };
             _mm256_storeu_ps(dst.add(k * db) as *mut f32, o);
+        }
+    }
+}
+
+/// [`transpose8x8`] for 2-byte words (f16, bf16), in SSE2 registers: interleaving 16-, 32-
+/// and then 64-bit lanes turns the eight source rows into the eight destination rows.
+///
+/// # Safety
+/// Both tiles must be valid (8 rows of 8 words each).
+#[cfg(target_arch = "x86_64")]
+unsafe fn transpose8x8_u16(src: *const u16, sa: usize, dst: *mut u16, db: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's promise: eight rows of eight words at both ends; SSE2 is part of
+    // baseline x86-64.
+    unsafe {
+        let r: [__m128i; 8] =
+            std::array::from_fn(|l| _mm_loadu_si128(src.add(l * sa) as *const __m128i));
+        let a: [__m128i; 8] = std::array::from_fn(|q| {
+            let (x, y) = (r[2 * (q / 2)], r[2 * (q / 2) + 1]);
+            if q % 2 == 0 {
+                _mm_unpacklo_epi16(x, y)
+            } else {
+                _mm_unpackhi_epi16(x, y)
+            }
+        });
+        // b[q]: rows 0–3 (q < 4) or 4–7, columns 2q' and 2q' + 1 (q' = q % 4).
+        let b: [__m128i; 8] = std::array::from_fn(|q| {
+            let (g, h) = (4 * (q / 4), q % 4);
+            let (x, y) = (a[g + h / 2], a[g + 2 + h / 2]);
+            if h % 2 == 0 {
+                _mm_unpacklo_epi32(x, y)
+            } else {
+                _mm_unpackhi_epi32(x, y)
+            }
+        });
+        for k in 0..8 {
+            let (lo, hi) = (b[k / 2], b[4 + k / 2]);
+            let o = if k % 2 == 0 {
+                _mm_unpacklo_epi64(lo, hi)
+            } else {
+                _mm_unpackhi_epi64(lo, hi)
+            };
+            _mm_storeu_si128(dst.add(k * db) as *mut __m128i, o);
         }
     }
 }
