@@ -3,8 +3,8 @@
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
 use super::util::{
-    bcast, coalesce, erf_f32, exp_f32, floats, par_rows, scalar_param, sigmoid_f32, simd, streams,
-    write_streaming, Float, Ptr, BLOCK,
+    bcast, bf16_bits_to_f32, coalesce, erf_f32, exp_f32, f32_to_bf16_bits, floats, par_rows,
+    scalar_param, sigmoid_f32, simd, streams, write_streaming, Float, Ptr, BLOCK,
 };
 use crate::error::Result;
 use crate::ops::{KernelCall, KernelRegistry};
@@ -131,6 +131,33 @@ unsafe fn row2<T: Float>(
         }
         return;
     }
+    if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::BF16 {
+        // bf16 rows in one pass, converting element by element as the blocks below do.
+        let g = |x: u16, y: u16| f32_to_bf16_bits(f(bf16_bits_to_f32(x), bf16_bits_to_f32(y)));
+        let (o, a, b) = (o as *mut u16, a as *const u16, b as *const u16);
+        // SAFETY: T is bf16 (2-byte words); equal pointers get one slice, as in the f32 path.
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(o, len);
+            if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
+                out.iter_mut().for_each(|x| *x = g(*x, *x));
+            } else if std::ptr::eq(o, a) {
+                let b = std::slice::from_raw_parts(b, len);
+                out.iter_mut().zip(b).for_each(|(x, y)| *x = g(*x, *y));
+            } else if std::ptr::eq(o, b) {
+                let a = std::slice::from_raw_parts(a, len);
+                out.iter_mut().zip(a).for_each(|(x, y)| *x = g(*y, *x));
+            } else {
+                let (a, b) = (
+                    std::slice::from_raw_parts(a, len),
+                    std::slice::from_raw_parts(b, len),
+                );
+                for ((x, y), z) in out.iter_mut().zip(a).zip(b) {
+                    *x = g(*y, *z);
+                }
+            }
+        }
+        return;
+    }
     if st == [1, 1, 1] {
         let (mut fa, mut fb) = ([0f32; BLOCK], [0f32; BLOCK]);
         let mut i = 0;
@@ -184,6 +211,22 @@ unsafe fn row1<T: Float>(
                 write_streaming(out, stream, |s, d| {
                     d.iter_mut().zip(&a[s..]).for_each(|(x, y)| *x = f(*y));
                 });
+            }
+        }
+        return;
+    }
+    if st == [1, 1] && T::DTYPE == crate::tensor::DType::BF16 {
+        // bf16 rows in one pass, as in row2.
+        let g = |x: u16| f32_to_bf16_bits(f(bf16_bits_to_f32(x)));
+        let (o, a) = (o as *mut u16, a as *const u16);
+        // SAFETY: T is bf16; equal pointers get one slice, disjoint ones two.
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(o, len);
+            if std::ptr::eq(o, a) {
+                out.iter_mut().for_each(|x| *x = g(*x));
+            } else {
+                let a = std::slice::from_raw_parts(a, len);
+                out.iter_mut().zip(a).for_each(|(x, y)| *x = g(*y));
             }
         }
         return;

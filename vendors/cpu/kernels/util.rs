@@ -103,8 +103,28 @@ impl Float for bf16 {
 #[inline(always)]
 fn bf16_widen(src: &[bf16], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src) {
-        *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        *d = bf16_bits_to_f32(s.to_bits());
     }
+}
+
+/// One bf16 (as bits) → f32: the conversion of [`bf16_widen`].
+#[inline(always)]
+pub(super) fn bf16_bits_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// One f32 → bf16 bits: the conversion of [`bf16_narrow`].
+#[inline(always)]
+pub(super) fn f32_to_bf16_bits(v: f32) -> u16 {
+    let x = v.to_bits();
+    let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1))) >> 16;
+    let nan = (x >> 16) | 0x40;
+    let bits = if x & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    };
+    bits as u16
 }
 
 /// f32 → bf16 for a block, branch-free so it vectorises, bit for bit `bf16::from_f32`: round
@@ -112,15 +132,7 @@ fn bf16_widen(src: &[bf16], dst: &mut [f32]) {
 #[inline(always)]
 fn bf16_narrow(src: &[f32], dst: &mut [bf16]) {
     for (d, s) in dst.iter_mut().zip(src) {
-        let x = s.to_bits();
-        let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1))) >> 16;
-        let nan = (x >> 16) | 0x40;
-        let bits = if x & 0x7fff_ffff > 0x7f80_0000 {
-            nan
-        } else {
-            rounded
-        };
-        *d = bf16::from_bits(bits as u16);
+        *d = bf16::from_bits(f32_to_bf16_bits(*s));
     }
 }
 
