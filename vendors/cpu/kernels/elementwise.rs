@@ -88,7 +88,8 @@ un! { false;
 }
 
 /// One row of `o[i] = f(a[i], b[i])`; a contiguous f32 output distinct from the inputs is
-/// written with non-temporal stores when `stream`.
+/// written with non-temporal stores when `stream`, and contiguous bf16 rows of a `cheap` op
+/// are converted in the same pass.
 ///
 /// # Safety
 /// `o`, `a`, `b` are valid for `len` elements at their strides; `o` is either disjoint from
@@ -100,7 +101,7 @@ unsafe fn row2<T: Float>(
     b: *const T,
     len: usize,
     st: [usize; 3],
-    stream: bool,
+    (cheap, stream): (bool, bool),
     f: impl Fn(f32, f32) -> f32,
 ) {
     if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::F32 {
@@ -131,8 +132,9 @@ unsafe fn row2<T: Float>(
         }
         return;
     }
-    if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::BF16 {
-        // bf16 rows in one pass, converting element by element as the blocks below do.
+    if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::BF16 && cheap {
+        // Cheap ops on bf16 rows in one pass, converting element by element as the blocks
+        // below do (transcendental ones ran slower this way: measured).
         let g = |x: u16, y: u16| f32_to_bf16_bits(f(bf16_bits_to_f32(x), bf16_bits_to_f32(y)));
         let (o, a, b) = (o as *mut u16, a as *const u16, b as *const u16);
         // SAFETY: T is bf16 (2-byte words); equal pointers get one slice, as in the f32 path.
@@ -196,7 +198,7 @@ unsafe fn row1<T: Float>(
     a: *const T,
     len: usize,
     st: [usize; 2],
-    stream: bool,
+    (cheap, stream): (bool, bool),
     f: impl Fn(f32) -> f32,
 ) {
     if st == [1, 1] && T::DTYPE == crate::tensor::DType::F32 {
@@ -215,8 +217,8 @@ unsafe fn row1<T: Float>(
         }
         return;
     }
-    if st == [1, 1] && T::DTYPE == crate::tensor::DType::BF16 {
-        // bf16 rows in one pass, as in row2.
+    if st == [1, 1] && T::DTYPE == crate::tensor::DType::BF16 && cheap {
+        // Cheap ops on bf16 rows in one pass, as in row2.
         let g = |x: u16| f32_to_bf16_bits(f(bf16_bits_to_f32(x)));
         let (o, a) = (o as *mut u16, a as *const u16);
         // SAFETY: T is bf16; equal pointers get one slice, disjoint ones two.
@@ -252,7 +254,8 @@ unsafe fn row1<T: Float>(
     }
 }
 
-/// `binary_with` and `unary_with` stream (non-temporal stores) a large output when `cheap`.
+/// `binary_with` and `unary_with`: a `cheap` op streams a large output (non-temporal stores)
+/// and converts bf16 rows in one pass.
 fn binary_with<T: Float>(
     call: &KernelCall<'_>,
     cheap: bool,
@@ -281,7 +284,7 @@ fn binary_with<T: Float>(
                 pb.at(off[2]),
                 len,
                 st,
-                stream,
+                (cheap, stream),
                 f,
             )
         })
@@ -302,7 +305,7 @@ fn unary_with<T: Float>(
     let stream = cheap && streams(out.layout.numel() * T::DTYPE.size());
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: as in binary_with.
-        simd!(unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, stream, f) })
+        simd!(unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, (cheap, stream), f) })
     });
     Ok(())
 }
