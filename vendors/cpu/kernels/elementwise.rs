@@ -87,6 +87,66 @@ un! { false;
     Silu(x) = silu(x);
 }
 
+/// `o[i] = g(a[i], b[i])` over contiguous rows of `len` words: where `o` is the very same
+/// elements as `a` and/or `b`, on one slice (in place); a distinct `o` goes to
+/// `distinct(out, a, b)`, which writes it its own way.
+///
+/// # Safety
+/// The rows are valid for `len` words; `o` is disjoint from an input or the same elements.
+#[inline(always)]
+unsafe fn contiguous2<S: Copy>(
+    o: *mut S,
+    a: *const S,
+    b: *const S,
+    len: usize,
+    g: impl Fn(S, S) -> S,
+    distinct: impl FnOnce(&mut [S], &[S], &[S]),
+) {
+    // SAFETY: the caller's promise; overlapping slices are only made when the pointers are
+    // equal, and then only one of them exists.
+    unsafe {
+        let out = std::slice::from_raw_parts_mut(o, len);
+        if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
+            out.iter_mut().for_each(|x| *x = g(*x, *x));
+        } else if std::ptr::eq(o, a) {
+            let b = std::slice::from_raw_parts(b, len);
+            out.iter_mut().zip(b).for_each(|(x, y)| *x = g(*x, *y));
+        } else if std::ptr::eq(o, b) {
+            let a = std::slice::from_raw_parts(a, len);
+            out.iter_mut().zip(a).for_each(|(x, y)| *x = g(*y, *x));
+        } else {
+            let (a, b) = (
+                std::slice::from_raw_parts(a, len),
+                std::slice::from_raw_parts(b, len),
+            );
+            distinct(out, a, b);
+        }
+    }
+}
+
+/// [`contiguous2`] for one input.
+///
+/// # Safety
+/// As [`contiguous2`].
+#[inline(always)]
+unsafe fn contiguous1<S: Copy>(
+    o: *mut S,
+    a: *const S,
+    len: usize,
+    g: impl Fn(S) -> S,
+    distinct: impl FnOnce(&mut [S], &[S]),
+) {
+    // SAFETY: as in contiguous2.
+    unsafe {
+        let out = std::slice::from_raw_parts_mut(o, len);
+        if std::ptr::eq(o, a) {
+            out.iter_mut().for_each(|x| *x = g(*x));
+        } else {
+            distinct(out, std::slice::from_raw_parts(a, len));
+        }
+    }
+}
+
 /// One row of `o[i] = f(a[i], b[i])`; a contiguous f32 output distinct from the inputs is
 /// written with non-temporal stores when `stream`, and contiguous bf16 rows of a `cheap` op
 /// are converted in the same pass.
@@ -106,30 +166,16 @@ unsafe fn row2<T: Float>(
 ) {
     if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::F32 {
         let (o, a, b) = (o as *mut f32, a as *const f32, b as *const f32);
-        // SAFETY: T is f32 (checked above); the ranges are valid; overlapping slices are
-        // only made when the pointers are equal, and then only one of them exists.
+        // SAFETY: T is f32 (checked above); the caller's promise for the rest.
         unsafe {
-            let out = std::slice::from_raw_parts_mut(o, len);
-            if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
-                out.iter_mut().for_each(|x| *x = f(*x, *x));
-            } else if std::ptr::eq(o, a) {
-                let b = std::slice::from_raw_parts(b, len);
-                out.iter_mut().zip(b).for_each(|(x, y)| *x = f(*x, *y));
-            } else if std::ptr::eq(o, b) {
-                let a = std::slice::from_raw_parts(a, len);
-                out.iter_mut().zip(a).for_each(|(x, y)| *x = f(*y, *x));
-            } else {
-                let (a, b) = (
-                    std::slice::from_raw_parts(a, len),
-                    std::slice::from_raw_parts(b, len),
-                );
+            contiguous2(o, a, b, len, &f, |out, a, b| {
                 write_streaming(out, stream, |s, d| {
                     for ((x, y), z) in d.iter_mut().zip(&a[s..]).zip(&b[s..]) {
                         *x = f(*y, *z);
                     }
                 });
-            }
-        }
+            })
+        };
         return;
     }
     if st == [1, 1, 1] && T::DTYPE == crate::tensor::DType::BF16 && cheap {
@@ -137,27 +183,14 @@ unsafe fn row2<T: Float>(
         // below do (transcendental ones ran slower this way: measured).
         let g = |x: u16, y: u16| f32_to_bf16_bits(f(bf16_bits_to_f32(x), bf16_bits_to_f32(y)));
         let (o, a, b) = (o as *mut u16, a as *const u16, b as *const u16);
-        // SAFETY: T is bf16 (2-byte words); equal pointers get one slice, as in the f32 path.
+        // SAFETY: T is bf16 (2-byte words); the caller's promise for the rest.
         unsafe {
-            let out = std::slice::from_raw_parts_mut(o, len);
-            if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
-                out.iter_mut().for_each(|x| *x = g(*x, *x));
-            } else if std::ptr::eq(o, a) {
-                let b = std::slice::from_raw_parts(b, len);
-                out.iter_mut().zip(b).for_each(|(x, y)| *x = g(*x, *y));
-            } else if std::ptr::eq(o, b) {
-                let a = std::slice::from_raw_parts(a, len);
-                out.iter_mut().zip(a).for_each(|(x, y)| *x = g(*y, *x));
-            } else {
-                let (a, b) = (
-                    std::slice::from_raw_parts(a, len),
-                    std::slice::from_raw_parts(b, len),
-                );
+            contiguous2(o, a, b, len, g, |out, a, b| {
                 for ((x, y), z) in out.iter_mut().zip(a).zip(b) {
                     *x = g(*y, *z);
                 }
-            }
-        }
+            })
+        };
         return;
     }
     if st == [1, 1, 1] {
@@ -203,34 +236,26 @@ unsafe fn row1<T: Float>(
 ) {
     if st == [1, 1] && T::DTYPE == crate::tensor::DType::F32 {
         let (o, a) = (o as *mut f32, a as *const f32);
-        // SAFETY: T is f32; equal pointers get one slice, disjoint ones two.
+        // SAFETY: T is f32; the caller's promise for the rest.
         unsafe {
-            let out = std::slice::from_raw_parts_mut(o, len);
-            if std::ptr::eq(o, a) {
-                out.iter_mut().for_each(|x| *x = f(*x));
-            } else {
-                let a = std::slice::from_raw_parts(a, len);
+            contiguous1(o, a, len, &f, |out, a| {
                 write_streaming(out, stream, |s, d| {
                     d.iter_mut().zip(&a[s..]).for_each(|(x, y)| *x = f(*y));
                 });
-            }
-        }
+            })
+        };
         return;
     }
     if st == [1, 1] && T::DTYPE == crate::tensor::DType::BF16 && cheap {
         // Cheap ops on bf16 rows in one pass, as in row2.
         let g = |x: u16| f32_to_bf16_bits(f(bf16_bits_to_f32(x)));
         let (o, a) = (o as *mut u16, a as *const u16);
-        // SAFETY: T is bf16; equal pointers get one slice, disjoint ones two.
+        // SAFETY: T is bf16; the caller's promise for the rest.
         unsafe {
-            let out = std::slice::from_raw_parts_mut(o, len);
-            if std::ptr::eq(o, a) {
-                out.iter_mut().for_each(|x| *x = g(*x));
-            } else {
-                let a = std::slice::from_raw_parts(a, len);
+            contiguous1(o, a, len, g, |out, a| {
                 out.iter_mut().zip(a).for_each(|(x, y)| *x = g(*y));
-            }
-        }
+            })
+        };
         return;
     }
     if st == [1, 1] {

@@ -3,8 +3,7 @@
 //! accumulators) for the statistics.
 
 use super::util::{
-    dot, floats, gather, next_lane, par_chunks, prefetch_l2, scatter, simd, sum_f32, Float, Lanes,
-    Ptr,
+    dot, floats, gather, par_chunks, prefetch_l2, scatter, simd, sum_f32, Float, Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -80,8 +79,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
     if !layer && T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0 {
         let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
         par_chunks(lanes.count(), d, |range| {
-            for i in range.clone() {
-                let [oo, ox] = lanes.offsets(i);
+            for (_, [oo, ox], next) in lanes.walk(range) {
                 // SAFETY: T is f32 (checked above); both rows are contiguous runs of d
                 // elements inside their checked views, and the plan lets the output overlap
                 // the input only as the very same view, so the rows are identical (one
@@ -92,7 +90,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
                         simd!(normalize(o, &w, &[], false, eps));
                     } else {
                         let x = std::slice::from_raw_parts(px.at(ox), d);
-                        let next = next_lane(&lanes, px, i, &range);
+                        let next = next.map_or(std::ptr::null(), |[_, nx]| px.0.wrapping_add(nx));
                         simd!(rms_to(x, o, &w, eps, next));
                     }
                 }

@@ -101,37 +101,21 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
         for a0 in (0..na).step_by(TILE_A) {
             let a1 = (a0 + TILE_A).min(na);
             let mut bi = b0;
-            if a1 - a0 == 8 && words2 {
-                // The same for 2-byte words, in 128-bit registers (SSE2, every x86-64).
-                while bi + 8 <= b1 {
-                    // SAFETY: as below; W is 2 bytes.
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        transpose8x8_u16(
-                            ps.at(os + bi + a0 * sa) as *const u16,
-                            sa,
-                            pd.at(od + bi * db + a0) as *mut u16,
-                            db,
-                        )
-                    };
-                    bi += 8;
-                }
-            }
-            if a1 - a0 == 8 && words4 {
+            if a1 - a0 == 8 && (words2 || words4) {
                 // 8 × 8 tiles through registers: eight row loads, the transpose in
                 // shuffles, eight row stores (instead of 64 single-element copies).
                 while bi + 8 <= b1 {
                     // SAFETY: rows a0..a0+8 and columns bi..bi+8 of the block lie inside the
                     // shape (the caller's promise); W is 4 bytes and the CPU has AVX2
-                    // (words4).
+                    // (words4), or W is 2 bytes (words2, SSE2 on every x86-64).
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        transpose8x8(
-                            ps.at(os + bi + a0 * sa) as *const u32,
-                            sa,
-                            pd.at(od + bi * db + a0) as *mut u32,
-                            db,
-                        )
+                        let (src, dst) = (ps.at(os + bi + a0 * sa), pd.at(od + bi * db + a0));
+                        if words4 {
+                            transpose8x8(src as *const u32, sa, dst as *mut u32, db)
+                        } else {
+                            transpose8x8_u16(src as *const u16, sa, dst as *mut u16, db)
+                        }
                     };
                     bi += 8;
                 }

@@ -2,8 +2,8 @@
 //! and written in place (input → output, no buffer); other lanes go through an f32 buffer.
 
 use super::util::{
-    exp_f32, floats, gather, max_f32, next_lane, par_chunks, prefetch_l2, scatter, simd, sum_f32,
-    Float, Lanes, Ptr,
+    exp_f32, floats, gather, max_f32, par_chunks, prefetch_l2, scatter, simd, sum_f32, Float,
+    Lanes, Ptr,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -105,8 +105,7 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     if T::DTYPE == DType::F32 && lanes.stride == [1, 1] && lanes.len > 0 {
         let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
         par_chunks(lanes.count(), lanes.len, |range| {
-            for i in range.clone() {
-                let [oo, ox] = lanes.offsets(i);
+            for (i, [oo, ox], next) in lanes.walk(range) {
                 // SAFETY: T is f32 (checked above); both lanes are contiguous runs inside
                 // their checked views, and the plan lets the output overlap the input only
                 // as the very same view, so the lanes are either identical (one slice) or
@@ -117,7 +116,7 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                         simd!(softmax_lane(o, visible(i), log));
                     } else {
                         let x = std::slice::from_raw_parts(px.at(ox), lanes.len);
-                        let next = next_lane(&lanes, px, i, &range);
+                        let next = next.map_or(std::ptr::null(), |[_, nx]| px.0.wrapping_add(nx));
                         simd!(softmax_lane_to(x, o, visible(i), log, next));
                     }
                 }

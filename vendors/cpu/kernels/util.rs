@@ -448,6 +448,21 @@ impl<const N: usize> Lanes<N> {
         }
         offs
     }
+
+    /// Lanes `range` in order, each with its offsets and those of the next lane in `range`
+    /// (for [`prefetch_l2`]), every lane's offsets computed once.
+    pub fn walk(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (usize, [usize; N], Option<[usize; N]>)> + '_ {
+        let end = range.end;
+        let mut next = (range.start < end).then(|| self.offsets(range.start));
+        range.map(move |i| {
+            let cur = next.unwrap_or_else(|| self.offsets(i));
+            next = (i + 1 < end).then(|| self.offsets(i + 1));
+            (i, cur, next)
+        })
+    }
 }
 
 /// Reads `dst.len()` elements at `stride` from `src` into f32s.
@@ -635,21 +650,6 @@ pub(super) fn prefetch_l2(p: *const f32) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
-}
-
-/// The start of lane `i + 1` of the input (operand 1 of `lanes`) when `range` has it, for
-/// [`prefetch_l2`]; null otherwise.
-pub(super) fn next_lane<T>(
-    lanes: &Lanes<2>,
-    x: Ptr<T>,
-    i: usize,
-    range: &std::ops::Range<usize>,
-) -> *const T {
-    if i + 1 < range.end {
-        x.0.wrapping_add(lanes.offsets(i + 1)[1])
-    } else {
-        std::ptr::null()
-    }
 }
 
 /// Whether an output of `bytes` is written with non-temporal stores ([`write_streaming`]):
