@@ -235,17 +235,24 @@ fn machine_copy_row(mib: usize) -> Row {
     let src = vec![1u8; n];
     let mut dst = vec![0u8; n];
     let chunk = n.div_ceil(rayon::current_num_threads() * 4);
-    let mut copy = || {
-        let t = Instant::now();
+    let ms = host_median_ms(|| {
         dst.par_chunks_mut(chunk)
             .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
+            .for_each(|(d, s)| d.copy_from_slice(s))
+    });
+    bw_row("machine_copy", DType::U8, format!("{n}"), ms, 2 * n)
+}
+
+/// Median milliseconds of 15 runs of `f` on the host, after one untimed run.
+fn host_median_ms(mut f: impl FnMut()) -> f64 {
+    let mut run = || {
+        let t = Instant::now();
+        f();
         t.elapsed().as_secs_f64() * 1e3
     };
-    copy();
-    let mut v: Vec<f64> = (0..15).map(|_| copy()).collect();
-    let ms = median(&mut v);
-    bw_row("machine_copy", DType::U8, format!("{n}"), ms, 2 * n)
+    run();
+    let mut v: Vec<f64> = (0..15).map(|_| run()).collect();
+    median(&mut v)
 }
 
 /// The machine's multi-threaded read bandwidth (a sum over host buffers split across rayon's
@@ -256,18 +263,13 @@ fn machine_read_row(mib: usize) -> Row {
     let n = (mib << 20) / 8;
     let src: Vec<u64> = (0..n as u64).collect();
     let chunk = n.div_ceil(rayon::current_num_threads() * 4);
-    let read = || {
-        let t = Instant::now();
+    let ms = host_median_ms(|| {
         let sum = src
             .par_chunks(chunk)
             .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
             .reduce(|| 0, u64::wrapping_add);
         std::hint::black_box(sum);
-        t.elapsed().as_secs_f64() * 1e3
-    };
-    read();
-    let mut v: Vec<f64> = (0..15).map(|_| read()).collect();
-    let ms = median(&mut v);
+    });
     bw_row("machine_read", DType::U8, format!("{}", n * 8), ms, n * 8)
 }
 

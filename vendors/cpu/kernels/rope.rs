@@ -151,6 +151,8 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let ids: Vec<i64> = (0..seq)
         .map(|s| unsafe { read_index(pos, s * pos_stride) })
         .collect();
+    // A single row computes its one position itself: a table (≥ 256 positions) would cost
+    // more than it saves.
     let table = match ids.iter().min().zip(ids.iter().max()) {
         Some((&lo, &hi)) if lo >= 0 && seq * heads > 1 => {
             angle_table(theta, d, &inv_freq, hi as usize + 1)
