@@ -240,7 +240,14 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.owned {
+        if self.owned && self.backend.stream_destroy(self.id).is_err() {
+            // Dropped mid-capture (an early return, an unwinding panic): end the capture and
+            // discard its graph, then destroy the stream. A capture left open would keep the
+            // stream alive and, on CUDA in global mode, refuse every synchronising call of the
+            // process from then on.
+            if let Ok(g) = self.backend.end_capture(self.id) {
+                let _ = self.backend.graph_destroy(g);
+            }
             let _ = self.backend.stream_destroy(self.id);
         }
     }

@@ -58,6 +58,11 @@ pub(super) const CASES: &[Case] = &[
         needs: CAP,
         run: shared_read_backs,
     },
+    Case {
+        name: "capture::stream_dropped_while_capturing_ends_it",
+        needs: CAP,
+        run: dropped_mid_capture,
+    },
 ];
 
 fn replay(ctx: &Ctx) -> Result<(), Failure> {
@@ -394,4 +399,32 @@ fn shared_read_backs(ctx: &Ctx) -> Result<(), Failure> {
         ctx.free_host(out)?;
     }
     r
+}
+
+/// A `Stream` dropped in the middle of a global-mode capture (as an early return does) ends
+/// the capture and discards it: nothing captured runs, synchronising calls work again and a
+/// new capture can begin.
+fn dropped_mid_capture(ctx: &Ctx) -> Result<(), Failure> {
+    let b = Buf::with(&ctx.backend, &[1u8; 256])?;
+    let dropped = {
+        let s = Stream::new(&ctx.backend)?;
+        ctx.begin_capture(s.id(), CaptureMode::Global)?;
+        s.memset(b.ptr, 2, 256)?;
+        s.id()
+    };
+    // The stream is gone, its capture with it: ending it now is refused (a stale handle).
+    if let Ok(g) = ctx.backend.end_capture(dropped) {
+        ctx.graph_destroy(g)?;
+        return Err(Failure::Failed(
+            "the dropped stream's capture was still open".into(),
+        ));
+    }
+    ctx.backend.synchronize()?;
+    same(&b.read()?, &[1; 256], "memory after the dropped capture")?;
+    let s = Stream::new(&ctx.backend)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    s.memset(b.ptr, 3, 256)?;
+    let g = ctx.end_capture(s.id())?;
+    ctx.graph_destroy(g)?;
+    Ok(())
 }
