@@ -55,6 +55,11 @@ fn blas_gemm(
     beta: f64,
 ) -> Option<Gemm> {
     let dtype = blas::data_type(spec.dtype)?;
+    // An empty product (k = 0: C = β·C) is unirt's own kernel's: cuBLAS refuses the leading
+    // dimensions of an empty operand (CUBLAS_STATUS_INVALID_VALUE on an H100).
+    if m == 0 || n == 0 || k == 0 {
+        return None;
+    }
     let fits = |v: usize| i32::try_from(v.max(1)).ok();
     let (m32, n32, k32) = (fits(m)?, fits(n)?, fits(k)?);
     // A dimension of size 1 has no stride that matters.
