@@ -69,6 +69,28 @@ impl Space {
         self.dims.iter().product()
     }
 
+    /// Whether the space is one run that the first `operands` operands all walk with unit
+    /// stride: the case a kernel may move in 16-byte vectors.
+    pub fn dense(&self, operands: usize) -> bool {
+        self.dims.len() == 1
+            && self.strides.len() >= operands
+            && self.strides[..operands]
+                .iter()
+                .all(|s| s.first() == Some(&1))
+    }
+
+    /// Blocks of [`BLOCK`] threads for a grid-stride kernel that moves `vector` elements a
+    /// thread when the space is [`dense`](Self::dense) over `operands`, else one.
+    pub fn grid(&self, operands: usize, vector: i64) -> u32 {
+        let per_thread = if self.dense(operands) {
+            vector.max(1)
+        } else {
+            1
+        };
+        let threads = (self.count() + per_thread - 1) / per_thread;
+        blocks(threads, BLOCK as i64)
+    }
+
     /// The space of `shape` with each operand's `strides` over it (already aligned to
     /// `shape`, 0 where an operand broadcasts), coalesced. More than [`MAX_DIMS`] dimensions
     /// left after merging is [`Error::Unsupported`].

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::args::{blocks, Space, BLOCK};
+use super::args::{Space, BLOCK};
 use super::prepared::{prepare as ready, Operand, Step};
 use super::{unexpected, Family};
 use crate::error::Result;
@@ -49,9 +49,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             super::args::strides_of(&x.layout),
         ],
     )?;
+    // Dense casts convert four elements a thread (cast.cu's CAST_VEC).
     let mut step = Step::new(
         format!("op_cast_to_{to}"),
-        [blocks(space.count(), BLOCK as i64), 1, 1],
+        [space.grid(2, 4), 1, 1],
         [BLOCK, 1, 1],
     );
     step.ptrs = vec![Operand::Out(0, 0), Operand::In(0)];

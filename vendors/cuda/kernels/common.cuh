@@ -123,10 +123,24 @@ struct Strides {
     i64 st[UNIRT_MAX_DIMS];
 };
 
-// The element offset of point `i` of `s` in an operand with strides `a`.
+// The element offset of point `i` of `s` in an operand with strides `a`. One dimension is a
+// multiply; spaces under 2^32 points divide in 32 bits, several times cheaper than the 64-bit
+// division a GPU emulates. Dimension sizes are at least 1.
 __device__ __forceinline__ i64 offset_of(const Space &s, const Strides &a, i64 i)
 {
+    if (s.nd <= 1) return i * a.st[0];
     i64 off = 0;
+    if (s.n <= 0xffffffffLL) {
+        u32 j = (u32)i;
+#pragma unroll 1
+        for (int d = (int)s.nd - 1; d >= 0; --d) {
+            u32 dim = (u32)s.dim[d], q = j / dim;
+            off += (i64)(j - q * dim) * a.st[d];
+            j = q;
+        }
+        return off;
+    }
+#pragma unroll 1
     for (int d = (int)s.nd - 1; d >= 0; --d) {
         i64 q = i / s.dim[d];
         off += (i - q * s.dim[d]) * a.st[d];
@@ -134,6 +148,50 @@ __device__ __forceinline__ i64 offset_of(const Space &s, const Strides &a, i64 i
     }
     return off;
 }
+
+// The offsets of point `i` in two operands at once: one chain of divisions for both.
+__device__ __forceinline__ void offsets_of2(const Space &s, const Strides &a, const Strides &b,
+                                            i64 i, i64 *oa, i64 *ob)
+{
+    if (s.nd <= 1) {
+        *oa = i * a.st[0];
+        *ob = i * b.st[0];
+        return;
+    }
+    i64 x = 0, y = 0;
+    if (s.n <= 0xffffffffLL) {
+        u32 j = (u32)i;
+#pragma unroll 1
+        for (int d = (int)s.nd - 1; d >= 0; --d) {
+            u32 dim = (u32)s.dim[d], q = j / dim;
+            i64 r = (i64)(j - q * dim);
+            x += r * a.st[d];
+            y += r * b.st[d];
+            j = q;
+        }
+    } else {
+#pragma unroll 1
+        for (int d = (int)s.nd - 1; d >= 0; --d) {
+            i64 q = i / s.dim[d], r = i - q * s.dim[d];
+            x += r * a.st[d];
+            y += r * b.st[d];
+            i = q;
+        }
+    }
+    *oa = x;
+    *ob = y;
+}
+
+// ---- vector access --------------------------------------------------------------------------
+
+// `N` consecutive elements of type `E`, moved as one aligned load or store (16 bytes at most:
+// the widest access a thread makes).
+template <typename E, int N> struct alignas(sizeof(E) * N) Pack {
+    E v[N];
+};
+
+// Whether `p` may be accessed as a Pack of `bytes` bytes.
+__device__ __forceinline__ bool aligned_to(const void *p, u64 bytes) { return ((u64)p & (bytes - 1)) == 0; }
 
 #define UNIRT_NEG_INF __int_as_float(0xff800000)
 #define UNIRT_POS_INF __int_as_float(0x7f800000)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::args::{blocks, broadcast, Space, BLOCK};
+use super::args::{broadcast, Space, BLOCK};
 use super::prepared::{prepare as ready, Operand, Step};
 use super::{unexpected, Family, FLOATS};
 use crate::error::Result;
@@ -106,9 +106,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Params::Scalar(s) => *s,
         _ => 0.0,
     };
+    // The kernels move 16 bytes per access over dense operands (not where / masked_fill, whose
+    // operands differ in size); the grid is sized for that.
+    let vector = match spec.op {
+        "where" | "masked_fill" => 1,
+        _ => (16 / spec.dtype.size()) as i64,
+    };
     let mut step = Step::new(
         format!("op_{}", spec.op),
-        [blocks(space.count(), BLOCK as i64), 1, 1],
+        [space.grid(1 + spec.inputs.len(), vector), 1, 1],
         [BLOCK, 1, 1],
     );
     step.ptrs.push(Operand::Out(0, 0));

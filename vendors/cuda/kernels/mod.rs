@@ -385,6 +385,49 @@ mod tests {
         assert!(rows.iter().all(|r| !r.ok && !r.log.is_empty()), "{rows:?}");
     }
 
+    /// The memory-bound families read their by-value parameter struct in place. Handing its
+    /// address to an out-of-line function once made every thread copy all 344 bytes of it to
+    /// local memory, and the elementwise ops ran at a fortieth of an H100's bandwidth; the PTX
+    /// shows such a copy as a `__local_depot` the size of the struct. (sin and cos keep the
+    /// 28-byte scratch of CUDA's slow argument reduction.)
+    #[test]
+    fn memory_bound_kernels_use_no_local_memory() {
+        let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        };
+        for family in [
+            &elementwise::FAMILY,
+            &cast::FAMILY,
+            &rearrange::FAMILY,
+            &norm::FAMILY,
+            &softmax::FAMILY,
+        ] {
+            for dtype in [DType::F32, DType::BF16] {
+                let (ptx, _) = nv
+                    .compile(family.name, &op_source(family, dtype), Target::Ptx(80))
+                    .unwrap();
+                let ptx = String::from_utf8_lossy(&ptx);
+                let mut entries = 0;
+                for body in ptx.split(".entry ").skip(1) {
+                    entries += 1;
+                    let name = body.split('(').next().unwrap_or_default();
+                    let local: usize = body
+                        .split("__local_depot")
+                        .skip(1)
+                        .filter_map(|d| d.split(['[', ']']).nth(1)?.parse::<usize>().ok())
+                        .sum();
+                    assert!(
+                        local <= 32,
+                        "{}/{dtype}: {name} keeps {local} bytes in local memory",
+                        family.name
+                    );
+                }
+                assert_eq!(entries, family.entries.len(), "{}", family.name);
+            }
+        }
+    }
+
     #[test]
     fn arch_lists_parse() {
         assert_eq!(parse_archs("sm_70, sm_80,90").unwrap(), [70, 80, 90]);

@@ -11,7 +11,9 @@ extern "C" __global__ void op_rearrange(T *out, const T *in, Map m)
 {
     GRID_LOOP(i, m.s.n)
     {
-        out[offset_of(m.s, m.so, i)] = in[offset_of(m.s, m.si, i)];
+        i64 oo, oi;
+        offsets_of2(m.s, m.so, m.si, i, &oo, &oi);
+        out[oo] = in[oi];
     }
 }
 
@@ -20,6 +22,8 @@ extern "C" __global__ void op_concat(T *out, const T *in, Map m)
 {
     GRID_LOOP(i, m.s.n)
     {
-        out[offset_of(m.s, m.so, i)] = in[offset_of(m.s, m.si, i)];
+        i64 oo, oi;
+        offsets_of2(m.s, m.so, m.si, i, &oo, &oi);
+        out[oo] = in[oi];
     }
 }

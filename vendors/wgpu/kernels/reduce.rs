@@ -52,8 +52,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let body = match spec.op {
         "sum" | "mean" => format!(
             "    var acc = 0.0;\n    for (var j = lid; j < n; j = j + 256u) {{ acc = acc + ld_x(base + view_off(j, cfg[3])); }}\n    \
-             let total = wg_sum(acc, lid);\n    if (lid == 0u) {{ st_out(row, total{}); }}\n",
-            if spec.op == "mean" { " / f32(n)" } else { "" }
+             let total = wg_sum(acc, lid);\n    if (lid == 0u) {{ st_out(row, {}); }}\n",
+            // The mean of nothing is NaN, written as such: some drivers' 0.0 / 0.0 is not
+            // NaN (NVIDIA's Vulkan gave −0).
+            if spec.op == "mean" {
+                "select(total / f32(n), bitcast<f32>(0x7fc00000u), n == 0u)"
+            } else {
+                "total"
+            }
         ),
         "max" | "min" => {
             let (cmp, init) = if spec.op == "max" { (">", "neg_inf()") } else { ("<", "-neg_inf()") };
