@@ -3,7 +3,9 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
-use crate::capture::{self, finish, refuse_if_capturing, submit, target, Graph, Pending, Target};
+use crate::capture::{
+    self, finish, refuse_if_capturing, submit, target, unsafe_call, Graph, Pending, Target,
+};
 use crate::control::misuse;
 use crate::exec::{Event, Op, Stream};
 use crate::kernels::read_args;
@@ -101,17 +103,20 @@ pub extern "C" fn cuStreamDestroy_v2(s: *mut c_void) -> CUresult {
 }
 
 /// The streams a synchronise of `t` waits for.
-fn sync_set(d: &mut Driver, t: &Target) -> Result<Vec<Arc<Stream>>, CUresult> {
+fn sync_set(d: &mut Driver, t: &Target, call: &str) -> Result<Vec<Arc<Stream>>, CUresult> {
     match t {
         Target::Stream(s) => {
             refuse_if_capturing(d, s)?;
+            unsafe_call(d, call)?;
             Ok(vec![s.clone()])
         }
-        Target::Legacy(ctx) => Ok(d
-            .streams_of(ctx.handle)
-            .into_iter()
-            .filter(|s| s.blocking)
-            .collect()),
+        Target::Legacy(ctx) => {
+            unsafe_call(d, call)?;
+            Ok(d.streams_of(ctx.handle)
+                .into_iter()
+                .filter(|s| s.blocking)
+                .collect())
+        }
     }
 }
 
@@ -121,7 +126,7 @@ pub extern "C" fn cuStreamSynchronize(s: *mut c_void) -> CUresult {
     entry("cuStreamSynchronize", || {
         let r = with_ctx(|d, ctx| {
             let t = target(d, h(s), "cuStreamSynchronize")?;
-            Ok((sync_set(d, &t)?, ctx.clone()))
+            Ok((sync_set(d, &t, "cuStreamSynchronize")?, ctx.clone()))
         });
         match r {
             Err(e) => e,
@@ -141,7 +146,9 @@ pub extern "C" fn cuStreamQuery(s: *mut c_void) -> CUresult {
     entry("cuStreamQuery", || {
         code(with_ctx(|d, _| {
             let t = target(d, h(s), "cuStreamQuery")?;
-            let busy = sync_set(d, &t)?.iter().any(|st| !st.idle());
+            let busy = sync_set(d, &t, "cuStreamQuery")?
+                .iter()
+                .any(|st| !st.idle());
             if busy {
                 Err(NOT_READY)
             } else {
@@ -301,6 +308,7 @@ pub extern "C" fn cuEventQuery(e: *mut c_void) -> CUresult {
     entry("cuEventQuery", || {
         code(with_ctx(|d, _| {
             let ev = settled_event(d, h(e), "cuEventQuery")?;
+            unsafe_call(d, "cuEventQuery")?;
             if ev.is_done() {
                 Ok(())
             } else {
@@ -314,7 +322,11 @@ pub extern "C" fn cuEventQuery(e: *mut c_void) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(e: *mut c_void) -> CUresult {
     entry("cuEventSynchronize", || {
-        let r = with_ctx(|d, ctx| Ok((settled_event(d, h(e), "cuEventSynchronize")?, ctx.clone())));
+        let r = with_ctx(|d, ctx| {
+            let ev = settled_event(d, h(e), "cuEventSynchronize")?;
+            unsafe_call(d, "cuEventSynchronize")?;
+            Ok((ev, ctx.clone()))
+        });
         match r {
             Err(e) => e,
             Ok((ev, ctx)) => {

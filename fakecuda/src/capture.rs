@@ -8,7 +8,10 @@
 //! Capture modes follow `cuThreadExchangeStreamCaptureMode`'s rules. A "potentially unsafe"
 //! call (`cuMemAlloc`, `cuMemFree`, `cuMemAllocHost`, `cuMemFreeHost`, `cuModuleLoadData`,
 //! `cuModuleUnload`, `cuCtxSynchronize`, a copy to or from pageable host memory on a stream
-//! that is not capturing) is prohibited when the calling thread's mode is
+//! that is not capturing, and synchronising or querying a stream or an event that is not part
+//! of a capture — an H100 with CUDA 13 refused `cuStreamSynchronize` and `cuEventSynchronize`
+//! of such streams and events during a Global capture, and a ThreadLocal capture whose thread
+//! synchronised another stream ended invalidated) is prohibited when the calling thread's mode is
 //! - Global (the default): the thread has a capture in progress begun in Global or
 //!   ThreadLocal mode, or any thread has one begun in Global mode;
 //! - ThreadLocal: the thread has a capture in progress begun in Global or ThreadLocal mode;

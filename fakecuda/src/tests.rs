@@ -164,7 +164,9 @@ fn pageable_copies_are_unsafe_during_capture_pinned_ones_are_not() {
     let mut pageable = [0u8; 64];
     assert_eq!(cuStreamBeginCapture_v2(s, 1), SUCCESS);
     assert_eq!(cuMemcpyDtoHAsync_v2(pinned, p, 64, t), SUCCESS);
+    let old = set_mode(2);
     assert_eq!(cuStreamSynchronize(t), SUCCESS);
+    set_mode(old);
     let r = cuMemcpyDtoHAsync_v2(pageable.as_mut_ptr() as *mut c_void, p, 64, t);
     assert_eq!(r, STREAM_CAPTURE_UNSUPPORTED);
     assert_eq!(end(s).0, STREAM_CAPTURE_INVALIDATED);
@@ -174,6 +176,40 @@ fn pageable_copies_are_unsafe_during_capture_pinned_ones_are_not() {
     assert_eq!(end(s).0, STREAM_CAPTURE_INVALIDATED);
     assert_eq!(cuMemFreeHost(pinned), SUCCESS);
     assert_eq!(cuMemFree_v2(p), SUCCESS);
+    assert_eq!(cuStreamDestroy_v2(s), SUCCESS);
+    assert_eq!(cuStreamDestroy_v2(t), SUCCESS);
+}
+
+/// Waiting for or querying a stream or event outside the capture is a potentially unsafe call
+/// (an H100 refused it during a Global capture): prohibited unless the thread is Relaxed.
+#[test]
+fn synchronising_other_work_during_capture_is_unsafe_unless_relaxed() {
+    let _s = setup();
+    let (s, t) = (stream(), stream());
+    let mut e = null_mut();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { cuEventCreate(&mut e, 0) }, SUCCESS);
+    assert_eq!(cuEventRecord(e, t), SUCCESS);
+    type Call = fn(*mut c_void, *mut c_void) -> CUresult;
+    let calls: [Call; 4] = [
+        |t, _| cuStreamSynchronize(t),
+        |t, _| cuStreamQuery(t),
+        |_, e| cuEventSynchronize(e),
+        |_, e| cuEventQuery(e),
+    ];
+    for call in calls {
+        assert_eq!(cuStreamBeginCapture_v2(s, 0), SUCCESS);
+        assert_eq!(call(t, e), STREAM_CAPTURE_UNSUPPORTED);
+        assert_eq!(end(s).0, STREAM_CAPTURE_INVALIDATED);
+        assert_eq!(cuStreamBeginCapture_v2(s, 0), SUCCESS);
+        let old = set_mode(2);
+        assert_eq!(call(t, e), SUCCESS);
+        set_mode(old);
+        let (r, g) = end(s);
+        assert_eq!(r, SUCCESS);
+        assert_eq!(cuGraphDestroy(g), SUCCESS);
+    }
+    assert_eq!(cuEventDestroy_v2(e), SUCCESS);
     assert_eq!(cuStreamDestroy_v2(s), SUCCESS);
     assert_eq!(cuStreamDestroy_v2(t), SUCCESS);
 }

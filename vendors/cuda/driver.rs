@@ -372,7 +372,8 @@ impl Driver {
     /// restores the mode the thread had (also if `f` panics).
     ///
     /// unirt's own bookkeeping calls — allocating and freeing device and pinned memory, loading
-    /// modules, waiting for the device, copies to or from pageable host memory — are what CUDA
+    /// modules, waiting for the device, for a stream or for an event, querying an event, copies
+    /// to or from pageable host memory — are what CUDA
     /// calls "potentially unsafe" during a capture: in the default (Global) mode such a call
     /// from *any* thread invalidates every Global capture in the process, so one thread
     /// allocating would break another thread's graph. None of these calls is ever part of a
@@ -466,11 +467,16 @@ impl Driver {
     /// # Safety
     /// `s` is a live stream of the current context (validated through the handle table).
     pub unsafe fn stream_synchronize(&self, s: u64) -> Result<()> {
+        // Relaxed: during another stream's Global capture (or this thread's ThreadLocal one)
+        // CUDA refuses or invalidates a synchronisation of a stream that is not capturing (seen
+        // on an H100); the capturing stream itself is refused by unirt before this call.
         // SAFETY: s is a live stream (validated through the handle table).
-        self.check(
-            unsafe { (self.api.cuStreamSynchronize)(s as sys::CUstream) },
-            "cuStreamSynchronize",
-        )
+        self.relaxed(|| {
+            self.check(
+                unsafe { (self.api.cuStreamSynchronize)(s as sys::CUstream) },
+                "cuStreamSynchronize",
+            )
+        })
     }
 
     /// Makes `s` wait for `e`'s latest record. Inside a capture the wait becomes an
@@ -531,8 +537,10 @@ impl Driver {
     /// # Safety
     /// `e` is a live event (validated through the handle table).
     pub unsafe fn event_query(&self, e: u64) -> Result<bool> {
+        // Relaxed, as stream_synchronize; events recorded inside a capture are refused by
+        // unirt before this call.
         // SAFETY: e is a live event.
-        let r = unsafe { (self.api.cuEventQuery)(e as sys::CUevent) };
+        let r = self.relaxed(|| Ok(unsafe { (self.api.cuEventQuery)(e as sys::CUevent) }))?;
         match r {
             SUCCESS => Ok(true),
             NOT_READY => Ok(false),
@@ -543,11 +551,14 @@ impl Driver {
     /// # Safety
     /// `e` is a live event (validated through the handle table).
     pub unsafe fn event_synchronize(&self, e: u64) -> Result<()> {
+        // Relaxed, as stream_synchronize.
         // SAFETY: e is a live event.
-        self.check(
-            unsafe { (self.api.cuEventSynchronize)(e as sys::CUevent) },
-            "cuEventSynchronize",
-        )
+        self.relaxed(|| {
+            self.check(
+                unsafe { (self.api.cuEventSynchronize)(e as sys::CUevent) },
+                "cuEventSynchronize",
+            )
+        })
     }
 
     /// # Safety

@@ -196,6 +196,58 @@ __device__ __forceinline__ bool aligned_to(const void *p, u64 bytes) { return ((
 #define UNIRT_NEG_INF __int_as_float(0xff800000)
 #define UNIRT_POS_INF __int_as_float(0x7f800000)
 
+// ---- rows cached in registers -----------------------------------------------------------------
+
+// A block's threads hold one unit-stride row of up to blockDim.x · ROW_PACKS · 4 elements in
+// registers (8192 with 256 threads), so a row kernel reads its row from memory once: thread t
+// holds the 4-element packs t, t + blockDim.x, …, each moved as one access where aligned.
+#define ROW_PACKS 8
+typedef float RowCache[ROW_PACKS][4];
+
+// The row index of element `l` of the thread's pack `k`.
+__device__ __forceinline__ i64 row_at(int k, int l) { return ((i64)threadIdx.x + (i64)k * blockDim.x) * 4 + l; }
+
+// Whether a unit-stride row of `len` elements fits the cache.
+__device__ __forceinline__ bool row_fits(i64 len) { return len <= (i64)blockDim.x * ROW_PACKS * 4; }
+
+// Elements [0, len) of `x` into `c` as f32, 0 beyond.
+template <typename E> __device__ __forceinline__ void row_load(RowCache &c, const E *x, i64 len)
+{
+    bool vec = aligned_to(x, sizeof(E) * 4);
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k) {
+        i64 j = row_at(k, 0);
+        if (vec && j + 4 <= len) {
+            Pack<E, 4> p = *(const Pack<E, 4> *)(x + j);
+#pragma unroll
+            for (int l = 0; l < 4; ++l) c[k][l] = to_f32(p.v[l]);
+        } else {
+#pragma unroll
+            for (int l = 0; l < 4; ++l) c[k][l] = j + l < len ? to_f32(x[j + l]) : 0.0f;
+        }
+    }
+}
+
+// `c` into elements [0, len) of `y`.
+template <typename E> __device__ __forceinline__ void row_store(E *y, const RowCache &c, i64 len)
+{
+    bool vec = aligned_to(y, sizeof(E) * 4);
+#pragma unroll
+    for (int k = 0; k < ROW_PACKS; ++k) {
+        i64 j = row_at(k, 0);
+        if (vec && j + 4 <= len) {
+            Pack<E, 4> p;
+#pragma unroll
+            for (int l = 0; l < 4; ++l) p.v[l] = from_f32<E>(c[k][l]);
+            *(Pack<E, 4> *)(y + j) = p;
+        } else {
+#pragma unroll
+            for (int l = 0; l < 4; ++l)
+                if (j + l < len) y[j + l] = from_f32<E>(c[k][l]);
+        }
+    }
+}
+
 // ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---------------------------
 
 __device__ __forceinline__ float warp_sum(float v)

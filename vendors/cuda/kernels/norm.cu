@@ -14,6 +14,26 @@ extern "C" __global__ void op_rms_norm(T *out, const T *in, const T *w, const T 
     for (i64 r = blockIdx.x; r < p.rows.n; r += gridDim.x) {
         const T *x = in + offset_of(p.rows, p.si, r);
         T *y = out + offset_of(p.rows, p.so, r);
+        if (p.x_st == 1 && p.o_st == 1 && p.w_st == 1 && row_fits(p.d)) {
+            // The row read once, into registers.
+            RowCache c, g;
+            row_load(c, x, p.d);
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ROW_PACKS; ++k)
+#pragma unroll
+                for (int l = 0; l < 4; ++l) ss += c[k][l] * c[k][l];
+            ss = block_sum(ss, scratch);
+            float inv = (float)(1.0 / sqrt((double)ss / (double)p.d + p.eps));
+            row_load(g, w, p.d);
+#pragma unroll
+            for (int k = 0; k < ROW_PACKS; ++k)
+#pragma unroll
+                for (int l = 0; l < 4; ++l) c[k][l] = c[k][l] * inv * g[k][l];
+            row_store(y, c, p.d);
+            __syncthreads();
+            continue;
+        }
         float ss = 0.0f;
         for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) {
             float v = to_f32(x[j * p.x_st]);

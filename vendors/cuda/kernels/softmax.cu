@@ -20,6 +20,42 @@ extern "C" __global__ void op_softmax(T *out, const T *in, Sm p)
             visible = o % p.q_len + p.offset + 1;
             if (visible > p.len) visible = p.len;
         }
+        if (p.lane_si == 1 && p.lane_so == 1 && row_fits(p.len)) {
+            // The row read once, into registers.
+            RowCache c;
+            row_load(c, x, visible);
+            float m = UNIRT_NEG_INF;
+#pragma unroll
+            for (int k = 0; k < ROW_PACKS; ++k)
+#pragma unroll
+                for (int l = 0; l < 4; ++l)
+                    if (row_at(k, l) < visible) m = fmaxf(m, c[k][l]);
+            m = block_max(m, scratch);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ROW_PACKS; ++k)
+#pragma unroll
+                for (int l = 0; l < 4; ++l)
+                    if (row_at(k, l) < visible) {
+                        float e = expf(c[k][l] - m);
+                        s += e;
+                        if (!p.log) c[k][l] = e;
+                    }
+            s = block_sum(s, scratch);
+            float lse = m + logf(s), inv = 1.0f / s;
+#pragma unroll
+            for (int k = 0; k < ROW_PACKS; ++k)
+#pragma unroll
+                for (int l = 0; l < 4; ++l) {
+                    float v = c[k][l];
+                    if (row_at(k, l) >= visible) c[k][l] = p.log ? UNIRT_NEG_INF : 0.0f;
+                    else c[k][l] = p.log ? v - lse : v * inv;
+                }
+            // Every thread writes only what it read itself, so in place (y == x) is safe.
+            row_store(y, c, p.len);
+            __syncthreads();
+            continue;
+        }
         float m = UNIRT_NEG_INF;
         for (i64 j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, to_f32(x[j * p.lane_si]));
         m = block_max(m, scratch);
