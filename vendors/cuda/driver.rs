@@ -372,11 +372,10 @@ impl Driver {
     /// restores the mode the thread had (also if `f` panics).
     ///
     /// unirt's own bookkeeping calls — allocating and freeing device and pinned memory, loading
-    /// modules, waiting for the device, for a stream or for an event, querying an event, copies
-    /// to or from pageable host memory — are what CUDA
-    /// calls "potentially unsafe" during a capture: in the default (Global) mode such a call
-    /// from *any* thread invalidates every Global capture in the process, so one thread
-    /// allocating would break another thread's graph. None of these calls is ever part of a
+    /// modules, waiting for the device, a stream or an event, querying an event, copies to or
+    /// from pageable host memory — are what CUDA calls "potentially unsafe" during a capture:
+    /// in the default (Global) mode such a call from *any* thread invalidates every Global
+    /// capture in the process, so one thread allocating would break another thread's graph. None of these calls is ever part of a
     /// capture (unirt never lets a capture depend on an allocation made inside it being
     /// repeated at replay; freed ranges are refused at replay by the allocation table), so they
     /// run Relaxed — the rule PyTorch's caching allocator follows for `cudaMalloc` during
