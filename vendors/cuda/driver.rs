@@ -375,11 +375,12 @@ impl Driver {
     /// modules, waiting for the device, a stream or an event, querying an event, copies to or
     /// from pageable host memory — are what CUDA calls "potentially unsafe" during a capture:
     /// in the default (Global) mode such a call from *any* thread invalidates every Global
-    /// capture in the process, so one thread allocating would break another thread's graph. None of these calls is ever part of a
-    /// capture (unirt never lets a capture depend on an allocation made inside it being
-    /// repeated at replay; freed ranges are refused at replay by the allocation table), so they
-    /// run Relaxed — the rule PyTorch's caching allocator follows for `cudaMalloc` during
-    /// capture. Work enqueued on a capturing stream is captured as before.
+    /// capture in the process, so one thread allocating would break another thread's graph.
+    /// None of these calls is ever part of a capture (unirt never lets a capture depend on an
+    /// allocation made inside it being repeated at replay; freed ranges are refused at replay
+    /// by the allocation table), so they run Relaxed — the rule PyTorch's caching allocator
+    /// follows for `cudaMalloc` during capture. Work enqueued on a capturing stream is captured
+    /// as before.
     pub(super) fn relaxed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         struct Restore<'a>(&'a Driver, c_int);
         impl Drop for Restore<'_> {
