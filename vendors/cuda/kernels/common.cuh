@@ -123,63 +123,61 @@ struct Strides {
     i64 st[UNIRT_MAX_DIMS];
 };
 
-// The element offset of point `i` of `s` in an operand with strides `a`. One dimension is a
-// multiply; spaces under 2^32 points divide in 32 bits, several times cheaper than the 64-bit
-// division a GPU emulates. Dimension sizes are at least 1.
-__device__ __forceinline__ i64 offset_of(const Space &s, const Strides &a, i64 i)
+// The element offsets of point `i` of `s` in `N` operands with strides `*a[k]`, one chain of
+// divisions for all. One dimension is a multiply; spaces under 2^32 points divide in 32 bits,
+// several times cheaper than the 64-bit division a GPU emulates. Dimension sizes are at least
+// 1. Always inlined, so a kernel's by-value parameters are read in place (handing their
+// address to an out-of-line function makes every thread copy them to local memory first).
+template <int N>
+__device__ __forceinline__ void offsets_of_n(const Space &s, const Strides *const (&a)[N], i64 i,
+                                             i64 (&o)[N])
 {
-    if (s.nd <= 1) return i * a.st[0];
-    i64 off = 0;
-    if (s.n <= 0xffffffffLL) {
-        u32 j = (u32)i;
-#pragma unroll 1
-        for (int d = (int)s.nd - 1; d >= 0; --d) {
-            u32 dim = (u32)s.dim[d], q = j / dim;
-            off += (i64)(j - q * dim) * a.st[d];
-            j = q;
-        }
-        return off;
-    }
-#pragma unroll 1
-    for (int d = (int)s.nd - 1; d >= 0; --d) {
-        i64 q = i / s.dim[d];
-        off += (i - q * s.dim[d]) * a.st[d];
-        i = q;
-    }
-    return off;
-}
-
-// The offsets of point `i` in two operands at once: one chain of divisions for both.
-__device__ __forceinline__ void offsets_of2(const Space &s, const Strides &a, const Strides &b,
-                                            i64 i, i64 *oa, i64 *ob)
-{
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = 0;
     if (s.nd <= 1) {
-        *oa = i * a.st[0];
-        *ob = i * b.st[0];
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] = i * a[k]->st[0];
         return;
     }
-    i64 x = 0, y = 0;
     if (s.n <= 0xffffffffLL) {
         u32 j = (u32)i;
 #pragma unroll 1
         for (int d = (int)s.nd - 1; d >= 0; --d) {
             u32 dim = (u32)s.dim[d], q = j / dim;
             i64 r = (i64)(j - q * dim);
-            x += r * a.st[d];
-            y += r * b.st[d];
+#pragma unroll
+            for (int k = 0; k < N; ++k) o[k] += r * a[k]->st[d];
             j = q;
         }
-    } else {
-#pragma unroll 1
-        for (int d = (int)s.nd - 1; d >= 0; --d) {
-            i64 q = i / s.dim[d], r = i - q * s.dim[d];
-            x += r * a.st[d];
-            y += r * b.st[d];
-            i = q;
-        }
+        return;
     }
-    *oa = x;
-    *ob = y;
+#pragma unroll 1
+    for (int d = (int)s.nd - 1; d >= 0; --d) {
+        i64 q = i / s.dim[d], r = i - q * s.dim[d];
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] += r * a[k]->st[d];
+        i = q;
+    }
+}
+
+// The element offset of point `i` of `s` in an operand with strides `a`.
+__device__ __forceinline__ i64 offset_of(const Space &s, const Strides &a, i64 i)
+{
+    const Strides *ops[1] = {&a};
+    i64 o[1];
+    offsets_of_n(s, ops, i, o);
+    return o[0];
+}
+
+// The offsets of point `i` in two operands at once.
+__device__ __forceinline__ void offsets_of2(const Space &s, const Strides &a, const Strides &b,
+                                            i64 i, i64 *oa, i64 *ob)
+{
+    const Strides *ops[2] = {&a, &b};
+    i64 o[2];
+    offsets_of_n(s, ops, i, o);
+    *oa = o[0];
+    *ob = o[1];
 }
 
 // ---- vector access --------------------------------------------------------------------------

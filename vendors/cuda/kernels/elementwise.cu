@@ -13,49 +13,11 @@ struct Ew {
     double scalar;
 };
 
-// The offsets of point `i` in the output and the three inputs. Inlined into every entry, so
-// the parameter struct is read in place: handing its address to an out-of-line function made
-// each thread copy all 344 bytes of it to local memory first (a memory-bound op ran at a
-// fortieth of the GPU's bandwidth).
-// One chain of divisions serves all four operands; the loops stay rolled (a GPU runs them
-// once per dimension, and 31 entries × 8 unrolled dimensions made a module of 800 KB).
-__device__ __forceinline__ void offsets(const Ew &e, i64 i, i64 *o)
+// The offsets of point `i` in the output and the three inputs (one chain of divisions).
+__device__ __forceinline__ void offsets(const Ew &e, i64 i, i64 (&o)[4])
 {
-    if (e.s.nd <= 1) {
-        o[0] = i * e.so.st[0];
-        o[1] = i * e.s0.st[0];
-        o[2] = i * e.s1.st[0];
-        o[3] = i * e.s2.st[0];
-        return;
-    }
-    i64 a = 0, b = 0, c = 0, d = 0;
-    if (e.s.n <= 0xffffffffLL) {
-        u32 j = (u32)i;
-#pragma unroll 1
-        for (int k = (int)e.s.nd - 1; k >= 0; --k) {
-            u32 dim = (u32)e.s.dim[k], q = j / dim;
-            i64 r = (i64)(j - q * dim);
-            a += r * e.so.st[k];
-            b += r * e.s0.st[k];
-            c += r * e.s1.st[k];
-            d += r * e.s2.st[k];
-            j = q;
-        }
-    } else {
-#pragma unroll 1
-        for (int k = (int)e.s.nd - 1; k >= 0; --k) {
-            i64 q = i / e.s.dim[k], r = i - q * e.s.dim[k];
-            a += r * e.so.st[k];
-            b += r * e.s0.st[k];
-            c += r * e.s1.st[k];
-            d += r * e.s2.st[k];
-            i = q;
-        }
-    }
-    o[0] = a;
-    o[1] = b;
-    o[2] = c;
-    o[3] = d;
+    const Strides *ops[4] = {&e.so, &e.s0, &e.s1, &e.s2};
+    offsets_of_n(e.s, ops, i, o);
 }
 
 // Elements per 16-byte vector access.
