@@ -102,22 +102,20 @@ pub extern "C" fn cuStreamDestroy_v2(s: *mut c_void) -> CUresult {
     })
 }
 
-/// The streams a synchronise of `t` waits for.
+/// The streams a synchronise (or query) of `t` waits for; a potentially unsafe call.
 fn sync_set(d: &mut Driver, t: &Target, call: &str) -> Result<Vec<Arc<Stream>>, CUresult> {
-    match t {
-        Target::Stream(s) => {
-            refuse_if_capturing(d, s)?;
-            unsafe_call(d, call)?;
-            Ok(vec![s.clone()])
-        }
-        Target::Legacy(ctx) => {
-            unsafe_call(d, call)?;
-            Ok(d.streams_of(ctx.handle)
-                .into_iter()
-                .filter(|s| s.blocking)
-                .collect())
-        }
+    if let Target::Stream(s) = t {
+        refuse_if_capturing(d, s)?;
     }
+    unsafe_call(d, call)?;
+    Ok(match t {
+        Target::Stream(s) => vec![s.clone()],
+        Target::Legacy(ctx) => d
+            .streams_of(ctx.handle)
+            .into_iter()
+            .filter(|s| s.blocking)
+            .collect(),
+    })
 }
 
 /// `cuStreamSynchronize`: waits for the stream's work (refused, and invalidating, while it captures).
