@@ -99,6 +99,9 @@ pub(crate) fn prepare_user_kernel(
         (DeviceKind::Wgpu, crate::ops::KernelImpl::Wgsl { .. }) => {
             wgpu::prepare_user_kernel(spec, kernel)
         }
+        (DeviceKind::Cuda, crate::ops::KernelImpl::CudaC { .. }) => {
+            cuda::prepare_user_kernel(spec, kernel)
+        }
         _ => Err(crate::error::Error::unsupported(
             format!(
                 "launching registered {} kernels on {}",

@@ -27,7 +27,7 @@ pub(super) const CASES: &[Case] = &[
     },
 ];
 
-/// The user-kernel case (CPU only until WGSL / CUDA C registration is wired).
+/// The user-kernel case: the same operator registered as a Rust function, WGSL and CUDA C.
 pub(super) const USER_KERNEL_CASE: &str = "ops::user_affine::f32::grid_2d_typed_scalars";
 
 fn every_kernel_has_cases(ctx: &Ctx) -> Result<(), Failure> {
@@ -141,6 +141,97 @@ fn affine(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 ";
 
+/// [`affine`] in CUDA C, over the prelude unirt gives CUDA C user kernels (the same names as
+/// WGSL's; `UNIRT_PARAMS` is the parameter list unirt passes).
+const AFFINE_CUDA: &str = "
+extern \"C\" __global__ void affine(UNIRT_PARAMS) {
+    unsigned x = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x >= grid().x || y >= grid().y) return;
+    i64 ia = y * stride_t0(0) + x * stride_t0(1);
+    i64 io = y * shape_t0(1) + x;
+    st_t1(io, ld_t0(ia) * arg0() + (float)arg1() + arg2() + (float)x);
+}
+";
+
+/// Kernels in the device's own language that cannot be planned: each is a typed error at
+/// plan time (compile error, a launch shape the device cannot run, a kernel declared with
+/// parameters other than the ones unirt passes), never a launch.
+fn user_kernel_bad_input(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result<(), Failure> {
+    let cases: Vec<(&str, KernelImpl, &[&str])> = match ctx.device.kind {
+        DeviceKind::Cuda => vec![
+            (
+                "user_bad_source",
+                KernelImpl::CudaC {
+                    source: "extern \"C\" __global__ void affine(UNIRT_PARAMS) { undeclared; }"
+                        .into(),
+                    entry: "affine".into(),
+                    block: [8, 8, 1],
+                },
+                &["kernel_compile"],
+            ),
+            (
+                "user_bad_signature",
+                KernelImpl::CudaC {
+                    source: "extern \"C\" __global__ void affine(float *p) { p[0] = 1.0f; }".into(),
+                    entry: "affine".into(),
+                    block: [8, 8, 1],
+                },
+                &["bad_param"],
+            ),
+            (
+                "user_bad_entry",
+                KernelImpl::CudaC {
+                    source: AFFINE_CUDA.into(),
+                    entry: "not_there".into(),
+                    block: [8, 8, 1],
+                },
+                &["bad_param"],
+            ),
+            (
+                "user_bad_block",
+                KernelImpl::CudaC {
+                    source: AFFINE_CUDA.into(),
+                    entry: "affine".into(),
+                    block: [64, 32, 1],
+                },
+                &["bad_param"],
+            ),
+        ],
+        DeviceKind::Wgpu => vec![
+            (
+                "user_bad_source",
+                KernelImpl::Wgsl {
+                    source: "@compute @workgroup_size(8, 8, 1) fn affine() { undeclared(); }"
+                        .into(),
+                    entry: "affine".into(),
+                    workgroup: [8, 8, 1],
+                },
+                &["kernel_compile"],
+            ),
+            (
+                "user_bad_block",
+                KernelImpl::Wgsl {
+                    source: AFFINE_WGSL.into(),
+                    entry: "affine".into(),
+                    workgroup: [8, 0, 1],
+                },
+                &["bad_param"],
+            ),
+        ],
+        _ => Vec::new(),
+    };
+    for (op, kernel, kinds) in cases {
+        ops::register_kernel(op, ctx.device.kind, DType::F32, kernel).map_err(err("register"))?;
+        expect_kind(
+            ops::custom(op, DType::F32, &[a.desc()], &[a.desc()], scalars, [7, 5, 1]),
+            kinds,
+            op,
+        )?;
+    }
+    Ok(())
+}
+
 fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
     ops::register_kernel(
         "user_affine",
@@ -160,6 +251,17 @@ fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
         },
     )
     .map_err(err("register"))?;
+    ops::register_kernel(
+        "user_affine",
+        DeviceKind::Cuda,
+        DType::F32,
+        KernelImpl::CudaC {
+            source: AFFINE_CUDA.into(),
+            entry: "affine".into(),
+            block: [8, 8, 1],
+        },
+    )
+    .map_err(err("register"))?;
     let (base, vb) = random(&[7, 5], -1.0, 1.0, 900, DType::F32, ctx.device)?;
     let a = base.transpose(0, 1).map_err(err("transpose"))?; // [5, 7], strided
     let scalars = [
@@ -167,6 +269,7 @@ fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
         KernelArg::I64(-3),
         KernelArg::F16(half::f16::from_f32(0.25)),
     ];
+    user_kernel_bad_input(ctx, &a, &scalars)?;
     let plan = ops::custom(
         "user_affine",
         DType::F32,

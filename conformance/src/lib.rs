@@ -223,8 +223,6 @@ pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
 /// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
 /// a limit of the platform; the harness reports them as `unsupported`, never as passed.
 pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
-    const USER_KERNEL: &str = "user kernels registered from CUDA C are accepted by the \
-        registry but their launch is not wired yet (the CUDA operator issue)";
     const DEVICE_INDEX_ERRORS: &str = "an out-of-range id read by a wgpu kernel is not \
         reported yet (the kernel clamps it into the table; reporting needs a device error flag \
         read back by the stream)";
@@ -262,11 +260,6 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             DeviceKind::Wgpu,
             "ops::embedding::bf16::bad_input",
             DEVICE_INDEX_ERRORS,
-        ),
-        (
-            DeviceKind::Cuda,
-            cases_ops_registry::USER_KERNEL_CASE,
-            USER_KERNEL,
         ),
     ];
     const NO_LOSS_CPU: &str = "the CPU backend has no device apart from the host to lose";

@@ -238,7 +238,9 @@ impl PlanBuilder {
         let prepared = match &kernel {
             KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
             // User kernels in a device language are prepared by their vendor, as built-ins.
-            KernelImpl::Wgsl { .. } => Some(crate::vendors::prepare_user_kernel(&spec, &kernel)?),
+            KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
+                Some(crate::vendors::prepare_user_kernel(&spec, &kernel)?)
+            }
             _ => None,
         };
         Ok(Plan(Arc::new(PlanInner {
@@ -489,22 +491,12 @@ impl Plan {
                 });
                 Ok(())
             }),
-            KernelImpl::Prepared { .. } | KernelImpl::Wgsl { .. } => {
+            KernelImpl::Prepared { .. } | KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
                 let prepared = p
                     .prepared
                     .as_ref()
                     .ok_or_else(|| Error::Internal(format!("{}: prepared kernel missing", p.op)))?;
                 return prepared.launch(rt.backend(), &self.call(&ins, &outs, ws), &ranges, stream);
-            }
-            KernelImpl::CudaC { .. } => {
-                return Err(Error::unsupported(
-                    format!(
-                        "launching registered {} kernels on {}",
-                        p.kernel.source_kind(),
-                        p.device
-                    ),
-                    p.device.kind,
-                ))
             }
         };
         rt.backend().launch_host(task, &ranges, stream)

@@ -110,7 +110,14 @@ pub enum KernelImpl {
         entry: Arc<str>,
         workgroup: [u32; 3],
     },
-    /// CUDA C source for the CUDA backend (compiled by NVRTC): `entry` with the given block.
+    /// CUDA C source for the CUDA backend: `entry`, declared
+    /// `extern "C" __global__ void entry(UNIRT_PARAMS)`, launched in blocks of `block` threads
+    /// over the plan's grid (rounded up: the kernel checks its bounds). It is compiled by NVRTC
+    /// at plan time (cached in memory and on disk) after `common.cuh` and a prelude with the
+    /// WGSL prelude's names: tensors `t0`, `t1`, … (inputs then outputs, typed pointers to
+    /// their first element), `ld_t0(i)` / `st_t1(i, v)`, `ndim_`/`shape_`/`stride_t0(d)`,
+    /// `grid()` and typed scalars `arg0()`, …; see the CUDA vendor's `kernels/user.rs`. The
+    /// compiled kernel's parameter size is checked against what unirt passes.
     CudaC {
         source: Arc<str>,
         entry: Arc<str>,

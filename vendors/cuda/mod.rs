@@ -123,6 +123,14 @@ pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
     kernels::register(reg);
 }
 
+/// Prepares a user kernel registered as CUDA C for a plan on a CUDA device.
+pub(crate) fn prepare_user_kernel(
+    spec: &crate::ops::PlanSpec<'_>,
+    kernel: &crate::ops::KernelImpl,
+) -> Result<std::sync::Arc<dyn crate::ops::PreparedKernel>> {
+    kernels::prepare_user(spec, kernel)
+}
+
 /// Parses an architecture list such as `sm_70,sm_80,90` into `[70, 80, 90]`.
 pub fn parse_archs(list: &str) -> Result<Vec<u32>> {
     kernels::parse_archs(list)

@@ -29,6 +29,7 @@ mod reduce;
 mod rope;
 mod sample;
 mod softmax;
+mod user;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -176,8 +177,17 @@ pub fn op_source(family: &Family, dtype: DType) -> String {
     )
 }
 
-/// The loaded op modules of a device: (family, dtype) → (CUmodule, entry → CUfunction).
-pub type OpModules = Mutex<HashMap<(&'static str, DType), (u64, HashMap<String, u64>)>>;
+/// The loaded op modules of a device, by source name (`op-<family>-<dtype>` for a family's
+/// source, `user-<op>-<hash>` for a user kernel's) → (CUmodule, entry → CUfunction).
+pub type OpModules = Mutex<HashMap<String, (u64, HashMap<String, u64>)>>;
+
+/// Prepares a user kernel registered as CUDA C for a plan on a CUDA device.
+pub(crate) fn prepare_user(
+    spec: &PlanSpec<'_>,
+    kernel: &KernelImpl,
+) -> Result<Arc<dyn crate::ops::PreparedKernel>> {
+    user::prepare(spec, kernel)
+}
 
 /// Registers every CUDA operator kernel.
 pub(crate) fn register(reg: &mut KernelRegistry) {

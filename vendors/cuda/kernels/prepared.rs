@@ -148,6 +148,18 @@ pub fn prepare(
     }))
 }
 
+/// A plan's kernels whose functions are already fetched (user kernels: their module is
+/// compiled from the user's source, not from a family).
+pub(crate) fn ready(device: Device, steps: Vec<(u64, Step)>) -> Result<Arc<dyn PreparedKernel>> {
+    Ok(Arc::new(CudaOp {
+        device,
+        steps: steps
+            .into_iter()
+            .map(|(func, step)| Ready { func, step })
+            .collect(),
+    }))
+}
+
 impl PreparedKernel for CudaOp {
     fn launch(
         &self,
@@ -188,7 +200,7 @@ impl PreparedKernel for CudaOp {
         };
         b.launch_op(ranges, stream, |enqueue| {
             for r in &self.steps {
-                let mut ptrs = [0u64; 4];
+                let mut ptrs = [0u64; MAX_PTRS];
                 if r.step.ptrs.len() > ptrs.len() {
                     return Err(Error::Internal(format!(
                         "{}: {} pointer parameters",
@@ -215,6 +227,9 @@ impl PreparedKernel for CudaOp {
         })
     }
 }
+
+/// Pointer parameters a step may take (the driver's `launch_op` takes as many).
+pub const MAX_PTRS: usize = 8;
 
 /// Enqueues one piece of work.
 pub type Enqueue<'a> = dyn FnMut(Work<'_>) -> Result<()> + 'a;
@@ -268,29 +283,41 @@ impl CudaBackend {
         entry: &str,
     ) -> Result<u64> {
         let dtype = (family.source_dtype)(dtype);
-        let key = (family.name, dtype);
+        let name = format!("op-{}-{}", family.name, dtype);
+        let file = format!("{}.cu", family.name);
+        self.module_function_of(&name, &file, || super::op_source(family, dtype), entry)
+    }
+
+    /// The function `entry` of the module compiled from `text()` (named `name`, which must be
+    /// unique per distinct source: it keys the image caches and this device's loaded modules),
+    /// loading the module at first use. The module stays loaded until the device is dropped.
+    pub(crate) fn module_function_of(
+        &self,
+        name: &str,
+        file: &str,
+        text: impl FnOnce() -> String,
+        entry: &str,
+    ) -> Result<u64> {
         if let Some(&f) = self
             .op_modules
             .lock()
-            .get(&key)
+            .get(name)
             .and_then(|(_, fns)| fns.get(entry))
         {
             return Ok(f);
         }
         self.bind()?;
         let module = {
-            let loaded = self.op_modules.lock().get(&key).map(|(m, _)| *m);
+            let loaded = self.op_modules.lock().get(name).map(|(m, _)| *m);
             match loaded {
                 Some(m) => m,
                 None => {
                     let nv = super::super::nvrtc::require()?;
                     let target = nv.target_for(self.cc);
-                    let text = super::op_source(family, dtype);
-                    let name = format!("op-{}-{}", family.name, dtype);
-                    let file = format!("{}.cu", family.name);
+                    let text = text();
                     let src = super::cache::Source {
-                        name: &name,
-                        file: &file,
+                        name,
+                        file,
                         text: &text,
                     };
                     let img = super::cache::image(nv, &src, target, false)?;
@@ -302,13 +329,13 @@ impl CudaBackend {
                             .module_load(&super::cache::image(nv, &src, target, true)?)?,
                     };
                     let mut mods = self.op_modules.lock();
-                    if let Some((other, _)) = mods.get(&key) {
+                    if let Some((other, _)) = mods.get(name) {
                         // Another thread loaded it first; keep that one.
                         // SAFETY: loaded just above, never shared: unloaded once, here.
                         let _ = unsafe { self.drv.module_unload(m) };
                         *other
                     } else {
-                        mods.insert(key, (m, Default::default()));
+                        mods.insert(name.to_string(), (m, Default::default()));
                         m
                     }
                 }
@@ -316,7 +343,7 @@ impl CudaBackend {
         };
         // SAFETY: the module is in op_modules, which unloads it only when the device drops.
         let f = unsafe { self.drv.module_function(module, entry) }?;
-        if let Some((_, fns)) = self.op_modules.lock().get_mut(&key) {
+        if let Some((_, fns)) = self.op_modules.lock().get_mut(name) {
             fns.insert(entry.to_string(), f);
         }
         Ok(f)
