@@ -223,9 +223,6 @@ pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
 /// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
 /// a limit of the platform; the harness reports them as `unsupported`, never as passed.
 pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
-    const DEVICE_INDEX_ERRORS: &str = "an out-of-range id read by a wgpu kernel is not \
-        reported yet (the kernel clamps it into the table; reporting needs a device error flag \
-        read back by the stream)";
     const DEVICE_INDEX_CHECK: &str = "a CUDA kernel cannot return an error: an embedding id \
         outside the vocabulary writes a row of zeros there instead of failing with \
         IndexOutOfRange (checking the ids on the host would synchronise the stream, which \
@@ -245,21 +242,6 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             DeviceKind::Cuda,
             "ops::embedding::bf16::bad_input",
             DEVICE_INDEX_CHECK,
-        ),
-        (
-            DeviceKind::Wgpu,
-            "ops::embedding::f32::bad_input",
-            DEVICE_INDEX_ERRORS,
-        ),
-        (
-            DeviceKind::Wgpu,
-            "ops::embedding::f16::bad_input",
-            DEVICE_INDEX_ERRORS,
-        ),
-        (
-            DeviceKind::Wgpu,
-            "ops::embedding::bf16::bad_input",
-            DEVICE_INDEX_ERRORS,
         ),
     ];
     const NO_LOSS_CPU: &str = "the CPU backend has no device apart from the host to lose";

@@ -119,6 +119,8 @@ pub(crate) struct WGraphExec {
     /// address order (the order [`WGraphExec::launch`] locks them in). Other execs may share
     /// them: execs of the same graph, and graphs that captured a replay of this one.
     pub staging_gates: Vec<StagingGate>,
+    /// The fault words the graph's kernels may claim: noted on the stream of each replay.
+    pub checks: Vec<Arc<super::fault::FaultWord>>,
 }
 
 impl WGraphExec {
@@ -141,6 +143,7 @@ impl WGraphExec {
             plan: Arc::new(plan),
             uses: g.uses.clone(),
             staging_gates,
+            checks: super::fault::checked_by(&g.cmds),
         })
     }
 

@@ -37,6 +37,7 @@
 mod adapter;
 mod copy;
 mod event;
+mod fault;
 mod gpu;
 mod graph;
 mod guard;
@@ -346,9 +347,16 @@ impl WgpuBackend {
         }
         // A device-wide wait also says whether the device is still there, as
         // cudaDeviceSynchronize reports a sticky error.
-        first
+        first = first
             .and(self.gpu.wait(&self.gpu.last()))
-            .and_then(|()| self.gpu.check_lost())
+            .and_then(|()| self.gpu.check_lost());
+        // Then every stream's kernel faults (see `fault.rs`).
+        for s in self.streams.values() {
+            if let Err(e) = s.check_faults(&self.gpu) {
+                first = first.and(Err(e));
+            }
+        }
+        first
     }
 
     fn raw_stream_create(&self) -> Result<StreamId> {
@@ -740,6 +748,7 @@ impl WgpuBackend {
         }
         flush_locked(&self.gpu, &mut st)?;
         st.last = x.launch(&self.gpu, pins)?;
+        fault::note(&mut st.checks, x.checks.iter().cloned());
         Ok(())
     }
 

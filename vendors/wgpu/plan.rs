@@ -153,7 +153,7 @@ impl Plan {
                     io.recycle.push(b);
                     None
                 }
-                Cmd::Wait | Cmd::Dispatch { .. } => None,
+                Cmd::Wait | Cmd::Check(_) | Cmd::Dispatch { .. } => None,
             };
             if let Some(step) = step {
                 if in_pass {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::event::WEvent;
+use super::fault::FaultWord;
 use super::gpu::{Gpu, Ticket};
 use super::graph::Capture;
 use super::memory::DevBuf;
@@ -116,6 +117,9 @@ pub(crate) enum Cmd {
         /// unmapped it) before the next one is submitted.
         gate: Option<StagingGate>,
     },
+    /// No device work: the stream's next synchronisation checks this fault word (see
+    /// `fault.rs`). Kept in captures, so each replay notes it on its stream.
+    Check(Arc<FaultWord>),
 }
 
 /// The last submission that maps a captured read-back staging buffer (see `Cmd::Readback`).
@@ -132,6 +136,8 @@ pub(crate) struct StreamState {
     /// This stream's last submission.
     pub last: Ticket,
     pub capture: Option<Capture>,
+    /// The fault words its work since the last synchronisation may have claimed.
+    pub checks: Vec<Arc<FaultWord>>,
 }
 
 pub(crate) struct WStream {
@@ -147,6 +153,7 @@ impl WStream {
                 pending_bytes: 0,
                 last: Ticket::default(),
                 capture: None,
+                checks: Vec::new(),
             }),
         }
     }
@@ -165,10 +172,18 @@ impl WStream {
         flush_locked(gpu, &mut st)
     }
 
-    /// Submits and waits for everything enqueued so far.
+    /// Submits and waits for everything enqueued so far; a fault its kernels claimed
+    /// meanwhile is the error (see `fault.rs`).
     pub fn synchronize(&self, gpu: &Gpu) -> Result<()> {
         let t = self.flush(gpu)?;
-        gpu.wait(&t)
+        gpu.wait(&t)?;
+        self.check_faults(gpu)
+    }
+
+    /// Reads back (and clears) the fault words of the work waited for.
+    pub fn check_faults(&self, gpu: &Gpu) -> Result<()> {
+        let checks = std::mem::take(&mut self.state.lock().checks);
+        super::fault::check(gpu, &checks)
     }
 }
 
@@ -232,7 +247,12 @@ fn push_locked(
         c.uses.record(&pins);
         return Ok(());
     }
-    st.pending.extend(cmds);
+    for c in cmds {
+        match c {
+            Cmd::Check(w) => super::fault::note(&mut st.checks, [w]),
+            c => st.pending.push(c),
+        }
+    }
     st.keep.append(pins);
     st.pending_bytes += work;
     if flush || st.pending.len() >= FLUSH_COMMANDS || st.pending_bytes >= FLUSH_BYTES {

@@ -1,7 +1,7 @@
 //! `embedding` in WGSL: one work item per output element gathers `table[id, j]` (ids read in
-//! place, i32 or i64). An id outside the table cannot be reported from the device yet (the
-//! kernel clamps it into the table so no access leaves it); the conformance case that checks
-//! the error is declared unsupported on wgpu with that reason.
+//! place, i32 or i64). An id outside the table is never read through: the work item writes a
+//! zero and claims the plan's fault word with the id, which the stream's next synchronisation
+//! reports as [`crate::Error::IndexOutOfRange`] (see `vendors/wgpu/fault.rs`).
 //!
 //! Constants: `cfg[0]` the output elements, `cfg[1]` the row length, `cfg[2]` vocab,
 //! `cfg[3]` / `cfg[4]` the table's strides, `cfg[5]` where the ids' view starts.
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::elementwise::groups_for;
-use super::op::{prepare as prepare_op, OpSource};
+use super::op::{prepare_checked, FaultSpec, OpSource};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::Result;
@@ -34,14 +34,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("table", table.dtype),
         Bind::write("out", out.dtype),
     ];
+    // A valid id has a zero high word (i64) and a low word below the vocabulary: a negative
+    // i32 id reads as a large u32.
     let source = format!(
-        "{}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
+        "{}\n{}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
          let r = i / cfg[1];\n    let j = i % cfg[1];\n    \
-         let id = u32(clamp(ldi_ids(view_off(r, cfg[5])), 0, i32(cfg[2]) - 1));\n    \
-         st_out(i, ld_table(id * cfg[3] + j * cfg[4]));\n}}\n",
-        wgsl::prelude(&binds)
+         let w = ldr_ids(view_off(r, cfg[5]));\n    \
+         if (w.y != 0u || w.x >= cfg[2]) {{ fault_claim(w.x, w.y); st_out(i, 0.0); return; }}\n    \
+         st_out(i, ld_table(w.x * cfg[3] + j * cfg[4]));\n}}\n",
+        wgsl::prelude(&binds),
+        super::super::fault::wgsl(binds.len() + 1),
     );
-    prepare_op(
+    prepare_checked(
         spec,
         OpSource {
             name: "embedding".into(),
@@ -50,6 +54,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned: None,
+        },
+        FaultSpec {
+            limit: vocab as u64,
+            wide: ids.dtype == crate::tensor::DType::I64,
         },
     )
 }

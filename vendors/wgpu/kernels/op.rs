@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::super::fault::{FaultWord, FAULT_BYTES};
 use super::super::guard::guarded;
 use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
 use super::super::stream::{enqueue, Cmd, Imm};
@@ -185,6 +186,8 @@ pub(crate) struct OpKernel {
     cfg: wgpu::Buffer,
     cfg_id: u64,
     groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
+    /// The plan's fault word, for a kernel that can fault (see `fault.rs`).
+    fault: Option<Arc<FaultWord>>,
 }
 
 impl Drop for OpKernel {
@@ -222,11 +225,35 @@ fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
 /// is an error, see `guard.rs`).
 pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
     guarded("prepare an operator kernel", || {
-        prepare_unguarded(spec, src)
+        prepare_unguarded(spec, src, None)
     })
 }
 
-fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
+/// What a kernel that can find bad data on the device checks: values must lie in `0..limit`;
+/// `wide` when they are 64-bit. Its passes declare the fault word with
+/// [`super::super::fault::wgsl`] at binding `tensors + 1` and claim it with `fault_claim`.
+pub(crate) struct FaultSpec {
+    pub limit: u64,
+    pub wide: bool,
+}
+
+/// [`prepare`] for a kernel that can fault (see `fault.rs`): the plan owns a fault word bound
+/// after its tensors, and every launch has its stream check it at the next synchronisation.
+pub(crate) fn prepare_checked(
+    spec: &PlanSpec<'_>,
+    src: OpSource,
+    fault: FaultSpec,
+) -> Result<Arc<dyn PreparedKernel>> {
+    guarded("prepare an operator kernel", || {
+        prepare_unguarded(spec, src, Some(fault))
+    })
+}
+
+fn prepare_unguarded(
+    spec: &PlanSpec<'_>,
+    src: OpSource,
+    fault: Option<FaultSpec>,
+) -> Result<Arc<dyn PreparedKernel>> {
     let backend = backend_of(spec)?;
     let AnyBackend::Wgpu(b) = &*backend else {
         return Err(Error::Internal(format!(
@@ -250,20 +277,19 @@ fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prepa
         ));
     }
     let tensors = spec.inputs.len() + spec.outputs.len();
-    if tensors > MAX_TENSORS || tensors as u32 + 1 > limits.max_storage_buffers_per_shader_stage {
+    let bindings = tensors + 1 + usize::from(fault.is_some());
+    if tensors > MAX_TENSORS || bindings as u32 > limits.max_storage_buffers_per_shader_stage {
         return Err(Error::unsupported(
             format!(
-                "{} on {}: {} storage bindings (the adapter allows {})",
-                src.name,
-                spec.device,
-                tensors + 1,
-                limits.max_storage_buffers_per_shader_stage
+                "{} on {}: {bindings} storage bindings (the adapter allows {})",
+                src.name, spec.device, limits.max_storage_buffers_per_shader_stage
             ),
             DeviceKind::Wgpu,
         ));
     }
     let cache = &gpu.kernels.ops;
-    let (bgl, pl) = cache.layout(device, tensors);
+    // The fault word is one more read-write binding after the tensors.
+    let (bgl, pl) = cache.layout(device, bindings - 1);
     let entry = src.entry.as_deref().unwrap_or("main");
     let compile = |list: &[(String, [u32; 3])]| -> Result<Passes> {
         list.iter()
@@ -301,7 +327,11 @@ fn prepare_unguarded(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn Prepa
         view.slice(..words.len()).copy_from_slice(words);
     }
     cfg.unmap();
+    let fault = fault
+        .map(|f| FaultWord::new(gpu, &src.name, f.limit, f.wide))
+        .transpose()?;
     Ok(Arc::new(OpKernel {
+        fault,
         name: src.name,
         passes,
         aligned,
@@ -401,18 +431,30 @@ impl WgpuBackend {
                 size: w_size,
             });
         }
+        let tensors = bound.len();
+        if let Some(f) = &k.fault {
+            bound.push(Bound {
+                buf: f.buf.clone(),
+                offset: 0,
+                size: FAULT_BYTES,
+            });
+        }
         let group = self.op_group(k, &bound)?;
         let passes = match &k.aligned {
-            Some(quads) if imm[..bound.len()].iter().all(|o| o % 4 == 0) => quads,
+            Some(quads) if imm[..tensors].iter().all(|o| o % 4 == 0) => quads,
             _ => &k.passes,
         };
-        let cmds = passes.iter().map(|(p, groups)| Cmd::Dispatch {
-            pipeline: p.pipeline.clone(),
-            group: group.clone(),
-            imm: Imm { words: imm, len: 8 },
-            groups: *groups,
-        });
-        enqueue(gpu, &s, cmds.collect::<Vec<_>>(), pins, work, false)
+        let mut cmds: Vec<Cmd> = passes
+            .iter()
+            .map(|(p, groups)| Cmd::Dispatch {
+                pipeline: p.pipeline.clone(),
+                group: group.clone(),
+                imm: Imm { words: imm, len: 8 },
+                groups: *groups,
+            })
+            .collect();
+        cmds.extend(k.fault.clone().map(Cmd::Check));
+        enqueue(gpu, &s, cmds, pins, work, false)
     }
 
     fn op_group(&self, k: &OpKernel, bound: &[Bound]) -> Result<wgpu::BindGroup> {
