@@ -223,27 +223,6 @@ pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
 /// Cases a backend declares it cannot pass, with the reason. Each entry is a promise to fix or
 /// a limit of the platform; the harness reports them as `unsupported`, never as passed.
 pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
-    const DEVICE_INDEX_CHECK: &str = "a CUDA kernel cannot return an error: an embedding id \
-        outside the vocabulary writes a row of zeros there instead of failing with \
-        IndexOutOfRange (checking the ids on the host would synchronise the stream, which \
-        a captured launch must not)";
-    const LIST: &[(DeviceKind, &str, &str)] = &[
-        (
-            DeviceKind::Cuda,
-            "ops::embedding::f32::bad_input",
-            DEVICE_INDEX_CHECK,
-        ),
-        (
-            DeviceKind::Cuda,
-            "ops::embedding::f16::bad_input",
-            DEVICE_INDEX_CHECK,
-        ),
-        (
-            DeviceKind::Cuda,
-            "ops::embedding::bf16::bad_input",
-            DEVICE_INDEX_CHECK,
-        ),
-    ];
     const NO_LOSS_CPU: &str = "the CPU backend has no device apart from the host to lose";
     const NO_LOSS_CUDA: &str = "a lost CUDA device is a sticky context error: the fake \
         driver's fault matrix (fakecuda_faults: ILLEGAL_ADDRESS, LAUNCH_FAILED) injects it at \
@@ -260,8 +239,7 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             NO_LOSS_CUDA,
         ),
     ];
-    LIST.iter()
-        .chain(LOSS)
+    LOSS.iter()
         .find(|(k, c, _)| *k == kind && *c == case)
         .map(|(_, _, why)| *why)
 }

@@ -77,6 +77,7 @@ fn matmul_runs_through_the_loaded_cublas() {
     close(&c, &want2, 1e-5, "batched, B broadcast");
     capture_and_replay(dev, &a, &b, &want, (m, k, n));
     op_kernel_end_to_end(dev);
+    embedding_faults_end_to_end(dev);
     // Strides cuBLAS cannot take (no unit stride in A): the NVRTC kernel is planned instead,
     // which the fake driver compiles and loads but refuses to fetch.
     let odd = Tensor::from_f64(&vec![1.0; m * k * 2], &[m, k, 2], DType::F32, dev)
@@ -178,6 +179,82 @@ fn op_kernel_end_to_end(dev: Device) {
     drop(exec);
     drop(graph);
     rt.backend().stream_destroy(s).unwrap();
+}
+
+/// The device-fault path of the CUDA backend end to end on the fake driver, which runs a CPU
+/// twin of the f32 embedding kernels (claiming the plan's fault word as the CUDA kernel does):
+/// the conformance cases that gather and that expect IndexOutOfRange, a captured launch whose
+/// every replay reports at its stream's synchronisation, a good launch after a bad one running
+/// clean, and a stream destroyed before it synchronised reporting at the device's.
+fn embedding_faults_end_to_end(dev: Device) {
+    use unirt::hal::CaptureMode;
+    use unirt::Backend;
+    for name in [
+        "ops::embedding::f32::gather",
+        "ops::embedding::f32::bad_input",
+    ] {
+        let case = unirt_conformance::cases()
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap();
+        let r = unirt_conformance::run_case(&case, dev);
+        assert_eq!(
+            r.status,
+            unirt_conformance::Status::Passed,
+            "{name}: {:?}",
+            r.message
+        );
+    }
+    let table: Vec<f64> = (0..40).map(|i| i as f64 * 0.25).collect();
+    let table = Tensor::from_f64(&table, &[10, 4], DType::F32, dev).unwrap();
+    let ids = |v: &[f64]| Tensor::from_f64(v, &[2], DType::I64, dev).unwrap();
+    let (good, bad) = (ids(&[1.0, 9.0]), ids(&[1.0, -5.0]));
+    let out = Tensor::zeros(&[2, 4], DType::F32, dev).unwrap();
+    let plan = unirt::ops::embedding::embedding(&good.desc(), &table.desc()).unwrap();
+    let rt = unirt::Runtime::get(dev).unwrap();
+    let be = rt.backend();
+    let s = be.stream_create().unwrap();
+    be.synchronize().unwrap();
+    rt.begin_capture(s, CaptureMode::Global).unwrap();
+    let launched = plan.launch(&[&bad, &table], &[&out], None, s);
+    let graph = rt.end_capture().unwrap();
+    launched.unwrap();
+    let exec = graph.instantiate().unwrap();
+    for replay in 0..2 {
+        exec.launch(s).unwrap();
+        match be.stream_synchronize(s) {
+            Err(unirt::Error::IndexOutOfRange {
+                index: -5,
+                limit: 10,
+                ..
+            }) => {}
+            other => panic!("replay {replay}: expected IndexOutOfRange of -5, got {other:?}"),
+        }
+        // Reported once: the word was cleared.
+        be.stream_synchronize(s).unwrap();
+    }
+    plan.launch(&[&good, &table], &[&out], None, s).unwrap();
+    be.stream_synchronize(s).unwrap();
+    let want: Vec<f64> = [1.0, 9.0]
+        .iter()
+        .flat_map(|&r| (0..4).map(move |j| (r * 4.0 + j as f64) * 0.25))
+        .collect();
+    close(
+        &out.to_f64_vec().unwrap(),
+        &want,
+        0.0,
+        "good ids after bad ones",
+    );
+    // Destroyed before it synchronised: the device-wide synchronisation reports it.
+    plan.launch(&[&bad, &table], &[&out], None, s).unwrap();
+    drop(exec);
+    drop(graph);
+    be.stream_destroy(s).unwrap();
+    assert!(matches!(
+        be.synchronize(),
+        Err(unirt::Error::IndexOutOfRange { index: -5, .. })
+    ));
+    be.synchronize().unwrap();
 }
 
 fn transpose(x: &[f64], rows: usize, cols: usize) -> Vec<f64> {

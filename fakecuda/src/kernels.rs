@@ -33,10 +33,23 @@ pub enum Twin {
     /// plans): it lets the host side of the operator kernels — module, function, parameter
     /// marshalling, range checks, capture — run end to end without a GPU.
     OpAddF32,
+    /// unirt's `op_embedding_i32` / `op_embedding_i64` operator kernels, f32 tables only:
+    /// `(out, ids, table, fault, Emb)` with the by-value `Emb` struct of 31 64-bit words (the
+    /// ids' space, the ids' and output rows' strides, vocab, dim, table and output strides).
+    /// An id outside the table writes zeros and claims the fault word, as the CUDA kernel
+    /// does. Offered only with `UNIRT_FAKECUDA_OP_TWINS=1`, like `OpAddF32`.
+    OpEmbeddingF32 { wide: bool },
 }
 
 /// Words of `op_add`'s `Ew` struct.
 const EW_WORDS: usize = 43;
+
+/// Words of `op_embedding_*`'s `Emb` struct.
+const EMB_WORDS: usize = 31;
+
+fn op_twins() -> bool {
+    std::env::var_os("UNIRT_FAKECUDA_OP_TWINS").is_some_and(|v| v == "1")
+}
 
 /// Byte sizes of each twin's parameters, in order.
 impl Twin {
@@ -44,9 +57,9 @@ impl Twin {
         match name {
             "fill" => Some(Twin::Fill),
             "add_f32" => Some(Twin::AddF32),
-            "op_add" if std::env::var_os("UNIRT_FAKECUDA_OP_TWINS").is_some_and(|v| v == "1") => {
-                Some(Twin::OpAddF32)
-            }
+            "op_add" if op_twins() => Some(Twin::OpAddF32),
+            "op_embedding_i32" if op_twins() => Some(Twin::OpEmbeddingF32 { wide: false }),
+            "op_embedding_i64" if op_twins() => Some(Twin::OpEmbeddingF32 { wide: true }),
             _ => None,
         }
     }
@@ -57,6 +70,7 @@ impl Twin {
             Twin::AddF32 => &[8, 8, 8, 4],
             Twin::Gemm => &[],
             Twin::OpAddF32 => &[8, 8, 8, 8],
+            Twin::OpEmbeddingF32 { .. } => &[8, 8, 8, 8],
         }
     }
 }
@@ -168,15 +182,20 @@ pub unsafe fn read_args(twin: Twin, params: *mut *mut c_void) -> Result<Vec<u64>
         };
         out.push(v);
     }
-    if twin == Twin::OpAddF32 {
-        // SAFETY: the caller's contract: the fifth parameter points to the Ew struct.
-        let ew = unsafe { *params.add(4) } as *const u64;
-        if ew.is_null() {
+    let words = match twin {
+        Twin::OpAddF32 => EW_WORDS,
+        Twin::OpEmbeddingF32 { .. } => EMB_WORDS,
+        _ => 0,
+    };
+    if words > 0 {
+        // SAFETY: the caller's contract: the fifth parameter points to the by-value struct.
+        let st = unsafe { *params.add(4) } as *const u64;
+        if st.is_null() {
             return Err(INVALID_VALUE);
         }
-        for w in 0..EW_WORDS {
-            // SAFETY: the struct holds EW_WORDS words.
-            out.push(unsafe { ew.add(w).read_unaligned() });
+        for w in 0..words {
+            // SAFETY: the struct holds `words` words.
+            out.push(unsafe { st.add(w).read_unaligned() });
         }
     }
     Ok(out)
@@ -218,6 +237,7 @@ pub fn run(twin: Twin, args: &[u64]) -> Result<(), CUresult> {
         }
         Twin::Gemm => return crate::cublas::run_gemm(args),
         Twin::OpAddF32 => return op_add_f32(args),
+        Twin::OpEmbeddingF32 { wide } => return op_embedding_f32(args, wide),
         Twin::AddF32 => {
             let n = args[3] as u32 as u64;
             if n == 0 {
@@ -234,6 +254,78 @@ pub fn run(twin: Twin, args: &[u64]) -> Result<(), CUresult> {
                     out.add(i).write_unaligned(v);
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The element offset of point `i` of a space (`dims`, outermost first) under `strides`.
+fn offset_in(i: i64, dims: &[u64], strides: &[u64]) -> i64 {
+    let mut rest = i;
+    let mut off = 0;
+    for d in (0..dims.len()).rev() {
+        let size = dims[d] as i64;
+        off += (rest % size) * strides[d] as i64;
+        rest /= size;
+    }
+    off
+}
+
+/// `op_embedding_i32` / `_i64` for f32 tables (see `Twin::OpEmbeddingF32`).
+fn op_embedding_f32(args: &[u64], wide: bool) -> Result<(), CUresult> {
+    let (ptrs, emb) = args.split_at(4);
+    if emb.len() != EMB_WORDS {
+        return Err(INVALID_VALUE);
+    }
+    let (nd, n) = (emb[0] as usize, emb[1] as i64);
+    if nd > 8 {
+        return Err(INVALID_VALUE);
+    }
+    let dims = &emb[2..2 + nd];
+    let (sid, so) = (&emb[10..10 + nd], &emb[18..18 + nd]);
+    let [vocab, dim, t0, t1, ost] = [emb[26], emb[27], emb[28], emb[29], emb[30]].map(|w| w as i64);
+    let g = state::lock();
+    let d = g.as_ref().ok_or(ILLEGAL_ADDRESS)?;
+    let at = |base: u64, off: i64, size: u64| -> Result<*mut u8, CUresult> {
+        let addr = (base as i64 + off * size as i64) as u64;
+        let (buf, o) = d.resolve(addr, size).ok_or(ILLEGAL_ADDRESS)?;
+        // SAFETY: o + size is within the buffer (resolve checked it), alive while the lock is
+        // held.
+        Ok(unsafe { buf.ptr().add(o) })
+    };
+    for i in 0..n {
+        let ip = at(ptrs[1], offset_in(i, dims, sid), if wide { 8 } else { 4 })?;
+        // SAFETY: `ip` addresses one id of the ids' dtype inside a live allocation.
+        let id = unsafe {
+            if wide {
+                (ip as *const i64).read_unaligned()
+            } else {
+                i64::from((ip as *const i32).read_unaligned())
+            }
+        };
+        let orow = offset_in(i, dims, so);
+        for j in 0..dim {
+            let y = at(ptrs[0], orow + j * ost, 4)? as *mut f32;
+            if id < 0 || id >= vocab {
+                // SAFETY: `y` addresses one f32 of the output inside a live allocation.
+                unsafe { y.write_unaligned(0.0) };
+                if j == 0 {
+                    let f = at(ptrs[3], 0, 16)? as *mut u32;
+                    // SAFETY: the fault word is 16 bytes inside a live allocation; the twin
+                    // runs alone on the stream's worker, so the claim needs no atomics.
+                    unsafe {
+                        if f.read_unaligned() == 0 {
+                            f.write_unaligned(1);
+                            f.add(1).write_unaligned(id as u64 as u32);
+                            f.add(2).write_unaligned(((id as u64) >> 32) as u32);
+                        }
+                    }
+                }
+                continue;
+            }
+            let x = at(ptrs[2], id * t0 + j * t1, 4)? as *const f32;
+            // SAFETY: both address one f32 inside live allocations (checked by `at`).
+            unsafe { y.write_unaligned(x.read_unaligned()) };
         }
     }
     Ok(())

@@ -285,24 +285,35 @@ impl Backend for CudaBackend {
         // (recursive reads: two synchronizing threads never wait on each other through a
         // queued writer).
         let _gates: Vec<_> = streams.iter().map(|s| s.gate.shared()).collect();
-        if !streams.iter().any(|s| s.is_capturing()) {
+        let mut first = if !streams.iter().any(|s| s.is_capturing()) {
             self.drv.ctx_synchronize()?;
             // Destroyed streams' work is the context's too; their end events are waited for
             // anyway (already complete: no cost), so this holds whatever the driver counts.
-            return self.release_retired_streams(true);
-        }
-        // cuCtxSynchronize during a capture would invalidate it: wait stream by stream, and
-        // for the end of every stream destroyed with work queued.
-        let mut first = self.release_retired_streams(true);
-        for s in streams.iter() {
-            if !s.waitable() {
-                continue;
+            self.release_retired_streams(true)
+        } else {
+            // cuCtxSynchronize during a capture would invalidate it: wait stream by stream,
+            // and for the end of every stream destroyed with work queued.
+            let mut first = self.release_retired_streams(true);
+            for s in streams.iter() {
+                if !s.waitable() {
+                    continue;
+                }
+                // SAFETY: the stream is live (not destroyed, checked under the gate that
+                // destroy takes exclusively) and not capturing.
+                if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
+                    first = first.and(Err(e));
+                }
             }
-            // SAFETY: the stream is live (not destroyed, checked under the gate that destroy
-            // takes exclusively) and not capturing.
-            if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
-                first = first.and(Err(e));
+            first
+        };
+        // Then the device faults of every stream waited for, and of the streams destroyed
+        // since the last device-wide synchronisation (checked on the default stream).
+        for s in streams.iter().filter(|s| s.waitable()) {
+            let mut words = s.take_faults();
+            if s.raw == self.default_stream {
+                super::fault::note(&mut words, &std::mem::take(&mut *self.orphan_faults.lock()));
             }
+            first = first.and(self.check_faults(s.raw, &words));
         }
         first
     }
@@ -364,6 +375,8 @@ impl Backend for CudaBackend {
         match unsafe { self.drv.stream_destroy(s.raw) } {
             Ok(()) => {
                 s.gate.mark_destroyed();
+                let faults = s.take_faults();
+                super::fault::note(&mut self.orphan_faults.lock(), &faults);
                 Ok(())
             }
             Err(e) => {
@@ -384,7 +397,9 @@ impl Backend for CudaBackend {
         self.bind()?;
         // SAFETY: the stream is live: it came from the stream table or is the backend's default
         // stream.
-        unsafe { self.drv.stream_synchronize(s.raw) }
+        unsafe { self.drv.stream_synchronize(s.raw) }?;
+        // Then its kernels' device faults (see `fault.rs`).
+        self.check_faults(s.raw, &s.take_faults())
     }
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
@@ -815,6 +830,7 @@ impl Backend for CudaBackend {
                 pinned: rec.pinned.into(),
                 events: rec.events.into(),
                 waits: rec.waits.into(),
+                checks: rec.checks.into(),
                 gate: Default::default(),
             },
         );
@@ -839,6 +855,7 @@ impl Backend for CudaBackend {
                 pinned: g.pinned.clone(),
                 events: g.events.clone(),
                 waits: g.waits.clone(),
+                checks: g.checks.clone(),
                 gate: Default::default(),
             },
         );
@@ -861,6 +878,7 @@ impl Backend for CudaBackend {
         // SAFETY: the exec and the stream came from their tables and the graph's ranges were
         // re-checked above.
         unsafe { self.drv.graph_launch(x.raw, s.raw) }?;
+        s.note_faults(&x.checks);
         for e in x.events.iter() {
             if !s.note_event(e) {
                 e.mark_recorded();

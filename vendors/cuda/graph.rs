@@ -17,6 +17,8 @@ pub(super) struct CudaGraph {
     pub events: Arc<[Arc<CudaEvent>]>,
     /// Events the graph waits on: a replay must not name a destroyed one.
     pub waits: Arc<[Arc<CudaEvent>]>,
+    /// Fault words the graph's kernels may claim.
+    pub checks: Arc<[Arc<super::fault::FaultWord>]>,
     /// Held by instantiate; destroy waits for it.
     pub gate: HandleGate,
 }
@@ -35,6 +37,8 @@ pub(super) struct CudaGraphExec {
     pub events: Arc<[Arc<CudaEvent>]>,
     /// Events the graph waits on.
     pub waits: Arc<[Arc<CudaEvent>]>,
+    /// Fault words the graph's kernels may claim: noted on the stream of each launch.
+    pub checks: Arc<[Arc<super::fault::FaultWord>]>,
     /// Held by launch; destroy waits for it.
     pub gate: HandleGate,
 }

@@ -37,6 +37,7 @@ mod driver;
 mod driver_launch;
 mod driver_memory;
 mod event;
+mod fault;
 mod gate;
 mod graph;
 mod kernels;
@@ -321,6 +322,11 @@ pub struct CudaBackend {
     blas: std::sync::OnceLock<std::result::Result<(u64, u64), String>>,
     /// Serialises calls on the cuBLAS handle (its stream is set per call).
     blas_lock: Mutex<()>,
+    /// The device's fault words (see `fault.rs`).
+    fault_slabs: Arc<Mutex<fault::FaultSlabs>>,
+    /// Fault words noted on streams destroyed before they were synchronised: checked by the
+    /// next device-wide synchronisation.
+    orphan_faults: Mutex<Vec<Arc<fault::FaultWord>>>,
 }
 
 impl CudaBackend {
@@ -382,6 +388,8 @@ impl CudaBackend {
             op_modules: Mutex::new(HashMap::new()),
             blas: std::sync::OnceLock::new(),
             blas_lock: Mutex::new(()),
+            fault_slabs: Default::default(),
+            orphan_faults: Mutex::new(Vec::new()),
         })
     }
 
@@ -525,6 +533,7 @@ impl Drop for CudaBackend {
                 let _ = self.drv.mem_free(*ws);
             }
         }
+        self.free_fault_slabs();
         for (_, (module, _)) in self.op_modules.lock().drain() {
             // SAFETY: the module is loaded and unloaded once: it is drained from the table here,
             // after the device finished its work (synchronize above).

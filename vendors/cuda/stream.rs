@@ -5,6 +5,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::event::CudaEvent;
+use super::fault::FaultWord;
 use super::gate::HandleGate;
 
 /// What a capturing stream has recorded so far, beyond what CUDA keeps: the device ranges its
@@ -20,6 +21,8 @@ pub(super) struct CaptureLog {
     pub waits: Vec<Arc<CudaEvent>>,
     /// The thread that may end the capture.
     pub owner: crate::checked::CaptureOwner,
+    /// Fault words the captured kernels may claim: each replay notes them on its stream.
+    pub checks: Vec<Arc<FaultWord>>,
 }
 
 /// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
@@ -36,6 +39,8 @@ pub(super) struct CudaStream {
     /// Every call that hands the stream to the driver holds it shared too, so a destroy on
     /// another thread waits for it and the call never reaches the driver with a dead handle.
     pub gate: HandleGate,
+    /// Fault words the work enqueued since the last synchronisation may have claimed.
+    pub checks: Mutex<Vec<Arc<FaultWord>>>,
 }
 
 impl CudaStream {
@@ -44,7 +49,25 @@ impl CudaStream {
             raw,
             capture: Mutex::new(None),
             gate: HandleGate::default(),
+            checks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Notes fault words that work enqueued now may claim: in the capture when capturing,
+    /// else for the stream's next synchronisation.
+    pub fn note_faults(&self, words: &[Arc<FaultWord>]) {
+        if words.is_empty() {
+            return;
+        }
+        match self.capture.lock().as_mut() {
+            Some(c) => super::fault::note(&mut c.checks, words),
+            None => super::fault::note(&mut self.checks.lock(), words),
+        }
+    }
+
+    /// Takes the fault words noted for the next synchronisation.
+    pub fn take_faults(&self) -> Vec<Arc<FaultWord>> {
+        std::mem::take(&mut *self.checks.lock())
     }
 
     /// Not destroyed and not capturing: unirt may wait for it on its own account. Read with

@@ -1,10 +1,11 @@
 //! Plans the embedding kernels (`embedding.cu`): one thread per output element; the ids'
-//! dtype (i32 / i64) picks the entry.
+//! dtype (i32 / i64) picks the entry. An id outside the table claims the plan's fault word,
+//! which the stream's next synchronisation reports (`vendors/cuda/fault.rs`).
 
 use std::sync::Arc;
 
 use super::args::{blocks, strides_of, Space, BLOCK};
-use super::prepared::{prepare as ready, Operand, Step};
+use super::prepared::{prepare_checked, Operand, Step};
 use super::{unexpected, Family, FLOATS};
 use crate::error::Result;
 use crate::ops::{PlanSpec, PreparedKernel};
@@ -16,7 +17,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &["op_embedding_i32", "op_embedding_i64"],
     prepare,
-    params: (3, 31),
+    params: (4, 31),
     source_dtype: super::own_source,
 };
 
@@ -39,7 +40,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         [blocks(total, BLOCK as i64), 1, 1],
         [BLOCK, 1, 1],
     );
-    step.ptrs = vec![Operand::Out(0, 0), Operand::In(0), Operand::In(1)];
+    step.ptrs = vec![
+        Operand::Out(0, 0),
+        Operand::In(0),
+        Operand::In(1),
+        Operand::Fault,
+    ];
     step.args
         .space(&space)
         .strides(&space, 0)
@@ -49,5 +55,6 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         .int(tt[0])
         .int(tt[1])
         .int(ot[nd - 1]);
-    ready(spec, &FAMILY, spec.dtype, vec![step])
+    let wide = ids.dtype == crate::tensor::DType::I64;
+    prepare_checked(spec, &FAMILY, spec.dtype, vec![step], vocab as u64, wide)
 }

@@ -16,6 +16,7 @@ use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 use crate::vendors::cuda::blas::Gemm;
+use crate::vendors::cuda::fault::FaultWord;
 use crate::vendors::cuda::CudaBackend;
 use crate::vendors::AnyBackend;
 
@@ -28,6 +29,8 @@ pub enum Operand {
     Out(usize, i64),
     /// The plan's workspace.
     Workspace,
+    /// The plan's fault word (see `vendors/cuda/fault.rs`).
+    Fault,
 }
 
 /// One kernel launch of a plan.
@@ -83,6 +86,8 @@ struct Ready {
 pub struct CudaOp {
     device: Device,
     steps: Vec<Ready>,
+    /// The plan's fault word, for kernels that can fault (noted on the stream of each launch).
+    fault: Option<Arc<FaultWord>>,
 }
 
 /// The CUDA backend of `device`, opened through its runtime.
@@ -114,6 +119,39 @@ pub fn prepare(
     dtype: DType,
     steps: Vec<Step>,
 ) -> Result<Arc<dyn PreparedKernel>> {
+    Ok(Arc::new(CudaOp {
+        device: spec.device,
+        steps: ready_steps(spec, family, dtype, steps)?,
+        fault: None,
+    }))
+}
+
+/// [`prepare`] for kernels that can find bad data on the device: the plan gets a fault word
+/// (values must lie in `0..limit`; `wide` when 64-bit), passed where a step names
+/// [`Operand::Fault`] and checked at the next synchronisation of each launch's stream.
+pub fn prepare_checked(
+    spec: &PlanSpec<'_>,
+    family: &'static Family,
+    dtype: DType,
+    steps: Vec<Step>,
+    limit: u64,
+    wide: bool,
+) -> Result<Arc<dyn PreparedKernel>> {
+    let steps = ready_steps(spec, family, dtype, steps)?;
+    let fault = with_backend(spec, |b| b.fault_word(spec.op, limit, wide))??;
+    Ok(Arc::new(CudaOp {
+        device: spec.device,
+        steps,
+        fault: Some(fault),
+    }))
+}
+
+fn ready_steps(
+    spec: &PlanSpec<'_>,
+    family: &'static Family,
+    dtype: DType,
+    steps: Vec<Step>,
+) -> Result<Vec<Ready>> {
     let rt = backend_of(spec.device)?;
     let AnyBackend::Cuda(b) = &**rt.backend() else {
         return Err(Error::Internal(format!(
@@ -121,7 +159,7 @@ pub fn prepare(
             spec.op, spec.device
         )));
     };
-    let steps = steps
+    steps
         .into_iter()
         .map(|step| {
             let (ptrs, words) = family.params;
@@ -141,11 +179,7 @@ pub fn prepare(
             };
             Ok(Ready { func, step })
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Arc::new(CudaOp {
-        device: spec.device,
-        steps,
-    }))
+        .collect()
 }
 
 /// A plan's kernels whose functions are already fetched (user kernels: their module is
@@ -157,6 +191,7 @@ pub(crate) fn ready(device: Device, steps: Vec<(u64, Step)>) -> Result<Arc<dyn P
             .into_iter()
             .map(|(func, step)| Ready { func, step })
             .collect(),
+        fault: None,
     }))
 }
 
@@ -191,6 +226,11 @@ impl PreparedKernel for CudaOp {
                         Error::Internal(format!("{}: launched without its workspace", call.op))
                     })
                 }
+                Operand::Fault => {
+                    return self.fault.as_ref().map(|w| w.addr).ok_or_else(|| {
+                        Error::Internal(format!("{}: planned without a fault word", call.op))
+                    })
+                }
             };
             let t = t.ok_or_else(|| {
                 Error::Internal(format!("{}: operand {o:?} missing at launch", call.op))
@@ -198,7 +238,7 @@ impl PreparedKernel for CudaOp {
             Ok(t.ptr()
                 .wrapping_add((extra as u64).wrapping_mul(t.dtype.size() as u64)))
         };
-        b.launch_op(ranges, stream, |enqueue| {
+        b.launch_op(ranges, stream, self.fault.as_slice(), |enqueue| {
             for r in &self.steps {
                 let mut ptrs = [0u64; MAX_PTRS];
                 if r.step.ptrs.len() > ptrs.len() {
@@ -358,6 +398,7 @@ impl CudaBackend {
         &self,
         ranges: &[(DevicePtr, u64)],
         stream: StreamId,
+        faults: &[Arc<FaultWord>],
         body: impl FnOnce(&mut Enqueue<'_>) -> Result<()>,
     ) -> Result<()> {
         let s = self.stream(stream)?;
@@ -389,6 +430,9 @@ impl CudaBackend {
                 // (the planner derived `g` from the same layouts).
                 unsafe { blas.gemm(handle, s.raw, g, a, b, c) }
             }
-        })
+        })?;
+        // Enqueued: the stream (or its capture) checks the fault words its work may claim.
+        s.note_faults(faults);
+        Ok(())
     }
 }
