@@ -1,6 +1,8 @@
 //! embedding: gather rows of a table `[vocab, dim]` by i32/i64 ids `[..]` into `[.., dim]`.
-//! An id outside `0..vocab` is [`Error::IndexOutOfRange`], reported by the stream (the ids
-//! live on the device, so the kernel checks them all before it writes anything).
+//! An id outside `0..vocab` is [`Error::IndexOutOfRange`], reported by the stream's next
+//! synchronisation (the ids live on the device: the CPU kernel checks them all before it
+//! writes anything; a GPU kernel writes zeros for the bad row and claims the plan's fault
+//! word, which the synchronisation reads back — see docs/RELIABILITY.md, "Device faults").
 
 use super::{out_desc, Plan, PlanBuilder, TensorDesc};
 use crate::error::{Error, Result};
