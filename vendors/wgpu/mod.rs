@@ -104,6 +104,9 @@ pub struct WgpuBackend {
     graphs: HandleTable<WGraph>,
     execs: HandleTable<WGraphExec>,
     default_stream: u64,
+    /// Fault words noted on streams destroyed before they were synchronised: checked by the
+    /// next device-wide synchronisation (see `fault.rs`).
+    orphan_faults: parking_lot::Mutex<Vec<Arc<fault::FaultWord>>>,
 }
 
 impl WgpuBackend {
@@ -130,6 +133,7 @@ impl WgpuBackend {
             graphs: HandleTable::new(GraphId::KIND),
             execs: HandleTable::new(GraphExecId::KIND),
             default_stream,
+            orphan_faults: Default::default(),
         })
     }
 
@@ -350,13 +354,15 @@ impl WgpuBackend {
         first = first
             .and(self.gpu.wait(&self.gpu.last()))
             .and_then(|()| self.gpu.check_lost());
-        // Then every stream's kernel faults (see `fault.rs`).
+        // Then every stream's kernel faults, and those of the streams destroyed since the last
+        // device-wide synchronisation (see `fault.rs`).
         for s in self.streams.values() {
             if let Err(e) = s.check_faults(&self.gpu) {
                 first = first.and(Err(e));
             }
         }
-        first
+        let orphans = std::mem::take(&mut *self.orphan_faults.lock());
+        first.and(fault::check(&self.gpu, &orphans))
     }
 
     fn raw_stream_create(&self) -> Result<StreamId> {
@@ -366,7 +372,9 @@ impl WgpuBackend {
     fn raw_stream_destroy(&self, stream: StreamId) -> Result<()> {
         checked::check_destroyable(self.default_stream(), stream)?;
         let s = self.streams.remove(stream.0)?;
-        // Work already enqueued still runs.
+        // Work already enqueued still runs; the device's next synchronisation checks it.
+        let faults = std::mem::take(&mut s.lock().checks);
+        fault::note(&mut self.orphan_faults.lock(), faults);
         s.flush(&self.gpu).map(|_| ())
     }
 

@@ -209,3 +209,29 @@ fn op_launches_are_captured_and_replayed() {
         rt.backend().stream_destroy(s).unwrap();
     }
 }
+
+/// An embedding launched with a bad id on a stream destroyed before it synchronised: the
+/// device's next synchronisation reports it (once), as on CUDA.
+#[test]
+fn destroyed_streams_report_faults_at_device_synchronize() {
+    use crate::tensor::{DType, Tensor};
+    for dev in devices() {
+        let rt = crate::Runtime::get(dev).unwrap();
+        let be = rt.backend();
+        let table = Tensor::from_f64(&[0.5; 12], &[4, 3], DType::F32, dev).unwrap();
+        let ids = Tensor::from_f64(&[1.0, 7.0], &[2], DType::I32, dev).unwrap();
+        let out = Tensor::zeros(&[2, 3], DType::F32, dev).unwrap();
+        let plan = crate::ops::embedding::embedding(&ids.desc(), &table.desc()).unwrap();
+        be.synchronize().unwrap();
+        let s = be.stream_create().unwrap();
+        plan.launch(&[&ids, &table], &[&out], None, s).unwrap();
+        be.stream_destroy(s).unwrap();
+        match be.synchronize() {
+            Err(crate::Error::IndexOutOfRange {
+                index: 7, limit: 4, ..
+            }) => {}
+            other => panic!("{dev}: expected IndexOutOfRange of 7, got {other:?}"),
+        }
+        be.synchronize().unwrap();
+    }
+}
