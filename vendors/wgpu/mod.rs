@@ -141,6 +141,11 @@ impl WgpuBackend {
         self.streams.get(s.0)
     }
 
+    /// Whether the device was opened with `feature` (see `adapter::wanted_features`).
+    pub(crate) fn has_feature(&self, feature: wgpu::Features) -> bool {
+        self.gpu.device.features().contains(feature)
+    }
+
     fn event(&self, e: EventId) -> Result<Arc<WEvent>> {
         self.events.get(e.0)
     }

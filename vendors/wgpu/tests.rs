@@ -235,3 +235,23 @@ fn destroyed_streams_report_faults_at_device_synchronize() {
         be.synchronize().unwrap();
     }
 }
+
+/// An adapter with `SHADER_F16` (lavapipe has it) is opened with it, and f16 kernels are
+/// generated for it with native 16-bit storage; without it (llvmpipe's GL), packed in words.
+#[test]
+fn f16_is_native_where_the_adapter_has_it() {
+    use super::kernels::wgsl_prelude_for_test as prelude;
+    use crate::vendors::AnyBackend;
+    for dev in devices() {
+        let rt = crate::Runtime::get(dev).unwrap();
+        let AnyBackend::Wgpu(b) = &**rt.backend() else {
+            unreachable!()
+        };
+        let native = b.has_feature(wgpu::Features::SHADER_F16);
+        let src = prelude(native);
+        assert_eq!(src.starts_with("enable f16;"), native, "{dev}");
+        assert_eq!(src.contains("array<f16>"), native, "{dev}");
+        assert_eq!(src.contains("atomic<u32>"), !native, "{dev}");
+        eprintln!("{dev}: native f16 {native}");
+    }
+}

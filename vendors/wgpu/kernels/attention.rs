@@ -210,9 +210,17 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         && (4..=HOST_MAX_DIM).contains(&d);
     let (source, grid) = if host {
         let body = format!("{HEAD}{}", host_body(d));
-        wgsl::row_kernel(&wgsl::prelude(&binds), &body, true, rows)
+        wgsl::row_kernel(
+            &wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
+            &body,
+            true,
+            rows,
+        )
     } else {
-        let prelude = format!("{}{GPU_SHARED}", wgsl::prelude(&binds));
+        let prelude = format!(
+            "{}{GPU_SHARED}",
+            wgsl::prelude(&binds, wgsl::Dialect::of(spec))
+        );
         wgsl::row_kernel(&prelude, &format!("{HEAD}{GPU_BODY}"), false, rows)
     };
     prepare_op(

@@ -94,7 +94,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let source = format!(
         "{}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
          let j = {j};\n    {}\n}}\n",
-        wgsl::prelude(&binds),
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
         convert(src.dtype, to),
     );
     prepare_op(

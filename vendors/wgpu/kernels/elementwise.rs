@@ -124,7 +124,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let source = format!(
         "{prelude}{MATH}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
          let s = cfg_f(1u);\n{loads}    st_out(i, {body});\n}}\n",
-        prelude = wgsl::prelude(&binds),
+        prelude = wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
     let groups = groups_for(n as u64);
     let aligned = if all_direct {

@@ -42,7 +42,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
          let w = ldr_ids(view_off(r, cfg[5]));\n    \
          if (w.y != 0u || w.x >= cfg[2]) {{ fault_claim(w.x, w.y); st_out(i, 0.0); return; }}\n    \
          st_out(i, ld_table(w.x * cfg[3] + j * cfg[4]));\n}}\n",
-        wgsl::prelude(&binds),
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
         super::super::fault::wgsl(binds.len() + 1),
     );
     prepare_checked(

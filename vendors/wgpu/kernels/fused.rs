@@ -119,7 +119,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let source = format!(
         "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    \
          if (i >= cfg[0]) {{ return; }}\n{loads}{body}    st_out(i, t{last});\n}}\n",
-        prelude = wgsl::prelude(&binds),
+        prelude = wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
     // The quad variant: four elements per load and store, each run through the same steps.
     let aligned = match wgsl::prelude_quads(&binds) {

@@ -497,7 +497,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         );
         kernel = with_epilogue(&kernel, &tile) + &e.scalar;
     }
-    let source = format!("{}{kernel}", wgsl::prelude(&binds));
+    let source = format!("{}{kernel}", wgsl::prelude(&binds, wgsl::Dialect::of(spec)));
     let aligned = if host {
         host_quads(spec, &mut cfg, batch, m, n, k, &binds, epi.as_ref())
     } else {

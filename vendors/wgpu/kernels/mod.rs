@@ -77,3 +77,11 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
     attention::register(reg);
     sample::register(reg);
 }
+
+/// The prelude of an f16 kernel (one input, one output) with or without native f16.
+#[cfg(test)]
+pub(crate) fn wgsl_prelude_for_test(native_f16: bool) -> String {
+    use wgsl::{Bind, Dialect};
+    let binds = [Bind::read("a", DType::F16), Bind::write("out", DType::F16)];
+    wgsl::prelude(&binds, Dialect { native_f16 })
+}

@@ -38,7 +38,7 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let source = format!(
         "{}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
          str_dst({di}, ldr_src({si}));\n}}\n",
-        wgsl::prelude(&binds),
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
     prepare_op(
         spec,
@@ -86,7 +86,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         .map(|(d, n)| Bind::read(n, d.dtype))
         .collect();
     binds.push(Bind::write("out", out.dtype));
-    let prelude = wgsl::prelude(&binds);
+    let prelude = wgsl::prelude(&binds, wgsl::Dialect::of(spec));
     let host = super::on_host_cores(spec);
     let mut passes = Vec::new();
     let mut start = 0;

@@ -86,7 +86,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     let source = format!(
         "{}{WG_REDUCE}{ARGMAX}\n{MAIN_ROWS} {{\n{head}{body}}}\n",
-        wgsl::prelude(&binds)
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
     );
     prepare_op(
         spec,

@@ -133,7 +133,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let host = super::on_host_cores(spec);
     let main = if host { MAIN_HEADS } else { MAIN_PAIRS };
     let main = main.replace("MAIN", MAIN_1D).replace("LINEAR", LINEAR_ID);
-    let source = format!("{}{BODY}{main}", wgsl::prelude(&binds));
+    let source = format!(
+        "{}{BODY}{main}",
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
+    );
     let items = if host { pairs / heads.max(1) } else { pairs };
     prepare_op(
         spec,

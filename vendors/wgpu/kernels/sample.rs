@@ -164,7 +164,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::write("out", spec.outputs[0].dtype),
     ];
     let body = BODY.replace("MAIN", MAIN_ROWS);
-    let source = format!("{}{WG_REDUCE}{body}", wgsl::prelude(&binds));
+    let source = format!(
+        "{}{WG_REDUCE}{body}",
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
+    );
     prepare_op(
         spec,
         OpSource {

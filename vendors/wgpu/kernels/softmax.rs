@@ -87,7 +87,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     let body = BODY.replace("MASKED", masked).replace("RESULT", result);
     let host = super::on_host_cores(spec) && rows >= wgsl::HOST_ROWS_MIN;
-    let (source, grid) = wgsl::row_kernel(&wgsl::prelude(&binds), &body, host, rows);
+    let (source, grid) = wgsl::row_kernel(
+        &wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
+        &body,
+        host,
+        rows,
+    );
     let quads = host
         && causal.is_none()
         && axis + 1 == shape.len()

@@ -108,7 +108,10 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
         );
     }
     let groups = [0, 1, 2].map(|d| spec.grid[d].div_ceil(workgroup[d]));
-    let src = format!("{}{pre}\n{source}\n", wgsl::prelude(&binds));
+    let src = format!(
+        "{}{pre}\n{source}\n",
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
+    );
     prepare_op(
         spec,
         OpSource {

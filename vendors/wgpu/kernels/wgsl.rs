@@ -47,14 +47,64 @@ impl Bind {
     }
 }
 
+/// What the plan's adapter offers the generated WGSL beyond WebGPU's core.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Dialect {
+    /// `SHADER_F16`: f16 tensors are bound as `array<f16>` and read and written natively
+    /// (16-bit loads and stores) instead of as halves of `u32` words with atomic stores.
+    pub native_f16: bool,
+}
+
+impl Dialect {
+    /// The dialect of the plan's device (the default one when it is not a wgpu device).
+    pub fn of(spec: &crate::ops::PlanSpec<'_>) -> Dialect {
+        let native_f16 = crate::Runtime::get(spec.device).is_ok_and(|rt| match &**rt.backend() {
+            crate::vendors::AnyBackend::Wgpu(b) => b.has_feature(wgpu::Features::SHADER_F16),
+            _ => false,
+        });
+        Dialect { native_f16 }
+    }
+}
+
 /// The prelude of a kernel over `binds` (binding 0 is the plan's constants `cfg`; tensor `k`
-/// is binding `k + 1` and its element offset is immediate word `k`).
-pub(crate) fn prelude(binds: &[Bind]) -> String {
-    let mut s = String::from(HEADER);
+/// is binding `k + 1` and its element offset is immediate word `k`) for an adapter of
+/// dialect `d`.
+pub(crate) fn prelude(binds: &[Bind], d: Dialect) -> String {
+    let native = d.native_f16 && binds.iter().any(|b| b.dtype == DType::F16);
+    let mut s = String::from(if native { "enable f16;\n" } else { "" });
+    s += HEADER;
     for (k, b) in binds.iter().enumerate() {
-        accessors(&mut s, k, b);
+        if native && b.dtype == DType::F16 {
+            native_f16_accessors(&mut s, k, b);
+        } else {
+            accessors(&mut s, k, b);
+        }
     }
     s
+}
+
+/// The accessors of an f16 binding declared `array<f16>`. Stores round as the packed form's
+/// (`pack2x16float`), so results are bitwise those of adapters without `SHADER_F16`, and of
+/// the quad forms and fused kernels, which round that way too. Raw bits pass through f32
+/// (naga has no bitcast between `u32` and `vec2<f16>`): exact for every value, a NaN stays a
+/// NaN.
+fn native_f16_accessors(s: &mut String, k: usize, b: &Bind) {
+    let (n, slot) = (b.name, k + 1);
+    let _ = writeln!(
+        s,
+        "@group(0) @binding({slot}) var<storage, read_write> {n}: array<f16>;\n\
+         fn ldr_{n}(i: u32) -> vec2<u32> {{ return vec2<u32>(pack2x16float(vec2<f32>(f32({n}[imm.o{k} + i]), 0.0)) & 0xffffu, 0u); }}\n\
+         fn ld_{n}(i: u32) -> f32 {{ return f32({n}[imm.o{k} + i]); }}\n\
+         fn ldi_{n}(i: u32) -> i32 {{ return i32(ldr_{n}(i).x); }}"
+    );
+    if b.write {
+        let _ = writeln!(
+            s,
+            "fn str_{n}(i: u32, v: vec2<u32>) {{ {n}[imm.o{k} + i] = f16(unpack2x16float(v.x & 0xffffu).x); }}\n\
+             fn st_{n}(i: u32, v: f32) {{ str_{n}(i, vec2<u32>(pack2x16float(vec2<f32>(v, 0.0)), 0u)); }}\n\
+             fn sti_{n}(i: u32, v: i32) {{ str_{n}(i, vec2<u32>(u32(v), 0u)); }}"
+        );
+    }
 }
 
 /// The prelude of a kernel's quad variant (see [`super::op::OpSource::aligned`]): every binding is
