@@ -8,8 +8,9 @@
 //! tensor's element offset inside its binding (an immediate, set per launch). So one template
 //! serves every dtype: what changes per dtype is only this prelude.
 //!
-//! Storage per dtype: f32 and i32 natively; i64 as two 32-bit words (little-endian); f16 and
-//! bf16 as 16-bit halves of u32 words, u8 and bool as bytes of u32 words, computed in f32. A
+//! Storage per dtype: f32 and i32 natively; i64 as two 32-bit words (little-endian); f16
+//! natively (`array<f16>`) where the adapter has `SHADER_F16` ([`Dialect`]), else like bf16 as
+//! 16-bit halves of u32 words; u8 and bool as bytes of u32 words; all computed in f32. A
 //! written binding of a packed dtype is `atomic<u32>` and a store clears then sets its own
 //! bits with two atomic operations, so neighbouring elements written by other invocations are
 //! never lost (WGSL has no 8- or 16-bit stores).
