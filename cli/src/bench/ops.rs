@@ -415,6 +415,11 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     }
     if !quick && !gpu {
         memory_rows(dev, DType::BF16, 16, &mut rows)?;
+        memory_rows(dev, DType::F16, 16, &mut rows)?;
+    } else if dev.kind == unirt::DeviceKind::Wgpu {
+        // f16 is stored natively or packed in words depending on the adapter (and on
+        // UNIRT_WGPU_NO_F16): its rows show which costs what.
+        memory_rows(dev, DType::F16, 16, &mut rows)?;
     }
     if !gpu && dev.kind == unirt::DeviceKind::Cpu {
         rows.push(machine_read_row(if quick { 16 } else { 64 }));
