@@ -198,14 +198,17 @@ fn vendor_name(id: u32) -> String {
 }
 
 /// The features unirt asks for when the adapter has them (`SHADER_F16`: f16 tensors read and
-/// written natively, see `kernels/wgsl.rs`; `UNIRT_WGPU_NO_F16=1` leaves it off, so CI can
-/// check the packed form on an adapter that has it).
+/// written natively; `SUBGROUP`: workgroup reductions through subgroup operations; see
+/// `kernels/wgsl.rs`. `UNIRT_WGPU_NO_F16=1` / `UNIRT_WGPU_NO_SUBGROUPS=1` leave them off).
 pub(crate) fn wanted_features(adapter: &wgpu::Features) -> wgpu::Features {
     let mut want = wgpu::Features::TIMESTAMP_QUERY
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
         | wgpu::Features::IMMEDIATES;
     if std::env::var_os("UNIRT_WGPU_NO_F16").is_none_or(|v| v != "1") {
         want |= wgpu::Features::SHADER_F16;
+    }
+    if std::env::var_os("UNIRT_WGPU_NO_SUBGROUPS").is_none_or(|v| v != "1") {
+        want |= wgpu::Features::SUBGROUP;
     }
     *adapter & want
 }

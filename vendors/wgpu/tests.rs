@@ -238,6 +238,8 @@ fn destroyed_streams_report_faults_at_device_synchronize() {
 
 /// An adapter with `SHADER_F16` (lavapipe has it) is opened with it, and f16 kernels are
 /// generated for it with native 16-bit storage; without it (llvmpipe's GL), packed in words.
+/// (Whether the subgroup reductions run is checked by the GPU-form conformance on lavapipe,
+/// which has `SUBGROUP`.)
 #[test]
 fn f16_is_native_where_the_adapter_has_it() {
     use super::kernels::wgsl_prelude_for_test as prelude;
@@ -252,6 +254,7 @@ fn f16_is_native_where_the_adapter_has_it() {
         assert_eq!(src.starts_with("enable f16;"), native, "{dev}");
         assert_eq!(src.contains("array<f16>"), native, "{dev}");
         assert_eq!(src.contains("atomic<u32>"), !native, "{dev}");
-        eprintln!("{dev}: native f16 {native}");
+        let subgroups = b.has_feature(wgpu::Features::SUBGROUP);
+        eprintln!("{dev}: native f16 {native}, subgroups {subgroups}");
     }
 }

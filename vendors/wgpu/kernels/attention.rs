@@ -208,20 +208,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         && rows >= wgsl::HOST_ROWS_MIN
         && d % 4 == 0
         && (4..=HOST_MAX_DIM).contains(&d);
+    let dialect = wgsl::Dialect::of(spec);
     let (source, grid) = if host {
         let body = format!("{HEAD}{}", host_body(d));
-        wgsl::row_kernel(
-            &wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
-            &body,
-            true,
-            rows,
-        )
+        let prelude = wgsl::prelude(&binds, dialect);
+        wgsl::row_kernel(&prelude, &body, true, rows, dialect)
     } else {
-        let prelude = format!(
-            "{}{GPU_SHARED}",
-            wgsl::prelude(&binds, wgsl::Dialect::of(spec))
-        );
-        wgsl::row_kernel(&prelude, &format!("{HEAD}{GPU_BODY}"), false, rows)
+        let prelude = format!("{}{GPU_SHARED}", wgsl::prelude(&binds, dialect));
+        let body = format!("{HEAD}{GPU_BODY}");
+        wgsl::row_kernel(&prelude, &body, false, rows, dialect)
     };
     prepare_op(
         spec,

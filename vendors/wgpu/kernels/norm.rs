@@ -104,17 +104,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     binds.push(Bind::write("out", out.dtype));
     let body = format!("{HEAD}{}", if layer { LAYER } else { RMS });
     let host = super::on_host_cores(spec) && rows >= wgsl::HOST_ROWS_MIN;
-    let (source, grid) = wgsl::row_kernel(
-        &wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
-        &body,
-        host,
-        rows,
-    );
+    let dialect = wgsl::Dialect::of(spec);
+    let prelude = wgsl::prelude(&binds, dialect);
+    let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);
     let quads = host && spec.inputs.iter().chain(spec.outputs).all(wgsl::quad_rows);
     let aligned = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = format!("{HEAD}{}", if layer { LAYER_QUADS } else { RMS_QUADS });
-            Some(vec![wgsl::row_kernel(&prelude, &body, true, rows)])
+            Some(vec![wgsl::row_kernel(&prelude, &body, true, rows, dialect)])
         }
         _ => None,
     };

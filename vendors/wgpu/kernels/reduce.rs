@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource};
-use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
@@ -84,9 +84,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             .to_string(),
         op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
     };
+    let d = wgsl::Dialect::of(spec);
     let source = format!(
-        "{}{WG_REDUCE}{ARGMAX}\n{MAIN_ROWS} {{\n{head}{body}}}\n",
-        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
+        "{}{}{ARGMAX}\n{}{head}{body}}}\n",
+        wgsl::prelude(&binds, d),
+        wgsl::wg_reduce(d),
+        wgsl::main_rows_open(d)
     );
     prepare_op(
         spec,

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource};
-use super::wgsl::{self, Bind, MAIN_ROWS, WG_REDUCE};
+use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
@@ -163,11 +163,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("x", x.dtype),
         Bind::write("out", spec.outputs[0].dtype),
     ];
-    let body = BODY.replace("MAIN", MAIN_ROWS);
-    let source = format!(
-        "{}{WG_REDUCE}{body}",
-        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
-    );
+    let d = wgsl::Dialect::of(spec);
+    let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open(d));
+    let source = format!("{}{}{body}", wgsl::prelude(&binds, d), wgsl::wg_reduce(d));
     prepare_op(
         spec,
         OpSource {

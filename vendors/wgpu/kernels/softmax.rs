@@ -87,12 +87,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     let body = BODY.replace("MASKED", masked).replace("RESULT", result);
     let host = super::on_host_cores(spec) && rows >= wgsl::HOST_ROWS_MIN;
-    let (source, grid) = wgsl::row_kernel(
-        &wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
-        &body,
-        host,
-        rows,
-    );
+    let dialect = wgsl::Dialect::of(spec);
+    let prelude = wgsl::prelude(&binds, dialect);
+    let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);
     let quads = host
         && causal.is_none()
         && axis + 1 == shape.len()
@@ -104,6 +101,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             &BODY_QUADS.replace("RESULT", result),
             true,
             rows,
+            dialect,
         )]),
         _ => None,
     };

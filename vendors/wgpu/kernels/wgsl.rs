@@ -54,16 +54,24 @@ pub(crate) struct Dialect {
     /// `SHADER_F16`: f16 tensors are bound as `array<f16>` and read and written natively
     /// (16-bit loads and stores) instead of as halves of `u32` words with atomic stores.
     pub native_f16: bool,
+    /// `SUBGROUP`: workgroup reductions sum and compare within subgroups first
+    /// (`subgroupAdd` / `subgroupMax`), then across the workgroup's subgroups.
+    pub subgroups: bool,
 }
 
 impl Dialect {
     /// The dialect of the plan's device (the default one when it is not a wgpu device).
     pub fn of(spec: &crate::ops::PlanSpec<'_>) -> Dialect {
-        let native_f16 = crate::Runtime::get(spec.device).is_ok_and(|rt| match &**rt.backend() {
-            crate::vendors::AnyBackend::Wgpu(b) => b.has_feature(wgpu::Features::SHADER_F16),
-            _ => false,
-        });
-        Dialect { native_f16 }
+        let has = |f: wgpu::Features| {
+            crate::Runtime::get(spec.device).is_ok_and(|rt| match &**rt.backend() {
+                crate::vendors::AnyBackend::Wgpu(b) => b.has_feature(f),
+                _ => false,
+            })
+        };
+        Dialect {
+            native_f16: has(wgpu::Features::SHADER_F16),
+            subgroups: has(wgpu::Features::SUBGROUP),
+        }
     }
 }
 
@@ -432,7 +440,13 @@ const HOST_ROWS_WG: u32 = 8;
 /// workgroup memory. On adapters that run on the host's cores (`host`), one invocation per
 /// row and no barrier at all: there a barrier spills every invocation's registers, and a
 /// row walked by one lane is a sequential stream the CPU's caches prefetch.
-pub(crate) fn row_kernel(prelude: &str, body: &str, host: bool, rows: usize) -> (String, [u32; 3]) {
+pub(crate) fn row_kernel(
+    prelude: &str,
+    body: &str,
+    host: bool,
+    rows: usize,
+    d: Dialect,
+) -> (String, [u32; 3]) {
     if host {
         let src = format!(
             "{prelude}{HOST_REDUCE}\nconst LANES: u32 = 1u;\n\
@@ -443,8 +457,10 @@ pub(crate) fn row_kernel(prelude: &str, body: &str, host: bool, rows: usize) -> 
         return (src, grid_for(rows as u64, HOST_ROWS_WG));
     }
     let src = format!(
-        "{prelude}{WG_REDUCE}\nconst LANES: u32 = 256u;\n{MAIN_ROWS} {{\n    \
-         let row = wid.x + wid.y * nwg.x;\n{body}}}\n"
+        "{prelude}{}\nconst LANES: u32 = 256u;\n{}    \
+         let row = wid.x + wid.y * nwg.x;\n{body}}}\n",
+        wg_reduce(d),
+        main_rows_open(d)
     );
     (src, rows_grid(rows))
 }
@@ -468,6 +484,61 @@ const HOST_REDUCE: &str = "
 fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
 fn wg_sum(v: f32, lid: u32) -> f32 { return v; }
 fn wg_max(v: f32, lid: u32) -> f32 { return v; }
+";
+
+/// The opening of a [`MAIN_ROWS`] kernel's entry point — its signature and `{` — for dialect
+/// `d`: with subgroups, the entry also takes the subgroup builtins and hands them to
+/// [`wg_reduce`]'s functions.
+pub(crate) fn main_rows_open(d: Dialect) -> String {
+    if !d.subgroups {
+        return format!("{MAIN_ROWS} {{\n");
+    }
+    let sig = MAIN_ROWS.trim_end_matches(')');
+    format!(
+        "{sig}, @builtin(subgroup_invocation_id) sg_lane_in: u32, \
+         @builtin(subgroup_id) sg_id_in: u32, @builtin(num_subgroups) sg_count_in: u32) {{\n    \
+         sg_lane = sg_lane_in;\n    sg_id = sg_id_in;\n    sg_count = sg_count_in;\n"
+    )
+}
+
+/// The workgroup reductions for dialect `d` ([`WG_REDUCE`] or, with subgroups,
+/// [`WG_REDUCE_SUBGROUPS`]); the kernel's entry opens with [`main_rows_open`].
+pub(crate) fn wg_reduce(d: Dialect) -> &'static str {
+    if d.subgroups {
+        WG_REDUCE_SUBGROUPS
+    } else {
+        WG_REDUCE
+    }
+}
+
+/// [`WG_REDUCE`] with subgroup operations: each subgroup reduces its lanes in registers, its
+/// first lane leaves the result in workgroup memory, and every lane combines the subgroups'
+/// results in the same order (so all lanes get the same value, bitwise, on every run): two
+/// barriers instead of nine.
+pub(crate) const WG_REDUCE_SUBGROUPS: &str = "
+var<workgroup> wg_red: array<f32, 256>;
+var<private> sg_lane: u32;
+var<private> sg_id: u32;
+var<private> sg_count: u32;
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) { wg_red[sg_id] = s; }
+    workgroupBarrier();
+    var r = wg_red[0];
+    for (var k = 1u; k < sg_count; k = k + 1u) { r = r + wg_red[k]; }
+    workgroupBarrier();
+    return r;
+}
+fn wg_max(v: f32, lid: u32) -> f32 {
+    let s = subgroupMax(v);
+    if (sg_lane == 0u) { wg_red[sg_id] = s; }
+    workgroupBarrier();
+    var r = wg_red[0];
+    for (var k = 1u; k < sg_count; k = k + 1u) { r = max(r, wg_red[k]); }
+    workgroupBarrier();
+    return r;
+}
 ";
 
 /// Workgroup-wide sum and max over [`MAIN_ROWS`] kernels' 256 invocations (call from uniform
