@@ -233,6 +233,15 @@ fn embedding_faults_end_to_end(dev: Device) {
         // Reported once: the word was cleared.
         be.stream_synchronize(s).unwrap();
     }
+    // A wait that is not a synchronisation (freeing pinned memory) leaves the fault for the
+    // stream's synchronisation, and frees.
+    let pinned = be.malloc_host(64).unwrap();
+    plan.launch(&[&bad, &table], &[&out], None, s).unwrap();
+    be.free_host(pinned).unwrap();
+    assert!(matches!(
+        be.stream_synchronize(s),
+        Err(unirt::Error::IndexOutOfRange { index: -5, .. })
+    ));
     plan.launch(&[&good, &table], &[&out], None, s).unwrap();
     be.stream_synchronize(s).unwrap();
     let want: Vec<f64> = [1.0, 9.0]

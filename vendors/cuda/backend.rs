@@ -226,6 +226,52 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Waits for every stream's work (a device-wide synchronize that never disturbs a capture
+    /// in progress); with `faults`, then checks the device faults of every stream waited for
+    /// and of the streams destroyed since (see `fault.rs`).
+    pub(crate) fn wait_all(&self, faults: bool) -> Result<()> {
+        self.bind()?;
+        let streams = self.streams.values();
+        // Every stream's gate, shared: none starts capturing or is destroyed while we wait
+        // (recursive reads: two synchronizing threads never wait on each other through a
+        // queued writer).
+        let _gates: Vec<_> = streams.iter().map(|s| s.gate.shared()).collect();
+        let mut first = if !streams.iter().any(|s| s.is_capturing()) {
+            self.drv.ctx_synchronize()?;
+            // Destroyed streams' work is the context's too; their end events are waited for
+            // anyway (already complete: no cost), so this holds whatever the driver counts.
+            self.release_retired_streams(true)
+        } else {
+            // cuCtxSynchronize during a capture would invalidate it: wait stream by stream,
+            // and for the end of every stream destroyed with work queued.
+            let mut first = self.release_retired_streams(true);
+            for s in streams.iter() {
+                if !s.waitable() {
+                    continue;
+                }
+                // SAFETY: the stream is live (not destroyed, checked under the gate that
+                // destroy takes exclusively) and not capturing.
+                if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
+                    first = first.and(Err(e));
+                }
+            }
+            first
+        };
+        if !faults {
+            return first;
+        }
+        // Then the device faults of every stream waited for, and of the streams destroyed
+        // since the last device-wide synchronisation (checked on the default stream).
+        for s in streams.iter().filter(|s| s.waitable()) {
+            let mut words = s.take_faults();
+            if s.raw == self.default_stream {
+                super::fault::note(&mut words, &std::mem::take(&mut *self.orphan_faults.lock()));
+            }
+            first = first.and(self.check_faults(s.raw, &words));
+        }
+        first
+    }
+
     /// Releases the events marking the ends of destroyed streams: all of them after waiting
     /// for each (`wait`), or only those already reached (a query each, no waiting). An event
     /// whose wait failed, or that the driver does not release, stays listed for a later call.
@@ -279,43 +325,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.bind()?;
-        let streams = self.streams.values();
-        // Every stream's gate, shared: none starts capturing or is destroyed while we wait
-        // (recursive reads: two synchronizing threads never wait on each other through a
-        // queued writer).
-        let _gates: Vec<_> = streams.iter().map(|s| s.gate.shared()).collect();
-        let mut first = if !streams.iter().any(|s| s.is_capturing()) {
-            self.drv.ctx_synchronize()?;
-            // Destroyed streams' work is the context's too; their end events are waited for
-            // anyway (already complete: no cost), so this holds whatever the driver counts.
-            self.release_retired_streams(true)
-        } else {
-            // cuCtxSynchronize during a capture would invalidate it: wait stream by stream,
-            // and for the end of every stream destroyed with work queued.
-            let mut first = self.release_retired_streams(true);
-            for s in streams.iter() {
-                if !s.waitable() {
-                    continue;
-                }
-                // SAFETY: the stream is live (not destroyed, checked under the gate that
-                // destroy takes exclusively) and not capturing.
-                if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
-                    first = first.and(Err(e));
-                }
-            }
-            first
-        };
-        // Then the device faults of every stream waited for, and of the streams destroyed
-        // since the last device-wide synchronisation (checked on the default stream).
-        for s in streams.iter().filter(|s| s.waitable()) {
-            let mut words = s.take_faults();
-            if s.raw == self.default_stream {
-                super::fault::note(&mut words, &std::mem::take(&mut *self.orphan_faults.lock()));
-            }
-            first = first.and(self.check_faults(s.raw, &words));
-        }
-        first
+        self.wait_all(true)
     }
 
     fn default_stream(&self) -> StreamId {
@@ -582,7 +592,9 @@ impl Backend for CudaBackend {
         // has enqueued (the gate), then all of that work has run (synchronize).
         let a = self.host_mem.retire(ptr.0, || Ok(()))?;
         drop(self.enqueue_gate.write());
-        if let Err(e) = self.synchronize() {
+        // A wait, not a synchronisation: kernels' device faults stay for the streams' next
+        // synchronisation (a fault is no reason to keep the memory).
+        if let Err(e) = self.wait_all(false) {
             let _ = self.host_mem.insert(a.base, a.size, ());
             return Err(e);
         }

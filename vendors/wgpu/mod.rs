@@ -543,8 +543,9 @@ impl WgpuBackend {
                     DeviceKind::Wgpu,
                 ));
             }
-            // Ordered after the stream's work by waiting for it.
-            s.synchronize(&self.gpu)?;
+            // Ordered after the stream's work by waiting for it (its kernels' faults stay for
+            // the stream's next synchronisation).
+            s.wait_for_work(&self.gpu)?;
             // SAFETY: neither side is a device address (checked); pinned host ranges are
             // bounds-checked and held until `pins` drops, after the copy; other host
             // ranges are the caller's promise. ptr::copy allows overlap.

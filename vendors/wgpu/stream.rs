@@ -175,9 +175,15 @@ impl WStream {
     /// Submits and waits for everything enqueued so far; a fault its kernels claimed
     /// meanwhile is the error (see `fault.rs`).
     pub fn synchronize(&self, gpu: &Gpu) -> Result<()> {
-        let t = self.flush(gpu)?;
-        gpu.wait(&t)?;
+        self.wait_for_work(gpu)?;
         self.check_faults(gpu)
+    }
+
+    /// Submits and waits for everything enqueued so far, leaving its kernels' faults for the
+    /// stream's next synchronisation (an ordering wait inside an asynchronous call).
+    pub fn wait_for_work(&self, gpu: &Gpu) -> Result<()> {
+        let t = self.flush(gpu)?;
+        gpu.wait(&t)
     }
 
     /// Reads back (and clears) the fault words of the work waited for.

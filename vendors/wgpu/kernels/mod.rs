@@ -83,5 +83,11 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
 pub(crate) fn wgsl_prelude_for_test(native_f16: bool) -> String {
     use wgsl::{Bind, Dialect};
     let binds = [Bind::read("a", DType::F16), Bind::write("out", DType::F16)];
-    wgsl::prelude(&binds, Dialect { native_f16, subgroups: false })
+    wgsl::prelude(
+        &binds,
+        Dialect {
+            native_f16,
+            subgroups: false,
+        },
+    )
 }
