@@ -30,6 +30,7 @@ use crate::hal::*;
 
 pub mod cpu;
 pub mod cuda;
+mod device_fault;
 pub mod noop;
 pub mod wgpu;
 

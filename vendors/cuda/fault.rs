@@ -24,9 +24,7 @@ use parking_lot::Mutex;
 
 use super::CudaBackend;
 use crate::error::{Error, Result};
-
-/// Bytes of a fault word: claimed flag, the offending value's low and high words, spare.
-pub(crate) const FAULT_BYTES: u64 = 16;
+use crate::vendors::device_fault::{FaultMeaning, FAULT_BYTES};
 
 /// Words per slab (one allocation of 64 KiB).
 const SLAB_WORDS: u64 = 4096;
@@ -44,18 +42,13 @@ pub(crate) struct FaultSlabs {
 pub(crate) struct FaultWord {
     /// The word's device address.
     pub addr: u64,
-    /// The operator, for the error.
-    op: String,
-    /// The bound the offending value broke (`0..limit`).
-    limit: u64,
-    /// Whether the offending value is 64-bit (words 1 and 2) or 32-bit signed (word 1).
-    wide: bool,
+    meaning: FaultMeaning,
     slabs: Arc<Mutex<FaultSlabs>>,
 }
 
 impl std::fmt::Debug for FaultWord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FaultWord({} at {:#x})", self.op, self.addr)
+        write!(f, "FaultWord({} at {:#x})", self.meaning.op, self.addr)
     }
 }
 
@@ -67,36 +60,9 @@ impl Drop for FaultWord {
     }
 }
 
-impl FaultWord {
-    /// The error a claimed word (as read back) stands for, or `None` when it is clear.
-    fn error(&self, words: [u32; 4]) -> Option<Error> {
-        offending(words, self.wide).map(|index| Error::IndexOutOfRange {
-            op: self.op.clone(),
-            index,
-            limit: self.limit,
-        })
-    }
-}
-
-/// The offending value a read-back word holds, when it was claimed.
-fn offending(words: [u32; 4], wide: bool) -> Option<i64> {
-    if words[0] == 0 {
-        return None;
-    }
-    Some(if wide {
-        ((u64::from(words[2]) << 32) | u64::from(words[1])) as i64
-    } else {
-        i64::from(words[1] as i32)
-    })
-}
-
 /// Adds `words` to `list`, each once.
 pub(crate) fn note(list: &mut Vec<Arc<FaultWord>>, words: &[Arc<FaultWord>]) {
-    for w in words {
-        if !list.iter().any(|x| Arc::ptr_eq(x, w)) {
-            list.push(w.clone());
-        }
-    }
+    crate::vendors::device_fault::note(list, words.iter().cloned());
 }
 
 impl CudaBackend {
@@ -138,9 +104,11 @@ impl CudaBackend {
             .ok_or_else(|| Error::Internal("no fault word after a new slab".into()))?;
         Ok(Arc::new(FaultWord {
             addr,
-            op: op.to_string(),
-            limit,
-            wide,
+            meaning: FaultMeaning {
+                op: op.to_string(),
+                limit,
+                wide,
+            },
             slabs: self.fault_slabs.clone(),
         }))
     }
@@ -172,7 +140,7 @@ impl CudaBackend {
         // SAFETY: the stream is live (the caller's contract).
         unsafe { self.drv.stream_synchronize(stream) }?;
         for (w, words) in words.iter().zip(host) {
-            if let Some(e) = w.error(words) {
+            if let Some(e) = w.meaning.error(words) {
                 return Err(e);
             }
         }
@@ -186,19 +154,5 @@ impl CudaBackend {
             // the device's final synchronize; no plan can launch on a dropped device.
             let _ = unsafe { self.drv.mem_free(base) };
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn claimed_words_name_the_offending_value() {
-        assert_eq!(offending([0, 7, 0, 0], false), None);
-        assert_eq!(offending([1, 257, 0, 0], false), Some(257));
-        assert_eq!(offending([1, u32::MAX - 6, u32::MAX, 0], false), Some(-7));
-        assert_eq!(offending([1, u32::MAX, u32::MAX, 0], true), Some(-1));
-        assert_eq!(offending([1, 3, 1, 0], true), Some((1 << 32) + 3));
     }
 }

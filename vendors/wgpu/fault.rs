@@ -26,19 +26,13 @@ use super::plan::Plan;
 use super::stream::{BufClear, Cmd};
 use crate::checked::Pins;
 use crate::error::{Error, Result};
-
-/// Bytes of a fault word: claimed flag, the offending value's low and high words, spare.
-pub(crate) const FAULT_BYTES: u64 = 16;
+use crate::vendors::device_fault::FaultMeaning;
+pub(crate) use crate::vendors::device_fault::{note, FAULT_BYTES};
 
 /// One plan's fault word and what its claim means.
 pub(crate) struct FaultWord {
     pub buf: DevBuf,
-    /// The operator, for the error.
-    op: String,
-    /// The bound the offending value broke (`0..limit`).
-    limit: u64,
-    /// Whether the offending value is 64-bit (words 1 and 2) or a 32-bit signed one (word 1).
-    wide: bool,
+    meaning: FaultMeaning,
 }
 
 impl FaultWord {
@@ -59,43 +53,12 @@ impl FaultWord {
         b.unmap();
         Ok(Arc::new(FaultWord {
             buf: DevBuf::new(b, false),
-            op: op.to_string(),
-            limit,
-            wide,
+            meaning: FaultMeaning {
+                op: op.to_string(),
+                limit,
+                wide,
+            },
         }))
-    }
-
-    /// The error a claimed word (as read back) stands for, or `None` when it is clear.
-    fn error(&self, words: [u32; 4]) -> Option<Error> {
-        offending(words, self.wide).map(|index| Error::IndexOutOfRange {
-            op: self.op.clone(),
-            index,
-            limit: self.limit,
-        })
-    }
-}
-
-/// The offending value a read-back word holds, when it was claimed.
-fn offending(words: [u32; 4], wide: bool) -> Option<i64> {
-    if words[0] == 0 {
-        return None;
-    }
-    Some(if wide {
-        ((u64::from(words[2]) << 32) | u64::from(words[1])) as i64
-    } else {
-        i64::from(words[1] as i32)
-    })
-}
-
-/// Adds `words` to `list`, each once.
-pub(crate) fn note(
-    list: &mut Vec<Arc<FaultWord>>,
-    words: impl IntoIterator<Item = Arc<FaultWord>>,
-) {
-    for w in words {
-        if !list.iter().any(|x| Arc::ptr_eq(x, &w)) {
-            list.push(w);
-        }
     }
 }
 
@@ -141,7 +104,7 @@ pub(crate) fn check(gpu: &Gpu, words: &[Arc<FaultWord>]) -> Result<()> {
     let t = gpu.submit(&Plan::new(cmds), Pins::new())?;
     gpu.wait(&t)?;
     for (w, words) in words.iter().zip(host) {
-        if let Some(e) = w.error(words) {
+        if let Some(e) = w.meaning.error(words) {
             return Err(e);
         }
     }
@@ -156,18 +119,4 @@ pub(crate) fn wgsl(binding: usize) -> String {
          fn fault_claim(lo: u32, hi: u32) {{\n    \
          if (atomicExchange(&fault[0], 1u) == 0u) {{ atomicStore(&fault[1], lo); atomicStore(&fault[2], hi); }}\n}}\n"
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn claimed_words_name_the_offending_value() {
-        assert_eq!(offending([0, 7, 0, 0], false), None);
-        assert_eq!(offending([1, 257, 0, 0], false), Some(257));
-        assert_eq!(offending([1, u32::MAX, 0, 0], false), Some(-1));
-        assert_eq!(offending([1, u32::MAX, u32::MAX, 0], true), Some(-1));
-        assert_eq!(offending([1, 3, 1, 0], true), Some((1 << 32) + 3));
-    }
 }
