@@ -117,7 +117,10 @@ pub enum KernelImpl {
     /// WGSL prelude's names: tensors `t0`, `t1`, … (inputs then outputs, typed pointers to
     /// their first element), `ld_t0(i)` / `st_t1(i, v)`, `ndim_`/`shape_`/`stride_t0(d)`,
     /// `grid()` and typed scalars `arg0()`, …; see the CUDA vendor's `kernels/user.rs`. The
-    /// compiled kernel's parameter size is checked against what unirt passes.
+    /// compiled kernel's parameter size is checked against what unirt passes, and the tensors'
+    /// ranges against the allocation table; what the kernel then does with its pointers is
+    /// its own (unlike WGSL, CUDA C has no bounds-checked buffers): a kernel that writes past
+    /// its tensors faults the context as any CUDA kernel would.
     CudaC {
         source: Arc<str>,
         entry: Arc<str>,
