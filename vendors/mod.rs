@@ -88,10 +88,17 @@ pub fn vendor(kind: DeviceKind) -> Result<&'static Vendor> {
         .ok_or_else(|| Error::DeviceTypeNotSupported(format!("{kind} has no vendor table row")))
 }
 
-/// Every vendor's operator kernels into the registry: the one list of who registers what.
-/// The CUDA and wgpu backends register none yet; their operators answer
-/// [`Error::UnsupportedKernel`](crate::Error::UnsupportedKernel).
-/// Prepares a user kernel registered as device source (WGSL) for a plan, through its vendor.
+/// What a vendor refuses about a plan's tensors before any of its kernels is generated (wgpu
+/// indexes tensors with 32-bit integers); `Ok` for the others.
+pub(crate) fn check_plan(spec: &crate::ops::PlanSpec<'_>) -> crate::error::Result<()> {
+    match spec.device.kind {
+        DeviceKind::Wgpu => wgpu::check_plan(spec),
+        _ => Ok(()),
+    }
+}
+
+/// Prepares a user kernel registered as device source (WGSL, CUDA C) for a plan, through its
+/// vendor.
 pub(crate) fn prepare_user_kernel(
     spec: &crate::ops::PlanSpec<'_>,
     kernel: &crate::ops::KernelImpl,
@@ -114,6 +121,7 @@ pub(crate) fn prepare_user_kernel(
     }
 }
 
+/// Every vendor's operator kernels into the registry: the one list of who registers what.
 pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
     cpu::register_kernels(reg);
     cuda::register_kernels(reg);

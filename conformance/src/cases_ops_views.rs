@@ -11,11 +11,73 @@ use crate::ops_check::*;
 use crate::{Case, Ctx, Failure};
 
 pub(super) fn cases() -> Vec<Case> {
-    vec![Case {
-        name: "ops::random_views",
-        needs: &[],
-        run: random_views,
-    }]
+    vec![
+        Case {
+            name: "ops::random_views",
+            needs: &[],
+            run: random_views,
+        },
+        Case {
+            name: "ops::absurd_shapes_are_typed_errors",
+            needs: &[],
+            run: absurd_shapes,
+        },
+    ]
+}
+
+/// Views and operator outputs whose element counts overflow: each is a typed error at plan
+/// time (found by the operator fuzzer, which panicked on a multiplication overflow and, on
+/// wgpu, tried to build a 2^39-entry rope table), never a panic, a hang or a huge allocation.
+fn absurd_shapes(ctx: &Ctx) -> Result<(), Failure> {
+    let big = 1usize << 40;
+    let one = Tensor::from_f64(&[1.0], &[1, 1], DType::F32, ctx.device).map_err(err("one"))?;
+    expect_kind(
+        one.broadcast_to(&[big, big]),
+        &["bad_tensor_shape"],
+        "broadcast to 2^80 elements",
+    )?;
+    let (col, row) = (
+        one.broadcast_to(&[big, 1]).map_err(err("column"))?,
+        one.broadcast_to(&[1, big]).map_err(err("row"))?,
+    );
+    expect_kind(col.add(&row), &["too_large"], "[2^40, 1] + [1, 2^40]")?;
+    expect_kind(col.matmul(&row), &["too_large"], "[2^40, 1] @ [1, 2^40]")?;
+    let flat = one.broadcast_to(&[usize::MAX / 2 + 1]);
+    if let Ok(f) = flat {
+        expect_kind(
+            Tensor::concat(&[&f, &f, &f], 0),
+            &["bad_tensor_shape", "too_large"],
+            "concat past usize::MAX",
+        )?;
+    }
+    // Empty tensors whose other extents are absurd: a result or a typed error, and no table,
+    // grid or code sized by those extents (the wgpu rope once built a 2^39-entry table).
+    let pos = Tensor::zeros(&[0], DType::I64, ctx.device).map_err(err("pos"))?;
+    let e = Tensor::zeros(&[0, 2, 4], DType::F32, ctx.device).map_err(err("empty"))?;
+    let wide = e
+        .unsqueeze(0)
+        .and_then(|u| u.broadcast_to(&[big, 0, 2, 4]))
+        .map_err(err("an empty broadcast"))?;
+    let x = Tensor::empty(&[0, 2, big], DType::F32, ctx.device).map_err(err("[0, 2, 2^40]"))?;
+    for (what, r) in [
+        ("sum of [2^40, 0, 2, 4]", wide.sum(&[-1], false).map(|_| ())),
+        ("softmax of [0, 2, 2^40]", x.softmax(-1).map(|_| ())),
+        (
+            "rope of [0, 2, 2^40]",
+            x.rope(&pos, 10000.0, false).map(|_| ()),
+        ),
+        ("rms_norm of [0, 2, 2^40]", {
+            let g = one.reshape(&[1]).and_then(|o| o.broadcast_to(&[big]));
+            g.and_then(|g| x.rms_norm(&g, 1e-5)).map(|_| ())
+        }),
+    ] {
+        if let Err(e) = r {
+            if e.kind_name() == "internal" {
+                return Err(fail(format!("{what}: {e}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Extents drawn for every dimension: multiples of four and not, 1 and past a tile.

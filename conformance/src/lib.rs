@@ -47,11 +47,13 @@ mod cases_robust;
 mod cases_streams;
 mod cases_stress;
 pub mod ops_check;
+mod ops_fuzz;
 pub mod report;
 mod trials;
 mod util;
 
 pub use cases_chaos::random_sequence;
+pub use ops_fuzz::random_op_calls;
 pub use trials::{devices, trials};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

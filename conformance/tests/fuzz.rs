@@ -8,6 +8,9 @@
 //!   `first + i`. Every seed is printed before it runs, so the last line before a crash names
 //!   it. `UNIRT_FUZZ_SEED=0x… UNIRT_FUZZ_RUNS=1` replays exactly that sequence.
 //! - `UNIRT_FUZZ_STEPS` (default 2000): calls per seed.
+//! - `UNIRT_FUZZ_OP_STEPS` (default 60): operator calls per seed after the runtime calls
+//!   ([`unirt_conformance::random_op_calls`]: random shapes, dtypes, views and axes through the
+//!   eager Tensor API).
 //! - `UNIRT_CONFORMANCE_DEVICES` restricts the devices, as for the suite.
 //! - `UNIRT_FUZZ_FAKECUDA=1`: the CUDA backend runs over the fake driver (unirt-fakecuda) as
 //!   well, and any call it records as driver misuse fails the seed.
@@ -19,7 +22,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use unirt_conformance::{env_u64, random_sequence, Ctx, Failure};
+use unirt_conformance::{env_u64, random_op_calls, random_sequence, Ctx, Failure};
 
 fn say(line: String) {
     // Straight to the file descriptor, flushed, so it is in the log before any crash.
@@ -38,6 +41,7 @@ fn main() {
         .then(|| fakecuda_support::use_fake_driver(&[]).1);
     let seconds = env_u64("UNIRT_FUZZ_SECONDS").unwrap_or(5);
     let steps = env_u64("UNIRT_FUZZ_STEPS").unwrap_or(2000) as usize;
+    let op_steps = env_u64("UNIRT_FUZZ_OP_STEPS").unwrap_or(60) as usize;
     let max_runs = env_u64("UNIRT_FUZZ_RUNS");
     let first = env_u64("UNIRT_FUZZ_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -78,7 +82,9 @@ fn main() {
             let seed = first.wrapping_add(runs);
             say(format!("fuzz: {device} seed {seed:#x}"));
             let misused_before = fake.as_ref().map_or(0, |c| c.misuses());
-            let outcome = match random_sequence(&ctx, seed, steps) {
+            let outcome = match random_sequence(&ctx, seed, steps)
+                .and_then(|()| random_op_calls(&ctx, seed, op_steps))
+            {
                 Ok(()) | Err(Failure::Unsupported(_)) => None,
                 Err(Failure::Failed(m)) => Some(m),
             };

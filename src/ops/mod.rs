@@ -215,6 +215,21 @@ impl PlanBuilder {
                 });
             }
         }
+        // No element count, row count or byte size computed from a shape may overflow.
+        for d in self.inputs.iter().chain(&self.outputs) {
+            if !crate::tensor::shape_fits(d.layout.shape(), d.dtype.size()) {
+                return Err(Error::TooLarge {
+                    device: format!(
+                        "{} ({}: a tensor of shape {:?})",
+                        device,
+                        self.op,
+                        d.shape()
+                    ),
+                    requested: u64::MAX,
+                    limit: isize::MAX as u64,
+                });
+            }
+        }
         for o in &self.outputs {
             if o.layout.has_internal_overlap() {
                 return Err(Error::Aliasing {
@@ -235,6 +250,7 @@ impl PlanBuilder {
             grid: self.grid,
             workspace: self.workspace,
         };
+        crate::vendors::check_plan(&spec)?;
         let prepared = match &kernel {
             KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
             // User kernels in a device language are prepared by their vendor, as built-ins.

@@ -45,7 +45,11 @@ pub fn concat(inputs: &[TensorDesc], axis: isize) -> Result<Plan> {
                 got: d.shape().to_vec(),
             });
         }
-        shape[ax] += d.shape()[ax];
+        shape[ax] = shape[ax].checked_add(d.shape()[ax]).ok_or_else(|| {
+            Error::BadTensorShape(format!(
+                "concat along {ax}: the lengths add up past usize::MAX"
+            ))
+        })?;
     }
     let mut p = PlanBuilder::new("concat", dtype, inputs.to_vec());
     p.outputs = vec![out_desc(device, dtype, &shape)];

@@ -29,6 +29,17 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |a, &n| a.checked_mul(n))
 }
 
+/// Whether every partial product of `shape`'s extents fits `usize` with `elem` bytes an
+/// element (empty dimensions counted as 1, so an empty tensor's other extents are checked
+/// too): what a tensor, a view or an operator's output must satisfy so that no element count,
+/// row count or byte size computed from it overflows.
+pub fn shape_fits(shape: &[usize], elem: usize) -> bool {
+    shape
+        .iter()
+        .try_fold(elem.max(1), |a, &n| a.checked_mul(n.max(1)))
+        .is_some_and(|b| b <= isize::MAX as usize)
+}
+
 /// NumPy broadcasting of two shapes: aligned at the right, each pair of dims equal or one of
 /// them 1.
 pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
@@ -85,6 +96,11 @@ impl Layout {
                 shape.len()
             )));
         }
+        if !shape_fits(&shape, 1) {
+            return Err(Error::BadTensorShape(format!(
+                "shape {shape:?}: more elements than an address space holds"
+            )));
+        }
         let l = Layout {
             shape,
             strides,
@@ -113,8 +129,10 @@ impl Layout {
         self.shape.len()
     }
 
+    /// The element count (saturating at `usize::MAX`: tensors and plans refuse shapes that
+    /// reach it, see [`shape_fits`]).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |a, &n| a.saturating_mul(n))
     }
 
     /// One past the last element addressed (relative to the storage start), or `Some(offset)`
@@ -252,6 +270,11 @@ impl Layout {
         };
         if shape.len() < self.ndim() {
             return Err(err());
+        }
+        if !shape_fits(shape, 1) {
+            return Err(Error::BadTensorShape(format!(
+                "broadcast_to {shape:?}: more elements than an address space holds"
+            )));
         }
         let lead = shape.len() - self.ndim();
         let mut strides = vec![0; shape.len()];

@@ -24,7 +24,9 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use dtype::{decode, encode, DType, Element};
-pub use layout::{broadcast_shapes, checked_numel, contiguous_strides, normalize_axis, Layout};
+pub use layout::{
+    broadcast_shapes, checked_numel, contiguous_strides, normalize_axis, shape_fits, Layout,
+};
 pub use random::SplitMix64;
 
 use crate::device::Device;
@@ -53,6 +55,7 @@ impl Tensor {
     pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         let bytes = checked_numel(shape)
             .and_then(|n| n.checked_mul(dtype.size()))
+            .filter(|_| shape_fits(shape, dtype.size()))
             .ok_or_else(|| Error::TooLarge {
                 device: device.to_string(),
                 requested: u64::MAX,

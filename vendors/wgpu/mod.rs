@@ -78,6 +78,35 @@ pub(crate) fn register_kernels(reg: &mut crate::ops::KernelRegistry) {
     kernels::register(reg);
 }
 
+/// Refuses a plan whose tensors a WGSL kernel cannot index: kernels compute element indices,
+/// strides and counts in 32-bit integers (WGSL has no 64-bit ones in the core language), so
+/// every extent product (empty dimensions counted as 1) and every stride must fit a `u32`.
+/// A tensor that large exceeds every adapter's storage binding anyway.
+pub(crate) fn check_plan(spec: &crate::ops::PlanSpec<'_>) -> Result<()> {
+    let limit = u64::from(u32::MAX);
+    for t in spec.inputs.iter().chain(spec.outputs) {
+        let points = t
+            .layout
+            .shape()
+            .iter()
+            .try_fold(1u64, |a, &n| a.checked_mul(n.max(1) as u64))
+            .unwrap_or(u64::MAX);
+        let stride = t.layout.strides().iter().copied().max().unwrap_or(0) as u64;
+        if points > limit || stride > limit {
+            return Err(Error::TooLarge {
+                device: format!(
+                    "wgpu ({}: kernels index a tensor of shape {:?} with 32-bit integers)",
+                    spec.op,
+                    t.layout.shape()
+                ),
+                requested: points.max(stride),
+                limit,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Prepares a user kernel registered as WGSL for a plan on a wgpu device.
 pub(crate) fn prepare_user_kernel(
     spec: &crate::ops::PlanSpec<'_>,

@@ -84,6 +84,9 @@ MAIN {
 }
 ";
 
+/// Pairs of the largest head dim a plan takes.
+const MAX_HALF: usize = 1 << 16;
+
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Rope { interleaved, theta } = *spec.params else {
         return Err(Error::Internal(format!(
@@ -96,6 +99,16 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let nd = shape.len();
     let (seq, heads, d) = (shape[nd - 3], shape[nd - 2], shape[nd - 1]);
     let half = d / 2;
+    // The plan's constants carry one frequency (two words) per pair of the head dim.
+    if half > MAX_HALF {
+        return Err(Error::unsupported(
+            format!(
+                "rope on wgpu: head dim {d} (its frequency table rides in the plan's constants;                  at most {})",
+                2 * MAX_HALF
+            ),
+            crate::device::DeviceKind::Wgpu,
+        ));
+    }
     let (ks, xst) = wgsl::kept(shape, x.layout.strides(), &[nd - 1]);
     let (_, ost) = wgsl::kept(shape, out.layout.strides(), &[nd - 1]);
     let rows: usize = ks.iter().product();
