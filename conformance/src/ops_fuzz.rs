@@ -182,16 +182,30 @@ pub fn random_op_calls(ctx: &Ctx, seed: u64, steps: usize) -> Result<(), Failure
         }
     }
     drop(pool);
-    // Every report is collected; the device must still be usable.
+    // Every report is collected; the device must still be usable: memory round-trips (no
+    // operator kernel, which the fake CUDA driver cannot run), and an operator where the
+    // device runs them.
     let _ = unirt::Runtime::get(dev).and_then(|rt| rt.sync_device());
-    let x = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F32, dev)
-        .and_then(|x| x.add(&x))
-        .and_then(|y| y.to_f64_vec())
-        .map_err(|e| Failure::Failed(format!("seed {seed:#x}: the device is unusable: {e}")))?;
-    if x != [2.0, 4.0, 6.0] {
+    let unusable = |e: unirt::Error| Failure::Failed(format!("the device is unusable: {e}"));
+    let x = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F32, dev).map_err(unusable)?;
+    let back = x.to_f64_vec().map_err(unusable)?;
+    if back != [1.0, 2.0, 3.0] {
         return Err(Failure::Failed(format!(
-            "seed {seed:#x}: the device computes 2·[1, 2, 3] as {x:?} afterwards"
+            "[1, 2, 3] reads back as {back:?} afterwards"
         )));
     }
-    Ok(())
+    match x.add(&x).and_then(|y| y.to_f64_vec()) {
+        Ok(y) if y != [2.0, 4.0, 6.0] => Err(Failure::Failed(format!(
+            "the device computes 2·[1, 2, 3] as {y:?} afterwards"
+        ))),
+        Ok(_) => Ok(()),
+        // The fake CUDA driver loads operator kernels but refuses to hand them out.
+        Err(e)
+            if e.to_string()
+                .contains("cuModuleGetFunction failed: CUDA_ERROR_NOT_SUPPORTED") =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(unusable(e)),
+    }
 }

@@ -371,7 +371,16 @@ pub unsafe extern "C" fn cuModuleGetFunction(
                 return Err(NOT_FOUND);
             }
             let Some(twin) = Twin::by_name(&name) else {
-                eprintln!("unirt-fakecuda: kernel {name} has no CPU twin; it needs a real GPU");
+                // Once per kernel name: fuzzers plan the same operators thousands of times.
+                static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+                if let Ok(mut said) = SAID.lock() {
+                    if !said.iter().any(|s| *s == name) {
+                        eprintln!(
+                            "unirt-fakecuda: kernel {name} has no CPU twin; it needs a real GPU"
+                        );
+                        said.push(name.to_string());
+                    }
+                }
                 return Err(NOT_SUPPORTED);
             };
             let h = d.new_handle();
