@@ -53,14 +53,15 @@ pub struct Tensor {
 impl Tensor {
     /// An uninitialised contiguous tensor (memory from the device's caching allocator).
     pub fn empty(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        let bytes = checked_numel(shape)
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .filter(|_| shape_fits(shape, dtype.size()))
-            .ok_or_else(|| Error::TooLarge {
+        // Every partial product fits (so the element count and byte size do too).
+        if !shape_fits(shape, dtype.size()) {
+            return Err(Error::TooLarge {
                 device: device.to_string(),
                 requested: u64::MAX,
                 limit: isize::MAX as u64,
-            })?;
+            });
+        }
+        let bytes = shape.iter().product::<usize>() * dtype.size();
         let rt = Runtime::get(device)?;
         let mem = rt.allocate_memory(bytes)?;
         Ok(Tensor {

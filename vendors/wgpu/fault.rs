@@ -25,7 +25,7 @@ use super::memory::DevBuf;
 use super::plan::Plan;
 use super::stream::{BufClear, Cmd};
 use crate::checked::Pins;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::vendors::device_fault::FaultMeaning;
 pub(crate) use crate::vendors::device_fault::{note, FAULT_BYTES};
 
@@ -41,16 +41,8 @@ impl FaultWord {
         let usage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
-        // Created mapped and written: a new buffer's contents are zero, but say so.
-        let b = super::memory::create_buffer(&gpu.device, FAULT_BYTES, usage, true, &gpu.name)?;
-        {
-            let mut view = b
-                .slice(..)
-                .get_mapped_range_mut()
-                .map_err(|e| Error::Internal(format!("fault word not mapped: {e}")))?;
-            view.slice(..).fill(0);
-        }
-        b.unmap();
+        // WebGPU zero-initialises every buffer: the word starts cleared.
+        let b = super::memory::create_buffer(&gpu.device, FAULT_BYTES, usage, false, &gpu.name)?;
         Ok(Arc::new(FaultWord {
             buf: DevBuf::new(b, false),
             meaning: FaultMeaning {

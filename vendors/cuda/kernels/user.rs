@@ -82,27 +82,28 @@ impl UserKernel {
     }
 }
 
-/// One scalar as a struct word and the C expression that reads it back.
-fn scalar(op: &str, k: usize, a: &KernelArg) -> Result<(i64, String)> {
-    let (word, read): (i64, &str) = match *a {
-        KernelArg::F32(v) => (i64::from(v.to_bits()), "__int_as_float((int)W)"),
-        KernelArg::F16(v) => (i64::from(v.to_f32().to_bits()), "__int_as_float((int)W)"),
-        KernelArg::BF16(v) => (i64::from(v.to_f32().to_bits()), "__int_as_float((int)W)"),
-        KernelArg::F64(v) => (v.to_bits() as i64, "__longlong_as_double(W)"),
-        KernelArg::I32(v) => (i64::from(v), "((int)W)"),
-        KernelArg::I64(v) => (v, "((i64)W)"),
-        KernelArg::U32(v) => (i64::from(v), "((unsigned)W)"),
-        KernelArg::U64(v) => (v as i64, "((u64)W)"),
-        KernelArg::U8(v) => (i64::from(v), "((u8)W)"),
-        KernelArg::Bool(v) => (i64::from(v), "(W != 0)"),
+/// One scalar as a struct word and the C expression that reads it back from `w` (the
+/// expression naming that word).
+fn scalar(op: &str, k: usize, a: &KernelArg, w: &str) -> Result<(i64, String)> {
+    let float = |v: f32| (i64::from(v.to_bits()), format!("__int_as_float((int){w})"));
+    Ok(match *a {
+        KernelArg::F32(v) => float(v),
+        KernelArg::F16(v) => float(v.to_f32()),
+        KernelArg::BF16(v) => float(v.to_f32()),
+        KernelArg::F64(v) => (v.to_bits() as i64, format!("__longlong_as_double({w})")),
+        KernelArg::I32(v) => (i64::from(v), format!("((int){w})")),
+        KernelArg::I64(v) => (v, format!("((i64){w})")),
+        KernelArg::U32(v) => (i64::from(v), format!("((unsigned){w})")),
+        KernelArg::U64(v) => (v as i64, format!("((u64){w})")),
+        KernelArg::U8(v) => (i64::from(v), format!("((u8){w})")),
+        KernelArg::Bool(v) => (i64::from(v), format!("({w} != 0)")),
         KernelArg::Ptr(_) => {
             return Err(Error::BadParam(format!(
                 "{op}: scalar {k} is a pointer; pass tensors as the plan's inputs and outputs \
                  (their ranges are checked, a raw pointer's are not)"
             )))
         }
-    };
-    Ok((word, read.to_string()))
+    })
 }
 
 /// Generates the source and the parameters of a registered CUDA C kernel for a plan, and
@@ -212,14 +213,9 @@ pub(crate) fn generate(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<UserK
         }
     }
     for (k, a) in spec.scalars.iter().enumerate() {
-        let (word, read) = scalar(op, k, a)?;
-        let at = args.0.len();
+        let (word, read) = scalar(op, k, a, &format!("unirt_a.w[{}]", args.0.len()))?;
         args.0.push(word);
-        let _ = writeln!(
-            pre,
-            "#define arg{k}() {}",
-            read.replace('W', &format!("unirt_a.w[{at}]"))
-        );
+        let _ = writeln!(pre, "#define arg{k}() {read}");
     }
     debug_assert_eq!(
         args.0.len(),
@@ -447,10 +443,10 @@ extern \"C\" __global__ void affine(UNIRT_PARAMS) {
             spec_with(AFFINE, "af fine", DType::F32, generate),
             Err(Error::BadParam(_))
         ));
-        let (word, read) = scalar("t", 0, &KernelArg::F64(1.5)).unwrap();
+        let (word, read) = scalar("t", 0, &KernelArg::F64(1.5), "w").unwrap();
         assert_eq!(word, 1.5f64.to_bits() as i64);
         assert!(read.contains("double"));
-        assert!(scalar("t", 0, &KernelArg::Ptr(crate::hal::DevicePtr(8))).is_err());
+        assert!(scalar("t", 0, &KernelArg::Ptr(crate::hal::DevicePtr(8)), "w").is_err());
     }
 
     #[test]

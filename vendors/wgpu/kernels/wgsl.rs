@@ -62,15 +62,15 @@ pub(crate) struct Dialect {
 impl Dialect {
     /// The dialect of the plan's device (the default one when it is not a wgpu device).
     pub fn of(spec: &crate::ops::PlanSpec<'_>) -> Dialect {
-        let has = |f: wgpu::Features| {
-            crate::Runtime::get(spec.device).is_ok_and(|rt| match &**rt.backend() {
-                crate::vendors::AnyBackend::Wgpu(b) => b.has_feature(f),
-                _ => false,
-            })
+        let Ok(rt) = crate::Runtime::get(spec.device) else {
+            return Dialect::default();
         };
-        Dialect {
-            native_f16: has(wgpu::Features::SHADER_F16),
-            subgroups: has(wgpu::Features::SUBGROUP),
+        match &**rt.backend() {
+            crate::vendors::AnyBackend::Wgpu(b) => Dialect {
+                native_f16: b.has_feature(wgpu::Features::SHADER_F16),
+                subgroups: b.has_feature(wgpu::Features::SUBGROUP),
+            },
+            _ => Dialect::default(),
         }
     }
 }
