@@ -172,13 +172,16 @@ impl Backend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         // Every stream's queued work, capturing streams' (work queued before the capture
-        // began) and destroyed streams' included.
+        // began) and destroyed streams' included. A live stream's failure is reported and
+        // left for its own synchronisation (which may be another thread's); a destroyed
+        // stream's has no other owner and is taken.
         let retired: Vec<Arc<CpuStream>> = self.retired.lock().clone();
         let mut first = Ok(());
-        for s in self.streams.values().into_iter().chain(retired) {
-            if let Err(e) = s.synchronize() {
-                first = first.and(Err(e));
-            }
+        for s in self.streams.values() {
+            first = first.and(s.wait_and_peek());
+        }
+        for s in retired {
+            first = first.and(s.synchronize());
         }
         self.retired.lock().retain(|s| !s.is_idle());
         first

@@ -165,6 +165,25 @@ impl CpuStream {
         self.shared.done.get() >= self.submitted.load(Ordering::SeqCst)
     }
 
+    /// Waits for everything enqueued so far; reports a command's failure without taking it:
+    /// a device-wide synchronisation, which must not take a failure from the stream's own
+    /// synchronisation (another thread's, perhaps).
+    pub fn wait_and_peek(&self) -> Result<()> {
+        self.born.check("a cpu stream")?;
+        if !self.is_idle() {
+            self.shared
+                .done
+                .wait_for(self.submitted.load(Ordering::SeqCst));
+        }
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self.shared.error.lock().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Waits for everything enqueued so far; reports a command's failure once.
     pub fn synchronize(&self) -> Result<()> {
         self.born.check("a cpu stream")?;

@@ -260,14 +260,15 @@ impl CudaBackend {
         if !faults {
             return first;
         }
-        // Then the device faults of every stream waited for, and of the streams destroyed
-        // since the last device-wide synchronisation (checked on the default stream).
+        // Then the device faults of every stream waited for — reported, and left for the
+        // stream's own synchronisation (another thread's, perhaps) — and, taken, those of the
+        // streams destroyed since the last device-wide synchronisation (on the default stream).
         for s in streams.iter().filter(|s| s.waitable()) {
-            let mut words = s.take_faults();
+            first = first.and(self.check_faults(s.raw, &s.noted_faults(), false));
             if s.raw == self.default_stream {
-                super::fault::note(&mut words, &std::mem::take(&mut *self.orphan_faults.lock()));
+                let orphans = std::mem::take(&mut *self.orphan_faults.lock());
+                first = first.and(self.check_faults(s.raw, &orphans, true));
             }
-            first = first.and(self.check_faults(s.raw, &words));
         }
         first
     }
@@ -409,7 +410,7 @@ impl Backend for CudaBackend {
         // stream.
         unsafe { self.drv.stream_synchronize(s.raw) }?;
         // Then its kernels' device faults (see `fault.rs`).
-        self.check_faults(s.raw, &s.take_faults())
+        self.check_faults(s.raw, &s.take_faults(), true)
     }
 
     fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {

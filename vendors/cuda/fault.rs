@@ -113,10 +113,15 @@ impl CudaBackend {
         }))
     }
 
-    /// Reads `words` back and clears them on `stream` (live, not capturing, and synchronised:
-    /// the work that may claim them has finished), then waits; the first claimed word is the
-    /// error.
-    pub(crate) fn check_faults(&self, stream: u64, words: &[Arc<FaultWord>]) -> Result<()> {
+    /// Reads `words` back — and clears them when `take` — on `stream` (live, not capturing,
+    /// and synchronised: the work that may claim them has finished), then waits; the first
+    /// claimed word is the error.
+    pub(crate) fn check_faults(
+        &self,
+        stream: u64,
+        words: &[Arc<FaultWord>],
+        take: bool,
+    ) -> Result<()> {
         if words.is_empty() {
             return Ok(());
         }
@@ -133,8 +138,10 @@ impl CudaBackend {
                     FAULT_BYTES as usize,
                     stream,
                 )?;
-                self.drv
-                    .memset_d8(w.addr, 0, FAULT_BYTES as usize, stream)?;
+                if take {
+                    self.drv
+                        .memset_d8(w.addr, 0, FAULT_BYTES as usize, stream)?;
+                }
             }
         }
         // SAFETY: the stream is live (the caller's contract).

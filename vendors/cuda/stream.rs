@@ -70,6 +70,11 @@ impl CudaStream {
         std::mem::take(&mut *self.checks.lock())
     }
 
+    /// The fault words noted for the next synchronisation, left noted.
+    pub fn noted_faults(&self) -> Vec<Arc<FaultWord>> {
+        self.checks.lock().clone()
+    }
+
     /// Not destroyed and not capturing: unirt may wait for it on its own account. Read with
     /// `gate` held shared.
     pub fn waitable(&self) -> bool {

@@ -67,9 +67,9 @@ pub(crate) fn checked_by(cmds: &[Cmd]) -> Vec<Arc<FaultWord>> {
     list
 }
 
-/// Reads `words` back and clears them, after the work that may claim them has finished; the
-/// first claimed one is the error.
-pub(crate) fn check(gpu: &Gpu, words: &[Arc<FaultWord>]) -> Result<()> {
+/// Reads `words` back — and clears them when `take` — after the work that may claim them has
+/// finished; the first claimed one is the error.
+pub(crate) fn check(gpu: &Gpu, words: &[Arc<FaultWord>], take: bool) -> Result<()> {
     if words.is_empty() {
         return Ok(());
     }
@@ -85,11 +85,13 @@ pub(crate) fn check(gpu: &Gpu, words: &[Arc<FaultWord>]) -> Result<()> {
             FAULT_BYTES,
             false,
         )?;
-        cmds.push(Cmd::Clear(BufClear {
-            buf: w.buf.buffer.clone(),
-            off: 0,
-            size: FAULT_BYTES,
-        }));
+        if take {
+            cmds.push(Cmd::Clear(BufClear {
+                buf: w.buf.buffer.clone(),
+                off: 0,
+                size: FAULT_BYTES,
+            }));
+        }
     }
     // The read-backs write `host` when the submission completes; it is waited for here, so
     // `host` outlives them (and `words`, the buffers).

@@ -388,15 +388,14 @@ impl WgpuBackend {
         first = first
             .and(self.gpu.wait(&self.gpu.last()))
             .and_then(|()| self.gpu.check_lost());
-        // Then every stream's kernel faults, and those of the streams destroyed since the last
-        // device-wide synchronisation (see `fault.rs`).
+        // Then every stream's kernel faults — reported, and left for the stream's own
+        // synchronisation (another thread's, perhaps) — and, taken, those of the streams
+        // destroyed since the last device-wide synchronisation (see `fault.rs`).
         for s in self.streams.values() {
-            if let Err(e) = s.check_faults(&self.gpu) {
-                first = first.and(Err(e));
-            }
+            first = first.and(s.peek_faults(&self.gpu));
         }
         let orphans = std::mem::take(&mut *self.orphan_faults.lock());
-        first.and(fault::check(&self.gpu, &orphans))
+        first.and(fault::check(&self.gpu, &orphans, true))
     }
 
     fn raw_stream_create(&self) -> Result<StreamId> {

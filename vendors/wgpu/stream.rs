@@ -189,7 +189,14 @@ impl WStream {
     /// Reads back (and clears) the fault words of the work waited for.
     pub fn check_faults(&self, gpu: &Gpu) -> Result<()> {
         let checks = std::mem::take(&mut self.state.lock().checks);
-        super::fault::check(gpu, &checks)
+        super::fault::check(gpu, &checks, true)
+    }
+
+    /// Reads back the fault words of the work waited for, leaving them (claimed or not) for
+    /// the stream's own synchronisation: what a device-wide synchronisation does.
+    pub fn peek_faults(&self, gpu: &Gpu) -> Result<()> {
+        let checks = self.state.lock().checks.clone();
+        super::fault::check(gpu, &checks, false)
     }
 }
 
