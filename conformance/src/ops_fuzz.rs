@@ -182,10 +182,23 @@ pub fn random_op_calls(ctx: &Ctx, seed: u64, steps: usize) -> Result<(), Failure
         }
     }
     drop(pool);
-    // Every report is collected; the device must still be usable: memory round-trips (no
-    // operator kernel, which the fake CUDA driver cannot run), and an operator where the
-    // device runs them.
-    let _ = unirt::Runtime::get(dev).and_then(|rt| rt.sync_device());
+    // A device fault (an id outside its table that nobody read back) stays on the stream that
+    // ran the kernel until that stream's own synchronisation reports it — a device-wide one
+    // only peeks. Collect every report: the thread's streams on the device and on the CPU
+    // (where some of the calls ran). Then the device must still be usable: memory
+    // round-trips (no operator kernel, which the fake CUDA driver cannot run), and an
+    // operator where the device runs them.
+    for on in [dev, Device::CPU] {
+        if let Ok(rt) = unirt::Runtime::get(on) {
+            let _ = rt.sync_device();
+            // One report per failed launch batch; a bounded number of takes clears them.
+            for _ in 0..4 {
+                if rt.sync_stream().is_ok() {
+                    break;
+                }
+            }
+        }
+    }
     let unusable = |e: unirt::Error| Failure::Failed(format!("the device is unusable: {e}"));
     let x = Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::F32, dev).map_err(unusable)?;
     let back = x.to_f64_vec().map_err(unusable)?;
