@@ -73,10 +73,10 @@ impl Float for f16 {
         f16::from_f32(v)
     }
     fn load(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst)
+        f16_load(src, dst)
     }
     fn store(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src)
+        f16_store(src, dst)
     }
 }
 
@@ -95,6 +95,82 @@ impl Float for bf16 {
     }
     fn store(src: &[f32], dst: &mut [Self]) {
         bf16_store(src, dst)
+    }
+}
+
+/// f16 → f32 for a block: eight at a time with F16C's `vcvtph2ps` where the SIMD tier is on
+/// (every AVX2 tier CPU has F16C; the tier requires it). The `half` crate's slice conversion
+/// detects F16C per call and converts four elements per out-of-line step, which held f16
+/// elementwise operators to a third of bf16's speed. The conversion is exact either way.
+fn f16_load(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_tier() >= SimdTier::Avx2 {
+        // SAFETY: the tier is Avx2 or above only on a CPU with AVX and F16C.
+        unsafe { f16c::widen(src, dst) };
+        return;
+    }
+    src.convert_to_f32_slice(dst)
+}
+
+/// f32 → f16 for a block: `vcvtps2ph` with round-to-nearest-even where the SIMD tier is on,
+/// bit for bit `f16::from_f32` (which takes the same instruction on such a CPU; its software
+/// form rounds the same way and keeps a NaN's high payload bits with the quiet bit set, as
+/// the instruction does).
+fn f16_store(src: &[f32], dst: &mut [f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_tier() >= SimdTier::Avx2 {
+        // SAFETY: as in f16_load.
+        unsafe { f16c::narrow(src, dst) };
+        return;
+    }
+    dst.convert_from_f32_slice(src)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod f16c {
+    use half::f16;
+    use std::arch::x86_64::{
+        __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps,
+        _mm_loadu_si128, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
+    };
+
+    /// # Safety
+    /// The CPU has AVX and F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: elements i..i + 8 are in both slices; unaligned loads and stores.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            i += 8;
+        }
+        for k in i..n {
+            dst[k] = src[k].to_f32();
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX and F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: as in widen.
+            unsafe {
+                let v = _mm256_loadu_ps(src.as_ptr().add(i));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+            }
+            i += 8;
+        }
+        for k in i..n {
+            dst[k] = f16::from_f32(src[k]);
+        }
     }
 }
 
@@ -143,7 +219,7 @@ fn bf16_narrow(src: &[f32], dst: &mut [bf16]) {
 pub(super) enum SimdTier {
     /// Baseline code, as built.
     None = 1,
-    /// AVX2 and FMA: 8 f32 lanes.
+    /// AVX2, FMA and F16C: 8 f32 lanes.
     Avx2 = 2,
     /// AVX-512 F/BW/DQ/VL with FMA: 16 f32 lanes.
     Avx512 = 3,
@@ -158,7 +234,7 @@ fn detect_simd_tier() -> SimdTier {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") {
+        if has!("avx2") && has!("fma") && has!("f16c") {
             tier = SimdTier::Avx2;
             if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
                 tier = SimdTier::Avx512;
@@ -763,6 +839,57 @@ pub(super) fn max_f32(v: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The block conversions of f16 (F16C where the tier is on) against `half`'s software
+    /// conversions (`*_const`, which never take the instruction): every f16 widened, and f32s
+    /// narrowed across every exponent with halfway cases, subnormals, infinities and NaN
+    /// payloads. Odd lengths cover the scalar tails.
+    #[test]
+    fn f16_blocks_match_software() {
+        let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let mut wide = vec![0f32; all.len()];
+        f16_load(&all, &mut wide);
+        for (h, w) in all.iter().zip(&wide) {
+            let want = f16::to_f32_const(*h);
+            assert!(
+                want.to_bits() == w.to_bits() || (want.is_nan() && w.is_nan()),
+                "{:#06x}: {w} against {want}",
+                h.to_bits()
+            );
+        }
+        let mut rng = SplitMix(0x5eed);
+        let mut src: Vec<f32> = (0..200_003)
+            .map(|i| match i % 4 {
+                // Any bit pattern: NaNs with payloads, infinities, subnormals.
+                0 => f32::from_bits(rng.next() as u32),
+                // Exactly halfway between two f16s, and one ulp either side.
+                1 => {
+                    let h = (rng.next() as u16) & 0x7bff;
+                    let mid = f16::from_bits(h).to_f32_const().to_bits() + (1 << 12);
+                    f32::from_bits(mid.wrapping_add((rng.next() % 3) as u32).wrapping_sub(1))
+                }
+                _ => (rng.next() as i32 as f32) * 2f32.powi((rng.next() % 60) as i32 - 50),
+            })
+            .collect();
+        src.extend([0.0, -0.0, 65504.0, 65520.0, 6e-8, 3e-8, f32::INFINITY, f32::NAN]);
+        let mut narrow = vec![f16::ZERO; src.len()];
+        f16_store(&src, &mut narrow);
+        for (x, h) in src.iter().zip(&narrow) {
+            let want = f16::from_f32_const(*x);
+            assert_eq!(h.to_bits(), want.to_bits(), "{x:e} ({:#010x})", x.to_bits());
+        }
+    }
+
+    struct SplitMix(u64);
+    impl SplitMix {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+    }
 
     /// erf_f32 against f64 erf on a fine grid of [−6, 6], and at the special values.
     #[test]
