@@ -107,13 +107,22 @@ unsafe fn contiguous2<S: Copy>(
     unsafe {
         let out = std::slice::from_raw_parts_mut(o, len);
         if std::ptr::eq(o, a) && std::ptr::eq(a, b) {
-            out.iter_mut().for_each(#[inline(always)] |x| *x = g(*x, *x));
+            out.iter_mut().for_each(
+                #[inline(always)]
+                |x| *x = g(*x, *x),
+            );
         } else if std::ptr::eq(o, a) {
             let b = std::slice::from_raw_parts(b, len);
-            out.iter_mut().zip(b).for_each(#[inline(always)] |(x, y)| *x = g(*x, *y));
+            out.iter_mut().zip(b).for_each(
+                #[inline(always)]
+                |(x, y)| *x = g(*x, *y),
+            );
         } else if std::ptr::eq(o, b) {
             let a = std::slice::from_raw_parts(a, len);
-            out.iter_mut().zip(a).for_each(#[inline(always)] |(x, y)| *x = g(*y, *x));
+            out.iter_mut().zip(a).for_each(
+                #[inline(always)]
+                |(x, y)| *x = g(*y, *x),
+            );
         } else {
             let (a, b) = (
                 std::slice::from_raw_parts(a, len),
@@ -140,7 +149,10 @@ unsafe fn contiguous1<S: Copy>(
     unsafe {
         let out = std::slice::from_raw_parts_mut(o, len);
         if std::ptr::eq(o, a) {
-            out.iter_mut().for_each(#[inline(always)] |x| *x = g(*x));
+            out.iter_mut().for_each(
+                #[inline(always)]
+                |x| *x = g(*x),
+            );
         } else {
             distinct(out, std::slice::from_raw_parts(a, len));
         }
@@ -168,17 +180,30 @@ unsafe fn row2<T: Float>(
         let (o, a, b) = (o as *mut f32, a as *const f32, b as *const f32);
         // SAFETY: T is f32 (checked above); the caller's promise for the rest.
         unsafe {
-            contiguous2(o, a, b, len, &f, #[inline(always)] |out, a, b| {
-                // Inlined by force: `write_streaming` calls it three times, and a closure
-                // LLVM leaves out of line is compiled without the SIMD tier's features —
-                // every `mul_add` of a transcendental op then becomes a call to libm's
-                // `fmaf` (silu, gelu and swiglu ran at 0.3–1.1 GB/s instead of 25–45).
-                write_streaming(out, stream, #[inline(always)] |s, d| {
-                    for ((x, y), z) in d.iter_mut().zip(&a[s..]).zip(&b[s..]) {
-                        *x = f(*y, *z);
-                    }
-                });
-            })
+            contiguous2(
+                o,
+                a,
+                b,
+                len,
+                &f,
+                #[inline(always)]
+                |out, a, b| {
+                    // Inlined by force: `write_streaming` calls it three times, and a closure
+                    // LLVM leaves out of line is compiled without the SIMD tier's features —
+                    // every `mul_add` of a transcendental op then becomes a call to libm's
+                    // `fmaf` (silu, gelu and swiglu ran at 0.3–1.1 GB/s instead of 25–45).
+                    write_streaming(
+                        out,
+                        stream,
+                        #[inline(always)]
+                        |s, d| {
+                            for ((x, y), z) in d.iter_mut().zip(&a[s..]).zip(&b[s..]) {
+                                *x = f(*y, *z);
+                            }
+                        },
+                    );
+                },
+            )
         };
         return;
     }
@@ -189,11 +214,19 @@ unsafe fn row2<T: Float>(
         let (o, a, b) = (o as *mut u16, a as *const u16, b as *const u16);
         // SAFETY: T is bf16 (2-byte words); the caller's promise for the rest.
         unsafe {
-            contiguous2(o, a, b, len, g, #[inline(always)] |out, a, b| {
-                for ((x, y), z) in out.iter_mut().zip(a).zip(b) {
-                    *x = g(*y, *z);
-                }
-            })
+            contiguous2(
+                o,
+                a,
+                b,
+                len,
+                g,
+                #[inline(always)]
+                |out, a, b| {
+                    for ((x, y), z) in out.iter_mut().zip(a).zip(b) {
+                        *x = g(*y, *z);
+                    }
+                },
+            )
         };
         return;
     }
@@ -242,12 +275,27 @@ unsafe fn row1<T: Float>(
         let (o, a) = (o as *mut f32, a as *const f32);
         // SAFETY: T is f32; the caller's promise for the rest.
         unsafe {
-            contiguous1(o, a, len, &f, #[inline(always)] |out, a| {
-                // Inlined by force, as in row2.
-                write_streaming(out, stream, #[inline(always)] |s, d| {
-                    d.iter_mut().zip(&a[s..]).for_each(#[inline(always)] |(x, y)| *x = f(*y));
-                });
-            })
+            contiguous1(
+                o,
+                a,
+                len,
+                &f,
+                #[inline(always)]
+                |out, a| {
+                    // Inlined by force, as in row2.
+                    write_streaming(
+                        out,
+                        stream,
+                        #[inline(always)]
+                        |s, d| {
+                            d.iter_mut().zip(&a[s..]).for_each(
+                                #[inline(always)]
+                                |(x, y)| *x = f(*y),
+                            );
+                        },
+                    );
+                },
+            )
         };
         return;
     }
@@ -257,9 +305,19 @@ unsafe fn row1<T: Float>(
         let (o, a) = (o as *mut u16, a as *const u16);
         // SAFETY: T is bf16; the caller's promise for the rest.
         unsafe {
-            contiguous1(o, a, len, g, #[inline(always)] |out, a| {
-                out.iter_mut().zip(a).for_each(#[inline(always)] |(x, y)| *x = g(*y));
-            })
+            contiguous1(
+                o,
+                a,
+                len,
+                g,
+                #[inline(always)]
+                |out, a| {
+                    out.iter_mut().zip(a).for_each(
+                        #[inline(always)]
+                        |(x, y)| *x = g(*y),
+                    );
+                },
+            )
         };
         return;
     }
@@ -271,7 +329,10 @@ unsafe fn row1<T: Float>(
             // SAFETY: [i, i + n) is inside both rows; read before write.
             unsafe {
                 T::load(std::slice::from_raw_parts(a.add(i), n), &mut fa[..n]);
-                fa[..n].iter_mut().for_each(#[inline(always)] |x| *x = f(*x));
+                fa[..n].iter_mut().for_each(
+                    #[inline(always)]
+                    |x| *x = f(*x),
+                );
                 T::store(&fa[..n], std::slice::from_raw_parts_mut(o.add(i), n));
             }
             i += n;

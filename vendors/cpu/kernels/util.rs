@@ -871,7 +871,16 @@ mod tests {
                 _ => (rng.next() as i32 as f32) * 2f32.powi((rng.next() % 60) as i32 - 50),
             })
             .collect();
-        src.extend([0.0, -0.0, 65504.0, 65520.0, 6e-8, 3e-8, f32::INFINITY, f32::NAN]);
+        src.extend([
+            0.0,
+            -0.0,
+            65504.0,
+            65520.0,
+            6e-8,
+            3e-8,
+            f32::INFINITY,
+            f32::NAN,
+        ]);
         let mut narrow = vec![f16::ZERO; src.len()];
         f16_store(&src, &mut narrow);
         for (x, h) in src.iter().zip(&narrow) {
