@@ -1,9 +1,12 @@
-//! matmul / gemm. f32 goes to the `matrixmultiply` crate's packed, vectorised `sgemm`, which
-//! takes any row and column strides (so transposed views cost nothing); the output is split
-//! into panels across rayon's threads (along m when it is large, along n otherwise), each
-//! panel a single-threaded `sgemm`. One-row products (decode: `1×k · k×n`) are memory-bound
-//! and take a direct GEMV instead of paying for packing. f16/bf16 convert one batch of A, B
-//! (and C when beta ≠ 0) into f32 in the plan's workspace, multiply in f32, and round back.
+//! matmul / gemm. f32 goes to unirt's own packed GEMM ([`super::sgemm`]: AVX-512 or AVX2
+//! register tiles, the same bits on every CPU with FMA) — or, on a CPU without FMA, when
+//! beta ≠ 0, or with `UNIRT_CPU_GEMM=matrixmultiply` (a baseline for benchmarks), to the
+//! `matrixmultiply` crate's `sgemm`. Both take any row and column strides (so transposed
+//! views cost nothing); the output is split into panels across rayon's threads (along m when
+//! it is large, along n otherwise), each panel a single-threaded GEMM. One-row products
+//! (decode: `1×k · k×n`) are memory-bound and take a direct GEMV instead of paying for
+//! packing. f16/bf16 convert one batch of A, B (and C when beta ≠ 0) into f32 in the plan's
+//! workspace, multiply in f32, and round back.
 //!
 //! `matmul_epilogue` is the same GEMM with its epilogue applied to each region of C (a
 //! panel, a GEMV column block) by the task that computed it, right after it did, while the
@@ -12,9 +15,8 @@
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use super::fused::eval_block;
+use super::sgemm::{sgemm_par, Mat};
 use super::util::{
     axpy, bcast, coalesce, dot, floats, gather, offsets, par_chunks, par_rows, scatter, simd,
     Float, Ptr, BLOCK,
@@ -82,98 +84,6 @@ impl<T: Float> Epilogue<'_, T> {
                 j += n;
             }
         }
-    }
-}
-
-/// A strided f32 matrix: base pointer, row and column strides in elements.
-#[derive(Clone, Copy)]
-struct Mat {
-    p: Ptr<f32>,
-    rs: usize,
-    cs: usize,
-}
-
-/// `C = alpha·A·B + beta·C` (m×k · k×n) on f32 strided matrices, in parallel panels.
-///
-/// # Safety
-/// The matrices must be valid for their shapes and strides; C must not overlap A or B.
-#[allow(clippy::too_many_arguments)] // the BLAS signature
-unsafe fn sgemm_par(
-    m: usize,
-    k: usize,
-    n: usize,
-    alpha: f32,
-    a: Mat,
-    b: Mat,
-    beta: f32,
-    c: Mat,
-    after: After<'_>,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let threads = rayon::current_num_threads().max(1);
-    let work = m * n * k.max(1);
-    // Panels of at least 64 rows/columns, and only when the product is worth a fork.
-    let along_m = m >= n;
-    let len = if along_m { m } else { n };
-    let panels = if work < 1 << 18 {
-        1
-    } else {
-        threads.min(len / 64).max(1)
-    };
-    let per = len.div_ceil(panels);
-    let run = |t: usize| {
-        let (start, end) = (t * per, ((t + 1) * per).min(len));
-        if start >= end {
-            return;
-        }
-        // SAFETY: each panel writes its own rows (or columns) of C; all pointers stay in the
-        // matrices the caller vouched for.
-        unsafe {
-            if along_m {
-                matrixmultiply::sgemm(
-                    end - start,
-                    k,
-                    n,
-                    alpha,
-                    a.p.at(start * a.rs),
-                    a.rs as isize,
-                    a.cs as isize,
-                    b.p.0,
-                    b.rs as isize,
-                    b.cs as isize,
-                    beta,
-                    c.p.at(start * c.rs),
-                    c.rs as isize,
-                    c.cs as isize,
-                );
-                after(start..end, 0..n);
-            } else {
-                matrixmultiply::sgemm(
-                    m,
-                    k,
-                    end - start,
-                    alpha,
-                    a.p.0,
-                    a.rs as isize,
-                    a.cs as isize,
-                    b.p.at(start * b.cs),
-                    b.rs as isize,
-                    b.cs as isize,
-                    beta,
-                    c.p.at(start * c.cs),
-                    c.rs as isize,
-                    c.cs as isize,
-                );
-                after(0..m, start..end);
-            }
-        }
-    };
-    if panels == 1 {
-        run(0);
-    } else {
-        (0..panels).into_par_iter().for_each(run);
     }
 }
 

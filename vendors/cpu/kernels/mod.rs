@@ -20,6 +20,7 @@ mod rearrange;
 mod reduce;
 mod rope;
 mod sample;
+mod sgemm;
 mod softmax;
 mod util;
 
