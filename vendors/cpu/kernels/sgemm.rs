@@ -223,8 +223,38 @@ unsafe fn blocked<const MR: usize, const NR: usize>(
     let mc_max = MC.min(m.next_multiple_of(MR));
     let kc_max = KC.min(k);
     // 64-byte aligned buffers (aligned loads of packed B).
-    let mut bp = Aligned::new(kc_max * nc_max);
-    let mut ap = Aligned::new(kc_max * mc_max);
+    // The thread's packing buffers, kept between calls: allocating (and faulting in) a
+    // fresh quarter megabyte per call cost more than a 256³ product's arithmetic.
+    PACKED.with_borrow_mut(|(bbuf, abuf)| {
+        let mut bp = Aligned::take(bbuf, kc_max * nc_max);
+        let mut ap = Aligned::take(abuf, kc_max * mc_max);
+        // SAFETY: the caller's promise.
+        unsafe { blocked_with::<MR, NR>((m, k, n), alpha, a, b, c, kernel, &mut bp, &mut ap) }
+    })
+}
+
+thread_local! {
+    /// Packed B and packed A of the thread's last GEMM (at most 2 MiB and 384 KiB).
+    static PACKED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// [`blocked`] with its buffers.
+///
+/// # Safety
+/// As [`blocked`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked_with<const MR: usize, const NR: usize>(
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+    a: View,
+    b: View,
+    c: View,
+    kernel: Kernel,
+    bp: &mut Aligned<'_>,
+    ap: &mut Aligned<'_>,
+) {
     // An edge tile (rows or columns past C's edge, or C with non-unit column stride).
     let mut edge = [0f32; 12 * 32];
     let mut jc = 0;
@@ -354,15 +384,19 @@ unsafe fn pack<const W: usize>(
 }
 
 /// A heap buffer of f32 aligned to 64 bytes.
-struct Aligned {
-    buf: Vec<f32>,
+struct Aligned<'a> {
+    buf: &'a mut Vec<f32>,
     start: usize,
     len: usize,
 }
 
-impl Aligned {
-    fn new(len: usize) -> Self {
-        let buf = vec![0f32; len + 16];
+impl<'a> Aligned<'a> {
+    /// `len` aligned elements of `buf`, grown if needed (packing writes every element it
+    /// later reads, so what a grown buffer held before does not matter).
+    fn take(buf: &'a mut Vec<f32>, len: usize) -> Self {
+        if buf.len() < len + 16 {
+            buf.resize(len + 16, 0.0);
+        }
         let start = buf.as_ptr().align_offset(64).min(16);
         Aligned { buf, start, len }
     }
