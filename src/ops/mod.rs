@@ -349,8 +349,17 @@ impl Plan {
         self.0.workspace
     }
 
-    fn check(&self, what: &str, want: &TensorDesc, t: &Tensor) -> Result<()> {
-        let op = format!("{} ({what})", self.0.op);
+    /// Checks tensor `index` of the inputs (or outputs) against its description. The
+    /// message names the operand only on failure: a launch formats nothing when it is right.
+    fn check(&self, (kind, index): (&str, usize), want: &TensorDesc, t: &Tensor) -> Result<()> {
+        if t.device() == want.device
+            && t.dtype() == want.dtype
+            && t.shape() == want.layout.shape()
+            && t.layout().strides() == want.layout.strides()
+        {
+            return Ok(());
+        }
+        let op = format!("{} ({kind} {index})", self.0.op);
         if t.device() != want.device {
             return Err(Error::DeviceMismatch {
                 op,
@@ -404,10 +413,10 @@ impl Plan {
             )));
         }
         for (i, (want, t)) in p.inputs.iter().zip(inputs).enumerate() {
-            self.check(&format!("input {i}"), want, t)?;
+            self.check(("input", i), want, t)?;
         }
         for (i, (want, t)) in p.outputs.iter().zip(outputs).enumerate() {
-            self.check(&format!("output {i}"), want, t)?;
+            self.check(("output", i), want, t)?;
         }
         // Outputs must not overlap one another, nor an input unless the operator works in
         // place and the output is that very view.

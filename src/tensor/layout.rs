@@ -1,15 +1,22 @@
 //! [`Layout`]: shape, strides (in elements) and offset — the part of a tensor that views
 //! change without touching memory — and NumPy broadcasting.
 
+use smallvec::SmallVec;
+
 use crate::error::{Error, Result};
+
+/// A shape or strides: inline up to six dimensions, so making, cloning and dropping a
+/// layout allocates nothing (a launch clones the layouts of its operands, and each one was
+/// two heap allocations, freed on the stream's worker thread).
+type Dims = SmallVec<[usize; 6]>;
 
 /// Where the elements of a tensor lie in its storage: element `[i0, i1, …]` is at
 /// `offset + Σ ik·strides[k]` (in elements). Strides are never negative; a stride of 0 on a
 /// dimension larger than 1 is a broadcast (every index reads the same element).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
 }
 
@@ -80,9 +87,15 @@ pub fn normalize_axis(op: &str, axis: isize, ndim: usize) -> Result<usize> {
 impl Layout {
     /// A row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: &[usize]) -> Layout {
+        let mut strides = Dims::from_elem(0, shape.len());
+        let mut acc = 1usize;
+        for (s, &n) in strides.iter_mut().zip(shape).rev() {
+            *s = acc;
+            acc = acc.saturating_mul(n.max(1));
+        }
         Layout {
-            strides: contiguous_strides(shape),
-            shape: shape.to_vec(),
+            strides,
+            shape: Dims::from_slice(shape),
             offset: 0,
         }
     }
@@ -102,8 +115,8 @@ impl Layout {
             )));
         }
         let l = Layout {
-            shape,
-            strides,
+            shape: Dims::from_vec(shape),
+            strides: Dims::from_vec(strides),
             offset,
         };
         l.span_end().ok_or_else(|| {
@@ -243,19 +256,19 @@ impl Layout {
         if checked_numel(shape) != Some(self.numel()) {
             return Err(Error::ShapeMismatch {
                 op: "reshape (element count)".into(),
-                expected: self.shape.clone(),
+                expected: self.shape.to_vec(),
                 got: shape.to_vec(),
             });
         }
         let strides =
             view_strides(&self.shape, &self.strides, shape).ok_or_else(|| Error::NotAView {
-                shape: self.shape.clone(),
-                strides: self.strides.clone(),
+                shape: self.shape.to_vec(),
+                strides: self.strides.to_vec(),
                 target: shape.to_vec(),
             })?;
         Ok(Layout {
-            shape: shape.to_vec(),
-            strides,
+            shape: Dims::from_slice(shape),
+            strides: Dims::from_vec(strides),
             offset: self.offset,
         })
     }
@@ -265,7 +278,7 @@ impl Layout {
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Layout> {
         let err = || Error::NotBroadcastable {
             op: "broadcast_to".into(),
-            lhs: self.shape.clone(),
+            lhs: self.shape.to_vec(),
             rhs: shape.to_vec(),
         };
         if shape.len() < self.ndim() {
@@ -277,7 +290,7 @@ impl Layout {
             )));
         }
         let lead = shape.len() - self.ndim();
-        let mut strides = vec![0; shape.len()];
+        let mut strides = Dims::from_elem(0, shape.len());
         for (i, &n) in shape.iter().enumerate().skip(lead) {
             let (m, s) = (self.shape[i - lead], self.strides[i - lead]);
             strides[i] = match m {
@@ -287,7 +300,7 @@ impl Layout {
             };
         }
         Ok(Layout {
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides,
             offset: self.offset,
         })
