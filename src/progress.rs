@@ -2,8 +2,8 @@
 //! completed generation of an event.
 //!
 //! The fast paths are one atomic each: `advance` only touches the lock when somebody waits, and
-//! `wait_for` spins briefly (most waits on an idle stream end within microseconds) before it
-//! sleeps on a condition variable.
+//! `wait_for` spins and yields for a short while ([`spin_until`]) before it sleeps on a
+//! condition variable.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -50,11 +50,8 @@ impl Progress {
         if self.get() >= target {
             return;
         }
-        for _ in 0..64 {
-            std::hint::spin_loop();
-            if self.get() >= target {
-                return;
-            }
+        if spin_until(|| self.get() >= target) {
+            return;
         }
         let mut g = self.lock.lock();
         self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -63,4 +60,30 @@ impl Progress {
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// How long a waiter keeps checking before it sleeps.
+const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Checks `ready` for up to [`SPIN_FOR`] — busy for the first few dozen checks, then
+/// yielding the core between checks — and says whether it became true. Most waits on a
+/// stream of small work end within microseconds; sleeping on a futex instead costs a wake-up
+/// on each side, which on a virtual machine (a halted vCPU woken by an interrupt) is tens of
+/// microseconds: a replayed graph of 100 tiny operators spent half its time in the kernel's
+/// wake-up path. Yielding keeps the wait from taking a core the work itself needs.
+pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
+    for _ in 0..64 {
+        if ready() {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < SPIN_FOR {
+        if ready() {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    ready()
 }

@@ -203,7 +203,20 @@ impl CpuStream {
 }
 
 fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
-    for job in rx {
+    loop {
+        // The next command: taken at once when queued, else after a short spin (a caller
+        // that enqueues again within microseconds does not pay for waking a parked thread),
+        // else by sleeping until one comes or the stream is dropped.
+        let job = match rx.try_recv() {
+            Ok(job) => job,
+            Err(_) => {
+                crate::progress::spin_until(|| !rx.is_empty());
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            }
+        };
         match catch_unwind(AssertUnwindSafe(|| job.op.run())) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
