@@ -186,12 +186,16 @@ pub(super) unsafe fn gemm((m, k, n): (usize, usize, usize), alpha: f32, a: View,
         return;
     }
     // SAFETY: the caller's promise; the tier decides which kernel the CPU can run.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         match simd_tier() {
             SimdTier::Avx512 => blocked::<12, 32>((m, k, n), alpha, a, b, c, avx512::kernel),
             _ => blocked::<6, 16>((m, k, n), alpha, a, b, c, avx2::kernel),
         }
     }
+    // Elsewhere `available` is false and the caller takes `matrixmultiply`.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (alpha, a, b, c);
 }
 
 /// A register-tile kernel: `tile[r][j] (+)= Σ_{p < kc} a[p·MR + r] · b[p·NR + j]`, the tile
@@ -406,137 +410,92 @@ impl<'a> Aligned<'a> {
     }
 }
 
+/// A register-tile kernel (see [`Kernel`]) for one instruction set: `MR` rows × two vectors
+/// of `L` lanes, the accumulators in registers; before computing, the next tile down (the
+/// blocked loop's next call) is prefetched into L1, since C's rows are far apart and no
+/// hardware prefetcher follows them.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::{
-        __m512, _mm512_fmadd_ps, _mm512_load_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps,
-        _mm512_setzero_ps, _mm512_storeu_ps, _mm_prefetch, _MM_HINT_T0,
-    };
+macro_rules! tile_kernel {
+    (
+        $module:ident, $features:literal, $mr:literal x $lanes:literal, $vec:ident,
+        $load:ident, $loadu:ident, $storeu:ident, $set1:ident, $setzero:ident, $fmadd:ident,
+        $mul:ident
+    ) => {
+        mod $module {
+            use std::arch::x86_64::{
+                _mm_prefetch, $fmadd, $load, $loadu, $mul, $set1, $setzero, $storeu, $vec,
+                _MM_HINT_T0,
+            };
 
-    const MR: usize = 12;
-    const NR: usize = 32;
+            const MR: usize = $mr;
+            const L: usize = $lanes;
+            const NR: usize = 2 * L;
 
-    /// The 12 × 32 tile kernel (see [`super::Kernel`]).
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; `a` holds `kc · 12` values, `b` `kc · 32` (64-byte aligned),
-    /// `t` a 12 × 32 tile at row stride `ldt`.
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn kernel(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        t: *mut f32,
-        ldt: usize,
-        first: bool,
-        scale: Option<f32>,
-    ) {
-        // SAFETY: the caller's promise for every pointer below.
-        unsafe {
-            // The next tile down (the blocked loop's next call), into L1 while this one
-            // computes: C's rows are far apart and no hardware prefetcher follows them.
-            let next = t.wrapping_add(MR * ldt);
-            for r in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * ldt) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * ldt + 16) as *const i8);
-            }
-            let mut c0: [__m512; MR] = [_mm512_setzero_ps(); MR];
-            let mut c1: [__m512; MR] = [_mm512_setzero_ps(); MR];
-            if !first {
-                for r in 0..MR {
-                    c0[r] = _mm512_loadu_ps(t.add(r * ldt));
-                    c1[r] = _mm512_loadu_ps(t.add(r * ldt + 16));
+            /// # Safety
+            /// The CPU has the features named; `a` holds `kc · MR` values, `b` `kc · NR`
+            /// aligned to a vector, `t` an `MR × NR` tile at row stride `ldt`.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn kernel(
+                kc: usize,
+                a: *const f32,
+                b: *const f32,
+                t: *mut f32,
+                ldt: usize,
+                first: bool,
+                scale: Option<f32>,
+            ) {
+                // SAFETY: the caller's promise for every pointer below (the prefetched
+                // addresses are never dereferenced).
+                unsafe {
+                    let next = t.wrapping_add(MR * ldt);
+                    for r in 0..MR {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * ldt) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * ldt + 16) as *const i8);
+                    }
+                    let mut c0: [$vec; MR] = [$setzero(); MR];
+                    let mut c1: [$vec; MR] = [$setzero(); MR];
+                    if !first {
+                        for r in 0..MR {
+                            c0[r] = $loadu(t.add(r * ldt));
+                            c1[r] = $loadu(t.add(r * ldt + L));
+                        }
+                    }
+                    for p in 0..kc {
+                        let b0 = $load(b.add(p * NR));
+                        let b1 = $load(b.add(p * NR + L));
+                        let ap = a.add(p * MR);
+                        for r in 0..MR {
+                            let x = $set1(*ap.add(r));
+                            c0[r] = $fmadd(x, b0, c0[r]);
+                            c1[r] = $fmadd(x, b1, c1[r]);
+                        }
+                    }
+                    if let Some(s) = scale {
+                        let s = $set1(s);
+                        for r in 0..MR {
+                            c0[r] = $mul(s, c0[r]);
+                            c1[r] = $mul(s, c1[r]);
+                        }
+                    }
+                    for r in 0..MR {
+                        $storeu(t.add(r * ldt), c0[r]);
+                        $storeu(t.add(r * ldt + L), c1[r]);
+                    }
                 }
-            }
-            for p in 0..kc {
-                let b0 = _mm512_load_ps(b.add(p * NR));
-                let b1 = _mm512_load_ps(b.add(p * NR + 16));
-                let ap = a.add(p * MR);
-                for r in 0..MR {
-                    let x = _mm512_set1_ps(*ap.add(r));
-                    c0[r] = _mm512_fmadd_ps(x, b0, c0[r]);
-                    c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
-                }
-            }
-            if let Some(s) = scale {
-                let s = _mm512_set1_ps(s);
-                for r in 0..MR {
-                    c0[r] = _mm512_mul_ps(s, c0[r]);
-                    c1[r] = _mm512_mul_ps(s, c1[r]);
-                }
-            }
-            for r in 0..MR {
-                _mm512_storeu_ps(t.add(r * ldt), c0[r]);
-                _mm512_storeu_ps(t.add(r * ldt + 16), c1[r]);
             }
         }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::{
-        __m256, _mm256_fmadd_ps, _mm256_load_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps,
-        _mm256_setzero_ps, _mm256_storeu_ps, _mm_prefetch, _MM_HINT_T0,
     };
-
-    const MR: usize = 6;
-    const NR: usize = 16;
-
-    /// The 6 × 16 tile kernel (see [`super::Kernel`]).
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; `a` holds `kc · 6` values, `b` `kc · 16` (32-byte
-    /// aligned), `t` a 6 × 16 tile at row stride `ldt`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn kernel(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        t: *mut f32,
-        ldt: usize,
-        first: bool,
-        scale: Option<f32>,
-    ) {
-        // SAFETY: the caller's promise for every pointer below.
-        unsafe {
-            // The next tile down, as in the AVX-512 kernel.
-            let next = t.wrapping_add(MR * ldt);
-            for r in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * ldt) as *const i8);
-            }
-            let mut c0: [__m256; MR] = [_mm256_setzero_ps(); MR];
-            let mut c1: [__m256; MR] = [_mm256_setzero_ps(); MR];
-            if !first {
-                for r in 0..MR {
-                    c0[r] = _mm256_loadu_ps(t.add(r * ldt));
-                    c1[r] = _mm256_loadu_ps(t.add(r * ldt + 8));
-                }
-            }
-            for p in 0..kc {
-                let b0 = _mm256_load_ps(b.add(p * NR));
-                let b1 = _mm256_load_ps(b.add(p * NR + 8));
-                let ap = a.add(p * MR);
-                for r in 0..MR {
-                    let x = _mm256_set1_ps(*ap.add(r));
-                    c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
-                    c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
-                }
-            }
-            if let Some(s) = scale {
-                let s = _mm256_set1_ps(s);
-                for r in 0..MR {
-                    c0[r] = _mm256_mul_ps(s, c0[r]);
-                    c1[r] = _mm256_mul_ps(s, c1[r]);
-                }
-            }
-            for r in 0..MR {
-                _mm256_storeu_ps(t.add(r * ldt), c0[r]);
-                _mm256_storeu_ps(t.add(r * ldt + 8), c1[r]);
-            }
-        }
-    }
 }
+
+// AVX-512: 12 rows × 32 columns (24 of the 32 zmm registers).
+#[cfg(target_arch = "x86_64")]
+tile_kernel!(avx512, "avx512f,fma", 12 x 16, __m512, _mm512_load_ps, _mm512_loadu_ps,
+    _mm512_storeu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_mul_ps);
+
+// AVX2: 6 rows × 16 columns (12 of the 16 ymm registers).
+#[cfg(target_arch = "x86_64")]
+tile_kernel!(avx2, "avx2,fma", 6 x 8, __m256, _mm256_load_ps, _mm256_loadu_ps,
+    _mm256_storeu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_mul_ps);
 
 #[cfg(test)]
 mod tests {
