@@ -352,38 +352,32 @@ impl Plan {
     /// Checks tensor `index` of the inputs (or outputs) against its description. The
     /// message names the operand only on failure: a launch formats nothing when it is right.
     fn check(&self, (kind, index): (&str, usize), want: &TensorDesc, t: &Tensor) -> Result<()> {
-        if t.device() == want.device
-            && t.dtype() == want.dtype
-            && t.shape() == want.layout.shape()
-            && t.layout().strides() == want.layout.strides()
-        {
-            return Ok(());
-        }
-        let op = format!("{} ({kind} {index})", self.0.op);
+        let op = || format!("{} ({kind} {index})", self.0.op);
         if t.device() != want.device {
             return Err(Error::DeviceMismatch {
-                op,
+                op: op(),
                 expected: want.device,
                 got: t.device(),
             });
         }
         if t.dtype() != want.dtype {
             return Err(Error::DTypeMismatch {
-                op,
+                op: op(),
                 expected: want.dtype,
                 got: t.dtype(),
             });
         }
         if t.shape() != want.layout.shape() {
             return Err(Error::ShapeMismatch {
-                op,
+                op: op(),
                 expected: want.layout.shape().to_vec(),
                 got: t.shape().to_vec(),
             });
         }
         if t.layout().strides() != want.layout.strides() {
             return Err(Error::BadTensorStrides(format!(
-                "{op}: planned for strides {:?}, got {:?}",
+                "{}: planned for strides {:?}, got {:?}",
+                op(),
                 want.layout.strides(),
                 t.layout().strides()
             )));

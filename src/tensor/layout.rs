@@ -22,7 +22,12 @@ pub struct Layout {
 
 /// Row-major strides of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+    row_major(shape).to_vec()
+}
+
+/// Row-major strides of `shape`, inline.
+fn row_major(shape: &[usize]) -> Dims {
+    let mut strides = Dims::from_elem(0, shape.len());
     let mut acc = 1usize;
     for (s, &n) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
@@ -87,14 +92,8 @@ pub fn normalize_axis(op: &str, axis: isize, ndim: usize) -> Result<usize> {
 impl Layout {
     /// A row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: &[usize]) -> Layout {
-        let mut strides = Dims::from_elem(0, shape.len());
-        let mut acc = 1usize;
-        for (s, &n) in strides.iter_mut().zip(shape).rev() {
-            *s = acc;
-            acc = acc.saturating_mul(n.max(1));
-        }
         Layout {
-            strides,
+            strides: row_major(shape),
             shape: Dims::from_slice(shape),
             offset: 0,
         }

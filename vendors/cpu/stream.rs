@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use parking_lot::Mutex;
 
 use super::event::CpuEvent;
@@ -169,33 +169,33 @@ impl CpuStream {
     /// a device-wide synchronisation, which must not take a failure from the stream's own
     /// synchronisation (another thread's, perhaps).
     pub fn wait_and_peek(&self) -> Result<()> {
-        self.born.check("a cpu stream")?;
-        if !self.is_idle() {
-            self.shared
-                .done
-                .wait_for(self.submitted.load(Ordering::SeqCst));
-        }
-        if !self.shared.failed.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        match self.shared.error.lock().clone() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.wait_then(false)
     }
 
     /// Waits for everything enqueued so far; reports a command's failure once.
     pub fn synchronize(&self) -> Result<()> {
+        self.wait_then(true)
+    }
+
+    /// Waits for everything enqueued so far, then reports the failure recorded, taking it
+    /// when `take`.
+    fn wait_then(&self, take: bool) -> Result<()> {
         self.born.check("a cpu stream")?;
         if !self.is_idle() {
             self.shared
                 .done
                 .wait_for(self.submitted.load(Ordering::SeqCst));
         }
-        if !self.shared.failed.swap(false, Ordering::AcqRel) {
+        let failed = if take {
+            self.shared.failed.swap(false, Ordering::AcqRel)
+        } else {
+            self.shared.failed.load(Ordering::Acquire)
+        };
+        if !failed {
             return Ok(());
         }
-        match self.shared.error.lock().take() {
+        let mut error = self.shared.error.lock();
+        match if take { error.take() } else { error.clone() } {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -209,7 +209,8 @@ fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
         // else by sleeping until one comes or the stream is dropped.
         let job = match rx.try_recv() {
             Ok(job) => job,
-            Err(_) => {
+            Err(TryRecvError::Disconnected) => return,
+            Err(TryRecvError::Empty) => {
                 crate::progress::spin_until(|| !rx.is_empty());
                 match rx.recv() {
                     Ok(job) => job,

@@ -387,7 +387,7 @@ impl Backend for CudaBackend {
             Ok(()) => {
                 s.gate.mark_destroyed();
                 let faults = s.take_faults();
-                super::fault::note(&mut self.orphan_faults.lock(), &faults);
+                super::fault::note(&mut self.orphan_faults.lock(), faults.iter().cloned());
                 Ok(())
             }
             Err(e) => {

@@ -24,7 +24,8 @@ use parking_lot::Mutex;
 
 use super::CudaBackend;
 use crate::error::{Error, Result};
-use crate::vendors::device_fault::{FaultMeaning, FAULT_BYTES};
+use crate::vendors::device_fault::FaultMeaning;
+pub(crate) use crate::vendors::device_fault::{note, FAULT_BYTES};
 
 /// Words per slab (one allocation of 64 KiB).
 const SLAB_WORDS: u64 = 4096;
@@ -58,11 +59,6 @@ impl Drop for FaultWord {
         // holder let go: a stream holds it until it has been synchronised.
         self.slabs.lock().free.push(self.addr);
     }
-}
-
-/// Adds `words` to `list`, each once.
-pub(crate) fn note(list: &mut Vec<Arc<FaultWord>>, words: &[Arc<FaultWord>]) {
-    crate::vendors::device_fault::note(list, words.iter().cloned());
 }
 
 impl CudaBackend {

@@ -60,8 +60,8 @@ impl CudaStream {
             return;
         }
         match self.capture.lock().as_mut() {
-            Some(c) => super::fault::note(&mut c.checks, words),
-            None => super::fault::note(&mut self.checks.lock(), words),
+            Some(c) => super::fault::note(&mut c.checks, words.iter().cloned()),
+            None => super::fault::note(&mut self.checks.lock(), words.iter().cloned()),
         }
     }
 

@@ -40,6 +40,17 @@ pub(super) struct Mat {
     pub cs: usize,
 }
 
+impl Mat {
+    /// The submatrix starting at row `r`, column `c` (which the caller keeps inside the
+    /// matrix; the pointer is only computed).
+    fn at(self, r: usize, c: usize) -> Mat {
+        Mat {
+            p: Ptr(self.p.0.wrapping_add(r * self.rs + c * self.cs)),
+            ..self
+        }
+    }
+}
+
 /// Whether `UNIRT_CPU_GEMM=matrixmultiply` asks for the `matrixmultiply` crate's GEMM (the
 /// baseline unirt's own is measured against), read once.
 fn matrixmultiply_asked() -> bool {
@@ -85,66 +96,31 @@ pub(super) unsafe fn sgemm_par(
         if start >= end {
             return;
         }
+        let (rows, cols) = if along_m {
+            (start..end, 0..n)
+        } else {
+            (0..m, start..end)
+        };
+        let (a, b, c) = (
+            a.at(rows.start, 0),
+            b.at(0, cols.start),
+            c.at(rows.start, cols.start),
+        );
+        let (pm, pn) = (rows.len(), cols.len());
         // SAFETY: each panel writes its own rows (or columns) of C; all pointers stay in the
         // matrices the caller vouched for.
         unsafe {
             if own {
-                let (rows, cols) = if along_m {
-                    (start..end, 0..n)
-                } else {
-                    (0..m, start..end)
-                };
-                let view = |x: &Mat, r0: usize, c0: usize| View {
-                    p: Ptr(x.p.at(r0 * x.rs + c0 * x.cs)),
-                    rs: x.rs,
-                    cs: x.cs,
-                };
-                gemm(
-                    (rows.len(), k, cols.len()),
-                    alpha,
-                    view(&a, rows.start, 0),
-                    view(&b, 0, cols.start),
-                    view(&c, rows.start, cols.start),
-                );
-                after(rows, cols);
-            } else if along_m {
-                matrixmultiply::sgemm(
-                    end - start,
-                    k,
-                    n,
-                    alpha,
-                    a.p.at(start * a.rs),
-                    a.rs as isize,
-                    a.cs as isize,
-                    b.p.0,
-                    b.rs as isize,
-                    b.cs as isize,
-                    beta,
-                    c.p.at(start * c.rs),
-                    c.rs as isize,
-                    c.cs as isize,
-                );
-                after(start..end, 0..n);
+                gemm((pm, k, pn), alpha, a, b, c);
             } else {
+                let (ai, bi, ci) = (a.rs as isize, b.rs as isize, c.rs as isize);
+                let (aj, bj, cj) = (a.cs as isize, b.cs as isize, c.cs as isize);
                 matrixmultiply::sgemm(
-                    m,
-                    k,
-                    end - start,
-                    alpha,
-                    a.p.0,
-                    a.rs as isize,
-                    a.cs as isize,
-                    b.p.at(start * b.cs),
-                    b.rs as isize,
-                    b.cs as isize,
-                    beta,
-                    c.p.at(start * c.cs),
-                    c.rs as isize,
-                    c.cs as isize,
+                    pm, k, pn, alpha, a.p.0, ai, aj, b.p.0, bi, bj, beta, c.p.0, ci, cj,
                 );
-                after(0..m, start..end);
             }
         }
+        after(rows, cols);
     };
     if panels == 1 {
         run(0);
@@ -158,21 +134,13 @@ pub(super) fn available() -> bool {
     simd_tier() >= SimdTier::Avx2
 }
 
-/// A strided f32 matrix view: first element, row and column strides in elements.
-#[derive(Clone, Copy)]
-pub(super) struct View {
-    pub p: Ptr<f32>,
-    pub rs: usize,
-    pub cs: usize,
-}
-
 /// `C[rows, cols] = alpha · A[rows, :] · B[:, cols]` for the m×k · k×n product of the
 /// views (C's old values are not read).
 ///
 /// # Safety
 /// [`available`] is true; A is valid for m×k, B for k×n, C for m×n at their strides; C does
 /// not overlap A or B.
-pub(super) unsafe fn gemm((m, k, n): (usize, usize, usize), alpha: f32, a: View, b: View, c: View) {
+pub(super) unsafe fn gemm((m, k, n): (usize, usize, usize), alpha: f32, a: Mat, b: Mat, c: Mat) {
     if m == 0 || n == 0 {
         return;
     }
@@ -218,22 +186,22 @@ type Kernel = unsafe fn(
 unsafe fn blocked<const MR: usize, const NR: usize>(
     (m, k, n): (usize, usize, usize),
     alpha: f32,
-    a: View,
-    b: View,
-    c: View,
+    a: Mat,
+    b: Mat,
+    c: Mat,
     kernel: Kernel,
 ) {
     let nc_max = NC.min(n.next_multiple_of(NR));
     let mc_max = MC.min(m.next_multiple_of(MR));
     let kc_max = KC.min(k);
-    // 64-byte aligned buffers (aligned loads of packed B).
-    // The thread's packing buffers, kept between calls: allocating (and faulting in) a
-    // fresh quarter megabyte per call cost more than a 256³ product's arithmetic.
+    // The thread's packing buffers, 64-byte aligned (aligned loads of packed B) and kept
+    // between calls: allocating (and faulting in) a fresh quarter megabyte per call cost more
+    // than a 256³ product's arithmetic.
     PACKED.with_borrow_mut(|(bbuf, abuf)| {
-        let mut bp = Aligned::take(bbuf, kc_max * nc_max);
-        let mut ap = Aligned::take(abuf, kc_max * mc_max);
+        let bp = aligned(bbuf, kc_max * nc_max);
+        let ap = aligned(abuf, kc_max * mc_max);
         // SAFETY: the caller's promise.
-        unsafe { blocked_with::<MR, NR>((m, k, n), alpha, a, b, c, kernel, &mut bp, &mut ap) }
+        unsafe { blocked_with::<MR, NR>((m, k, n), alpha, a, b, c, kernel, bp, ap) }
     })
 }
 
@@ -252,12 +220,12 @@ thread_local! {
 unsafe fn blocked_with<const MR: usize, const NR: usize>(
     (m, k, n): (usize, usize, usize),
     alpha: f32,
-    a: View,
-    b: View,
-    c: View,
+    a: Mat,
+    b: Mat,
+    c: Mat,
     kernel: Kernel,
-    bp: &mut Aligned<'_>,
-    ap: &mut Aligned<'_>,
+    bp: &mut [f32],
+    ap: &mut [f32],
 ) {
     // An edge tile (rows or columns past C's edge, or C with non-unit column stride).
     let mut edge = [0f32; 12 * 32];
@@ -270,18 +238,18 @@ unsafe fn blocked_with<const MR: usize, const NR: usize>(
             let (first, last) = (pc == 0, pc + kc == k);
             let scale = (last && alpha != 1.0).then_some(alpha);
             // SAFETY: rows pc..pc + kc, columns jc..jc + nc of B.
-            unsafe { pack::<NR>(bp.slice(), b, pc..pc + kc, jc..jc + nc, true) };
+            unsafe { pack::<NR>(bp, b, pc..pc + kc, jc..jc + nc, true) };
             let mut ic = 0;
             while ic < m {
                 let mc = MC.min(m - ic);
                 // SAFETY: rows ic..ic + mc, columns pc..pc + kc of A.
-                unsafe { pack::<MR>(ap.slice(), a, ic..ic + mc, pc..pc + kc, false) };
+                unsafe { pack::<MR>(ap, a, ic..ic + mc, pc..pc + kc, false) };
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
-                    let bpan = bp.slice()[jr * kc..].as_ptr();
+                    let bpan = bp[jr * kc..].as_ptr();
                     for ir in (0..mc).step_by(MR) {
                         let mr = MR.min(mc - ir);
-                        let apan = ap.slice()[ir * kc..].as_ptr();
+                        let apan = ap[ir * kc..].as_ptr();
                         let (i0, j0) = (ic + ir, jc + jr);
                         // SAFETY: the packed panels hold kc steps of MR / NR values; the tile
                         // is inside C (checked by mr, nr) or the edge buffer.
@@ -326,7 +294,7 @@ unsafe fn blocked_with<const MR: usize, const NR: usize>(
 /// The region is inside `src`.
 unsafe fn pack<const W: usize>(
     dst: &mut [f32],
-    src: View,
+    src: Mat,
     rows: Range<usize>,
     cols: Range<usize>,
     by_cols: bool,
@@ -387,27 +355,14 @@ unsafe fn pack<const W: usize>(
     }
 }
 
-/// A heap buffer of f32 aligned to 64 bytes.
-struct Aligned<'a> {
-    buf: &'a mut Vec<f32>,
-    start: usize,
-    len: usize,
-}
-
-impl<'a> Aligned<'a> {
-    /// `len` aligned elements of `buf`, grown if needed (packing writes every element it
-    /// later reads, so what a grown buffer held before does not matter).
-    fn take(buf: &'a mut Vec<f32>, len: usize) -> Self {
-        if buf.len() < len + 16 {
-            buf.resize(len + 16, 0.0);
-        }
-        let start = buf.as_ptr().align_offset(64).min(16);
-        Aligned { buf, start, len }
+/// `len` elements of `buf` starting on a 64-byte boundary, `buf` grown if needed (packing
+/// writes every element it later reads, so what a grown buffer held before does not matter).
+fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len + 16 {
+        buf.resize(len + 16, 0.0);
     }
-
-    fn slice(&mut self) -> &mut [f32] {
-        &mut self.buf[self.start..self.start + self.len]
-    }
+    let start = buf.as_ptr().align_offset(64).min(16);
+    &mut buf[start..start + len]
 }
 
 /// A register-tile kernel (see [`Kernel`]) for one instruction set: `MR` rows × two vectors
@@ -510,13 +465,8 @@ mod tests {
         if !available() {
             return;
         }
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut rng = crate::tensor::SplitMix64::new(0x9e37_79b9_7f4a_7c15);
+        let mut rnd = move || (rng.next_f64() * 2.0 - 1.0) as f32;
         let shapes = [
             (1, 1, 1, 1.0),
             (12, 192, 32, 1.0),
@@ -533,7 +483,7 @@ mod tests {
                 let (ars, acs) = if ta { (1, m) } else { (k, 1) };
                 let (brs, bcs) = if tb { (1, k) } else { (n, 1) };
                 let mut c = vec![f32::NAN; m * n * cstride];
-                let view = |p: *const f32, rs, cs| View {
+                let view = |p: *const f32, rs, cs| Mat {
                     p: Ptr(p as *mut f32),
                     rs,
                     cs,

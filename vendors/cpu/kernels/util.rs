@@ -857,18 +857,21 @@ mod tests {
                 h.to_bits()
             );
         }
-        let mut rng = SplitMix(0x5eed);
+        let mut rng = crate::tensor::SplitMix64::new(0x5eed);
         let mut src: Vec<f32> = (0..200_003)
             .map(|i| match i % 4 {
                 // Any bit pattern: NaNs with payloads, infinities, subnormals.
-                0 => f32::from_bits(rng.next() as u32),
+                0 => f32::from_bits(rng.next_u64() as u32),
                 // Exactly halfway between two f16s, and one ulp either side.
                 1 => {
-                    let h = (rng.next() as u16) & 0x7bff;
+                    let h = (rng.next_u64() as u16) & 0x7bff;
                     let mid = f16::from_bits(h).to_f32_const().to_bits() + (1 << 12);
-                    f32::from_bits(mid.wrapping_add((rng.next() % 3) as u32).wrapping_sub(1))
+                    f32::from_bits(
+                        mid.wrapping_add((rng.next_u64() % 3) as u32)
+                            .wrapping_sub(1),
+                    )
                 }
-                _ => (rng.next() as i32 as f32) * 2f32.powi((rng.next() % 60) as i32 - 50),
+                _ => (rng.next_u64() as i32 as f32) * 2f32.powi((rng.next_u64() % 60) as i32 - 50),
             })
             .collect();
         src.extend([
@@ -886,17 +889,6 @@ mod tests {
         for (x, h) in src.iter().zip(&narrow) {
             let want = f16::from_f32_const(*x);
             assert_eq!(h.to_bits(), want.to_bits(), "{x:e} ({:#010x})", x.to_bits());
-        }
-    }
-
-    struct SplitMix(u64);
-    impl SplitMix {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
         }
     }
 
