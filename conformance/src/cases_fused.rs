@@ -1,6 +1,7 @@
 //! `ops::fused_elementwise::<dtype>::…`: the operator a [`CapturePlan`](unirt::CapturePlan)
 //! fuses elementwise chains into, checked bitwise against the unfused operators it replaces.
 
+use unirt::ops::elementwise::{binary, binary_scalar, swiglu, unary};
 use unirt::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep};
 use unirt::ops::{BinaryOp, UnaryOp};
 use unirt::tensor::{DType, Tensor};
@@ -47,6 +48,15 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
         got.to_bytes()? == want.to_bytes()?,
         "the fused chain differs from the unfused operators"
     );
+    // Every elementwise function, each after a multiply and an add it could be contracted
+    // with, summed: bitwise the operators run one by one.
+    let prog = every_function();
+    let got = fused_elementwise(&[a.desc(), b.desc()], prog.clone())?.run1(&[&a, &b])?;
+    let want = unfused(&prog, &[&a, &b])?;
+    ensure!(
+        got.to_bytes()? == want.to_bytes()?,
+        "the fused chain of every elementwise function differs from the unfused operators"
+    );
     // Bad programs and operands are typed errors.
     let bad = FusedProgram {
         steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Step(0))],
@@ -71,4 +81,70 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
         "a strided operand",
     )?;
     Ok(())
+}
+
+/// `|a·b| + 0.5`, every unary function of it, every binary function of it and `b` and of it
+/// and a scalar, and SwiGLU, summed.
+fn every_function() -> FusedProgram {
+    let mut steps = vec![
+        FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+        FusedStep::Unary(UnaryOp::Abs, FusedSrc::Step(0)),
+        FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(1), 0.5),
+    ];
+    let base = FusedSrc::Step(2);
+    let mut terms = Vec::new();
+    let mut push = |steps: &mut Vec<FusedStep>, s| {
+        steps.push(s);
+        terms.push(steps.len() - 1);
+    };
+    for u in UnaryOp::ALL {
+        push(&mut steps, FusedStep::Unary(u, base));
+    }
+    for o in BinaryOp::ALL {
+        push(&mut steps, FusedStep::Binary(o, base, FusedSrc::Input(1)));
+        push(&mut steps, FusedStep::Scalar(o, base, 1.25));
+    }
+    push(&mut steps, FusedStep::Swiglu(base, FusedSrc::Input(0)));
+    let mut acc = terms[0];
+    for &t in &terms[1..] {
+        steps.push(FusedStep::Binary(
+            BinaryOp::Add,
+            FusedSrc::Step(acc),
+            FusedSrc::Step(t),
+        ));
+        acc = steps.len() - 1;
+    }
+    FusedProgram { steps }
+}
+
+/// `prog` run one operator at a time.
+fn unfused(prog: &FusedProgram, inputs: &[&Tensor]) -> unirt::Result<Tensor> {
+    let mut done: Vec<Tensor> = Vec::new();
+    for step in &prog.steps {
+        let at = |s: FusedSrc| match s {
+            FusedSrc::Input(k) => inputs[k].clone(),
+            FusedSrc::Step(k) => done[k].clone(),
+        };
+        let t = match *step {
+            FusedStep::Unary(u, a) => {
+                let a = at(a);
+                unary(u, &a.desc())?.run1(&[&a])?
+            }
+            FusedStep::Binary(o, a, b) => {
+                let (a, b) = (at(a), at(b));
+                binary(o, &a.desc(), &b.desc())?.run1(&[&a, &b])?
+            }
+            FusedStep::Scalar(o, a, c) => {
+                let a = at(a);
+                binary_scalar(o, &a.desc(), c)?.run1(&[&a])?
+            }
+            FusedStep::Swiglu(up, gate) => {
+                let (u, g) = (at(up), at(gate));
+                swiglu(&u.desc(), &g.desc())?.run1(&[&u, &g])?
+            }
+        };
+        done.push(t);
+    }
+    done.pop()
+        .ok_or_else(|| unirt::Error::BadParam("an empty program".into()))
 }

@@ -7,9 +7,12 @@
 //! unfused operator stores it, so a fused chain gives bitwise the unfused result. The output
 //! may not overlap an input.
 //!
-//! A backend runs fused chains once it registers a `fused_elementwise` kernel for the dtype
-//! (the CPU and wgpu do; a CUDA C kernel generated from the program can be registered the
-//! same way). Where none is registered, the planner simply does not fuse.
+//! A backend runs fused chains once it registers a `fused_elementwise` kernel for the dtype.
+//! All three do, each generating its kernel from the program: the CPU runs the steps' own
+//! block functions over cache-sized blocks, wgpu and CUDA generate WGSL and CUDA C that call
+//! the unfused operators' own functions, keeping every step's result opaque to the shader or
+//! NVRTC compiler (no contraction across steps). Where none is registered, the planner simply
+//! does not fuse.
 
 use std::sync::Arc;
 

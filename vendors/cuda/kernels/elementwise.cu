@@ -6,6 +6,16 @@
 // (0 where it broadcasts). Entry points are `op_<registry name>`.
 //
 // The HAL's built-in kernels `fill` and `add_f32` live in builtin.cu.
+//
+// With UNIRT_FUSED defined the file declares only the operators' functions (`<name>_fn`),
+// no kernel: a fused chain's generated source (fused.rs) calls the very functions the
+// unfused kernels call, which is what makes it bitwise the unfused chain.
+
+#ifdef UNIRT_FUSED
+#define UNIRT_KERNEL(...)
+#else
+#define UNIRT_KERNEL(...) __VA_ARGS__
+#endif
 
 struct Ew {
     Space s;
@@ -89,17 +99,16 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
     struct name##_fn {                                                                       \
         __device__ __forceinline__ float operator()(float a, float b) const { return expr; } \
     };                                                                                       \
-    extern "C" __global__ void op_##name(T *out, const T *in0, const T *in1, const T *in2,   \
-                                         Ew e)                                               \
-    {                                                                                        \
-        map<2>(name##_fn(), out, in0, in1, e);                                               \
-    }                                                                                        \
-    extern "C" __global__ void op_##name##_scalar(T *out, const T *in0, const T *in1,        \
-                                                  const T *in2, Ew e)                        \
-    {                                                                                        \
-        WithScalar<name##_fn> f = {name##_fn(), (float)e.scalar};                            \
-        map<1>(f, out, in0, in1, e);                                                         \
-    }
+    UNIRT_KERNEL(extern "C" __global__ void op_##name(T *out, const T *in0, const T *in1,    \
+                                                      const T *in2, Ew e)                    \
+                 { map<2>(name##_fn(), out, in0, in1, e); })                                 \
+    UNIRT_KERNEL(extern "C" __global__ void op_##name##_scalar(T *out, const T *in0,         \
+                                                               const T *in1, const T *in2,   \
+                                                               Ew e)                         \
+                 {                                                                           \
+                     WithScalar<name##_fn> f = {name##_fn(), (float)e.scalar};               \
+                     map<1>(f, out, in0, in1, e);                                            \
+                 })
 
 BINARY(add, a + b)
 BINARY(sub, a - b)
@@ -113,11 +122,9 @@ BINARY(pow, powf(a, b))
     struct name##_fn {                                                                       \
         __device__ __forceinline__ float operator()(float x, float) const { return expr; }   \
     };                                                                                       \
-    extern "C" __global__ void op_##name(T *out, const T *in0, const T *in1, const T *in2,   \
-                                         Ew e)                                               \
-    {                                                                                        \
-        map<1>(name##_fn(), out, in0, in1, e);                                               \
-    }
+    UNIRT_KERNEL(extern "C" __global__ void op_##name(T *out, const T *in0, const T *in1,    \
+                                                      const T *in2, Ew e)                    \
+                 { map<1>(name##_fn(), out, in0, in1, e); })
 
 UNARY(neg, -x)
 UNARY(abs, fabsf(x))
@@ -138,6 +145,7 @@ UNARY(silu, x * sigmoid(x))
 struct swiglu_fn {
     __device__ __forceinline__ float operator()(float up, float g) const { return up * g * sigmoid(g); }
 };
+#ifndef UNIRT_FUSED
 extern "C" __global__ void op_swiglu(T *out, const T *in0, const T *in1, const T *in2, Ew e)
 {
     map<2>(swiglu_fn(), out, in0, in1, e);
@@ -165,3 +173,4 @@ extern "C" __global__ void op_masked_fill(T *out, const T *in0, const u8 *in1, c
         out[o[0]] = in1[o[2]] != 0 ? v : in0[o[1]];
     }
 }
+#endif // UNIRT_FUSED

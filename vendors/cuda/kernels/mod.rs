@@ -22,6 +22,7 @@ mod attention;
 mod cast;
 mod elementwise;
 mod embedding;
+mod fused;
 mod matmul;
 mod norm;
 mod rearrange;
@@ -206,6 +207,18 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
             }
         }
     }
+    // Generated per program at plan time, not from a family's template.
+    for &dt in FLOATS {
+        reg.builtin(
+            crate::ops::fused::FUSED_ELEMENTWISE,
+            DeviceKind::Cuda,
+            dt,
+            KernelImpl::Prepared {
+                kind: "cuda-c",
+                prepare: fused::prepare,
+            },
+        );
+    }
 }
 
 /// The family of a plan's operator, or an internal error (the registry routed it here).
@@ -265,6 +278,19 @@ fn units() -> Vec<Unit> {
                 text: op_source(f, dt),
                 entries: f.entries.iter().map(|e| e.to_string()).collect(),
                 param_bytes: Some(8 * (f.params.0 + f.params.1) as u32),
+            });
+        }
+    }
+    // A fused chain's generated source, for a program calling every elementwise function.
+    let sample = fused::sample_program();
+    for &dt in FLOATS {
+        if let Ok(text) = fused::source(&sample, 2, dt) {
+            u.push(Unit {
+                label: format!("fused_elementwise/{dt}:"),
+                file: "fused_elementwise.cu".into(),
+                text,
+                entries: vec![fused::ENTRY.to_string()],
+                param_bytes: Some(fused::param_bytes(&sample, 2)),
             });
         }
     }

@@ -1,0 +1,307 @@
+//! `fused_elementwise` in CUDA C: a chain of elementwise steps as one kernel, its source
+//! generated from the [`FusedProgram`] at plan time, compiled by NVRTC and cached like every
+//! op family's (in memory and on disk, keyed by the source's hash).
+//!
+//! The source is the elementwise family's own file with its kernels left out
+//! (`UNIRT_FUSED`), so each step calls the very function its unfused kernel calls
+//! (`add_fn`, `gelu_fn`, …), followed by the generated kernel. Each step's result passes
+//! through `keep`: rounded to the dtype as the unfused kernel stores it, and XORed with a
+//! parameter that is 0 at run time. The unfused kernels store every result, so a multiply in
+//! one step contracted with an add in the next into one FMA (which NVRTC does by default)
+//! would round differently; `keep` hides each result from the compiler, so a fused chain is
+//! bitwise the unfused one. Scalars are kernel parameters, as in the unfused kernels (a
+//! literal could be folded differently).
+//!
+//! The kernel moves 16 bytes per access when every operand is 16-byte aligned (checked on
+//! the device, as the elementwise kernels do), else one element per thread and step of a
+//! grid-stride loop. Its parameters: the output, each input, then `struct Fused { i64 n;
+//! i64 mask; double s[steps]; }` (element count, the opaque zero, each step's scalar).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::args::{blocks, Args, BLOCK};
+use super::prepared::{ready, with_backend, Operand, Step};
+use super::{elementwise, op_source};
+use crate::error::{Error, Result};
+use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE, MAX_FUSED_INPUTS};
+use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::tensor::DType;
+
+/// The kernel's `extern "C"` name.
+pub(super) const ENTRY: &str = "fused_elementwise";
+
+/// The CUDA C of `prog` over `inputs` inputs for `dtype`: the elementwise functions, then the
+/// generated kernel [`ENTRY`].
+pub(super) fn source(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result<String> {
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(Error::Internal(format!(
+            "{FUSED_ELEMENTWISE}: no CUDA kernel for {dtype}"
+        )));
+    }
+    if prog.steps.is_empty() || inputs == 0 || inputs > MAX_FUSED_INPUTS {
+        return Err(Error::Internal(format!(
+            "{FUSED_ELEMENTWISE}: {inputs} inputs, {} steps (unchecked program)",
+            prog.steps.len()
+        )));
+    }
+    prog.validate(inputs)?;
+    let operand = |src: FusedSrc| match src {
+        FusedSrc::Input(k) => format!("x{k}"),
+        FusedSrc::Step(k) => format!("t{k}"),
+    };
+    let mut body = String::new();
+    for (s, step) in prog.steps.iter().enumerate() {
+        // The unfused kernels call unary functions as f(x, x) and scalar ones as f(x, s).
+        let call = match *step {
+            FusedStep::Unary(u, a) => format!("{}_fn()({a}, {a})", u.name(), a = operand(a)),
+            FusedStep::Binary(o, a, b) => {
+                format!("{}_fn()({}, {})", o.name(), operand(a), operand(b))
+            }
+            FusedStep::Scalar(o, a, _) => {
+                format!("{}_fn()({}, (float)e.s[{s}])", o.name(), operand(a))
+            }
+            FusedStep::Swiglu(up, gate) => {
+                format!("swiglu_fn()({}, {})", operand(up), operand(gate))
+            }
+        };
+        let _ = writeln!(body, "    float t{s} = keep({call}, m);");
+    }
+    let last = prog.steps.len() - 1;
+    let n = inputs;
+    let list = |f: &dyn Fn(usize) -> String| (0..n).map(f).collect::<Vec<_>>().join(", ");
+    let params = list(&|k| format!("const T *__restrict__ in{k}"));
+    let args_of = |at: &dyn Fn(usize) -> String| list(&|k| format!("to_f32({})", at(k)));
+    let aligned = (0..n)
+        .map(|k| format!("aligned_to(in{k}, 16)"))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    let loads: String = (0..n)
+        .map(|k| format!("            TPack p{k} = ((const TPack *)in{k})[p];\n"))
+        .collect();
+    let xs = list(&|k| format!("float x{k}"));
+    let steps = prog.steps.len();
+    let text = format!(
+        r#"
+#line 1 "fused_elementwise.cu"
+// Generated from a FusedProgram of {steps} steps over {n} inputs (vendors/cuda/kernels/fused.rs).
+struct Fused {{
+    i64 n;
+    i64 mask;
+    double s[{steps}];
+}};
+
+// A step's result as the unfused kernel stores it, hidden from the compiler (mask is 0).
+__device__ __forceinline__ float keep(float v, int mask)
+{{
+    return __int_as_float(__float_as_int(to_f32(from_f32<T>(v))) ^ mask);
+}}
+
+__device__ __forceinline__ float chain(const Fused &e, {xs})
+{{
+    int m = (int)e.mask;
+{body}    return t{last};
+}}
+
+extern "C" __global__ void {ENTRY}(T *__restrict__ out, {params}, Fused e)
+{{
+    if (aligned_to(out, 16) && {aligned}) {{
+        i64 packs = e.n / VEC;
+        GRID_LOOP(p, packs)
+        {{
+{loads}            TPack r;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) r.v[j] = from_f32<T>(chain(e, {vec_args}));
+            ((TPack *)out)[p] = r;
+        }}
+        // Fewer than VEC elements are left; the first threads take one each.
+        i64 t = packs * VEC + (i64)blockIdx.x * blockDim.x + threadIdx.x;
+        if (t < e.n) out[t] = from_f32<T>(chain(e, {tail_args}));
+        return;
+    }}
+    GRID_LOOP(i, e.n) out[i] = from_f32<T>(chain(e, {elem_args}));
+}}
+"#,
+        vec_args = list(&|k| format!("to_f32(p{k}.v[j])")),
+        tail_args = args_of(&|k| format!("in{k}[t]")),
+        elem_args = args_of(&|k| format!("in{k}[i]")),
+    );
+    Ok(format!(
+        "#define UNIRT_FUSED 1\n{}\n{text}",
+        op_source(&elementwise::FAMILY, dtype)
+    ))
+}
+
+/// The by-value parameters of a launch over `n` elements: `struct Fused`.
+fn params(prog: &FusedProgram, n: usize) -> Args {
+    let mut a = Args::new();
+    a.int(n).int(0);
+    for step in &prog.steps {
+        a.float(match *step {
+            FusedStep::Scalar(_, _, c) => c,
+            _ => 0.0,
+        });
+    }
+    a
+}
+
+/// The module name of a generated source: unique per source (it keys the image caches).
+fn module_name(dtype: DType, text: &str) -> String {
+    let hash: String = Sha256::digest(text.as_bytes())
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("fused-{dtype}-{hash}")
+}
+
+pub(super) fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    let Params::Fused(prog) = spec.params else {
+        return Err(Error::Internal(format!(
+            "{}: unexpected parameters {:?}",
+            spec.op, spec.params
+        )));
+    };
+    let out = spec
+        .outputs
+        .first()
+        .ok_or_else(|| Error::Internal(format!("{}: no output", spec.op)))?;
+    let text = source(prog, spec.inputs.len(), spec.dtype)?;
+    let name = module_name(spec.dtype, &text);
+    let func = with_backend(spec, |b| {
+        b.module_function_of(&name, "fused_elementwise.cu", || text, ENTRY)
+    })??;
+    let n = out.layout.numel();
+    // Sized for the vector path (16 bytes a thread); the grid-stride loop covers the rest.
+    let vector = 16 / spec.dtype.size();
+    let mut step = Step::new(
+        ENTRY,
+        [blocks(n.div_ceil(vector) as i64, BLOCK as i64), 1, 1],
+        [BLOCK, 1, 1],
+    );
+    step.ptrs.push(Operand::Out(0, 0));
+    step.ptrs.extend((0..spec.inputs.len()).map(Operand::In));
+    step.args = params(prog, n);
+    ready(spec.device, vec![(func, step)])
+}
+
+/// A program that calls every elementwise function once (the ahead-of-time build compiles it
+/// for every dtype and architecture): `|a·b| + 0.5`, every unary function of that, every
+/// binary and scalar function, summed.
+pub(super) fn sample_program() -> FusedProgram {
+    use crate::ops::{BinaryOp, UnaryOp};
+    let mut steps = vec![
+        FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+        FusedStep::Unary(UnaryOp::Abs, FusedSrc::Step(0)),
+        FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(1), 0.5),
+    ];
+    let base = FusedSrc::Step(2);
+    let mut terms = Vec::new();
+    for u in UnaryOp::ALL {
+        steps.push(FusedStep::Unary(u, base));
+        terms.push(steps.len() - 1);
+    }
+    for b in BinaryOp::ALL {
+        steps.push(FusedStep::Binary(b, base, FusedSrc::Input(1)));
+        terms.push(steps.len() - 1);
+        steps.push(FusedStep::Scalar(b, base, 1.25));
+        terms.push(steps.len() - 1);
+    }
+    steps.push(FusedStep::Swiglu(base, FusedSrc::Input(0)));
+    let mut acc = steps.len() - 1;
+    for t in terms {
+        steps.push(FusedStep::Binary(
+            BinaryOp::Add,
+            FusedSrc::Step(acc),
+            FusedSrc::Step(t),
+        ));
+        acc = steps.len() - 1;
+    }
+    FusedProgram { steps }
+}
+
+/// The parameter bytes of [`ENTRY`] for `prog` over `inputs` inputs.
+pub(super) fn param_bytes(prog: &FusedProgram, inputs: usize) -> u32 {
+    (8 * (1 + inputs + 2 + prog.steps.len())) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{BinaryOp, UnaryOp};
+    use crate::vendors::cuda::nvrtc::{nvrtc, Target};
+
+    fn ptx(prog: &FusedProgram, inputs: usize, dtype: DType) -> Option<String> {
+        let Ok(nv) = nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return None;
+        };
+        let text = source(prog, inputs, dtype).unwrap();
+        let (img, _) = nv
+            .compile("fused_elementwise.cu", &text, Target::Ptx(80))
+            .unwrap();
+        Some(String::from_utf8_lossy(&img).into_owned())
+    }
+
+    /// `a·b + 0.5` fused: without `keep` NVRTC contracts the multiply of one step and the add
+    /// of the next into one FMA, which the unfused kernels (each storing its result) never do.
+    #[test]
+    fn steps_are_not_contracted_across() {
+        let prog = FusedProgram {
+            steps: vec![
+                FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+                FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(0), 0.5),
+            ],
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            let Some(ptx) = ptx(&prog, 2, dtype) else {
+                return;
+            };
+            assert!(ptx.contains(&format!(".entry {ENTRY}(")), "{ptx}");
+            assert!(!ptx.contains("fma."), "{dtype}: a contracted step\n{ptx}");
+            assert!(ptx.contains("xor.b32"), "{dtype}: no barrier\n{ptx}");
+            // The by-value parameters are read in place (see the elementwise family's test).
+            assert!(
+                !ptx.contains("__local_depot"),
+                "{dtype}: local memory\n{ptx}"
+            );
+        }
+    }
+
+    /// Every elementwise function compiles into a fused kernel whose parameters are what the
+    /// host passes, for every dtype.
+    #[test]
+    fn every_function_compiles_with_the_host_parameter_size() {
+        let Ok(nv) = nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        };
+        let prog = sample_program();
+        let fns = UnaryOp::ALL.len() + 2 * BinaryOp::ALL.len() + 1;
+        assert!(prog.steps.len() > fns, "{}", prog.steps.len());
+        for dtype in DType::FLOATS {
+            let text = source(&prog, 2, dtype).unwrap();
+            let (img, log) = nv
+                .compile("fused_elementwise.cu", &text, Target::Cubin(80))
+                .unwrap();
+            assert_eq!(
+                super::super::cubin::param_bytes(&img, ENTRY),
+                Some(param_bytes(&prog, 2)),
+                "{dtype}: {log}"
+            );
+            assert_eq!(
+                params(&prog, 10).0.len() * 8 + 8 * 3,
+                param_bytes(&prog, 2) as usize
+            );
+        }
+        // Programs that the planner never makes are refused before any compile.
+        assert!(source(&FusedProgram::default(), 1, DType::F32).is_err());
+        assert!(source(&prog, 2, DType::I32).is_err());
+        let bad = FusedProgram {
+            steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Input(3))],
+        };
+        assert!(source(&bad, 1, DType::F32).is_err());
+    }
+}
