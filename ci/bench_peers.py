@@ -144,6 +144,14 @@ def rows_ort(rows, threads):
                 s = session(nodes, ins, [vi("c", sh)], ms_domain=msd)
                 ms = median_ms(lambda: s.run(None, feeds))
                 out.append(dict(r, peer="onnxruntime", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
+            elif op == "rearrange_transp":
+                # unirt copies the transpose of a [cols, rows] tensor into [rows, cols].
+                rows_, cols = map(int, shape.split("x"))
+                node = helper.make_node("Transpose", ["a"], ["c"], perm=[1, 0])
+                s = session([node], [vi("a", [cols, rows_])], [vi("c", [rows_, cols])])
+                feeds = {"a": rng.standard_normal((cols, rows_), dtype=np.float32)}
+                ms = median_ms(lambda: s.run(None, feeds))
+                out.append(dict(r, peer="onnxruntime", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
             elif op == "rope":
                 seq, heads, d = map(int, shape.split("x"))
                 # com.microsoft RotaryEmbedding: input [batch, seq, heads*d], positions, caches.
