@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::fused::{FusedProgram, FusedSrc};
 use super::{same_device_dtype, Params, Plan, PlanBuilder, TensorDesc};
+use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::tensor::{broadcast_shapes, DType, Layout, Tensor};
 
@@ -53,9 +54,9 @@ pub fn gemm(a: &TensorDesc, b: &TensorDesc, c: &TensorDesc, alpha: f64, beta: f6
     let mut p = PlanBuilder::new("matmul", dtype, vec![a.clone(), b.clone()]);
     p.outputs = vec![TensorDesc::new(device, dtype, c.layout.clone())];
     p.params = Params::Matmul { alpha, beta };
-    // f16/bf16: A, B and C of one batch converted to f32.
-    if dtype != DType::F32 {
-        p.workspace = 4 * (m * k + k * n + m * n);
+    // Only the CPU's f16/bf16 GEMM works in f32 copies (see its kernel).
+    if device.kind == DeviceKind::Cpu {
+        p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, beta);
     }
     p.build()
 }
@@ -157,8 +158,8 @@ pub fn matmul_epilogue(
         alpha,
         program: Arc::new(program),
     };
-    if dtype != DType::F32 {
-        p.workspace = 4 * (m * k + k * n + m * n);
+    if device.kind == DeviceKind::Cpu {
+        p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, 0.0);
     }
     p.build()
 }

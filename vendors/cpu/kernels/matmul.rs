@@ -5,8 +5,10 @@
 //! views cost nothing); the output is split into panels across rayon's threads (along m when
 //! it is large, along n otherwise), each panel a single-threaded GEMM. One-row products
 //! (decode: `1×k · k×n`) are memory-bound and take a direct GEMV instead of paying for
-//! packing. f16/bf16 convert one batch of A, B (and C when beta ≠ 0) into f32 in the plan's
-//! workspace, multiply in f32, and round back.
+//! packing. f16/bf16 convert one batch of A into f32 in the plan's workspace and multiply
+//! in f32 into an f32 C there, rounded back at the end; unirt's GEMM reads B in its own
+//! dtype, widening it as it packs (where `matrixmultiply` runs, B and C are converted too).
+//! [`workspace`] is the size the plan asks for.
 //!
 //! `matmul_epilogue` is the same GEMM with its epilogue applied to each region of C (a
 //! panel, a GEMV column block) by the task that computed it, right after it did, while the
@@ -16,7 +18,7 @@
 use std::ops::Range;
 
 use super::fused::eval_block;
-use super::sgemm::{sgemm_par, Mat};
+use super::sgemm::{own_gemm, sgemm_par, Mat};
 use super::util::{
     axpy, bcast, coalesce, dot, floats, gather, offsets, par_chunks, par_rows, scatter, simd,
     Float, Ptr, BLOCK,
@@ -25,6 +27,19 @@ use crate::error::{Error, Result};
 use crate::ops::fused::{FusedProgram, MAX_FUSED_INPUTS};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 use crate::tensor::{DType, Layout};
+
+/// Bytes of workspace one batch of an `m×k · k×n` product in `dtype` needs on this CPU: none
+/// in f32 or for one row (the GEMV reads every dtype in place); f32 copies of A and C where
+/// unirt's GEMM runs (it widens B as it packs); of A, B and C where `matrixmultiply` does.
+pub(crate) fn workspace(dtype: DType, m: usize, k: usize, n: usize, beta: f64) -> usize {
+    if dtype == DType::F32 || m <= 1 || k == 0 || n == 0 {
+        0
+    } else if own_gemm(beta as f32) {
+        4 * (m * k + m * n)
+    } else {
+        4 * (m * k + k * n + m * n)
+    }
+}
 
 /// Called once a region of one batch's C (rows, columns) holds its final product.
 type After<'a> = &'a (dyn Fn(Range<usize>, Range<usize>) + Sync);
@@ -432,46 +447,60 @@ fn gemm<T: Float>(
                 );
                 continue;
             }
+            if m == 0 || n == 0 {
+                continue;
+            }
+            let needed = workspace(T::DTYPE, m, k, n, f64::from(beta));
             let (ws, size) = call.workspace.ok_or_else(|| {
                 Error::Internal("matmul: f16/bf16 needs the plan's workspace".into())
             })?;
-            if size < 4 * (m * k + k * n + m * n) {
+            if size < needed {
                 return Err(Error::InsufficientWorkspace {
-                    needed: (4 * (m * k + k * n + m * n)) as u64,
+                    needed: needed as u64,
                     given: size as u64,
                 });
             }
             let wa = Ptr(ws as usize as *mut f32);
-            let (wb, wc) = (Ptr(wa.at(m * k)), Ptr(wa.at(m * k + k * n)));
+            let a32 = Mat {
+                p: wa,
+                rs: k,
+                cs: 1,
+            };
             to_f32(Ptr(pa.at(oa)), m, k, ars, acs, wa);
-            to_f32(Ptr(pb.at(ob)), k, n, brs, bcs, wb);
-            if beta != 0.0 {
-                to_f32(Ptr(pc.at(oc)), m, n, crs, ccs, wc);
-            }
-            sgemm_par(
-                m,
-                k,
-                n,
-                alpha,
-                Mat {
-                    p: wa,
-                    rs: k,
-                    cs: 1,
-                },
-                Mat {
-                    p: wb,
-                    rs: n,
-                    cs: 1,
-                },
-                beta,
-                Mat {
+            if own_gemm(beta) {
+                // B straight from the tensor: the GEMM widens it as it packs.
+                let wc = Ptr(wa.at(m * k));
+                let c32 = Mat {
                     p: wc,
                     rs: n,
                     cs: 1,
-                },
-                &no_epilogue,
-            );
-            from_f32(wc, m, n, Ptr(pc.at(oc)), crs, ccs);
+                };
+                let b = Mat {
+                    p: Ptr(pb.at(ob)),
+                    rs: brs,
+                    cs: bcs,
+                };
+                sgemm_par(m, k, n, alpha, a32, b, 0.0, c32, &no_epilogue);
+                from_f32(wc, m, n, Ptr(pc.at(oc)), crs, ccs);
+            } else {
+                let (wb, wc) = (Ptr(wa.at(m * k)), Ptr(wa.at(m * k + k * n)));
+                to_f32(Ptr(pb.at(ob)), k, n, brs, bcs, wb);
+                if beta != 0.0 {
+                    to_f32(Ptr(pc.at(oc)), m, n, crs, ccs, wc);
+                }
+                let b32 = Mat {
+                    p: wb,
+                    rs: n,
+                    cs: 1,
+                };
+                let c32 = Mat {
+                    p: wc,
+                    rs: n,
+                    cs: 1,
+                };
+                sgemm_par(m, k, n, alpha, a32, b32, beta, c32, &no_epilogue);
+                from_f32(wc, m, n, Ptr(pc.at(oc)), crs, ccs);
+            }
             if epi.is_some() {
                 // The product is in C only now: the epilogue follows in row blocks.
                 par_chunks(m, n, |rows| after(rows, 0..n));
@@ -484,4 +513,33 @@ fn gemm<T: Float>(
 pub(super) fn register(reg: &mut KernelRegistry) {
     floats!(reg, "matmul", matmul);
     floats!(reg, crate::ops::matmul::MATMUL_EPILOGUE, matmul_epilogue);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{Device, DeviceKind};
+    use crate::ops::matmul::{gemm as gemm_plan, matmul as matmul_plan};
+    use crate::ops::TensorDesc;
+
+    /// A 16-bit GEMM asks for f32 copies of A and C only (B is widened as it is packed), a
+    /// GEMV and an f32 GEMM for nothing, and the plans on the CPU ask for what the kernel
+    /// checks.
+    #[test]
+    fn half_gemm_workspace_holds_no_copy_of_b() {
+        let (m, k, n) = (64, 4096, 11008);
+        let small = 4 * (m * k + m * n);
+        if own_gemm(0.0) {
+            assert_eq!(workspace(DType::BF16, m, k, n, 0.0), small);
+        }
+        assert_eq!(workspace(DType::BF16, m, k, n, 1.0), small + 4 * k * n);
+        assert_eq!(workspace(DType::F16, 1, k, n, 0.0), 0);
+        assert_eq!(workspace(DType::F32, m, k, n, 1.0), 0);
+        let cpu = Device::new(DeviceKind::Cpu, 0);
+        let d = |shape: &[usize]| TensorDesc::new(cpu, DType::BF16, Layout::contiguous(shape));
+        let plan = matmul_plan(&d(&[m, k]), &d(&[k, n]), 1.0).unwrap();
+        assert_eq!(plan.workspace_size(), workspace(DType::BF16, m, k, n, 0.0));
+        let plan = gemm_plan(&d(&[m, k]), &d(&[k, n]), &d(&[m, n]), 1.0, 0.5).unwrap();
+        assert_eq!(plan.workspace_size(), workspace(DType::BF16, m, k, n, 0.5));
+    }
 }

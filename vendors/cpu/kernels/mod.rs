@@ -24,6 +24,8 @@ mod sgemm;
 mod softmax;
 mod util;
 
+pub(crate) use matmul::workspace as matmul_workspace;
+
 use crate::error::{Error, Result};
 use crate::hal::KernelArg;
 use crate::ops::KernelRegistry;

@@ -21,7 +21,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::util::{simd_tier, Ptr, SimdTier};
+use super::util::{simd_tier, Float, Ptr, SimdTier};
+use crate::tensor::DType;
 
 /// Rows of B packed per block: a `KC × NR` panel of B (32 KiB with AVX-512) stays in L1
 /// while every A panel of the block runs over it. (192–384 measured within noise of each
@@ -32,18 +33,26 @@ const MC: usize = 384;
 /// Columns of B per block: `KC × NC` packed B (2 MiB) stays in the L3 share.
 const NC: usize = 2048;
 
-/// A strided f32 matrix: base pointer, row and column strides in elements.
-#[derive(Clone, Copy)]
-pub(super) struct Mat {
-    pub p: Ptr<f32>,
+/// A strided matrix of `S` (f32 unless said otherwise): base pointer, row and column strides
+/// in elements.
+pub(super) struct Mat<S = f32> {
+    pub p: Ptr<S>,
     pub rs: usize,
     pub cs: usize,
 }
 
-impl Mat {
+impl<S: Copy> Clone for Mat<S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S: Copy> Copy for Mat<S> {}
+
+impl<S: Copy> Mat<S> {
     /// The submatrix starting at row `r`, column `c` (which the caller keeps inside the
     /// matrix; the pointer is only computed).
-    fn at(self, r: usize, c: usize) -> Mat {
+    fn at(self, r: usize, c: usize) -> Mat<S> {
         Mat {
             p: Ptr(self.p.0.wrapping_add(r * self.rs + c * self.cs)),
             ..self
@@ -58,18 +67,26 @@ fn matrixmultiply_asked() -> bool {
     *ASKED.get_or_init(|| std::env::var("UNIRT_CPU_GEMM").is_ok_and(|v| v == "matrixmultiply"))
 }
 
-/// `C = alpha·A·B + beta·C` (m×k · k×n) on f32 strided matrices, in parallel panels.
+/// Whether [`sgemm_par`] runs unirt's own GEMM for this `beta` (it then reads B in any float
+/// dtype, widening it as it packs; `matrixmultiply` takes f32 only).
+pub(super) fn own_gemm(beta: f32) -> bool {
+    beta == 0.0 && available() && !matrixmultiply_asked()
+}
+
+/// `C = alpha·A·B + beta·C` (m×k · k×n) on strided f32 A and C and B of any float dtype `S`,
+/// in parallel panels. B's values are widened to f32 exactly (f16 and bf16 are subsets of
+/// f32), so the result is the f32 product of the widened B.
 ///
 /// # Safety
 /// The matrices must be valid for their shapes and strides; C must not overlap A or B.
 #[allow(clippy::too_many_arguments)] // the BLAS signature
-pub(super) unsafe fn sgemm_par(
+pub(super) unsafe fn sgemm_par<S: Float>(
     m: usize,
     k: usize,
     n: usize,
     alpha: f32,
     a: Mat,
-    b: Mat,
+    b: Mat<S>,
     beta: f32,
     c: Mat,
     after: &(dyn Fn(Range<usize>, Range<usize>) + Sync),
@@ -90,7 +107,7 @@ pub(super) unsafe fn sgemm_par(
     let per = len.div_ceil(panels);
     // unirt's own GEMM where the CPU has FMA (it computes C = alpha·A·B; beta ≠ 0 keeps
     // matrixmultiply, which reads C).
-    let own = beta == 0.0 && available() && !matrixmultiply_asked();
+    let own = own_gemm(beta);
     let run = |t: usize| {
         let (start, end) = (t * per, ((t + 1) * per).min(len));
         if start >= end {
@@ -113,6 +130,28 @@ pub(super) unsafe fn sgemm_par(
             if own {
                 gemm((pm, k, pn), alpha, a, b, c);
             } else {
+                // matrixmultiply reads f32 only: another dtype's panel of B is widened first
+                // (callers widen B themselves where this path is taken; this keeps it sound).
+                let mut wide = Vec::new();
+                let b = if S::DTYPE == DType::F32 {
+                    Mat {
+                        p: Ptr(b.p.0 as *mut f32),
+                        rs: b.rs,
+                        cs: b.cs,
+                    }
+                } else {
+                    wide.resize(k * pn, 0f32);
+                    for (i, row) in wide.chunks_mut(pn).enumerate() {
+                        for (j, v) in row.iter_mut().enumerate() {
+                            *v = (*b.p.at(i * b.rs + j * b.cs)).to_f32();
+                        }
+                    }
+                    Mat {
+                        p: Ptr(wide.as_mut_ptr()),
+                        rs: pn,
+                        cs: 1,
+                    }
+                };
                 let (ai, bi, ci) = (a.rs as isize, b.rs as isize, c.rs as isize);
                 let (aj, bj, cj) = (a.cs as isize, b.cs as isize, c.cs as isize);
                 matrixmultiply::sgemm(
@@ -140,7 +179,13 @@ pub(super) fn available() -> bool {
 /// # Safety
 /// [`available`] is true; A is valid for m×k, B for k×n, C for m×n at their strides; C does
 /// not overlap A or B.
-pub(super) unsafe fn gemm((m, k, n): (usize, usize, usize), alpha: f32, a: Mat, b: Mat, c: Mat) {
+pub(super) unsafe fn gemm<S: Float>(
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+    a: Mat,
+    b: Mat<S>,
+    c: Mat,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -157,8 +202,8 @@ pub(super) unsafe fn gemm((m, k, n): (usize, usize, usize), alpha: f32, a: Mat, 
     #[cfg(target_arch = "x86_64")]
     unsafe {
         match simd_tier() {
-            SimdTier::Avx512 => blocked::<12, 32>((m, k, n), alpha, a, b, c, avx512::kernel),
-            _ => blocked::<6, 16>((m, k, n), alpha, a, b, c, avx2::kernel),
+            SimdTier::Avx512 => blocked::<12, 32, S>((m, k, n), alpha, a, b, c, avx512::kernel),
+            _ => blocked::<6, 16, S>((m, k, n), alpha, a, b, c, avx2::kernel),
         }
     }
     // Elsewhere `available` is false and the caller takes `matrixmultiply`.
@@ -183,11 +228,11 @@ type Kernel = unsafe fn(
 ///
 /// # Safety
 /// As [`gemm`], and `kernel` runs on this CPU.
-unsafe fn blocked<const MR: usize, const NR: usize>(
+unsafe fn blocked<const MR: usize, const NR: usize, S: Float>(
     (m, k, n): (usize, usize, usize),
     alpha: f32,
     a: Mat,
-    b: Mat,
+    b: Mat<S>,
     c: Mat,
     kernel: Kernel,
 ) {
@@ -201,7 +246,7 @@ unsafe fn blocked<const MR: usize, const NR: usize>(
         let bp = aligned(bbuf, kc_max * nc_max);
         let ap = aligned(abuf, kc_max * mc_max);
         // SAFETY: the caller's promise.
-        unsafe { blocked_with::<MR, NR>((m, k, n), alpha, a, b, c, kernel, bp, ap) }
+        unsafe { blocked_with::<MR, NR, S>((m, k, n), alpha, a, b, c, kernel, bp, ap) }
     })
 }
 
@@ -217,11 +262,11 @@ thread_local! {
 /// # Safety
 /// As [`blocked`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn blocked_with<const MR: usize, const NR: usize>(
+unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
     (m, k, n): (usize, usize, usize),
     alpha: f32,
     a: Mat,
-    b: Mat,
+    b: Mat<S>,
     c: Mat,
     kernel: Kernel,
     bp: &mut [f32],
@@ -238,12 +283,12 @@ unsafe fn blocked_with<const MR: usize, const NR: usize>(
             let (first, last) = (pc == 0, pc + kc == k);
             let scale = (last && alpha != 1.0).then_some(alpha);
             // SAFETY: rows pc..pc + kc, columns jc..jc + nc of B.
-            unsafe { pack::<NR>(bp, b, pc..pc + kc, jc..jc + nc, true) };
+            unsafe { pack::<NR, S>(bp, b, pc..pc + kc, jc..jc + nc, true) };
             let mut ic = 0;
             while ic < m {
                 let mc = MC.min(m - ic);
                 // SAFETY: rows ic..ic + mc, columns pc..pc + kc of A.
-                unsafe { pack::<MR>(ap, a, ic..ic + mc, pc..pc + kc, false) };
+                unsafe { pack::<MR, f32>(ap, a, ic..ic + mc, pc..pc + kc, false) };
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
                     let bpan = bp[jr * kc..].as_ptr();
@@ -286,15 +331,15 @@ unsafe fn blocked_with<const MR: usize, const NR: usize>(
     }
 }
 
-/// Packs rows `rows` × columns `cols` of `src` into panels of `W` — of columns (`by_cols`:
+/// Packs rows `rows` × columns `cols` of `src` (widened to f32) into panels of `W` — of columns (`by_cols`:
 /// B, each step of k holds W consecutive columns) or of rows (A, each step W rows) — padded
 /// with zeros past the edge.
 ///
 /// # Safety
 /// The region is inside `src`.
-unsafe fn pack<const W: usize>(
+unsafe fn pack<const W: usize, S: Float>(
     dst: &mut [f32],
-    src: Mat,
+    src: Mat<S>,
     rows: Range<usize>,
     cols: Range<usize>,
     by_cols: bool,
@@ -325,12 +370,12 @@ unsafe fn pack<const W: usize>(
         if unit && ww == W {
             // SAFETY: W consecutive elements of the region.
             let run = unsafe { std::slice::from_raw_parts(src.p.at(at(s, w0)), W) };
-            out.copy_from_slice(run);
+            S::load(run, out);
         } else {
             for (x, o) in out.iter_mut().enumerate() {
                 // SAFETY: inside the region (x < ww).
                 *o = if x < ww {
-                    unsafe { *src.p.at(at(s, w0 + x)) }
+                    unsafe { (*src.p.at(at(s, w0 + x))).to_f32() }
                 } else {
                     0.0
                 };
@@ -460,6 +505,58 @@ mod tests {
     /// over k in order, then `alpha · acc` — bit for bit, on shapes that cross every block
     /// edge (k past KC, m past MC, n past NC, partial tiles) and on transposed and strided
     /// views, in every tier with FMA this CPU has.
+    /// B in bf16 or f16, widened as it is packed: the same bits as the product of the
+    /// widened B in f32, for row-major and transposed B across block edges.
+    #[test]
+    fn half_b_gives_the_bits_of_its_f32_widening() {
+        use half::{bf16, f16};
+        if !available() {
+            return;
+        }
+        fn check<S: Float>(narrow: impl Fn(f32) -> S) {
+            let mut rng = crate::tensor::SplitMix64::new(0x51ed_270b_2cbf_0b2d);
+            let mut rnd = move || (rng.next_f64() * 2.0 - 1.0) as f32;
+            for &(m, k, n) in &[(13, 300, 37), (25, 20, 2100), (2, 7, 5)] {
+                for tb in [false, true] {
+                    let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
+                    let b: Vec<S> = (0..k * n).map(|_| narrow(rnd())).collect();
+                    let wide: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
+                    let (brs, bcs) = if tb { (1, k) } else { (n, 1) };
+                    let (mut c, mut want) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                    // SAFETY: the views cover their vectors exactly.
+                    unsafe {
+                        let a = Mat {
+                            p: Ptr(a.as_ptr() as *mut f32),
+                            rs: k,
+                            cs: 1,
+                        };
+                        let bm = Mat {
+                            p: Ptr(b.as_ptr() as *mut S),
+                            rs: brs,
+                            cs: bcs,
+                        };
+                        let bw = Mat {
+                            p: Ptr(wide.as_ptr() as *mut f32),
+                            rs: brs,
+                            cs: bcs,
+                        };
+                        let cm = |v: &mut Vec<f32>| Mat {
+                            p: Ptr(v.as_mut_ptr()),
+                            rs: n,
+                            cs: 1,
+                        };
+                        gemm((m, k, n), 0.5, a, bm, cm(&mut c));
+                        gemm((m, k, n), 0.5, a, bw, cm(&mut want));
+                    }
+                    let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{} {m}x{k}x{n} tb={tb}", S::DTYPE);
+                }
+            }
+        }
+        check(bf16::from_f32);
+        check(f16::from_f32);
+    }
+
     #[test]
     fn same_bits_as_the_fma_chain() {
         if !available() {
