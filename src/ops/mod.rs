@@ -503,6 +503,7 @@ impl Plan {
                 let call = plan.call(&ins, &outs, ws);
                 let [x, y, z] = call.grid;
                 use rayon::prelude::*;
+                let _busy = crate::progress::AllCoresBusy::enter();
                 (0..z).into_par_iter().for_each(|k| {
                     (0..y).into_par_iter().for_each(|j| {
                         (0..x).into_par_iter().for_each(|i| f(&call, [i, j, k]));

@@ -7,7 +7,8 @@
 //! allocation table when the launch was enqueued, and the memory cannot be freed while the
 //! stream has not run it (free waits for the device; stream-ordered frees and cached blocks
 //! are reused in stream order). That is the safety argument of the raw accesses below.
-//! Parallelism is rayon's global pool; f16 and bf16 compute in f32.
+//! Parallel kernels fork through `util::fork_tasks`: the stream's worker runs tasks itself
+//! while rayon's global pool helps. f16 and bf16 compute in f32.
 
 mod attention;
 mod cast;

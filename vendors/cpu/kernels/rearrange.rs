@@ -1,9 +1,7 @@
 //! `rearrange` (strided copy of any layout into any layout) and `concat`. Both move elements
 //! as plain words of the dtype's size, so one kernel serves every dtype.
 
-use rayon::prelude::*;
-
-use super::util::{coalesce, par_rows, Ptr};
+use super::util::{coalesce, fork_tasks, par_rows, Ptr};
 #[cfg(target_arch = "x86_64")]
 use super::util::{simd_tier, SimdTier};
 use crate::device::DeviceKind;
@@ -89,7 +87,7 @@ unsafe fn copy_transposed<W: Copy + Send + Sync + 'static>(
     #[cfg(not(target_arch = "x86_64"))]
     let words4 = false;
     let words2 = cfg!(target_arch = "x86_64") && std::mem::size_of::<W>() == 2;
-    (0..n_outer * tiles_b).into_par_iter().for_each(|t| {
+    fork_tasks(n_outer * tiles_b, &|t| {
         let (mut od, mut os, mut rem) = (0, 0, t / tiles_b);
         for &d in outer.iter().rev() {
             let i = rem % shape[d];

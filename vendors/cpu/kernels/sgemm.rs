@@ -19,9 +19,7 @@
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
-use super::util::{simd_tier, Float, Ptr, SimdTier};
+use super::util::{fork_tasks, simd_tier, Float, Ptr, SimdTier};
 use crate::tensor::DType;
 
 /// Rows of B packed per block: a `KC × NR` panel of B (32 KiB with AVX-512) stays in L1
@@ -164,7 +162,7 @@ pub(super) unsafe fn sgemm_par<S: Float>(
     if panels == 1 {
         run(0);
     } else {
-        (0..panels).into_par_iter().for_each(run);
+        fork_tasks(panels, &run);
     }
 }
 

@@ -3,7 +3,6 @@
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, TensorRef};
@@ -425,7 +424,86 @@ pub(super) fn par_rows<const N: usize>(
     if tasks == 1 {
         run(0);
     } else {
-        (0..tasks).into_par_iter().for_each(run);
+        fork_tasks(tasks, &run);
+    }
+}
+
+/// Runs `run(t)` for every `t < tasks`, the calling thread taking tasks itself while up to
+/// one fewer than rayon's threads help (claiming tasks from one counter). A fork from the
+/// stream's worker (not a rayon thread) through rayon's own calls would block the worker
+/// and wait for pool threads to wake, which on a virtual machine takes tens of
+/// microseconds: here the caller starts at once, and a helper that wakes late finds the
+/// tasks taken. Every task has run when it returns; a task that panics is re-raised here.
+pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    struct Shared {
+        next: AtomicUsize,
+        done: AtomicUsize,
+        panicked: AtomicBool,
+        tasks: usize,
+        // The caller's `run`, its lifetime erased: called only for a claimed task, and the
+        // caller returns only once every claimed task is done (see below).
+        run: *const (dyn Fn(usize) + Sync),
+        // Unparked when the last task is done.
+        caller: std::thread::Thread,
+    }
+    // SAFETY: `run` is Sync and only called while the caller waits (see `fork_tasks`).
+    unsafe impl Send for Shared {}
+    // SAFETY: as above.
+    unsafe impl Sync for Shared {}
+    fn work(s: &Shared) {
+        loop {
+            let t = s.next.fetch_add(1, Ordering::AcqRel);
+            if t >= s.tasks {
+                return;
+            }
+            // SAFETY: task t is claimed, so the caller is still waiting for it: `run` lives.
+            let f = unsafe { &*s.run };
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))).is_err() {
+                s.panicked.store(true, Ordering::SeqCst);
+            }
+            if s.done.fetch_add(1, Ordering::AcqRel) + 1 == s.tasks {
+                s.caller.unpark();
+            }
+        }
+    }
+    if tasks <= 1 {
+        (0..tasks).for_each(run);
+        return;
+    }
+    let _busy = crate::progress::AllCoresBusy::enter();
+    // SAFETY: only the lifetime is erased; the wait below outlives every use.
+    let run: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(run) };
+    let shared = Arc::new(Shared {
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        panicked: AtomicBool::new(false),
+        tasks,
+        run,
+        caller: std::thread::current(),
+    });
+    let helpers = (rayon::current_num_threads().saturating_sub(1)).min(tasks - 1);
+    for _ in 0..helpers {
+        let s = shared.clone();
+        rayon::spawn(move || work(&s));
+    }
+    work(&shared);
+    // Every task is claimed now; wait for those the helpers run (busy for a few
+    // microseconds, the usual case, then parked: with more threads than cores, a spinning
+    // caller would hold a core its helper waits for). A helper claiming later finds none
+    // left and never calls `run`.
+    let finished = || shared.done.load(Ordering::Acquire) >= tasks;
+    let start = std::time::Instant::now();
+    while !finished() {
+        if start.elapsed() < std::time::Duration::from_micros(20) {
+            std::hint::spin_loop();
+        } else {
+            std::thread::park_timeout(std::time::Duration::from_millis(1));
+        }
+    }
+    if shared.panicked.load(Ordering::SeqCst) {
+        panic!("a CPU kernel task panicked");
     }
 }
 
@@ -472,9 +550,7 @@ pub(super) fn par_chunks(
         .clamp(1, rayon::current_num_threads() * 4)
         .min(n);
     let per = n.div_ceil(tasks);
-    (0..tasks)
-        .into_par_iter()
-        .for_each(|t| f(t * per..((t + 1) * per).min(n)));
+    fork_tasks(tasks, &|t| f(t * per..((t + 1) * per).min(n)));
 }
 
 /// The lanes of operands along one axis: every index of the other dimensions, with the
@@ -839,6 +915,38 @@ pub(super) fn max_f32(v: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every task runs once, with helpers or without, nested forks finish (a task's own fork
+    /// runs its tasks itself when no helper is free), and a task's panic reaches the caller.
+    #[test]
+    fn fork_tasks_runs_each_task_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for tasks in [0, 1, 2, 3, 17, 64] {
+            let counts: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+            fork_tasks(tasks, &|t| {
+                counts[t].fetch_add(1, Ordering::SeqCst);
+            });
+            assert!(
+                counts.iter().all(|c| c.load(Ordering::SeqCst) == 1),
+                "{tasks}"
+            );
+        }
+        let inner = AtomicUsize::new(0);
+        fork_tasks(8, &|_| {
+            fork_tasks(8, &|_| {
+                inner.fetch_add(1, Ordering::SeqCst);
+            })
+        });
+        assert_eq!(inner.load(Ordering::SeqCst), 64);
+        let caught = std::panic::catch_unwind(|| {
+            fork_tasks(4, &|t| {
+                if t == 3 {
+                    panic!("task 3");
+                }
+            })
+        });
+        assert!(caught.is_err());
+    }
 
     /// The block conversions of f16 (F16C where the tier is on) against `half`'s software
     /// conversions (`*_const`, which never take the instruction): every f16 widened, and f32s
