@@ -50,7 +50,7 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
     );
     // Every elementwise function, each after a multiply and an add it could be contracted
     // with, summed: bitwise the operators run one by one.
-    let prog = every_function();
+    let prog = FusedProgram::every_function();
     let got = fused_elementwise(&[a.desc(), b.desc()], prog.clone())?.run1(&[&a, &b])?;
     let want = unfused(&prog, &[&a, &b])?;
     ensure!(
@@ -81,40 +81,6 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
         "a strided operand",
     )?;
     Ok(())
-}
-
-/// `|a·b| + 0.5`, every unary function of it, every binary function of it and `b` and of it
-/// and a scalar, and SwiGLU, summed.
-fn every_function() -> FusedProgram {
-    let mut steps = vec![
-        FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
-        FusedStep::Unary(UnaryOp::Abs, FusedSrc::Step(0)),
-        FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(1), 0.5),
-    ];
-    let base = FusedSrc::Step(2);
-    let mut terms = Vec::new();
-    let mut push = |steps: &mut Vec<FusedStep>, s| {
-        steps.push(s);
-        terms.push(steps.len() - 1);
-    };
-    for u in UnaryOp::ALL {
-        push(&mut steps, FusedStep::Unary(u, base));
-    }
-    for o in BinaryOp::ALL {
-        push(&mut steps, FusedStep::Binary(o, base, FusedSrc::Input(1)));
-        push(&mut steps, FusedStep::Scalar(o, base, 1.25));
-    }
-    push(&mut steps, FusedStep::Swiglu(base, FusedSrc::Input(0)));
-    let mut acc = terms[0];
-    for &t in &terms[1..] {
-        steps.push(FusedStep::Binary(
-            BinaryOp::Add,
-            FusedSrc::Step(acc),
-            FusedSrc::Step(t),
-        ));
-        acc = steps.len() - 1;
-    }
-    FusedProgram { steps }
 }
 
 /// `prog` run one operator at a time.

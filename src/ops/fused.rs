@@ -103,6 +103,72 @@ impl FusedProgram {
     }
 }
 
+impl FusedProgram {
+    /// A program calling every elementwise function once, each after a multiply and an add it
+    /// could be contracted with: `t = |a·b| + 0.5`, every unary function of `t`, every binary
+    /// function of `t` and `b` and of `t` and a scalar, and SwiGLU of `t` gated by `a`, summed
+    /// (inputs `a`, `b`). Conformance checks it bitwise against the operators run one by one;
+    /// the CUDA ahead-of-time build compiles it.
+    pub fn every_function() -> FusedProgram {
+        let mut steps = vec![
+            FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+            FusedStep::Unary(UnaryOp::Abs, FusedSrc::Step(0)),
+            FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(1), 0.5),
+        ];
+        let base = FusedSrc::Step(2);
+        let mut terms = Vec::new();
+        let mut push = |steps: &mut Vec<FusedStep>, s| {
+            steps.push(s);
+            terms.push(steps.len() - 1);
+        };
+        for u in UnaryOp::ALL {
+            push(&mut steps, FusedStep::Unary(u, base));
+        }
+        for o in BinaryOp::ALL {
+            push(&mut steps, FusedStep::Binary(o, base, FusedSrc::Input(1)));
+            push(&mut steps, FusedStep::Scalar(o, base, 1.25));
+        }
+        push(&mut steps, FusedStep::Swiglu(base, FusedSrc::Input(0)));
+        let mut acc = terms[0];
+        for &t in &terms[1..] {
+            steps.push(FusedStep::Binary(
+                BinaryOp::Add,
+                FusedSrc::Step(acc),
+                FusedSrc::Step(t),
+            ));
+            acc = steps.len() - 1;
+        }
+        FusedProgram { steps }
+    }
+}
+
+/// A device kernel's view of a `fused_elementwise` plan: its program and output, checked to be
+/// what [`fused_elementwise`] plans (a program, at most [`MAX_FUSED_INPUTS`] inputs, one output)
+/// — an internal error otherwise.
+pub(crate) fn planned<'a>(
+    spec: &'a super::PlanSpec<'_>,
+) -> Result<(&'a FusedProgram, &'a TensorDesc)> {
+    let Params::Fused(prog) = spec.params else {
+        return Err(Error::Internal(format!(
+            "{}: unexpected parameters {:?}",
+            spec.op, spec.params
+        )));
+    };
+    let out = spec
+        .outputs
+        .first()
+        .ok_or_else(|| Error::Internal(format!("{}: no output", spec.op)))?;
+    if spec.inputs.len() > MAX_FUSED_INPUTS || prog.steps.is_empty() {
+        return Err(Error::Internal(format!(
+            "{}: {} inputs, {} steps (unchecked program)",
+            spec.op,
+            spec.inputs.len(),
+            prog.steps.len()
+        )));
+    }
+    Ok((prog, out))
+}
+
 /// Plans `program` over `inputs`: all of one device and dtype, contiguous, of one shape (the
 /// output's).
 pub fn fused_elementwise(inputs: &[TensorDesc], program: FusedProgram) -> Result<Plan> {

@@ -135,42 +135,28 @@ fn fused_row(
     let fused = g.plan()?;
     let unfused = CapturePlan::with_options(g, PlanOptions { fuse: false })?;
     let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
+    let mut eager_side = || {
+        eager()?;
+        sync()
+    };
+    let mut fused_side = || {
+        fx.replay()?;
+        sync()
+    };
+    let mut unfused_side = || {
+        ux.replay()?;
+        sync()
+    };
     let [eager_ms, fused_ms, unfused_ms] = time_ms(
         reps,
         Sampling::Steady,
-        [
-            &mut || {
-                eager()?;
-                sync()
-            },
-            &mut || {
-                fx.replay()?;
-                sync()
-            },
-            &mut || {
-                ux.replay()?;
-                sync()
-            },
-        ],
+        [&mut eager_side, &mut fused_side, &mut unfused_side],
     )?;
     // The same three sides back to back, each right after the other's work.
     let [_, fused_interleaved, unfused_interleaved] = time_ms(
         reps,
         Sampling::Interleaved,
-        [
-            &mut || {
-                eager()?;
-                sync()
-            },
-            &mut || {
-                fx.replay()?;
-                sync()
-            },
-            &mut || {
-                ux.replay()?;
-                sync()
-            },
-        ],
+        [&mut eager_side, &mut fused_side, &mut unfused_side],
     )?;
     let row = Row {
         workload,

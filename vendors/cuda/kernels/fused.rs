@@ -26,8 +26,10 @@ use super::args::{blocks, Args, BLOCK};
 use super::prepared::{ready, with_backend, Operand, Step};
 use super::{elementwise, op_source};
 use crate::error::{Error, Result};
-use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE, MAX_FUSED_INPUTS};
-use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::ops::fused::{
+    planned, FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE, MAX_FUSED_INPUTS,
+};
+use crate::ops::{PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 
 /// The kernel's `extern "C"` name.
@@ -158,16 +160,7 @@ fn module_name(dtype: DType, text: &str) -> String {
 }
 
 pub(super) fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
-    let Params::Fused(prog) = spec.params else {
-        return Err(Error::Internal(format!(
-            "{}: unexpected parameters {:?}",
-            spec.op, spec.params
-        )));
-    };
-    let out = spec
-        .outputs
-        .first()
-        .ok_or_else(|| Error::Internal(format!("{}: no output", spec.op)))?;
+    let (prog, out) = planned(spec)?;
     let text = source(prog, spec.inputs.len(), spec.dtype)?;
     let name = module_name(spec.dtype, &text);
     let func = with_backend(spec, |b| {
@@ -185,41 +178,6 @@ pub(super) fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     step.ptrs.extend((0..spec.inputs.len()).map(Operand::In));
     step.args = params(prog, n);
     ready(spec.device, vec![(func, step)])
-}
-
-/// A program that calls every elementwise function once (the ahead-of-time build compiles it
-/// for every dtype and architecture): `|a·b| + 0.5`, every unary function of that, every
-/// binary and scalar function, summed.
-pub(super) fn sample_program() -> FusedProgram {
-    use crate::ops::{BinaryOp, UnaryOp};
-    let mut steps = vec![
-        FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
-        FusedStep::Unary(UnaryOp::Abs, FusedSrc::Step(0)),
-        FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(1), 0.5),
-    ];
-    let base = FusedSrc::Step(2);
-    let mut terms = Vec::new();
-    for u in UnaryOp::ALL {
-        steps.push(FusedStep::Unary(u, base));
-        terms.push(steps.len() - 1);
-    }
-    for b in BinaryOp::ALL {
-        steps.push(FusedStep::Binary(b, base, FusedSrc::Input(1)));
-        terms.push(steps.len() - 1);
-        steps.push(FusedStep::Scalar(b, base, 1.25));
-        terms.push(steps.len() - 1);
-    }
-    steps.push(FusedStep::Swiglu(base, FusedSrc::Input(0)));
-    let mut acc = steps.len() - 1;
-    for t in terms {
-        steps.push(FusedStep::Binary(
-            BinaryOp::Add,
-            FusedSrc::Step(acc),
-            FusedSrc::Step(t),
-        ));
-        acc = steps.len() - 1;
-    }
-    FusedProgram { steps }
 }
 
 /// The parameter bytes of [`ENTRY`] for `prog` over `inputs` inputs.
@@ -278,7 +236,7 @@ mod tests {
             eprintln!("skipped: NVRTC not found");
             return;
         };
-        let prog = sample_program();
+        let prog = FusedProgram::every_function();
         let fns = UnaryOp::ALL.len() + 2 * BinaryOp::ALL.len() + 1;
         assert!(prog.steps.len() > fns, "{}", prog.steps.len());
         for dtype in DType::FLOATS {

@@ -282,7 +282,7 @@ fn units() -> Vec<Unit> {
         }
     }
     // A fused chain's generated source, for a program calling every elementwise function.
-    let sample = fused::sample_program();
+    let sample = crate::ops::fused::FusedProgram::every_function();
     for &dt in FLOATS {
         if let Ok(text) = fused::source(&sample, 2, dt) {
             u.push(Unit {

@@ -20,11 +20,13 @@ use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
-use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE};
-use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::ops::fused::{planned, FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE};
+use crate::ops::{PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 
 const NAMES: [&str; MAX_TENSORS - 1] = ["in0", "in1", "in2", "in3", "in4", "in5", "in6"];
+// Every input a planned program may have gets a name (`planned` checks the count).
+const _: () = assert!(NAMES.len() >= crate::ops::fused::MAX_FUSED_INPUTS);
 
 /// `keep(v)`: `v` rounded to `dtype` and hidden from the optimizer (see the module docs);
 /// `cfg[mask]` holds the opaque zero.
@@ -84,24 +86,7 @@ pub(super) fn steps_wgsl(prog: &FusedProgram, cfg: &mut Vec<u32>) -> Result<(Str
 }
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
-    let Params::Fused(prog) = spec.params else {
-        return Err(Error::Internal(format!(
-            "{}: unexpected parameters {:?}",
-            spec.op, spec.params
-        )));
-    };
-    let out = spec
-        .outputs
-        .first()
-        .ok_or_else(|| Error::Internal(format!("{}: no output", spec.op)))?;
-    if spec.inputs.len() > NAMES.len() || prog.steps.is_empty() {
-        return Err(Error::Internal(format!(
-            "{}: {} inputs, {} steps (unchecked program)",
-            spec.op,
-            spec.inputs.len(),
-            prog.steps.len()
-        )));
-    }
+    let (prog, out) = planned(spec)?;
     let n = out.layout.numel();
     let mut cfg = vec![n as u32, 0];
     let mut binds = Vec::new();
