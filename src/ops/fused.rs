@@ -129,14 +129,16 @@ impl FusedProgram {
             push(&mut steps, FusedStep::Scalar(o, base, 1.25));
         }
         push(&mut steps, FusedStep::Swiglu(base, FusedSrc::Input(0)));
-        let mut acc = terms[0];
-        for &t in &terms[1..] {
-            steps.push(FusedStep::Binary(
-                BinaryOp::Add,
-                FusedSrc::Step(acc),
-                FusedSrc::Step(t),
-            ));
-            acc = steps.len() - 1;
+        let mut terms = terms.into_iter();
+        if let Some(mut acc) = terms.next() {
+            for t in terms {
+                steps.push(FusedStep::Binary(
+                    BinaryOp::Add,
+                    FusedSrc::Step(acc),
+                    FusedSrc::Step(t),
+                ));
+                acc = steps.len() - 1;
+            }
         }
         FusedProgram { steps }
     }

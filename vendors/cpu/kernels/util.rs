@@ -435,12 +435,13 @@ pub(super) fn par_rows<const N: usize>(
 /// microseconds: here the caller starts at once, and a helper that wakes late finds the
 /// tasks taken. Every task has run when it returns; a task that panics is re-raised here.
 pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     struct Shared {
         next: AtomicUsize,
         done: AtomicUsize,
-        panicked: AtomicBool,
+        // The first panic of a task, re-raised on the caller as it was.
+        panic: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
         tasks: usize,
         // The caller's `run`, its lifetime erased: called only for a claimed task, and the
         // caller returns only once every claimed task is done (see below).
@@ -460,8 +461,10 @@ pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
             }
             // SAFETY: task t is claimed, so the caller is still waiting for it: `run` lives.
             let f = unsafe { &*s.run };
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))).is_err() {
-                s.panicked.store(true, Ordering::SeqCst);
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))) {
+                if let Ok(mut first) = s.panic.lock() {
+                    first.get_or_insert(p);
+                }
             }
             if s.done.fetch_add(1, Ordering::AcqRel) + 1 == s.tasks {
                 s.caller.unpark();
@@ -478,7 +481,7 @@ pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
     let shared = Arc::new(Shared {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
-        panicked: AtomicBool::new(false),
+        panic: std::sync::Mutex::new(None),
         tasks,
         run,
         caller: std::thread::current(),
@@ -502,8 +505,11 @@ pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
             std::thread::park_timeout(std::time::Duration::from_millis(1));
         }
     }
-    if shared.panicked.load(Ordering::SeqCst) {
-        panic!("a CPU kernel task panicked");
+    // A task's panic (a kernel bug) continues on the caller, as rayon's own forks did; the
+    // stream's worker turns it into the launch's error.
+    let first = shared.panic.lock().ok().and_then(|mut p| p.take());
+    if let Some(p) = first {
+        std::panic::resume_unwind(p);
     }
 }
 
