@@ -54,6 +54,11 @@ pub(super) const CASES: &[Case] = &[
         run: empty,
     },
     Case {
+        name: "capture::graph_launched_into_a_capture",
+        needs: CAP,
+        run: launch_into_capture,
+    },
+    Case {
         name: "capture::execs_sharing_read_backs_replay_back_to_back",
         needs: CAP,
         run: shared_read_backs,
@@ -94,6 +99,42 @@ fn replay(ctx: &Ctx) -> Result<(), Failure> {
     );
     ctx.graph_exec_destroy(x)?;
     ctx.graph_destroy(g)?;
+    Ok(())
+}
+
+/// A graph launched into another stream's capture is captured (CPU, wgpu) or refused with a
+/// `capturing` error (CUDA, whose driver refuses it); either way the capture goes on intact:
+/// work after it is captured and its graph replays.
+fn launch_into_capture(ctx: &Ctx) -> Result<(), Failure> {
+    let (s, t) = (Stream::new(&ctx.backend)?, Stream::new(&ctx.backend)?);
+    let n = 1024u32;
+    let a = Buf::new(&ctx.backend, 4 * n as usize)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    s.launch("fill", &[a.ptr.into(), 1.0f32.to_bits().into(), n.into()])?;
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.begin_capture(t.id(), CaptureMode::Global)?;
+    let nested = ctx.graph_launch(x, t.id());
+    if nested.is_err() {
+        expect_err(nested, &["capturing"], "a graph launched into a capture")?;
+    }
+    t.launch("fill", &[a.ptr.into(), 2.5f32.to_bits().into(), n.into()])?;
+    let g2 = ctx.end_capture(t.id())?;
+    let x2 = ctx.graph_instantiate(g2)?;
+    ctx.graph_launch(x2, t.id())?;
+    t.synchronize()?;
+    let got = bytes_f32(&a.read()?);
+    ensure!(
+        got.iter().all(|&v| v == 2.5),
+        "the capture after the nested launch replayed to {:?}…",
+        &got[..4]
+    );
+    for x in [x, x2] {
+        ctx.graph_exec_destroy(x)?;
+    }
+    for g in [g, g2] {
+        ctx.graph_destroy(g)?;
+    }
     Ok(())
 }
 
@@ -385,13 +426,16 @@ fn shared_read_backs(ctx: &Ctx) -> Result<(), Failure> {
             }
             Ok(())
         })();
+        // A failure inside is the case's result; cleanup after it (a capture it left open
+        // refuses destroys) must not hide it.
+        let mut cleanup: Result<(), Failure> = Ok(());
         for x in execs {
-            ctx.graph_exec_destroy(x)?;
+            cleanup = cleanup.and(ctx.graph_exec_destroy(x).map_err(Failure::from));
         }
         for g in graphs {
-            ctx.graph_destroy(g)?;
+            cleanup = cleanup.and(ctx.graph_destroy(g).map_err(Failure::from));
         }
-        r
+        r.and(cleanup)
     };
     let r = run();
     ctx.free_host(host)?;

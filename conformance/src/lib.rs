@@ -229,6 +229,10 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
     const NO_LOSS_CUDA: &str = "a lost CUDA device is a sticky context error: the fake \
         driver's fault matrix (fakecuda_faults: ILLEGAL_ADDRESS, LAUNCH_FAILED) injects it at \
         every entry point; a real GPU cannot be reset on purpose here";
+    const NO_NESTED_LAUNCH_CUDA: &str = "the case captures replays of a graph into another \
+        graph; CUDA refuses a graph launched into a capturing stream \
+        (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on an H200, CUDA 13), so unirt refuses it first \
+        with a `capturing` error and the capture stays intact";
     const LOSS: &[(DeviceKind, &str, &str)] = &[
         (
             DeviceKind::Cpu,
@@ -239,6 +243,11 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             DeviceKind::Cuda,
             cases_device_loss::DEVICE_LOST_CASE,
             NO_LOSS_CUDA,
+        ),
+        (
+            DeviceKind::Cuda,
+            "capture::execs_sharing_read_backs_replay_back_to_back",
+            NO_NESTED_LAUNCH_CUDA,
         ),
     ];
     LOSS.iter()

@@ -877,6 +877,15 @@ impl Backend for CudaBackend {
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
         let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
+        // The driver refuses a graph launched into a capture (CUDA 13 on an H200:
+        // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and a refused call there may invalidate the
+        // capture; refused here, the capture goes on intact.
+        if s.is_capturing() {
+            return Err(Error::Capturing(
+                "launching a graph into a capturing stream (CUDA cannot capture a graph launch)"
+                    .into(),
+            ));
+        }
         let _x_use = x.gate.enter(GraphExecId::KIND, x.raw)?;
         let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         let _events_use = enter_events(&x.events, &x.waits)?;
