@@ -167,6 +167,26 @@ impl Drop for HostBlock {
     }
 }
 
+/// The machine's physical memory in bytes, where the OS says: no single page-locked
+/// allocation can be larger, so a backend refuses one before asking its driver (CUDA's
+/// `cuMemAllocHost` of 2^62 bytes only fails after the driver has tried).
+pub fn physical_memory() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf reads two system constants; it has no preconditions.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && page > 0 {
+            return (pages as u64).checked_mul(page as u64);
+        }
+    }
+    None
+}
+
 /// Page-aligned host memory that a backend with no page-locking of its own (CPU, wgpu) hands
 /// out as its "pinned" memory, registered so that frees and copies through it are checked and
 /// copies (queued or replayed) keep it alive while they run.

@@ -38,6 +38,27 @@ impl<T> Allocation<T> {
 /// A counted reference to one allocation; see the module docs.
 pub type AllocRef<T = ()> = Arc<Allocation<T>>;
 
+/// A range remembered for later use (a captured graph's operands) with the allocation it lay
+/// in, so that a later [`AllocTable::recheck`] tells "still that allocation" from "freed, and
+/// the address handed out anew" — which an address-only lookup cannot. The weak reference keeps
+/// the allocation's record from being reused for a new one, so the comparison is exact.
+#[derive(Debug)]
+pub struct RecordedRange<T> {
+    pub addr: u64,
+    pub len: u64,
+    was: Weak<Allocation<T>>,
+}
+
+impl<T> Clone for RecordedRange<T> {
+    fn clone(&self) -> Self {
+        RecordedRange {
+            addr: self.addr,
+            len: self.len,
+            was: self.was.clone(),
+        }
+    }
+}
+
 /// Live allocations of one address space, keyed by base address.
 #[derive(Debug)]
 pub struct AllocTable<T = ()> {
@@ -231,6 +252,25 @@ impl<T> AllocTable<T> {
             });
         }
         Ok(now)
+    }
+
+    /// Remembers `[addr, addr + len)` together with the allocation it lies in now (none: the
+    /// record never passes [`recheck`](Self::recheck)).
+    pub fn record(&self, addr: u64, len: u64) -> RecordedRange<T> {
+        RecordedRange {
+            addr,
+            len,
+            was: self
+                .find(addr)
+                .map(|a| Arc::downgrade(&a))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The recorded range again, refused unless it still lies in the very allocation it was
+    /// recorded in ([`relookup`](Self::relookup)).
+    pub fn recheck(&self, r: &RecordedRange<T>) -> Result<AllocRef<T>> {
+        self.relookup(r.addr, r.len, &r.was)
     }
 
     /// Number of live allocations and their total size.

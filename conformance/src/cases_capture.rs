@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::ensure;
-use unirt::hal::{CaptureMode, EventStatus, KernelArg, MemcpyKind};
+use unirt::hal::{CaptureMode, DevicePtr, EventStatus, KernelArg, MemcpyKind};
 use unirt::{Backend, Event, Stream};
 
 const CAP: &[Need] = &[Need::Capture];
@@ -47,6 +47,11 @@ pub(super) const CASES: &[Case] = &[
         name: "capture::replay_after_free_is_refused",
         needs: CAP,
         run: replay_after_free,
+    },
+    Case {
+        name: "capture::memory_freed_and_allocated_again_is_refused",
+        needs: CAP,
+        run: freed_and_allocated_again,
     },
     Case {
         name: "capture::empty_graph",
@@ -360,6 +365,117 @@ fn replay_after_free(ctx: &Ctx) -> Result<(), Failure> {
         &["out_of_bounds", "invalid_handle"],
         "replaying a graph whose buffer was freed",
     )
+}
+
+/// Memory a graph uses, freed after the capture and allocated again — at the same address
+/// where the allocator hands it out anew, as CUDA's does — is not the memory the graph
+/// captured. Instantiating the graph and replaying an exec of it must both be refused with a
+/// typed error (a real CUDA driver's nodes refer to the freed allocation: instantiating them
+/// was the suspected SIGSEGV inside `cuGraphInstantiateWithFlags`), and the new allocation must
+/// keep its bytes. Device memory (a memset node) and pinned host memory (a copy node) alike.
+fn freed_and_allocated_again(ctx: &Ctx) -> Result<(), Failure> {
+    let n = 4096;
+    let s = Stream::new(&ctx.backend)?;
+    // Device memory.
+    let p = ctx.malloc(n)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    ctx.memset_async(p, 1, n, s.id())?;
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.free(p)?;
+    let held = allocate_until(n, p.0, |n| ctx.malloc(n).map(|q| q.0))?;
+    for &q in &held {
+        ctx.memset(DevicePtr(q), 7, n)?;
+    }
+    let checked = refused_after_free(ctx, g, x, &s, "device memory");
+    for &q in &held {
+        let mut back = vec![0u8; n];
+        // SAFETY: `back` holds n bytes; q is a live device allocation of n bytes.
+        unsafe { ctx.memcpy(back.as_mut_ptr() as u64, q, n, MemcpyKind::D2H)? };
+        ensure!(
+            back.iter().all(|&b| b == 7),
+            "a refused replay wrote into memory allocated after the capture's was freed"
+        );
+        ctx.free(DevicePtr(q))?;
+    }
+    checked?;
+    // Pinned host memory: a captured upload from it.
+    let d = Buf::new(&ctx.backend, n)?;
+    let h = ctx.malloc_host(n)?;
+    ctx.begin_capture(s.id(), CaptureMode::Global)?;
+    // SAFETY: h is a live pinned allocation of n bytes, d a device buffer of n bytes; the copy
+    // runs only at replay, and every replay after h is freed must be refused.
+    unsafe { ctx.memcpy_async(d.ptr.0, h.0, n, MemcpyKind::H2D, s.id())? };
+    let g = ctx.end_capture(s.id())?;
+    let x = ctx.graph_instantiate(g)?;
+    ctx.free_host(h)?;
+    let held = allocate_until(n, h.0, |n| ctx.malloc_host(n).map(|q| q.0))?;
+    let checked = refused_after_free(ctx, g, x, &s, "pinned host memory");
+    for q in held {
+        ctx.free_host(unirt::hal::HostPtr(q))?;
+    }
+    checked
+}
+
+/// Allocates `n` bytes until `addr` comes back (at most 16 tries; the others stay allocated
+/// meanwhile, so each try gets a new address); returns everything allocated.
+fn allocate_until(
+    n: usize,
+    addr: u64,
+    mut alloc: impl FnMut(usize) -> Result<u64, unirt::Error>,
+) -> Result<Vec<u64>, Failure> {
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let q = alloc(n)?;
+        held.push(q);
+        if q == addr {
+            break;
+        }
+    }
+    Ok(held)
+}
+
+/// Instantiating graph `g` is refused, or its exec's replay is; replaying exec `x` is refused;
+/// then both are destroyed.
+fn refused_after_free(
+    ctx: &Ctx,
+    g: unirt::hal::GraphId,
+    x: unirt::hal::GraphExecId,
+    s: &Stream,
+    what: &str,
+) -> Result<(), Failure> {
+    let kinds = ["out_of_bounds", "invalid_handle"];
+    let relaunched = ctx.graph_launch(x, s.id());
+    let (instantiated, fresh) = match ctx.graph_instantiate(g) {
+        Ok(x2) => (Ok(()), Some(ctx.graph_launch(x2, s.id()).map(|()| x2))),
+        Err(e) => (Err(e), None),
+    };
+    s.synchronize()?;
+    ctx.graph_exec_destroy(x)?;
+    ctx.graph_destroy(g)?;
+    expect_err(
+        relaunched,
+        &kinds,
+        &format!("replaying an exec whose {what} was freed and allocated again"),
+    )?;
+    match fresh {
+        None => expect_err(
+            instantiated,
+            &kinds,
+            &format!("instantiating a graph whose {what} was freed and allocated again"),
+        ),
+        Some(Ok(x2)) => {
+            ctx.graph_exec_destroy(x2)?;
+            Err(Failure::Failed(format!(
+                "a graph whose {what} was freed and allocated again was instantiated and replayed"
+            )))
+        }
+        Some(Err(e)) => expect_err(
+            Err::<(), _>(e),
+            &kinds,
+            &format!("replaying a new exec of a graph whose {what} was freed and allocated again"),
+        ),
+    }
 }
 
 fn empty(ctx: &Ctx) -> Result<(), Failure> {

@@ -4,7 +4,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
 use crate::capture::{
-    self, finish, refuse_if_capturing, submit, target, unsafe_call, Graph, Pending, Target,
+    self, check_uses, finish, refuse_if_capturing, submit, target, unsafe_call, Graph, Pending,
+    Target,
 };
 use crate::control::misuse;
 use crate::exec::{Event, Op, Stream};
@@ -488,6 +489,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
                 return Err(INVALID_CONTEXT);
             }
             check_events(d, &gr, "cuGraphInstantiateWithFlags")?;
+            check_uses(d, &gr, "cuGraphInstantiateWithFlags")?;
             let handle = d.new_handle();
             d.handles.insert(
                 handle,
@@ -495,6 +497,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
                     handle,
                     ctx: gr.ctx,
                     nodes: gr.nodes.clone(),
+                    uses: gr.uses.clone(),
                 })),
             );
             // SAFETY: non-null and valid for a write (the caller's contract).
@@ -514,6 +517,7 @@ pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
                 return Err(INVALID_CONTEXT);
             }
             check_events(d, &ex, "cuGraphLaunch")?;
+            check_uses(d, &ex, "cuGraphLaunch")?;
             Ok((submit(d, &t, ex.nodes.clone(), false)?, ctx.clone()))
         }))
     })

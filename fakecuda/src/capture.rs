@@ -28,13 +28,14 @@
 //! event recorded in it — unirt records events as external nodes and never joins), memory
 //! nodes (`cuMemAllocAsync` while capturing answers `CUDA_ERROR_NOT_SUPPORTED`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 
 use crate::control::misuse;
+use crate::exec::Loc;
 use crate::exec::{instantiate_op, Op, Stream};
 use crate::result::*;
-use crate::state::{Ctx, Driver, Handle, CURRENT, MODE};
+use crate::state::{Ctx, DevBuf, Driver, Handle, CURRENT, MODE};
 
 pub const MODE_GLOBAL: i32 = 0;
 pub const MODE_THREAD_LOCAL: i32 = 1;
@@ -46,7 +47,19 @@ pub struct Capture {
     pub mode: i32,
     pub thread: ThreadId,
     pub nodes: Vec<Op>,
+    pub uses: Vec<DeviceUse>,
     pub invalidated: bool,
+}
+
+/// A device address a captured node uses and the allocation it named at capture. A real
+/// driver's memset, copy and kernel nodes refer to that allocation: instantiating or launching
+/// them after it was freed — even with the address handed out anew — is undefined behaviour
+/// there (the suspected cause of a SIGSEGV inside `cuGraphInstantiateWithFlags` on an H200),
+/// which the fake records as misuse.
+#[derive(Clone)]
+pub struct DeviceUse {
+    pub addr: u64,
+    pub buf: Weak<DevBuf>,
 }
 
 /// A graph or an executable graph: its nodes in capture order.
@@ -54,6 +67,53 @@ pub struct Graph {
     pub handle: u64,
     pub ctx: u64,
     pub nodes: Vec<Op>,
+    pub uses: Vec<DeviceUse>,
+}
+
+/// The device allocations `ops` use now (kernel arguments that lie in one count as pointers).
+fn device_uses(d: &Driver, ops: &[Op]) -> Vec<DeviceUse> {
+    let mut addrs = Vec::new();
+    for op in ops {
+        match op {
+            Op::Copy { dst, src, .. } => {
+                for loc in [dst, src] {
+                    if let Loc::Dev(a) = loc {
+                        addrs.push(*a);
+                    }
+                }
+            }
+            Op::Set { dst, .. } => addrs.push(*dst),
+            Op::Kernel { args, .. } => addrs.extend(args.iter().copied()),
+            _ => {}
+        }
+    }
+    addrs
+        .into_iter()
+        .filter_map(|addr| {
+            d.buffer_at(addr).map(|b| DeviceUse {
+                addr,
+                buf: Arc::downgrade(&b),
+            })
+        })
+        .collect()
+}
+
+/// Records misuse (and refuses) when a graph's node uses an allocation freed since the capture.
+pub fn check_uses(d: &Driver, g: &Graph, call: &str) -> Result<(), CUresult> {
+    for u in &g.uses {
+        let same = d
+            .buffer_at(u.addr)
+            .is_some_and(|b| std::ptr::eq(Arc::as_ptr(&b), u.buf.as_ptr()));
+        if !same {
+            misuse(format!(
+                "{call}: graph {:#x} has a node on device address {:#x}, whose allocation was \
+                 freed since the capture",
+                g.handle, u.addr
+            ));
+            return Err(INVALID_VALUE);
+        }
+    }
+    Ok(())
 }
 
 /// Where work for a stream handle goes.
@@ -108,11 +168,14 @@ pub enum Pending {
 pub fn submit(d: &mut Driver, t: &Target, ops: Vec<Op>, wait: bool) -> Result<Pending, CUresult> {
     match t {
         Target::Stream(s) => {
-            if let Some(cap) = d.captures.get_mut(&s.handle) {
+            if d.captures.contains_key(&s.handle) {
+                let uses = device_uses(d, &ops);
+                let cap = d.captures.get_mut(&s.handle).ok_or(ILLEGAL_STATE)?;
                 if cap.invalidated {
                     return Err(STREAM_CAPTURE_INVALIDATED);
                 }
                 cap.nodes.extend(ops);
+                cap.uses.extend(uses);
                 return Ok(Pending::Nothing);
             }
             let mut last = 0;
@@ -237,6 +300,7 @@ pub fn begin(d: &mut Driver, t: &Target, mode: i32) -> Result<(), CUresult> {
             mode,
             thread: std::thread::current().id(),
             nodes: Vec::new(),
+            uses: Vec::new(),
             invalidated: false,
         },
     );
@@ -264,6 +328,7 @@ pub fn end(d: &mut Driver, t: &Target) -> Result<u64, CUresult> {
             handle: h,
             ctx: cap.ctx,
             nodes: cap.nodes,
+            uses: cap.uses,
         })),
     );
     Ok(h)

@@ -8,7 +8,8 @@
 //!
 //! What it models (and how it differs from real CUDA) is documented module by module:
 //! - [`state`]: devices, primary contexts, sticky context errors, handles, the device address
-//!   space (never reused, so stale pointers are caught), pinned host memory.
+//!   space (freed spans reused as a real allocator does; graph nodes on freed memory are
+//!   misuse), pinned host memory.
 //! - [`exec`]: streams as ordered worker threads, events with timing, the legacy stream.
 //! - [`capture`]: stream capture into graphs, capture modes, the invalidation rules for
 //!   "potentially unsafe" calls, instantiate and launch.

@@ -10,8 +10,10 @@
 //!   non-null values from one counter, never reused; an unknown one is `INVALID_HANDLE` and is
 //!   recorded as misuse (a real driver may crash on it).
 //! - **Device memory** lives in its own address space (from [`DEVICE_BASE`]), backed by host
-//!   allocations, with a gap after each allocation and no
-//!   reuse of addresses: a stale or out-of-range device pointer never lands in live memory.
+//!   allocations, with a gap after each allocation. A freed span is handed out again to the
+//!   next allocation of the same span, as a real driver's allocator does, so that a stale
+//!   address above the driver meets a new allocation (a graph node on the old one is recorded
+//!   as misuse); out-of-range pointers never land in live memory.
 //!   Device addresses are not host addresses: a caller that dereferences one crashes, which
 //!   is the point. **Pinned host memory** is real host memory, tracked for the capture rules.
 
@@ -133,6 +135,18 @@ pub struct Driver {
     pub captures: HashMap<u64, Capture>,
     next_handle: u64,
     next_addr: u64,
+    /// Address spans freed lately, (span, base), handed out again to an allocation of the same
+    /// span (newest first), as a real driver's allocator does: a freed address soon names a
+    /// new allocation, which is what makes stale-address bugs above the driver visible.
+    freed: Vec<(u64, u64)>,
+}
+
+/// How many freed spans are kept for reuse.
+const FREED_KEPT: usize = 64;
+
+/// The address span an allocation of `size` bytes takes (with a gap after it).
+fn span_of(size: u64) -> u64 {
+    size.div_ceil(DEVICE_ALIGN) * DEVICE_ALIGN + DEVICE_ALIGN
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -166,6 +180,7 @@ impl Driver {
             captures: HashMap::new(),
             next_handle: 0x5000,
             next_addr: DEVICE_BASE,
+            freed: Vec::new(),
         }
     }
 
@@ -185,9 +200,15 @@ impl Driver {
             return Err(OUT_OF_MEMORY);
         }
         let buf = DevBuf::new(size).ok_or(OUT_OF_MEMORY)?;
-        let base = self.next_addr;
-        let span = size.div_ceil(DEVICE_ALIGN) * DEVICE_ALIGN + DEVICE_ALIGN;
-        self.next_addr = self.next_addr.checked_add(span).ok_or(OUT_OF_MEMORY)?;
+        let span = span_of(size);
+        let base = match self.freed.iter().rposition(|&(s, _)| s == span) {
+            Some(i) => self.freed.remove(i).1,
+            None => {
+                let base = self.next_addr;
+                self.next_addr = self.next_addr.checked_add(span).ok_or(OUT_OF_MEMORY)?;
+                base
+            }
+        };
         self.used[d] += size;
         self.mem.insert(
             base,
@@ -203,11 +224,22 @@ impl Driver {
     /// Releases the allocation that starts at `base`.
     pub fn free(&mut self, base: u64) -> Result<(), CUresult> {
         let a = self.mem.remove(&base).ok_or(INVALID_VALUE)?;
+        if self.freed.len() == FREED_KEPT {
+            self.freed.remove(0);
+        }
+        self.freed.push((span_of(a.size), base));
         if let Some(Handle::Ctx(c)) = self.handles.get(&a.ctx) {
             let d = c.device;
             self.used[d] = self.used[d].saturating_sub(a.size);
         }
         Ok(())
+    }
+
+    /// The buffer of the live device allocation `addr` lies in (its identity: a freed address
+    /// handed out anew names another buffer).
+    pub fn buffer_at(&self, addr: u64) -> Option<Arc<DevBuf>> {
+        let (base, a) = self.mem.range(..=addr).next_back()?;
+        (addr - base < a.size).then(|| a.buf.clone())
     }
 
     /// The device allocation holding `[addr, addr + len)`: its buffer and the offset of `addr`.

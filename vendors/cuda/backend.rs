@@ -8,13 +8,14 @@ use super::driver_memory::host_copy;
 use super::event::{cu_flags, CudaEvent};
 use super::graph::{CudaGraph, CudaGraphExec};
 use super::memory::{self, AllocKind, PeerInfo};
-use super::stream::{CaptureLog, CudaStream};
+use super::stream::{CaptureLog, CudaStream, DeviceUse};
 use super::CudaBackend;
 use crate::checked;
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::{Error, Result};
 use crate::hal::*;
 use crate::kernel::check_launch;
+use crate::memtable::RecordedRange;
 
 /// Threads per block for the element-wise kernels.
 const BLOCK: u32 = 256;
@@ -142,19 +143,37 @@ impl CudaBackend {
         }
     }
 
-    /// Pinned host ranges of a graph are still in live pinned allocations.
-    fn check_pinned(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        for &(addr, len) in ranges {
-            self.host_mem.lookup(addr, len)?;
+    /// Notes a copy's ranges in `s`'s capture, when it captures: this device's and a peer's
+    /// device sides, and pinned host sides.
+    fn note_copy(&self, s: &CudaStream, dst: u64, src: u64, len: u64, plan: &CopyPlan) {
+        if !s.is_capturing() {
+            return;
+        }
+        s.note_ranges(&self.shared, &plan.ranges);
+        for (peer, addr) in [(&plan.dst_peer, dst), (&plan.src_peer, src)] {
+            if let Some(p) = peer {
+                s.note_ranges(p, &[(addr, len)]);
+            }
+        }
+        s.note_pinned(&self.host_mem, &plan.pinned);
+    }
+
+    /// Pinned host ranges of a graph still lie in the pinned allocations they were captured in.
+    fn check_pinned(&self, ranges: &[RecordedRange<()>]) -> Result<()> {
+        for r in ranges {
+            self.host_mem.recheck(r)?;
         }
         Ok(())
     }
 
-    /// Checks what a graph uses is still live: its device ranges (a replay must not write
-    /// freed memory) and its recorded events (CUDA would record a destroyed event).
-    fn check_graph(&self, ranges: &[(u64, u64)], events: &[Arc<CudaEvent>]) -> Result<()> {
-        for &(addr, len) in ranges {
-            self.check_device(addr, len)?;
+    /// Checks what a graph uses is still what it captured: its device ranges lie in the very
+    /// allocations they lay in then (a replay must not write freed memory, and libcuda must
+    /// never instantiate or launch nodes on an allocation freed since, even where the address
+    /// was handed out anew) and its recorded events are the live ones (CUDA would record a
+    /// destroyed event).
+    fn check_graph(&self, ranges: &[DeviceUse], events: &[Arc<CudaEvent>]) -> Result<()> {
+        for r in ranges {
+            r.recheck()?;
         }
         for e in events {
             match self.events.get(e.raw) {
@@ -574,6 +593,13 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return Ok(HostPtr::NULL);
         }
+        if let Some(limit) = crate::hostmem::physical_memory().filter(|&l| bytes as u64 > l) {
+            return Err(Error::TooLarge {
+                device: format!("{} (page-locked host memory)", self.name),
+                requested: bytes as u64,
+                limit,
+            });
+        }
         self.bind()?;
         let p = self.drv.mem_alloc_host(bytes, &self.name)?;
         self.host_mem
@@ -720,8 +746,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        s.note_ranges(&plan.ranges);
-        s.note_pinned(&plan.pinned);
+        self.note_copy(&s, dst, src, bytes as u64, &plan);
         // SAFETY: the caller's contract for host ranges; device ranges checked in `plan`.
         unsafe { self.enqueue_copy(dst, src, bytes, kind, &plan, s.raw) }
     }
@@ -757,7 +782,7 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         self.bind()?;
-        s.note_ranges(&[(dst.0, bytes as u64)]);
+        s.note_ranges(&self.shared, &[(dst.0, bytes as u64)]);
         // SAFETY: the range was bounds-checked against the allocation table above and the stream
         // is live.
         unsafe { self.drv.memset_d8(dst.0, value, bytes, s.raw) }
@@ -787,7 +812,7 @@ impl Backend for CudaBackend {
             .collect::<Result<Vec<ArgValue>>>()?;
         let grid = checked.n.div_ceil(BLOCK).clamp(1, MAX_GRID);
         let ranges: Vec<(u64, u64)> = checked.buffers.iter().map(|(p, l)| (p.0, *l)).collect();
-        s.note_ranges(&ranges);
+        s.note_ranges(&self.shared, &ranges);
         // SAFETY: check_launch validated the arguments against the kernel's signature and every
         // pointer against the allocation table; the function's module stays loaded; the stream is
         // live.
@@ -895,8 +920,6 @@ impl Backend for CudaBackend {
         self.check_graph(&[], &x.waits)?;
         self.check_pinned(&x.pinned)?;
         self.bind()?;
-        s.note_ranges(&x.ranges);
-        s.note_pinned(&x.pinned);
         // SAFETY: the exec and the stream came from their tables and the graph's ranges were
         // re-checked above.
         unsafe { self.drv.graph_launch(x.raw, s.raw) }?;

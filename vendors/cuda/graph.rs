@@ -4,15 +4,17 @@ use std::sync::Arc;
 
 use super::event::CudaEvent;
 use super::gate::HandleGate;
+use super::stream::DeviceUse;
+use crate::memtable::RecordedRange;
 
 /// A captured graph. `raw` is the `CUgraph` and also the HAL handle.
 #[derive(Debug)]
 pub(super) struct CudaGraph {
     pub raw: u64,
     /// Device ranges the captured work touches.
-    pub ranges: Arc<[(u64, u64)]>,
+    pub ranges: Arc<[DeviceUse]>,
     /// Pinned host ranges (unirt's `malloc_host` memory) the captured copies touch.
-    pub pinned: Arc<[(u64, u64)]>,
+    pub pinned: Arc<[RecordedRange<()>]>,
     /// Events recorded inside the capture.
     pub events: Arc<[Arc<CudaEvent>]>,
     /// Events the graph waits on: a replay must not name a destroyed one.
@@ -24,14 +26,15 @@ pub(super) struct CudaGraph {
 }
 
 /// An instantiated graph. `raw` is the `CUgraphExec` and also the HAL handle. `ranges` are
-/// re-checked against the allocation table before every launch, so a replay never writes
-/// memory freed since the capture (CUDA itself would not notice).
+/// re-checked against the allocation tables before every launch, so a replay never writes
+/// memory freed since the capture, even where the address was handed out anew (CUDA itself
+/// would not notice).
 #[derive(Debug)]
 pub(super) struct CudaGraphExec {
     pub raw: u64,
-    pub ranges: Arc<[(u64, u64)]>,
+    pub ranges: Arc<[DeviceUse]>,
     /// Pinned host ranges, re-checked against the pinned table before every launch.
-    pub pinned: Arc<[(u64, u64)]>,
+    pub pinned: Arc<[RecordedRange<()>]>,
     /// Events the graph records: counted as recorded (for elapsed time) once a launch is
     /// enqueued.
     pub events: Arc<[Arc<CudaEvent>]>,

@@ -7,14 +7,33 @@ use parking_lot::Mutex;
 use super::event::CudaEvent;
 use super::fault::FaultWord;
 use super::gate::HandleGate;
+use super::memory::{AllocKind, PeerInfo};
+use crate::memtable::{AllocTable, RecordedRange};
+
+/// A device range captured work uses, with the device whose allocation table holds it (this
+/// one, or the peer of a copy between devices) and the very allocation it lay in.
+#[derive(Debug, Clone)]
+pub(super) struct DeviceUse {
+    pub owner: Arc<PeerInfo>,
+    pub range: RecordedRange<AllocKind>,
+}
+
+impl DeviceUse {
+    /// Still the allocation it was captured in: freed since — even if the address was handed
+    /// out anew — is refused. The driver's graph nodes refer to the allocation the capture saw;
+    /// instantiating or replaying them after it was freed is undefined behaviour in libcuda.
+    pub fn recheck(&self) -> crate::error::Result<()> {
+        self.owner.mem.recheck(&self.range).map(drop)
+    }
+}
 
 /// What a capturing stream has recorded so far, beyond what CUDA keeps: the device ranges its
 /// work touches, so instantiate and every replay can refuse a graph whose memory was freed.
 #[derive(Debug, Default)]
 pub(super) struct CaptureLog {
-    pub ranges: Vec<(u64, u64)>,
+    pub ranges: Vec<DeviceUse>,
     /// Pinned host ranges the captured copies use.
-    pub pinned: Vec<(u64, u64)>,
+    pub pinned: Vec<RecordedRange<()>>,
     /// Events recorded inside the capture: each replay records them.
     pub events: Vec<Arc<CudaEvent>>,
     /// Events the captured work waits on (event-wait nodes): the graph names them too.
@@ -104,20 +123,30 @@ impl CudaStream {
         }
     }
 
-    /// Notes pinned host ranges used by copies enqueued now, when capturing.
-    pub fn note_pinned(&self, ranges: &[(u64, u64)]) {
+    /// Notes pinned host ranges (of `table`) used by copies enqueued now, when capturing.
+    pub fn note_pinned(&self, table: &AllocTable<()>, ranges: &[(u64, u64)]) {
         if ranges.is_empty() {
             return;
         }
         if let Some(c) = self.capture.lock().as_mut() {
-            c.pinned.extend_from_slice(ranges);
+            c.pinned
+                .extend(ranges.iter().map(|&(a, l)| table.record(a, l)));
         }
     }
 
-    /// Notes device ranges used by work enqueued now, when capturing.
-    pub fn note_ranges(&self, ranges: &[(u64, u64)]) {
+    /// Notes device ranges of `owner`'s memory used by work enqueued now, when capturing.
+    /// Empty ranges touch no allocation and are not noted.
+    pub fn note_ranges(&self, owner: &Arc<PeerInfo>, ranges: &[(u64, u64)]) {
         if let Some(c) = self.capture.lock().as_mut() {
-            c.ranges.extend_from_slice(ranges);
+            c.ranges.extend(
+                ranges
+                    .iter()
+                    .filter(|&&(_, l)| l > 0)
+                    .map(|&(a, l)| DeviceUse {
+                        owner: owner.clone(),
+                        range: owner.mem.record(a, l),
+                    }),
+            );
         }
     }
 }

@@ -410,7 +410,7 @@ impl CudaBackend {
         }
         self.bind()?;
         let raw: Vec<(u64, u64)> = ranges.iter().map(|(p, l)| (p.0, *l)).collect();
-        s.note_ranges(&raw);
+        s.note_ranges(&self.shared, &raw);
         let drv = self.drv;
         body(&mut |work| match work {
             // SAFETY: `f` is a function of a module this device keeps loaded; the pointer
