@@ -6,6 +6,7 @@
 # kernels compiled to CUBIN by NVRTC) and exits 0.
 #
 #   ci/gpu.sh [OUT_DIR]          (default: $OUT if set, else target/gpu-results)
+#   UNIRT_GPU_CONFORMANCE_REPEATS=8 ci/gpu.sh   (the CUDA suite 8 more times: a crash hunt)
 #
 # Binaries: $UNIRT_BIN (default target/release/unirt) and libinfinirt.so beside it. Without
 # UNIRT_BIN and with cargo present they are built in release first; on a GPU machine without
@@ -82,6 +83,26 @@ for dev in $cuda_devs $wgpu_devs; do
     --junit "$out/conformance-$tag.xml" >"$out/conformance-$tag.txt" 2>&1 \
     || fail "conformance on $dev (see $out/conformance-$tag.txt)"
   tail -n 4 "$out/conformance-$tag.txt"
+done
+
+# The whole suite again on each CUDA device, UNIRT_GPU_CONFORMANCE_REPEATS times (default 0):
+# the SIGSEGV inside cuGraphInstantiateWithFlags came in 4 of 9 whole-suite runs on an H200,
+# never with a filter, so a crash fix is checked by repeating the suite in one process each.
+repeats="${UNIRT_GPU_CONFORMANCE_REPEATS:-0}"
+for dev in $cuda_devs; do
+  tag=${dev/:/-}
+  crashed=0
+  for i in $(seq 1 "$repeats"); do
+    "$bin" conformance --device "$dev" >"$out/conformance-$tag-repeat-$i.txt" 2>&1
+    rc=$?
+    if [ "$rc" -ge 128 ]; then
+      crashed=$((crashed + 1))
+      fail "conformance on $dev, repeat $i: killed by signal $((rc - 128)) (see $out/conformance-$tag-repeat-$i.txt)"
+    elif [ "$rc" -ne 0 ]; then
+      fail "conformance on $dev, repeat $i (see $out/conformance-$tag-repeat-$i.txt)"
+    fi
+  done
+  [ "$repeats" -gt 0 ] && echo "gpu.sh: $dev: $repeats more whole-suite runs, $crashed ended by a signal"
 done
 
 step "the main job (every device at once)"
