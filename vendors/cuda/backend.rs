@@ -877,7 +877,9 @@ impl Backend for CudaBackend {
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
         let g = self.graphs.get(graph.0)?;
-        let _g_use = g.gate.enter(GraphId::KIND, g.raw)?;
+        // Exclusive: CUDA graph objects are not internally synchronised, and no call on one
+        // graph — cuGraphInstantiate included — may run on two threads at once.
+        let _g_use = g.gate.exclusive(GraphId::KIND, g.raw)?;
         let _events_use = enter_events(&g.events, &g.waits)?;
         self.check_graph(&g.ranges, &g.events)?;
         self.check_graph(&[], &g.waits)?;
@@ -911,7 +913,9 @@ impl Backend for CudaBackend {
                     .into(),
             ));
         }
-        let _x_use = x.gate.enter(GraphExecId::KIND, x.raw)?;
+        // Exclusive: an exec is not internally synchronised either; launches of one exec from
+        // two threads are serialised here instead of racing inside the driver.
+        let _x_use = x.gate.exclusive(GraphExecId::KIND, x.raw)?;
         let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
         let _events_use = enter_events(&x.events, &x.waits)?;
         let _gate = self.enqueue_gate.read();

@@ -7,6 +7,11 @@
 //! for the duration; destroy takes it exclusively (so it waits for the calls in flight) and
 //! marks the handle destroyed, which every later [`HandleGate::enter`] refuses with
 //! [`Error::InvalidHandle`].
+//!
+//! Graphs and execs are entered exclusively by every call (instantiate, launch) as well:
+//! CUDA's graph objects are not internally synchronised, and its documentation allows no
+//! call — not even the seemingly read-only `cuGraphInstantiate` — on one graph object from two
+//! threads at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
