@@ -87,16 +87,60 @@ impl Drop for AllCoresBusy {
     }
 }
 
+/// Threads in [`spin_until`] now: each takes tasks of a CPU kernel's fork as soon as one
+/// opens, so a fork asks that many fewer rayon threads to wake.
+static SPINNING_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread counted in [`SPINNING_WAITERS`] while `counted`.
+struct SpinningWaiter {
+    counted: bool,
+}
+
+impl SpinningWaiter {
+    fn enter() -> Self {
+        SPINNING_WAITERS.fetch_add(1, Ordering::SeqCst);
+        SpinningWaiter { counted: true }
+    }
+
+    fn set(&mut self, counted: bool) {
+        if counted != self.counted {
+            if counted {
+                SPINNING_WAITERS.fetch_add(1, Ordering::SeqCst);
+            } else {
+                SPINNING_WAITERS.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.counted = counted;
+        }
+    }
+}
+
+impl Drop for SpinningWaiter {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+/// How many threads are spinning in [`spin_until`] (and so will help a fork).
+pub(crate) fn spinning_waiters() -> usize {
+    SPINNING_WAITERS.load(Ordering::SeqCst)
+}
+
 /// Checks `ready` for up to [`SPIN_FOR`], busy (no syscall), and says whether it became
 /// true. Most waits on a stream of small work end within microseconds; sleeping on a futex
 /// instead costs a wake-up on each side, which on a virtual machine (a halted vCPU woken by
 /// an interrupt) is tens of microseconds: a replayed graph of 100 tiny operators spent half
 /// its time in the kernel's wake-up path. The spin does not yield: with other processes
 /// busy on the cores, `sched_yield` handed the core to them for a whole time slice, and a
-/// 256³ GEMM took 4 ms instead of 0.25. While a kernel runs on all cores ([`AllCoresBusy`])
-/// it does not spin at all.
+/// 256³ GEMM took 4 ms instead of 0.25.
+///
+/// While a CPU kernel runs on all cores ([`AllCoresBusy`]) the waiter takes its unclaimed
+/// tasks instead ([`help_open_forks`](crate::vendors::cpu::help_open_forks)): it is a core
+/// already awake, so the work ends sooner and the waiter is awake to see it end. A waiter
+/// that found no task to take does not spin then: it sleeps, leaving the cores to the tasks.
 pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
-    let start = std::time::Instant::now();
+    let mut spinning = SpinningWaiter::enter();
+    let mut start = std::time::Instant::now();
+    let mut helped = false;
     loop {
         for _ in 0..64 {
             if ready() {
@@ -104,7 +148,24 @@ pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() >= SPIN_FOR || PARALLEL_KERNELS.load(Ordering::Relaxed) > 0 {
+        if crate::vendors::cpu::help_open_forks() {
+            // Working, not waiting: the spin's time counts from the last task.
+            helped = true;
+            start = std::time::Instant::now();
+            continue;
+        }
+        if start.elapsed() >= SPIN_FOR || (!helped && PARALLEL_KERNELS.load(Ordering::Relaxed) > 0)
+        {
+            // Leaving: uncounted first, then one more look. A fork that opened while this
+            // thread was still counted asked rayon for one helper fewer; it was published
+            // before it read the count, so this look finds it (both sides are SeqCst).
+            spinning.set(false);
+            if crate::vendors::cpu::help_open_forks() {
+                spinning.set(true);
+                helped = true;
+                start = std::time::Instant::now();
+                continue;
+            }
             return ready();
         }
     }

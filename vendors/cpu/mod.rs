@@ -18,6 +18,7 @@ mod kernels;
 mod memory;
 mod stream;
 
+pub(crate) use kernels::help_open_forks;
 pub(crate) use kernels::matmul_workspace;
 pub(crate) use kernels::register as register_kernels;
 

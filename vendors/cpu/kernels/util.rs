@@ -428,49 +428,85 @@ pub(super) fn par_rows<const N: usize>(
     }
 }
 
-/// Runs `run(t)` for every `t < tasks`, the calling thread taking tasks itself while up to
-/// one fewer than rayon's threads help (claiming tasks from one counter). A fork from the
-/// stream's worker (not a rayon thread) through rayon's own calls would block the worker
-/// and wait for pool threads to wake, which on a virtual machine takes tens of
-/// microseconds: here the caller starts at once, and a helper that wakes late finds the
-/// tasks taken. Every task has run when it returns; a task that panics is re-raised here.
-pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    struct Shared {
-        next: AtomicUsize,
-        done: AtomicUsize,
-        // The first panic of a task, re-raised on the caller as it was.
-        panic: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
-        tasks: usize,
-        // The caller's `run`, its lifetime erased: called only for a claimed task, and the
-        // caller returns only once every claimed task is done (see below).
-        run: *const (dyn Fn(usize) + Sync),
-        // Unparked when the last task is done.
-        caller: std::thread::Thread,
-    }
-    // SAFETY: `run` is Sync and only called while the caller waits (see `fork_tasks`).
-    unsafe impl Send for Shared {}
-    // SAFETY: as above.
-    unsafe impl Sync for Shared {}
-    fn work(s: &Shared) {
+/// One fork of [`fork_tasks`]: its tasks, claimed from one counter by the forking thread, by
+/// rayon helpers and by threads waiting for CPU work ([`help_open_forks`]).
+struct Fork {
+    next: std::sync::atomic::AtomicUsize,
+    done: std::sync::atomic::AtomicUsize,
+    // The first panic of a task, re-raised on the caller as it was.
+    panic: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    tasks: usize,
+    // The caller's `run`, its lifetime erased: called only for a claimed task, and the caller
+    // returns only once every claimed task is done (see `fork_tasks`).
+    run: *const (dyn Fn(usize) + Sync),
+    // Unparked when the last task is done.
+    caller: std::thread::Thread,
+}
+
+// SAFETY: `run` is Sync and only called while the caller waits (see `fork_tasks`).
+unsafe impl Send for Fork {}
+// SAFETY: as above.
+unsafe impl Sync for Fork {}
+
+impl Fork {
+    /// Claims and runs tasks until none is left; whether it ran any.
+    fn work(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let mut ran = false;
         loop {
-            let t = s.next.fetch_add(1, Ordering::AcqRel);
-            if t >= s.tasks {
-                return;
+            let t = self.next.fetch_add(1, Ordering::AcqRel);
+            if t >= self.tasks {
+                return ran;
             }
+            ran = true;
             // SAFETY: task t is claimed, so the caller is still waiting for it: `run` lives.
-            let f = unsafe { &*s.run };
+            let f = unsafe { &*self.run };
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))) {
-                if let Ok(mut first) = s.panic.lock() {
+                if let Ok(mut first) = self.panic.lock() {
                     first.get_or_insert(p);
                 }
             }
-            if s.done.fetch_add(1, Ordering::AcqRel) + 1 == s.tasks {
-                s.caller.unpark();
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.tasks {
+                self.caller.unpark();
             }
         }
     }
+
+    fn open(&self) -> bool {
+        self.next.load(std::sync::atomic::Ordering::Acquire) < self.tasks
+    }
+}
+
+/// Forks whose tasks are not all claimed yet.
+static OPEN_FORKS: parking_lot::Mutex<Vec<std::sync::Arc<Fork>>> =
+    parking_lot::Mutex::new(Vec::new());
+/// How many forks [`OPEN_FORKS`] lists (read without the lock).
+static OPEN_FORK_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Runs unclaimed tasks of CPU kernels' forks in flight on the calling thread; whether it ran
+/// any. A thread waiting for a CPU stream calls it instead of sleeping: it is a free core
+/// already awake, where a rayon helper may take tens of microseconds to wake on a virtual
+/// machine, and having helped it is awake when the work ends (no wake-up of its own either).
+/// Tasks are pure computations on memory their launch holds, safe on any thread.
+pub(crate) fn help_open_forks() -> bool {
+    use std::sync::atomic::Ordering;
+    if OPEN_FORK_COUNT.load(Ordering::SeqCst) == 0 {
+        return false;
+    }
+    let fork = OPEN_FORKS.lock().iter().find(|f| f.open()).cloned();
+    fork.is_some_and(|f| f.work())
+}
+
+/// Runs `run(t)` for every `t < tasks`, the calling thread taking tasks itself while up to
+/// one fewer than rayon's threads help (claiming tasks from one counter), and so do threads
+/// waiting for CPU work meanwhile ([`help_open_forks`]). A fork from the stream's worker (not
+/// a rayon thread) through rayon's own calls would block the worker and wait for pool threads
+/// to wake, which on a virtual machine takes tens of microseconds: here the caller starts at
+/// once, and a helper that wakes late finds the tasks taken. Every task has run when it
+/// returns; a task that panics is re-raised here.
+pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     if tasks <= 1 {
         (0..tasks).for_each(run);
         return;
@@ -478,7 +514,7 @@ pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
     let _busy = crate::progress::AllCoresBusy::enter();
     // SAFETY: only the lifetime is erased; the wait below outlives every use.
     let run: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(run) };
-    let shared = Arc::new(Shared {
+    let fork = Arc::new(Fork {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         panic: std::sync::Mutex::new(None),
@@ -486,17 +522,36 @@ pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
         run,
         caller: std::thread::current(),
     });
-    let helpers = (rayon::current_num_threads().saturating_sub(1)).min(tasks - 1);
-    for _ in 0..helpers {
-        let s = shared.clone();
-        rayon::spawn(move || work(&s));
+    // Published before the spinning waiters are counted (both SeqCst): a waiter that stops
+    // spinning after the count was read looks once more and finds this fork
+    // (`progress::spin_until`).
+    {
+        let mut open = OPEN_FORKS.lock();
+        open.push(fork.clone());
+        OPEN_FORK_COUNT.store(open.len(), Ordering::SeqCst);
     }
-    work(&shared);
-    // Every task is claimed now; wait for those the helpers run (busy for a few
-    // microseconds, the usual case, then parked: with more threads than cores, a spinning
-    // caller would hold a core its helper waits for). A helper claiming later finds none
-    // left and never calls `run`.
-    let finished = || shared.done.load(Ordering::Acquire) >= tasks;
+    // Threads spinning on a wait help at once; rayon's threads are asked for the rest of
+    // the cores (one thread per core: more would only take turns on them).
+    let helpers = rayon::current_num_threads()
+        .saturating_sub(1 + crate::progress::spinning_waiters())
+        .min(tasks - 1);
+    for _ in 0..helpers {
+        let f = fork.clone();
+        rayon::spawn(move || {
+            f.work();
+        });
+    }
+    fork.work();
+    // Every task is claimed now: no new helper needs to find this fork.
+    {
+        let mut open = OPEN_FORKS.lock();
+        open.retain(|f| !Arc::ptr_eq(f, &fork));
+        OPEN_FORK_COUNT.store(open.len(), Ordering::Release);
+    }
+    // Wait for the tasks others run (busy for a few microseconds, the usual case, then
+    // parked: with more threads than cores, a spinning caller would hold a core its helper
+    // waits for). A helper claiming later finds none left and never calls `run`.
+    let finished = || fork.done.load(Ordering::Acquire) >= tasks;
     let start = std::time::Instant::now();
     while !finished() {
         if start.elapsed() < std::time::Duration::from_micros(20) {
@@ -507,7 +562,7 @@ pub(super) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
     }
     // A task's panic (a kernel bug) continues on the caller, as rayon's own forks did; the
     // stream's worker turns it into the launch's error.
-    let first = shared.panic.lock().ok().and_then(|mut p| p.take());
+    let first = fork.panic.lock().ok().and_then(|mut p| p.take());
     if let Some(p) = first {
         std::panic::resume_unwind(p);
     }
@@ -957,6 +1012,54 @@ mod tests {
             })
         });
         assert!(caught.is_err());
+    }
+
+    /// Threads waiting in `spin_until` take tasks of open forks: with four waiters helping
+    /// forks of 64 slow-ish tasks, every task still runs exactly once, and a task's panic is
+    /// still re-raised on the forking thread (never on a helper).
+    #[test]
+    fn waiters_help_forks_and_each_task_runs_once() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let stop = AtomicBool::new(false);
+        let helped_by_others = AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            for _ in 0..4 {
+                sc.spawn(|| {
+                    while !stop.load(Ordering::SeqCst) {
+                        crate::progress::spin_until(|| stop.load(Ordering::SeqCst));
+                    }
+                });
+            }
+            let me = std::thread::current().id();
+            for round in 0..20 {
+                let counts: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+                fork_tasks(64, &|t| {
+                    if std::thread::current().id() != me {
+                        helped_by_others.fetch_add(1, Ordering::SeqCst);
+                    }
+                    std::hint::black_box((0..2000u64).sum::<u64>());
+                    counts[t].fetch_add(1, Ordering::SeqCst);
+                });
+                assert!(
+                    counts.iter().all(|c| c.load(Ordering::SeqCst) == 1),
+                    "round {round}"
+                );
+            }
+            let caught = std::panic::catch_unwind(|| {
+                fork_tasks(16, &|t| {
+                    if t == 9 {
+                        panic!("task 9");
+                    }
+                })
+            });
+            assert!(caught.is_err());
+            stop.store(true, Ordering::SeqCst);
+        });
+        // Not asserted (scheduling decides), only shown: how much the others took.
+        eprintln!(
+            "tasks run by other threads: {}",
+            helped_by_others.load(Ordering::SeqCst)
+        );
     }
 
     /// The block conversions of f16 (F16C where the tier is on) against `half`'s software
