@@ -4,8 +4,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
 use crate::capture::{
-    self, check_uses, finish, refuse_if_capturing, submit, target, unsafe_call, Graph, Pending,
-    Target,
+    self, check_uses, finish, refuse_if_capturing, submit, target, unsafe_call, Graph, GraphCall,
+    Pending, Target,
 };
 use crate::control::misuse;
 use crate::exec::{Event, Op, Stream};
@@ -479,6 +479,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     _flags: u64,
 ) -> CUresult {
     entry("cuGraphInstantiateWithFlags", || {
+        let _using = GraphCall::enter(h(g), "cuGraphInstantiateWithFlags");
         code(with_ctx(|d, ctx| {
             if x.is_null() {
                 return Err(INVALID_VALUE);
@@ -510,6 +511,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
     entry("cuGraphLaunch", || {
+        let _using = GraphCall::enter(h(x), "cuGraphLaunch");
         run(with_ctx(|d, ctx| {
             let t = target(d, h(s), "cuGraphLaunch")?;
             let ex = graph(d, h(x), true, "cuGraphLaunch")?;
@@ -527,6 +529,7 @@ pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuGraphDestroy(g: *mut c_void) -> CUresult {
     entry("cuGraphDestroy", || {
+        let _using = GraphCall::enter(h(g), "cuGraphDestroy");
         code(with_ctx(|d, _| {
             graph(d, h(g), false, "cuGraphDestroy")?;
             d.handles.remove(&h(g));
@@ -539,6 +542,7 @@ pub extern "C" fn cuGraphDestroy(g: *mut c_void) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(x: *mut c_void) -> CUresult {
     entry("cuGraphExecDestroy", || {
+        let _using = GraphCall::enter(h(x), "cuGraphExecDestroy");
         code(with_ctx(|d, _| {
             graph(d, h(x), true, "cuGraphExecDestroy")?;
             d.handles.remove(&h(x));

@@ -98,6 +98,42 @@ fn device_uses(d: &Driver, ops: &[Op]) -> Vec<DeviceUse> {
         .collect()
 }
 
+/// Graph and exec handles some thread is inside a driver call on right now.
+static GRAPHS_IN_USE: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// Marks a call on graph object `h` (a `CUgraph` or `CUgraphExec`) for its duration. CUDA's
+/// graph objects are not internally synchronised: no call on one — `cuGraphInstantiate`
+/// included — may overlap another on the same object from a second thread. An overlap is
+/// recorded as misuse (a real driver may corrupt the object or crash).
+pub struct GraphCall(u64);
+
+impl GraphCall {
+    pub fn enter(h: u64, call: &str) -> GraphCall {
+        let mut busy = GRAPHS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        if busy.contains(&h) {
+            misuse(format!(
+                "{call}: graph object {h:#x} is in a call on another thread (graph objects are \
+                 not internally synchronised)"
+            ));
+        }
+        busy.push(h);
+        drop(busy);
+        // Widen the window a little, so that racing callers overlap here as they would
+        // inside a real driver's longer calls.
+        std::thread::yield_now();
+        GraphCall(h)
+    }
+}
+
+impl Drop for GraphCall {
+    fn drop(&mut self) {
+        let mut busy = GRAPHS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = busy.iter().position(|&h| h == self.0) {
+            busy.swap_remove(i);
+        }
+    }
+}
+
 /// Records misuse (and refuses) when a graph's node uses an allocation freed since the capture.
 pub fn check_uses(d: &Driver, g: &Graph, call: &str) -> Result<(), CUresult> {
     for u in &g.uses {
