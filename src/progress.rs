@@ -97,9 +97,11 @@ struct SpinningWaiter {
 }
 
 impl SpinningWaiter {
-    fn enter() -> Self {
-        SPINNING_WAITERS.fetch_add(1, Ordering::SeqCst);
-        SpinningWaiter { counted: true }
+    /// Counted when `helps`.
+    fn enter(helps: bool) -> Self {
+        let mut w = SpinningWaiter { counted: false };
+        w.set(helps);
+        w
     }
 
     fn set(&mut self, counted: bool) {
@@ -138,7 +140,18 @@ pub(crate) fn spinning_waiters() -> usize {
 /// already awake, so the work ends sooner and the waiter is awake to see it end. A waiter
 /// that found no task to take does not spin then: it sleeps, leaving the cores to the tasks.
 pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
-    let mut spinning = SpinningWaiter::enter();
+    spin(ready, true)
+}
+
+/// [`spin_until`] for a thread that has work of its own to take as soon as `ready` (a stream's
+/// idle worker): it never takes a fork's tasks, which could hold its own stream's next
+/// command back by a whole task.
+pub(crate) fn spin_idle(ready: impl Fn() -> bool) -> bool {
+    spin(ready, false)
+}
+
+fn spin(ready: impl Fn() -> bool, help: bool) -> bool {
+    let mut spinning = SpinningWaiter::enter(help);
     let mut start = std::time::Instant::now();
     let mut helped = false;
     loop {
@@ -148,7 +161,7 @@ pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
             }
             std::hint::spin_loop();
         }
-        if crate::vendors::cpu::help_open_forks() {
+        if help && crate::vendors::cpu::help_open_forks() {
             // Working, not waiting: the spin's time counts from the last task.
             helped = true;
             start = std::time::Instant::now();
@@ -160,7 +173,7 @@ pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
             // thread was still counted asked rayon for one helper fewer; it was published
             // before it read the count, so this look finds it (both sides are SeqCst).
             spinning.set(false);
-            if crate::vendors::cpu::help_open_forks() {
+            if help && crate::vendors::cpu::help_open_forks() {
                 spinning.set(true);
                 helped = true;
                 start = std::time::Instant::now();

@@ -211,7 +211,7 @@ fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
             Ok(job) => job,
             Err(TryRecvError::Disconnected) => return,
             Err(TryRecvError::Empty) => {
-                crate::progress::spin_until(|| !rx.is_empty());
+                crate::progress::spin_idle(|| !rx.is_empty());
                 match rx.recv() {
                     Ok(job) => job,
                     Err(_) => return,
