@@ -140,7 +140,9 @@ pub(crate) fn spinning_waiters() -> usize {
 /// already awake, so the work ends sooner and the waiter is awake to see it end. A waiter
 /// that found no task to take does not spin then: it sleeps, leaving the cores to the tasks.
 pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
-    spin(ready, true)
+    // A thread with little stack left (a C program's small-stack thread) waits without
+    // helping, and is not counted as help either.
+    spin(ready, crate::vendors::cpu::can_help_forks())
 }
 
 /// [`spin_until`] for a thread that has work of its own to take as soon as `ready` (a stream's

@@ -18,9 +18,9 @@ mod kernels;
 mod memory;
 mod stream;
 
-pub(crate) use kernels::help_open_forks;
 pub(crate) use kernels::matmul_workspace;
 pub(crate) use kernels::register as register_kernels;
+pub(crate) use kernels::{can_help_forks, help_open_forks};
 
 use std::sync::Arc;
 

@@ -26,7 +26,7 @@ mod softmax;
 mod util;
 
 pub(crate) use matmul::workspace as matmul_workspace;
-pub(crate) use util::help_open_forks;
+pub(crate) use util::{help_open_forks, roomy_stack as can_help_forks};
 
 use crate::error::{Error, Result};
 use crate::hal::KernelArg;

@@ -490,11 +490,59 @@ static OPEN_FORK_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::Atom
 /// Tasks are pure computations on memory their launch holds, safe on any thread.
 pub(crate) fn help_open_forks() -> bool {
     use std::sync::atomic::Ordering;
-    if OPEN_FORK_COUNT.load(Ordering::SeqCst) == 0 {
+    if OPEN_FORK_COUNT.load(Ordering::SeqCst) == 0 || !roomy_stack() {
         return false;
     }
     let fork = OPEN_FORKS.lock().iter().find(|f| f.open()).cloned();
     fork.is_some_and(|f| f.work())
+}
+
+/// Stack a waiting thread must have left to run kernel tasks: half of what rayon's threads,
+/// which run them otherwise, are given.
+const HELP_STACK: usize = 1 << 20;
+
+/// Whether the calling thread has [`HELP_STACK`] of stack left below where it waits (looked up
+/// once per thread). A C program may wait on a thread it made with a small stack; such a
+/// thread just sleeps, as before.
+pub(crate) fn roomy_stack() -> bool {
+    thread_local! {
+        static ROOMY: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    ROOMY.with(|c| match c.get() {
+        Some(r) => r,
+        None => {
+            let r = stack_left().is_some_and(|left| left >= HELP_STACK);
+            c.set(Some(r));
+            r
+        }
+    })
+}
+
+/// Bytes of stack below the caller's frame, where the OS says.
+#[cfg(target_os = "linux")]
+fn stack_left() -> Option<usize> {
+    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+    // SAFETY: pthread_getattr_np initialises `attr` for the calling thread when it returns 0,
+    // and only then is it read and destroyed.
+    unsafe {
+        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+            return None;
+        }
+        let mut low: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let got = libc::pthread_attr_getstack(attr.as_ptr(), &mut low, &mut size);
+        libc::pthread_attr_destroy(attr.as_mut_ptr());
+        if got != 0 {
+            return None;
+        }
+        let here = &size as *const libc::size_t as usize;
+        here.checked_sub(low as usize)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stack_left() -> Option<usize> {
+    None
 }
 
 /// Runs `run(t)` for every `t < tasks`, the calling thread taking tasks itself while up to
@@ -1012,6 +1060,24 @@ mod tests {
             })
         });
         assert!(caught.is_err());
+    }
+
+    /// A thread with a small stack (a C program's, say) never runs kernel tasks while it
+    /// waits; one with a roomy stack does (where the OS reports stacks).
+    #[test]
+    fn only_roomy_stacks_help() {
+        let on = |bytes| {
+            std::thread::Builder::new()
+                .stack_size(bytes)
+                .spawn(roomy_stack)
+                .expect("spawn")
+                .join()
+                .expect("join")
+        };
+        assert!(!on(256 << 10));
+        if cfg!(target_os = "linux") {
+            assert!(on(8 << 20));
+        }
     }
 
     /// Threads waiting in `spin_until` take tasks of open forks: with four waiters helping
