@@ -451,13 +451,7 @@ fn graph_objects_from_threads(ctx: &Ctx) -> Result<(), Failure> {
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err(Failure::Failed("a thread panicked".into())))
-            })
-            .collect::<Result<Vec<()>, Failure>>()
+        join_workers(workers)
     });
     ctx.graph_exec_destroy(x)?;
     ctx.graph_destroy(g)?;

@@ -149,13 +149,7 @@ fn race(b: &Arc<AnyBackend>, seed: u64) -> Result<(), Failure> {
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err(Failure::Failed("a race thread panicked".into())))
-            })
-            .collect::<Result<Vec<()>, Failure>>()
+        join_workers(workers)
     });
     for s in &streams {
         b.stream_synchronize(*s)?;

@@ -21,6 +21,17 @@ macro_rules! ensure {
     };
 }
 
+/// Joins scoped worker threads: `Ok` when every one returned `Ok`, else the first failure in
+/// spawn order (a panic is a failure too).
+pub fn join_workers(
+    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<(), Failure>>>,
+) -> Result<(), Failure> {
+    workers.into_iter().try_for_each(|w| {
+        w.join()
+            .unwrap_or_else(|_| Err(Failure::Failed("a worker thread panicked".into())))
+    })
+}
+
 /// Checks that `r` is an error of the expected kind (by [`Error::kind_name`]).
 pub fn expect_err<T: std::fmt::Debug>(
     r: Result<T, Error>,
