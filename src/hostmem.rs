@@ -169,8 +169,13 @@ impl Drop for HostBlock {
 
 /// The machine's physical memory in bytes, where the OS says: no single page-locked
 /// allocation can be larger, so a backend refuses one before asking its driver (CUDA's
-/// `cuMemAllocHost` of 2^62 bytes only fails after the driver has tried).
+/// `cuMemAllocHost` of 2^62 bytes only fails after the driver has tried). Read once.
 pub fn physical_memory() -> Option<u64> {
+    static BYTES: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(read_physical_memory)
+}
+
+fn read_physical_memory() -> Option<u64> {
     #[cfg(unix)]
     {
         // SAFETY: sysconf reads two system constants; it has no preconditions.

@@ -163,24 +163,20 @@ fn spin(ready: impl Fn() -> bool, help: bool) -> bool {
             }
             std::hint::spin_loop();
         }
+        let leaving = start.elapsed() >= SPIN_FOR
+            || (!helped && PARALLEL_KERNELS.load(Ordering::Relaxed) > 0);
+        // Leaving: uncounted first, then one more look. A fork that opened while this thread
+        // was still counted asked rayon for one helper fewer; it was published before it read
+        // the count, so this look finds it (both sides are SeqCst).
+        spinning.set(!leaving && help);
         if help && crate::vendors::cpu::help_open_forks() {
             // Working, not waiting: the spin's time counts from the last task.
+            spinning.set(true);
             helped = true;
             start = std::time::Instant::now();
             continue;
         }
-        if start.elapsed() >= SPIN_FOR || (!helped && PARALLEL_KERNELS.load(Ordering::Relaxed) > 0)
-        {
-            // Leaving: uncounted first, then one more look. A fork that opened while this
-            // thread was still counted asked rayon for one helper fewer; it was published
-            // before it read the count, so this look finds it (both sides are SeqCst).
-            spinning.set(false);
-            if help && crate::vendors::cpu::help_open_forks() {
-                spinning.set(true);
-                helped = true;
-                start = std::time::Instant::now();
-                continue;
-            }
+        if leaving {
             return ready();
         }
     }

@@ -487,10 +487,11 @@ static OPEN_FORK_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::Atom
 /// any. A thread waiting for a CPU stream calls it instead of sleeping: it is a free core
 /// already awake, where a rayon helper may take tens of microseconds to wake on a virtual
 /// machine, and having helped it is awake when the work ends (no wake-up of its own either).
-/// Tasks are pure computations on memory their launch holds, safe on any thread.
+/// Tasks are pure computations on memory their launch holds, safe on any thread with a roomy
+/// stack ([`roomy_stack`], which the waiter checks before it calls this).
 pub(crate) fn help_open_forks() -> bool {
     use std::sync::atomic::Ordering;
-    if OPEN_FORK_COUNT.load(Ordering::SeqCst) == 0 || !roomy_stack() {
+    if OPEN_FORK_COUNT.load(Ordering::SeqCst) == 0 {
         return false;
     }
     let fork = OPEN_FORKS.lock().iter().find(|f| f.open()).cloned();
