@@ -8,7 +8,9 @@
 //! columns (24 zmm accumulators, two B loads and twelve broadcasts per step of k); AVX2:
 //! 6 × 16 (12 ymm) — because the `matrixmultiply` crate's AVX-512 kernel (16 × 16, one B
 //! load and sixteen broadcasts per step) is bound by its loads at about two thirds of the
-//! FMA units' rate (103 against OpenBLAS's 160 GFLOP/s per core here).
+//! FMA units' rate (103 against OpenBLAS's 160 GFLOP/s per core here). A block's last rows
+//! run through shorter kernels of the same form (8 and 4 rows; AVX2: 4 and 2) rather than a
+//! full tile of zero padding, and row-major A is packed by 4 × 4 transposes in registers.
 //!
 //! **Deterministic by construction.** Every element of C is one chain of fused
 //! multiply-adds over `k` in order, starting from zero: between blocks of k the partial sum
@@ -200,8 +202,22 @@ pub(super) unsafe fn gemm<S: Float>(
     #[cfg(target_arch = "x86_64")]
     unsafe {
         match simd_tier() {
-            SimdTier::Avx512 => blocked::<12, 32, S>((m, k, n), alpha, a, b, c, avx512::kernel),
-            _ => blocked::<6, 16, S>((m, k, n), alpha, a, b, c, avx2::kernel),
+            SimdTier::Avx512 => {
+                let kernels: Kernels = &[
+                    (4, avx512::kernel::<4>),
+                    (8, avx512::kernel::<8>),
+                    (12, avx512::kernel::<12>),
+                ];
+                blocked::<12, 32, S>((m, k, n), alpha, a, b, c, kernels)
+            }
+            _ => {
+                let kernels: Kernels = &[
+                    (2, avx2::kernel::<2>),
+                    (4, avx2::kernel::<4>),
+                    (6, avx2::kernel::<6>),
+                ];
+                blocked::<6, 16, S>((m, k, n), alpha, a, b, c, kernels)
+            }
         }
     }
     // Elsewhere `available` is false and the caller takes `matrixmultiply`.
@@ -209,12 +225,15 @@ pub(super) unsafe fn gemm<S: Float>(
     let _ = (alpha, a, b, c);
 }
 
-/// A register-tile kernel: `tile[r][j] (+)= Σ_{p < kc} a[p·MR + r] · b[p·NR + j]`, the tile
-/// at `t` with row stride `ldt`, started from zero when `first`; multiplied by `alpha` when
-/// `scale` (after the last block of k).
+/// A register-tile kernel of `R` rows: `tile[r][j] (+)= Σ_{p < kc} a[p·astep + r] · b[p·NR + j]`
+/// for `r < R`, the tile at `t` with row stride `ldt`, started from zero when `first`;
+/// multiplied by `alpha` when `scale` (after the last block of k). `astep` is the packed A
+/// panel's width (the full tile's rows), so a shorter kernel runs the last rows of a block
+/// from the same packing.
 type Kernel = unsafe fn(
     kc: usize,
     a: *const f32,
+    astep: usize,
     b: *const f32,
     t: *mut f32,
     ldt: usize,
@@ -222,17 +241,23 @@ type Kernel = unsafe fn(
     scale: Option<f32>,
 );
 
-/// The blocked loops around `kernel`.
+/// The kernels of one instruction set by rows, ascending; the last one is the full tile.
+/// A block's last rows (`m` not a multiple of the tile) run through the shortest kernel
+/// that covers them instead of a full tile of padding: at m = 64 the 12-row tile wasted
+/// 8 of every 72 rows computed.
+type Kernels = &'static [(usize, Kernel)];
+
+/// The blocked loops around the kernels.
 ///
 /// # Safety
-/// As [`gemm`], and `kernel` runs on this CPU.
+/// As [`gemm`], and the kernels run on this CPU.
 unsafe fn blocked<const MR: usize, const NR: usize, S: Float>(
     (m, k, n): (usize, usize, usize),
     alpha: f32,
     a: Mat,
     b: Mat<S>,
     c: Mat,
-    kernel: Kernel,
+    kernels: Kernels,
 ) {
     let nc_max = NC.min(n.next_multiple_of(NR));
     let mc_max = MC.min(m.next_multiple_of(MR));
@@ -244,7 +269,7 @@ unsafe fn blocked<const MR: usize, const NR: usize, S: Float>(
         let bp = aligned(bbuf, kc_max * nc_max);
         let ap = aligned(abuf, kc_max * mc_max);
         // SAFETY: the caller's promise.
-        unsafe { blocked_with::<MR, NR, S>((m, k, n), alpha, a, b, c, kernel, bp, ap) }
+        unsafe { blocked_with::<MR, NR, S>((m, k, n), alpha, a, b, c, kernels, bp, ap) }
     })
 }
 
@@ -266,7 +291,7 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
     a: Mat,
     b: Mat<S>,
     c: Mat,
-    kernel: Kernel,
+    kernels: Kernels,
     bp: &mut [f32],
     ap: &mut [f32],
 ) {
@@ -294,12 +319,19 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
                         let mr = MR.min(mc - ir);
                         let apan = ap[ir * kc..].as_ptr();
                         let (i0, j0) = (ic + ir, jc + jr);
-                        // SAFETY: the packed panels hold kc steps of MR / NR values; the tile
-                        // is inside C (checked by mr, nr) or the edge buffer.
+                        // The shortest kernel covering mr rows (the full one but at the end).
+                        let (rows, kernel) = kernels
+                            .iter()
+                            .copied()
+                            .find(|&(rows, _)| rows >= mr)
+                            .unwrap_or((MR, kernels[kernels.len() - 1].1));
+                        // SAFETY: the packed panels hold kc steps of MR / NR values (rows past
+                        // the edge are zeros); the tile is inside C (checked by mr, nr) or the
+                        // edge buffer.
                         unsafe {
-                            if mr == MR && nr == NR && c.cs == 1 {
+                            if rows == mr && nr == NR && c.cs == 1 {
                                 let t = c.p.at(i0 * c.rs + j0);
-                                kernel(kc, apan, bpan, t, c.rs, first, scale);
+                                kernel(kc, apan, MR, bpan, t, c.rs, first, scale);
                             } else {
                                 let e = edge.as_mut_ptr();
                                 if !first {
@@ -310,7 +342,7 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
                                         }
                                     }
                                 }
-                                kernel(kc, apan, bpan, e, NR, first, scale);
+                                kernel(kc, apan, MR, bpan, e, NR, first, scale);
                                 for r in 0..mr {
                                     for j in 0..nr {
                                         *c.p.at((i0 + r) * c.rs + (j0 + j) * c.cs) =
@@ -358,6 +390,17 @@ unsafe fn pack<const W: usize, S: Float>(
         }
     };
     let unit = if by_cols { src.cs == 1 } else { src.rs == 1 };
+    #[cfg(target_arch = "x86_64")]
+    if !by_cols && src.cs == 1 && S::DTYPE == DType::F32 {
+        let src = Mat {
+            p: Ptr(src.p.0 as *mut f32),
+            rs: src.rs,
+            cs: 1,
+        };
+        // SAFETY: S is f32 (checked); the caller's promise for the region.
+        unsafe { pack_rows::<W>(dst, src, rows, cols) };
+        return;
+    }
     let panels = wide.len().div_ceil(W);
     // Step p of panel q: W values, or fewer beside zeros at the edge.
     let mut put = |q: usize, p: usize| {
@@ -398,6 +441,68 @@ unsafe fn pack<const W: usize, S: Float>(
     }
 }
 
+/// [`pack`] of A's rows when each row is contiguous (the usual row-major A): panels of `W`
+/// rows, each step of k holding the `W` rows' values of one column. That is a transpose,
+/// done 4 rows × 4 columns at a time in SSE registers (four loads, eight shuffles, four
+/// stores) where element by element it took four strided scalar loads and stores per four
+/// values; the rows and columns left over, and the zeros past the last row, go one by one.
+///
+/// # Safety
+/// The region is inside `src`, whose column stride is 1.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_rows<const W: usize>(
+    dst: &mut [f32],
+    src: Mat,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) {
+    use std::arch::x86_64::{
+        _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
+    };
+    let kc = cols.len();
+    let (k4, panels) = (kc / 4 * 4, rows.len().div_ceil(W));
+    for q in 0..panels {
+        let r0 = rows.start + q * W;
+        let ww = W.min(rows.end - r0);
+        let out = &mut dst[q * W * kc..][..W * kc];
+        // Row r's first value (only computed for rows past the edge, never read).
+        let row = |r: usize| src.p.0.wrapping_add((r0 + r) * src.rs + cols.start) as *const f32;
+        let grouped = ww / 4 * 4;
+        for g in (0..grouped).step_by(4) {
+            let (x0, x1, x2, x3) = (row(g), row(g + 1), row(g + 2), row(g + 3));
+            for p in (0..k4).step_by(4) {
+                // SAFETY: columns p..p + 4 of four rows inside the region; the stores land
+                // in steps p..p + 4, rows g..g + 4 of the panel (`out` holds kc · W values,
+                // so the bounds check below is the slice's own).
+                unsafe {
+                    let (a, b) = (_mm_loadu_ps(x0.add(p)), _mm_loadu_ps(x1.add(p)));
+                    let (c, d) = (_mm_loadu_ps(x2.add(p)), _mm_loadu_ps(x3.add(p)));
+                    let (lo_ab, lo_cd) = (_mm_unpacklo_ps(a, b), _mm_unpacklo_ps(c, d));
+                    let (hi_ab, hi_cd) = (_mm_unpackhi_ps(a, b), _mm_unpackhi_ps(c, d));
+                    let o = out[p * W + g..(p + 3) * W + g + 4].as_mut_ptr();
+                    _mm_storeu_ps(o, _mm_movelh_ps(lo_ab, lo_cd));
+                    _mm_storeu_ps(o.add(W), _mm_movehl_ps(lo_cd, lo_ab));
+                    _mm_storeu_ps(o.add(2 * W), _mm_movelh_ps(hi_ab, hi_cd));
+                    _mm_storeu_ps(o.add(3 * W), _mm_movehl_ps(hi_cd, hi_ab));
+                }
+            }
+        }
+        // What the transposes left: the last columns of the grouped rows, every column of
+        // the other rows, zeros past the edge.
+        for p in 0..kc {
+            let from = if p < k4 { grouped } else { 0 };
+            for r in from..W {
+                // SAFETY: inside the region (r < ww).
+                out[p * W + r] = if r < ww {
+                    unsafe { *row(r).add(p) }
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
 /// `len` elements of `buf` starting on a 64-byte boundary, `buf` grown if needed (packing
 /// writes every element it later reads, so what a grown buffer held before does not matter).
 fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -408,14 +513,14 @@ fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     &mut buf[start..start + len]
 }
 
-/// A register-tile kernel (see [`Kernel`]) for one instruction set: `MR` rows × two vectors
-/// of `L` lanes, the accumulators in registers; before computing, the next tile down (the
+/// Register-tile kernels (see [`Kernel`]) for one instruction set: `MR` rows × two vectors
+/// of `L` lanes (`MR` a parameter: the full tile and its shorter tails), the accumulators in registers; before computing, the next tile down (the
 /// blocked loop's next call) is prefetched into L1, since C's rows are far apart and no
 /// hardware prefetcher follows them.
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_kernel {
     (
-        $module:ident, $features:literal, $mr:literal x $lanes:literal, $vec:ident,
+        $module:ident, $features:literal, $lanes:literal, $vec:ident,
         $load:ident, $loadu:ident, $storeu:ident, $set1:ident, $setzero:ident, $fmadd:ident,
         $mul:ident
     ) => {
@@ -425,17 +530,18 @@ macro_rules! tile_kernel {
                 _MM_HINT_T0,
             };
 
-            const MR: usize = $mr;
             const L: usize = $lanes;
             const NR: usize = 2 * L;
 
             /// # Safety
-            /// The CPU has the features named; `a` holds `kc · MR` values, `b` `kc · NR`
-            /// aligned to a vector, `t` an `MR × NR` tile at row stride `ldt`.
+            /// The CPU has the features named; `MR ≤ astep`; `a` holds `kc · astep` values,
+            /// `b` `kc · NR` aligned to a vector, `t` an `MR × NR` tile at row stride `ldt`.
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn kernel(
+            #[allow(clippy::too_many_arguments)] // the `Kernel` signature
+            pub(super) unsafe fn kernel<const MR: usize>(
                 kc: usize,
                 a: *const f32,
+                astep: usize,
                 b: *const f32,
                 t: *mut f32,
                 ldt: usize,
@@ -461,7 +567,7 @@ macro_rules! tile_kernel {
                     for p in 0..kc {
                         let b0 = $load(b.add(p * NR));
                         let b1 = $load(b.add(p * NR + L));
-                        let ap = a.add(p * MR);
+                        let ap = a.add(p * astep);
                         for r in 0..MR {
                             let x = $set1(*ap.add(r));
                             c0[r] = $fmadd(x, b0, c0[r]);
@@ -485,15 +591,37 @@ macro_rules! tile_kernel {
     };
 }
 
-// AVX-512: 12 rows × 32 columns (24 of the 32 zmm registers).
+// AVX-512: 12 rows × 32 columns (24 of the 32 zmm registers), and 8- and 4-row tails.
 #[cfg(target_arch = "x86_64")]
-tile_kernel!(avx512, "avx512f,fma", 12 x 16, __m512, _mm512_load_ps, _mm512_loadu_ps,
-    _mm512_storeu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_mul_ps);
+tile_kernel!(
+    avx512,
+    "avx512f,fma",
+    16,
+    __m512,
+    _mm512_load_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_setzero_ps,
+    _mm512_fmadd_ps,
+    _mm512_mul_ps
+);
 
-// AVX2: 6 rows × 16 columns (12 of the 16 ymm registers).
+// AVX2: 6 rows × 16 columns (12 of the 16 ymm registers), and 4- and 2-row tails.
 #[cfg(target_arch = "x86_64")]
-tile_kernel!(avx2, "avx2,fma", 6 x 8, __m256, _mm256_load_ps, _mm256_loadu_ps,
-    _mm256_storeu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_mul_ps);
+tile_kernel!(
+    avx2,
+    "avx2,fma",
+    8,
+    __m256,
+    _mm256_load_ps,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_ps,
+    _mm256_setzero_ps,
+    _mm256_fmadd_ps,
+    _mm256_mul_ps
+);
 
 #[cfg(test)]
 mod tests {
@@ -569,6 +697,10 @@ mod tests {
             (7, 400, 70, 1.0),
             (400, 37, 45, -2.0),
             (25, 20, 2100, 1.0),
+            // Tails that run straight into C: 64 = 5·12 + 4, 20 = 12 + 8, 10 = 6 + 4.
+            (64, 50, 64, 1.0),
+            (20, 30, 96, 0.5),
+            (10, 9, 32, 1.0),
         ];
         for &(m, k, n, alpha) in &shapes {
             for &(ta, tb, cstride) in &[(false, false, 1), (true, false, 1), (false, true, 3)] {
