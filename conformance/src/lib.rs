@@ -35,6 +35,7 @@ mod cases_epilogue;
 mod cases_event_races;
 mod cases_fused;
 mod cases_graph;
+mod cases_graph_random;
 mod cases_lifetime;
 mod cases_memcpy;
 mod cases_ops_data;
@@ -184,6 +185,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_reduce::cases());
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
+    all.extend(cases_graph_random::cases());
     all.extend(cases_fused::cases());
     all.extend(cases_epilogue::cases());
     all.extend(cases_ops_views::cases());
@@ -216,8 +218,8 @@ pub fn unregistered_op(kind: DeviceKind, case: &str) -> Option<String> {
             format!("wgpu registers no {dtype} kernel for {op} (no WGSL kernel written for it yet)")
         }
         _ => format!(
-            "{kind} registers no {dtype} kernel for {op} (operators run on the CPU today; \
-             the {kind} kernels belong to the {kind} backend's issue)"
+            "{kind} registers no {dtype} kernel for {op} (no {kind} kernel written for it \
+             yet; it belongs to the {kind} operator issue)"
         ),
     })
 }
