@@ -39,7 +39,8 @@ UNIRT_FAKECUDA_POOLS=0 UNIRT_FAKECUDA_CC=100 cargo test -p unirt-conformance --t
 # barrier-free host forms (vendors/wgpu/mod.rs), so without this run the forms a real GPU
 # takes would go unchecked on CI.
 echo "== wgpu operator conformance with the GPU kernel forms on the Mesa adapters (UNIRT_WGPU_GPU_FORMS=1)"
-UNIRT_WGPU_GPU_FORMS=1 UNIRT_CONFORMANCE_DEVICES=wgpu cargo test -p unirt-conformance --test conformance -- ops:: graph::random_graphs
+UNIRT_WGPU_GPU_FORMS=1 UNIRT_CONFORMANCE_DEVICES=wgpu cargo test -p unirt-conformance --test conformance -- ops::
+UNIRT_WGPU_GPU_FORMS=1 UNIRT_CONFORMANCE_DEVICES=wgpu cargo test -p unirt-conformance --test conformance -- graph::random_graphs
 
 # Random operator graphs, more of them than the suite's 10: each recorded, planned fused and
 # unfused, replayed and checked bitwise against eager execution (about 25 s on 2 cores).

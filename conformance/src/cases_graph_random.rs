@@ -9,18 +9,28 @@
 //! `UNIRT_GRAPH_FUZZ_SEEDS` (default 10) sets the number of programs; `UNIRT_GRAPH_FUZZ_SEED`
 //! the first seed (default fixed, so a failure names a seed that replays it).
 
-use unirt::graph::PlanOptions;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use unirt::graph::{self, HostFn, PlanOptions};
 use unirt::tensor::{DType, SplitMix64, Tensor};
 use unirt::{CapturePlan, Runtime};
 
 use crate::{ensure, env_u64, Case, Ctx, Failure};
 
 pub(super) fn cases() -> Vec<Case> {
-    vec![Case {
-        name: "graph::random_graphs_replay_as_eager",
-        needs: &[],
-        run: random_graphs,
-    }]
+    vec![
+        Case {
+            name: "graph::random_graphs_replay_as_eager",
+            needs: &[],
+            run: random_graphs,
+        },
+        Case {
+            name: "graph::random_graphs_from_several_threads",
+            needs: &[],
+            run: random_graphs_threads,
+        },
+    ]
 }
 
 /// The two column counts values alternate between through matmuls (rows and dtype are drawn
@@ -211,116 +221,236 @@ fn bytes(ts: &[Tensor]) -> unirt::Result<Vec<Vec<u8>>> {
     ts.iter().map(|t| t.to_bytes()).collect()
 }
 
-fn random_graphs(ctx: &Ctx) -> Result<(), Failure> {
+/// What one program exercised: recorded nodes, fused chains, fused epilogues.
+#[derive(Default)]
+struct Tally {
+    nodes: usize,
+    chains: usize,
+    epilogues: usize,
+}
+
+/// Program `seed`: eager, recorded, `Runtime::run`, fused and unfused replays (twice, then
+/// with new inputs) — every output bitwise the eager one.
+fn check_program(ctx: &Ctx, seed: u64, tally: &mut Tally) -> Result<(), Failure> {
     let rt = Runtime::get(ctx.device)?;
     let kind = ctx.device.kind;
-
-    let seeds = env_u64("UNIRT_GRAPH_FUZZ_SEEDS").unwrap_or(10);
-    let first = env_u64("UNIRT_GRAPH_FUZZ_SEED").unwrap_or(0x6a09_e667_f3bc_c908);
-    // How much fusion the programs exercised: a planner that stopped fusing would otherwise
-    // pass unnoticed.
-    let (mut chains, mut epilogues, mut nodes) = (0, 0, 0);
-    for seed in first..first + seeds {
-        // Mostly f32; f16 and bf16 programs where the device registers them.
-        let mut draw = SplitMix64::new(!seed);
-        let dtype = [DType::F32, DType::F32, DType::F16, DType::BF16][draw.below(4) as usize];
-        let rows = [1, 6, 6, 33][draw.below(4) as usize];
-        if dtype != DType::F32 && !unirt::ops::is_registered("matmul", kind, dtype) {
-            continue;
-        }
-        let has = move |op: &str| unirt::ops::is_registered(op, kind, dtype);
-        let inp = Inputs::new(ctx, seed, rows, dtype)?;
-        let want = bytes(&program(seed, &inp, &has)?)?;
-        rt.start_graph_recording()?;
-        let recorded = program(seed, &inp, &has);
-        let mut g = rt.stop_graph_recording()?;
-        let outs = recorded?;
-        ensure!(
-            outs.len() == want.len(),
-            "seed {seed:#x} ({dtype}, {rows} rows): {} outputs recorded, {} eager",
-            outs.len(),
-            want.len()
-        );
-        if outs.is_empty() {
-            continue;
-        }
-        let names: Vec<String> = (0..outs.len()).map(|i| format!("out{i}")).collect();
-        for (n, t) in names.iter().zip(&outs) {
-            g.mark_output(n, t)?;
-        }
-        // A program may leave x or y unused; then it is no input of the graph.
-        let x_used = g.mark_input("x", &inp.x).is_ok();
-        let y_used = g.mark_input("y", &inp.y).is_ok();
-        rt.run(&g)?;
-        ensure!(
-            bytes(&outs)? == want,
-            "seed {seed:#x} ({dtype}, {rows} rows): Runtime::run differs from eager ({} nodes: {:?})",
-            g.nodes().len(),
-            g.nodes().iter().map(|n| n.name()).collect::<Vec<_>>()
-        );
-        let fused = g.plan()?;
-        chains += fused.fused_chains();
-        epilogues += fused.fused_epilogues();
-        nodes += g.nodes().len();
-        let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
-        // New inputs for the second round of replays, and what eager gives for them.
-        let next = Inputs::new(ctx, seed ^ 0x5555, rows, dtype)?;
-        let moved = Inputs {
-            x: if x_used { next.x } else { inp.x.clone() },
-            y: if y_used { next.y } else { inp.y.clone() },
-            bias: inp.bias.clone(),
-            norm: inp.norm.clone(),
-            weight: inp.weight.clone(),
-        };
-        let want_next = bytes(&program(seed, &moved, &has)?)?;
-        for (what, plan) in [("fused", &fused), ("unfused", &unfused)] {
-            let exec = plan.instantiate()?;
-            for round in 0..2 {
-                exec.replay()?;
-                for (k, n) in names.iter().enumerate() {
-                    ensure!(
-                        exec.output(n)?.to_bytes()? == want[k],
-                        "seed {seed:#x} ({dtype}, {rows} rows): {what} replay {round}, output {k} differs from eager \
-                         ({} steps, {} fused chains: {:?})",
-                        plan.steps().len(),
-                        plan.fused_chains(),
-                        g.nodes().iter().map(|n| n.name()).collect::<Vec<_>>()
-                    );
-                }
-            }
-            if x_used {
-                exec.set_input("x", &moved.x)?;
-            }
-            if y_used {
-                exec.set_input("y", &moved.y)?;
-            }
+    // Mostly f32; f16 and bf16 programs where the device registers them.
+    let mut draw = SplitMix64::new(!seed);
+    let dtype = [DType::F32, DType::F32, DType::F16, DType::BF16][draw.below(4) as usize];
+    let rows = [1, 6, 6, 33][draw.below(4) as usize];
+    if dtype != DType::F32 && !unirt::ops::is_registered("matmul", kind, dtype) {
+        return Ok(());
+    }
+    let has = move |op: &str| unirt::ops::is_registered(op, kind, dtype);
+    let inp = Inputs::new(ctx, seed, rows, dtype)?;
+    let want = bytes(&program(seed, &inp, &has)?)?;
+    rt.start_graph_recording()?;
+    let recorded = program(seed, &inp, &has);
+    let mut g = rt.stop_graph_recording()?;
+    let outs = recorded?;
+    ensure!(
+        outs.len() == want.len(),
+        "seed {seed:#x} ({dtype}, {rows} rows): {} outputs recorded, {} eager",
+        outs.len(),
+        want.len()
+    );
+    if outs.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = (0..outs.len()).map(|i| format!("out{i}")).collect();
+    for (n, t) in names.iter().zip(&outs) {
+        g.mark_output(n, t)?;
+    }
+    // A program may leave x or y unused; then it is no input of the graph.
+    let x_used = g.mark_input("x", &inp.x).is_ok();
+    let y_used = g.mark_input("y", &inp.y).is_ok();
+    rt.run(&g)?;
+    ensure!(
+        bytes(&outs)? == want,
+        "seed {seed:#x} ({dtype}, {rows} rows): Runtime::run differs from eager ({} nodes: {:?})",
+        g.nodes().len(),
+        g.nodes().iter().map(|n| n.name()).collect::<Vec<_>>()
+    );
+    let fused = g.plan()?;
+    tally.chains += fused.fused_chains();
+    tally.epilogues += fused.fused_epilogues();
+    tally.nodes += g.nodes().len();
+    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    // New inputs for the second round of replays, and what eager gives for them.
+    let next = Inputs::new(ctx, seed ^ 0x5555, rows, dtype)?;
+    let moved = Inputs {
+        x: if x_used { next.x } else { inp.x.clone() },
+        y: if y_used { next.y } else { inp.y.clone() },
+        bias: inp.bias.clone(),
+        norm: inp.norm.clone(),
+        weight: inp.weight.clone(),
+    };
+    let want_next = bytes(&program(seed, &moved, &has)?)?;
+    for (what, plan) in [("fused", &fused), ("unfused", &unfused)] {
+        let exec = plan.instantiate()?;
+        for round in 0..2 {
             exec.replay()?;
             for (k, n) in names.iter().enumerate() {
                 ensure!(
-                    exec.output(n)?.to_bytes()? == want_next[k],
-                    "seed {seed:#x} ({dtype}, {rows} rows): {what} replay with new inputs, output {k} differs from \
-                     eager ({:?})",
+                    exec.output(n)?.to_bytes()? == want[k],
+                    "seed {seed:#x} ({dtype}, {rows} rows): {what} replay {round}, output {k} differs from eager \
+                     ({} steps, {} fused chains: {:?})",
+                    plan.steps().len(),
+                    plan.fused_chains(),
                     g.nodes().iter().map(|n| n.name()).collect::<Vec<_>>()
                 );
             }
         }
+        if x_used {
+            exec.set_input("x", &moved.x)?;
+        }
+        if y_used {
+            exec.set_input("y", &moved.y)?;
+        }
+        exec.replay()?;
+        for (k, n) in names.iter().enumerate() {
+            ensure!(
+                exec.output(n)?.to_bytes()? == want_next[k],
+                "seed {seed:#x} ({dtype}, {rows} rows): {what} replay with new inputs, output {k} differs from \
+                 eager ({:?})",
+                g.nodes().iter().map(|n| n.name()).collect::<Vec<_>>()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn random_graphs(ctx: &Ctx) -> Result<(), Failure> {
+    let kind = ctx.device.kind;
+    let seeds = env_u64("UNIRT_GRAPH_FUZZ_SEEDS").unwrap_or(10);
+    let first = env_u64("UNIRT_GRAPH_FUZZ_SEED").unwrap_or(0x6a09_e667_f3bc_c908);
+    // How much fusion the programs exercised: a planner that stopped fusing would otherwise
+    // pass unnoticed.
+    let mut t = Tally::default();
+    for seed in first..first + seeds {
+        check_program(ctx, seed, &mut t)?;
     }
     if std::env::var_os("UNIRT_GRAPH_FUZZ_SEEDS").is_some() {
         eprintln!(
-            "{}: {nodes} nodes, {chains} fused chains, {epilogues} epilogues",
-            ctx.device
+            "{}: {} nodes, {} fused chains, {} epilogues",
+            ctx.device, t.nodes, t.chains, t.epilogues
         );
     }
     let has = |op: &str| unirt::ops::is_registered(op, kind, DType::F32);
     if seeds >= 10 {
         ensure!(
-            chains > 0 || !has("fused_elementwise"),
-            "{seeds} programs and no fused chain ({nodes} nodes)"
+            t.chains > 0 || !has("fused_elementwise"),
+            "{seeds} programs and no fused chain ({} nodes)",
+            t.nodes
         );
         ensure!(
-            epilogues > 0 || !has("matmul_epilogue"),
-            "{seeds} programs and no fused matmul epilogue ({nodes} nodes)"
+            t.epilogues > 0 || !has("matmul_epilogue"),
+            "{seeds} programs and no fused matmul epilogue ({} nodes)",
+            t.nodes
         );
     }
+    Ok(())
+}
+
+/// Four threads check programs of their own at once (eager steps, recordings — each thread's
+/// own — plans and replays interleaving on one device), while they also replay one shared exec
+/// and check its output after each of their replays.
+fn random_graphs_threads(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let seeds = env_u64("UNIRT_GRAPH_FUZZ_SEEDS").unwrap_or(10).div_ceil(2);
+    let first = env_u64("UNIRT_GRAPH_FUZZ_SEED").unwrap_or(0x6a09_e667_f3bc_c908);
+    // The shared exec: a chain of eight steps over a 6 × 16 input, planned unfused, so that
+    // its arena slots hold different intermediates in turn.
+    let inp = Inputs::new(ctx, first, 6, DType::F32)?;
+    let model = |x: &Tensor| {
+        x.matmul(&inp.weight[0])?
+            .matmul(&inp.weight[1])?
+            .tanh()?
+            .mul_scalar(1.5)?
+            .add(x)?
+            .relu()?
+            .add_scalar(0.25)?
+            .mul(x)
+    };
+    let want = model(&inp.x)?.to_bytes()?;
+    // Host steps at its start and end count the replays inside the exec at once.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let (enter, leave) = (inside.clone(), inside.clone());
+    let seen = overlaps.clone();
+    rt.start_graph_recording()?;
+    let y = (|| -> unirt::Result<Tensor> {
+        let enter: HostFn = Arc::new(move |_: &[Tensor]| {
+            if enter.fetch_add(1, Ordering::SeqCst) != 0 {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        });
+        graph::host_op("enter", &[&inp.x], enter)?;
+        let y = model(&inp.x)?;
+        let leave: HostFn = Arc::new(move |_: &[Tensor]| {
+            leave.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        });
+        graph::host_op("leave", &[&y], leave)?;
+        Ok(y)
+    })();
+    let mut g = rt.stop_graph_recording()?;
+    let y = y?;
+    g.mark_input("x", &inp.x)?;
+    g.mark_output("y", &y)?;
+    let shared = CapturePlan::with_options(&g, PlanOptions { fuse: false })?.instantiate()?;
+    let turn = std::sync::Mutex::new(());
+    let (shared, want, turn, rt) = (&shared, &want, &turn, &rt);
+    std::thread::scope(|s| {
+        let workers = (0..4u64)
+            .map(|w| {
+                s.spawn(move || -> Result<(), Failure> {
+                    let mut t = Tally::default();
+                    for i in 0..seeds {
+                        check_program(ctx, first ^ (w << 32) ^ (i + 1) * 0x9e37_79b9, &mut t)?;
+                        // Replays of one exec from several threads, each read back before
+                        // another thread's replay rewrites the output (the lock).
+                        let out = {
+                            let _turn = turn.lock().unwrap_or_else(|e| e.into_inner());
+                            shared.replay()?;
+                            shared.output("y")?.to_bytes()?
+                        };
+                        ensure!(
+                            &out == want,
+                            "thread {w}: the shared exec's output differs after replay {i}"
+                        );
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        crate::join_workers(workers)
+    })?;
+    // Replays from several threads at once, without a lock, each on its thread's stream: they
+    // are ordered (as CUDA orders the launches of one graph exec), so once all have finished
+    // the output is a replay's result, not a mix of intermediates two replays shared.
+    std::thread::scope(|s| {
+        let workers = (0..4)
+            .map(|_| {
+                s.spawn(move || -> Result<(), Failure> {
+                    for _ in 0..50 {
+                        shared.replay()?;
+                    }
+                    Ok(rt.sync_stream()?)
+                })
+            })
+            .collect();
+        crate::join_workers(workers)
+    })?;
+    ensure!(
+        &shared.output("y")?.to_bytes()? == want,
+        "after concurrent replays the shared exec's output differs"
+    );
+    let n = overlaps.load(Ordering::SeqCst);
+    ensure!(
+        n == 0,
+        "replays of one exec from several threads overlapped {n} times"
+    );
     Ok(())
 }

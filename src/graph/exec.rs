@@ -13,6 +13,8 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::capture::{CapturedExec, CapturedGraph};
 use super::graph::{BufferRole, HostFn, NodeKind, Operand};
 use super::plan::CapturePlan;
@@ -69,6 +71,10 @@ pub struct GraphExec {
     workspace: Option<Tensor>,
     /// With `workspace` and the static inputs: memory the exec holds while it lives.
     arena: Option<Tensor>,
+    /// The stream of the last replay or input copy (see [`GraphExec::replay`]): one enqueued
+    /// on another stream first waits for it. Held while enqueuing, so that the enqueues of
+    /// two threads do not interleave.
+    last_stream: Mutex<Option<StreamId>>,
 }
 
 fn alloc_in(rt: &Runtime, bytes: usize) -> Result<Tensor> {
@@ -183,6 +189,7 @@ impl GraphExec {
             outputs,
             workspace,
             arena,
+            last_stream: Mutex::new(Some(stream)),
         };
         for _ in 0..options.warmups {
             exec.run_steps(0..exec.steps.len(), stream)?;
@@ -240,23 +247,54 @@ impl GraphExec {
     /// Enqueues one replay on the calling thread's stream of the device (asynchronous: read
     /// the outputs, or synchronise, to wait). Host steps wait for the device work before
     /// them.
+    ///
+    /// Replays and input copies of one exec are ordered, as CUDA orders the launches of one
+    /// graph exec: enqueued from another thread (another stream) than the last one, a replay
+    /// first waits for the work of that stream, so two replays never share the arena at once.
+    /// Reading an output while another thread's replay rewrites it is still a race: a thread
+    /// that reads what its own replay wrote keeps other threads' replays out meanwhile.
     pub fn replay(&self) -> Result<()> {
         if super::record::is_recording(self.rt.device()) {
             return Err(Error::Capturing(
                 "replaying a graph while this thread records one".into(),
             ));
         }
-        let stream = self.rt.stream()?;
-        for seg in &self.segments {
-            match seg {
-                SegmentExec::Captured(x) => x.launch(stream)?,
-                SegmentExec::Eager(r) => self.run_steps(r.clone(), stream)?,
+        self.in_order(|stream| {
+            for seg in &self.segments {
+                match seg {
+                    SegmentExec::Captured(x) => x.launch(stream)?,
+                    SegmentExec::Eager(r) => self.run_steps(r.clone(), stream)?,
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    /// Copies `t` into static input `name` (in stream order, before the next replay).
+    /// Runs `enqueue` on the calling thread's stream after the work of the stream that last
+    /// enqueued on this exec (see [`replay`](Self::replay)). The wait is on the host and only
+    /// when the stream changes, so one thread's replays cost a lock and a comparison.
+    fn in_order(&self, enqueue: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
+        let stream = self.rt.stream()?;
+        let mut last = self.last_stream.lock();
+        if let Some(prev) = *last {
+            if prev != stream {
+                let backend = self.rt.backend();
+                match backend.stream_synchronize(prev) {
+                    Ok(()) => {}
+                    // The stream's thread has exited (its stream is destroyed, its queued
+                    // work still runs): the device-wide wait covers that work too.
+                    Err(Error::InvalidHandle { .. }) => backend.synchronize()?,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        // Set before enqueuing: a partial enqueue that failed may still have work queued.
+        *last = Some(stream);
+        enqueue(stream)
+    }
+
+    /// Copies `t` into static input `name` (in stream order, before the next replay; ordered
+    /// with the exec's replays as [`replay`](Self::replay) says).
     pub fn set_input(&self, name: &str, t: &Tensor) -> Result<()> {
         let dst = self.input(name)?;
         if t.dtype() != dst.dtype() {
@@ -278,12 +316,8 @@ impl GraphExec {
                 "feeding a graph exec while this thread records a graph".into(),
             ));
         }
-        crate::ops::rearrange::copy_into(&t.desc(), &dst.desc())?.launch(
-            &[t],
-            &[dst],
-            None,
-            self.rt.stream()?,
-        )
+        let copy = crate::ops::rearrange::copy_into(&t.desc(), &dst.desc())?;
+        self.in_order(|stream| copy.launch(&[t], &[dst], None, stream))
     }
 
     /// The static tensor of input `name` (its address never changes while the exec lives).
