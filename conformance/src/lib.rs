@@ -43,6 +43,7 @@ mod cases_ops_elementwise;
 mod cases_ops_linalg;
 mod cases_ops_reduce;
 mod cases_ops_registry;
+mod cases_ops_threads;
 mod cases_ops_views;
 mod cases_robust;
 mod cases_streams;
@@ -186,6 +187,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
     all.extend(cases_graph_random::cases());
+    all.extend(cases_ops_threads::cases());
     all.extend(cases_fused::cases());
     all.extend(cases_epilogue::cases());
     all.extend(cases_ops_views::cases());

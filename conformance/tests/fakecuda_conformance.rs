@@ -35,7 +35,10 @@ const GPU_ONLY_ERROR: &str = "cuModuleGetFunction failed: CUDA_ERROR_NOT_SUPPORT
 fn needs_a_gpu(case: &str) -> bool {
     // User kernels: the CUDA C one is registered by the case itself (its bad input is checked
     // before the launch, against the real NVRTC and the fake driver's module loader).
-    if case.starts_with("graph::") || case == "ops::random_views" || case.starts_with("ops::user_")
+    if case.starts_with("graph::")
+        || case == "ops::random_views"
+        || case == "ops::tensors_across_threads"
+        || case.starts_with("ops::user_")
     {
         return true;
     }

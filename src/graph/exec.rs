@@ -121,6 +121,7 @@ impl GraphExec {
             let src = &graph.buffers()[*i].tensor;
             let n = src.storage_bytes();
             if n > 0 {
+                src.order_on(stream)?;
                 rt.memcpy_d2d(
                     DevicePtr(s.base_addr()),
                     DevicePtr(src.base_addr()),
@@ -290,6 +291,11 @@ impl GraphExec {
         }
         // Set before enqueuing: a partial enqueue that failed may still have work queued.
         *last = Some(stream);
+        // The static inputs and outputs may have been read or written by another thread since
+        // (see `crate::tensor`); captured segments launch without per-operand ordering.
+        for (_, t) in self.inputs.iter().chain(&self.outputs) {
+            t.order_on(stream)?;
+        }
         enqueue(stream)
     }
 

@@ -496,6 +496,10 @@ impl Plan {
                 t.record_stream(stream)?;
             }
         }
+        // After work another thread's stream queued on an operand (see `crate::tensor`).
+        for t in inputs.iter().chain(outputs).chain(workspace.as_slice()) {
+            t.order_on(stream)?;
+        }
         let plan = self.clone();
         let task: HostTask = match p.kernel {
             KernelImpl::Host(f) => Arc::new(move || f(&plan.call(&ins, &outs, ws))),

@@ -5,6 +5,15 @@
 //! runs on the calling thread's stream of the tensor's device (see [`crate::context`]), so
 //! eager operations queue up asynchronously and [`Tensor::to_vec`] waits for them.
 //!
+//! **Tensors cross threads safely.** Each storage remembers the stream that last used it;
+//! work from another thread (another stream) on the same storage first waits, on the device,
+//! for what that stream has queued, and the allocator does not reuse the memory before the
+//! newer stream is done with it. So a tensor computed on one thread and read, used or dropped
+//! on another sees the finished values — without a synchronisation by the producer. Uses of
+//! one storage from two threads *at the same moment* are still the caller's race, as with any
+//! shared mutable data; and a stream capture does not wait for work outside it (a capture is
+//! isolated, CUDA's rule).
+//!
 //! ```
 //! use unirt::{tensor::{DType, Tensor}, Device};
 //! let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32, Device::CPU)?.reshape(&[2, 3])?;
@@ -21,6 +30,7 @@ mod layout;
 mod random;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use dtype::{decode, encode, DType, Element};
@@ -31,7 +41,7 @@ pub use random::SplitMix64;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, DevicePtr, StreamId};
+use crate::hal::{Backend, DevicePtr, EventFlags, StreamId};
 use crate::memory::Memory;
 use crate::ops::TensorDesc;
 use crate::runtime::Runtime;
@@ -40,6 +50,46 @@ use crate::stream::BackendExt;
 struct Storage {
     mem: Memory,
     rt: Arc<Runtime>,
+    /// The raw id of the stream that last used the memory ([`NO_STREAM`] for none); see the
+    /// module docs and [`Tensor::order_on`].
+    last_stream: AtomicU64,
+}
+
+/// No stream has used a storage yet.
+const NO_STREAM: u64 = u64::MAX;
+
+impl Storage {
+    /// [`Tensor::order_on`] when the stream changes: `stream` waits for the work the last
+    /// stream queued, and the allocator learns that `stream` uses the memory.
+    #[cold]
+    fn order_changed(&self, last: u64, stream: StreamId) -> Result<()> {
+        // A capture takes no dependency on work outside it (CUDA refuses one); the capturing
+        // thread made or synchronised what it captures over.
+        if self.rt.capturing_stream() == Some(stream) {
+            return Ok(());
+        }
+        if last != NO_STREAM {
+            wait_for_stream(&**self.rt.backend(), StreamId(last), stream)?;
+        }
+        self.mem.record_stream(stream)?;
+        self.last_stream.store(stream.0, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Makes future work on `stream` wait for the work queued on `prev` so far, through an event
+/// (no host wait). A `prev` that no longer exists (its thread exited; its queued work still
+/// runs) is waited for with the device.
+fn wait_for_stream(backend: &dyn Backend, prev: StreamId, stream: StreamId) -> Result<()> {
+    let ev = backend.event_create(EventFlags::DISABLE_TIMING)?;
+    let waited = match backend.event_record(ev, prev) {
+        Ok(()) => backend.stream_wait_event(stream, ev),
+        Err(Error::InvalidHandle { kind, .. }) if kind == StreamId::KIND => backend.synchronize(),
+        Err(e) => Err(e),
+    };
+    // A wait already enqueued keeps what the event recorded.
+    let destroyed = backend.event_destroy(ev);
+    waited.and(destroyed)
 }
 
 /// An n-dimensional array on a device. Cloning shares the storage.
@@ -63,9 +113,14 @@ impl Tensor {
         }
         let bytes = shape.iter().product::<usize>() * dtype.size();
         let rt = Runtime::get(device)?;
+        let stream = rt.stream()?;
         let mem = rt.allocate_memory(bytes)?;
         Ok(Tensor {
-            storage: Arc::new(Storage { mem, rt }),
+            storage: Arc::new(Storage {
+                mem,
+                rt,
+                last_stream: AtomicU64::new(stream.0),
+            }),
             layout: Layout::contiguous(shape),
             dtype,
         })
@@ -191,7 +246,9 @@ impl Tensor {
             return Ok(());
         }
         let rt = &self.storage.rt;
-        // The memory may be a block that earlier work on this thread's stream still uses.
+        // The memory may be a block that earlier work on this thread's stream, or another
+        // thread's, still uses.
+        self.order_on(rt.stream()?)?;
         rt.sync_stream()?;
         rt.backend()
             .copy_to_device(DevicePtr(self.base_addr()), bytes)
@@ -283,6 +340,18 @@ impl Tensor {
         self.storage.mem.record_stream(stream)
     }
 
+    /// Orders work about to be enqueued on `stream` after the work the storage's last stream
+    /// queued on it, when that is another stream (see the module docs), and makes `stream`
+    /// its last. One atomic load when the stream is the same: every operator launch calls it
+    /// for each operand.
+    pub fn order_on(&self, stream: StreamId) -> Result<()> {
+        let last = self.storage.last_stream.load(Ordering::Acquire);
+        if last == stream.0 {
+            return Ok(());
+        }
+        self.storage.order_changed(last, stream)
+    }
+
     // ---- views ----
 
     fn view(&self, layout: Layout) -> Tensor {
@@ -356,6 +425,7 @@ impl Tensor {
         crate::graph::record::check_host_read(self)?;
         let t = self.contiguous()?;
         let rt = &t.storage.rt;
+        t.order_on(rt.stream()?)?;
         rt.sync_stream()?;
         let mut out = vec![0u8; t.nbytes()];
         if !out.is_empty() {
@@ -393,10 +463,13 @@ impl Tensor {
         self.storage.rt.stream()
     }
 
-    /// Waits for the work queued on this thread's stream of the tensor's device.
+    /// Waits for the work queued on this thread's stream of the tensor's device, and for the
+    /// work another thread's stream queued on this tensor's storage.
     pub fn synchronize(&self) -> Result<()> {
         let rt = &self.storage.rt;
-        rt.backend().stream_synchronize(rt.stream()?)
+        let stream = rt.stream()?;
+        self.order_on(stream)?;
+        rt.backend().stream_synchronize(stream)
     }
 }
 
