@@ -237,6 +237,9 @@ impl GraphExec {
                     plan.launch(&ins, &outs, ws, stream)?;
                 }
                 Bound::Host { f, tensors } => {
+                    for t in tensors {
+                        t.order_on(stream)?;
+                    }
                     self.rt.backend().stream_synchronize(stream)?;
                     f(tensors)?;
                 }

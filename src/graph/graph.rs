@@ -579,6 +579,9 @@ pub(crate) fn run_eager(rt: &Runtime, graph: &Graph) -> Result<()> {
                 plan.launch(&ins, &outs, w, stream)?;
             }
             NodeKind::Host { f, .. } => {
+                for t in &ins {
+                    t.order_on(stream)?;
+                }
                 rt.sync_stream()?;
                 f(&ins)?;
             }

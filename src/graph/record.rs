@@ -153,7 +153,13 @@ pub fn host_op(name: &str, tensors: &[&Tensor], f: HostFn) -> Result<()> {
             b.host_op(name, &refs, f)
         });
     }
-    crate::Runtime::get(device)?.sync_stream()?;
+    let rt = crate::Runtime::get(device)?;
+    // The host reads what every stream queued on the tensors (see `crate::tensor`).
+    let stream = rt.stream()?;
+    for t in tensors {
+        t.order_on(stream)?;
+    }
+    rt.sync_stream()?;
     let owned: Vec<Tensor> = tensors.iter().map(|t| (*t).clone()).collect();
     f(&owned)
 }
