@@ -11,11 +11,18 @@ use unirt::Backend;
 use crate::{ensure, Case, Ctx, Failure};
 
 pub(super) fn cases() -> Vec<Case> {
-    vec![Case {
-        name: "ops::tensors_across_threads",
-        needs: &[],
-        run: across_threads,
-    }]
+    vec![
+        Case {
+            name: "ops::tensors_across_threads",
+            needs: &[],
+            run: across_threads,
+        },
+        Case {
+            name: "ops::tensors_shared_by_threads_at_random",
+            needs: &[],
+            run: shared_at_random,
+        },
+    ]
 }
 
 /// Elements per tensor: large enough that a producer's operators are still queued when the
@@ -116,6 +123,70 @@ fn across_threads(ctx: &Ctx) -> Result<(), Failure> {
                 other => other,
             })
         })?;
+    }
+    Ok(())
+}
+
+/// Generations of four short-lived threads (so streams die with work queued on tensors others
+/// still use) run random operators, reads, copies and drops over one pool of tensors they
+/// replace as they go. Values race by design; what must hold: no panic, no hang, no error but
+/// the aliasing refusal (a tensor copied into itself), and every tensor readable at the end.
+fn shared_at_random(ctx: &Ctx) -> Result<(), Failure> {
+    use std::sync::Mutex;
+    use unirt::tensor::SplitMix64;
+    let pool: Mutex<Vec<Tensor>> = Mutex::new(
+        (0..8)
+            .map(|i| Tensor::full(&[4096], i as f64, DType::F32, ctx.device))
+            .collect::<unirt::Result<_>>()?,
+    );
+    let pool = &pool;
+    let take = |rng: &mut SplitMix64| -> Tensor {
+        let p = pool.lock().unwrap_or_else(|e| e.into_inner());
+        p[rng.below(p.len() as u64) as usize].clone()
+    };
+    for generation in 0..12u64 {
+        std::thread::scope(|s| {
+            let workers = (0..4u64)
+                .map(|w| {
+                    s.spawn(move || -> Result<(), Failure> {
+                        let mut rng = SplitMix64::new(generation * 131 + w);
+                        for _ in 0..40 {
+                            let (a, b) = (take(&mut rng), take(&mut rng));
+                            let r = match rng.below(7) {
+                                0 => a.add(&b).map(Some),
+                                1 => a.mul_scalar(0.5).map(Some),
+                                2 => a.to_vec::<f32>().map(|_| None),
+                                3 => a.copy_from(&b).map(|_| None),
+                                4 => a.sum(&[0], true).map(|_| None),
+                                5 => a.tanh().map(Some),
+                                _ => {
+                                    drop(a);
+                                    Ok(None)
+                                }
+                            };
+                            match r {
+                                Ok(Some(t)) => {
+                                    let i = rng.below(8) as usize;
+                                    pool.lock().unwrap_or_else(|e| e.into_inner())[i] = t;
+                                }
+                                Ok(None) => {}
+                                Err(e) if e.kind_name() == "aliasing" => {}
+                                Err(e) => {
+                                    return Err(Failure::Failed(format!(
+                                        "generation {generation}, thread {w}: {e}"
+                                    )))
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            crate::join_workers(workers)
+        })?;
+    }
+    for t in pool.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        t.to_vec::<f32>()?;
     }
     Ok(())
 }

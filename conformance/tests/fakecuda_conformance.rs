@@ -37,7 +37,7 @@ fn needs_a_gpu(case: &str) -> bool {
     // before the launch, against the real NVRTC and the fake driver's module loader).
     if case.starts_with("graph::")
         || case == "ops::random_views"
-        || case == "ops::tensors_across_threads"
+        || case.starts_with("ops::tensors_")
         || case.starts_with("ops::user_")
     {
         return true;
