@@ -30,6 +30,11 @@ pub(super) fn cases() -> Vec<Case> {
             needs: &[],
             run: random_graphs_threads,
         },
+        Case {
+            name: "graph::recorded_on_one_thread_replayed_on_another",
+            needs: &[],
+            run: other_thread,
+        },
     ]
 }
 
@@ -452,5 +457,49 @@ fn random_graphs_threads(ctx: &Ctx) -> Result<(), Failure> {
         n == 0,
         "replays of one exec from several threads overlapped {n} times"
     );
+    Ok(())
+}
+
+/// A graph recorded on one thread over tensors that thread is still computing, instantiated
+/// without warm-up (so its first use of them is inside the capture) and replayed on another.
+fn other_thread(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let kind = ctx.device.kind;
+    let has = move |op: &str| unirt::ops::is_registered(op, kind, DType::F32);
+    let seed = 0x243f_6a88_85a3_08d3;
+    let (g, outs, want) = std::thread::scope(|s| {
+        s.spawn(|| -> Result<_, Failure> {
+            let inp = Inputs::new(ctx, seed, 33, DType::F32)?;
+            let inp = Inputs {
+                // Still queued when the other thread takes over.
+                x: inp.x.mul_scalar(1.0)?.add_scalar(0.0)?,
+                ..inp
+            };
+            let want = bytes(&program(seed, &inp, &has)?)?;
+            rt.start_graph_recording()?;
+            let outs = program(seed, &inp, &has);
+            let mut g = rt.stop_graph_recording()?;
+            let outs = outs?;
+            for (i, t) in outs.iter().enumerate() {
+                g.mark_output(&format!("out{i}"), t)?;
+            }
+            Ok((g, outs, want))
+        })
+        .join()
+        .unwrap_or_else(|_| Err(Failure::Failed("the recording thread panicked".into())))
+    })?;
+    for capture in [true, false] {
+        let exec = g.plan()?.instantiate_with(graph::ExecOptions {
+            warmups: 0,
+            capture,
+        })?;
+        exec.replay()?;
+        for k in 0..outs.len() {
+            ensure!(
+                exec.output(&format!("out{k}"))?.to_bytes()? == want[k],
+                "output {k} replayed on another thread (capture {capture}) differs from eager"
+            );
+        }
+    }
     Ok(())
 }

@@ -215,6 +215,17 @@ impl GraphExec {
     /// once do not refuse each other.
     fn capture(&self, steps: std::ops::Range<usize>, stream: StreamId) -> Result<CapturedExec> {
         let backend = self.rt.backend();
+        // Order the operands before capturing: a wait on another stream's work taken inside
+        // the capture would put a node on a short-lived event into the graph.
+        for b in &self.steps[steps.clone()] {
+            let tensors = match b {
+                Bound::Op { ins, outs, .. } => ins.iter().chain(outs.iter()),
+                Bound::Host { tensors, .. } => tensors.iter().chain([].iter()),
+            };
+            for t in tensors.chain(self.workspace.as_slice()) {
+                t.order_on(stream)?;
+            }
+        }
         backend.begin_capture(stream, CaptureMode::ThreadLocal)?;
         let launched = self.run_steps(steps, stream);
         let id = backend.end_capture(stream);
