@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::fork::PerProcess;
 use crate::graph::CapturedGraph;
-use crate::hal::{Backend, CaptureMode, DevicePtr, MemcpyKind, StreamId};
+use crate::hal::{Backend, CaptureMode, DevicePtr, EventId, GraphId, MemcpyKind, StreamId};
 use crate::memory::Memory;
 use crate::stream::Stream;
 use crate::vendors::AnyBackend;
@@ -34,6 +34,11 @@ pub struct Runtime {
     allocator: Arc<CachingAllocator>,
     pinned: Arc<PinnedHostPool>,
     recording: Mutex<Option<Recording>>,
+    /// Streams with a capture in progress that unirt began (an exec being instantiated,
+    /// [`begin_capture`](Self::begin_capture)). An event recorded on one of them would go into
+    /// the capture, so ordering tensors across threads must not record there (see
+    /// [`record_outside_capture`](Self::record_outside_capture)); held while beginning one.
+    captures: Mutex<Vec<StreamId>>,
 }
 
 impl Runtime {
@@ -68,6 +73,7 @@ impl Runtime {
             pinned: PinnedHostPool::new(backend.clone()),
             backend,
             recording: Mutex::new(None),
+            captures: Mutex::new(Vec::new()),
         })
     }
 
@@ -210,7 +216,7 @@ impl Runtime {
             )));
         }
         let pool = self.allocator.begin_private()?;
-        if let Err(e) = self.backend.begin_capture(stream, mode) {
+        if let Err(e) = self.begin_capture_on(stream, mode) {
             self.allocator.end_private(&pool);
             return Err(e);
         }
@@ -218,11 +224,43 @@ impl Runtime {
         Ok(())
     }
 
+    /// The backend's `begin_capture`, with `stream` noted as capturing (see `captures`).
+    pub(crate) fn begin_capture_on(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
+        let mut captures = self.captures.lock();
+        self.backend.begin_capture(stream, mode)?;
+        captures.push(stream);
+        Ok(())
+    }
+
+    /// The backend's `end_capture`, and `stream` no longer noted as capturing.
+    pub(crate) fn end_capture_on(&self, stream: StreamId) -> Result<GraphId> {
+        let graph = self.backend.end_capture(stream);
+        self.captures.lock().retain(|s| *s != stream);
+        graph
+    }
+
+    /// Records `event` on `stream` unless a capture unirt began is in progress there (then
+    /// `false`: the record would go into the capture). No capture can begin on the stream
+    /// meanwhile.
+    pub(crate) fn record_outside_capture(&self, event: EventId, stream: StreamId) -> Result<bool> {
+        let captures = self.captures.lock();
+        if captures.contains(&stream) {
+            return Ok(false);
+        }
+        self.backend.event_record(event, stream)?;
+        Ok(true)
+    }
+
+    /// Whether a capture unirt began is in progress on `stream`.
+    pub(crate) fn capturing_on(&self, stream: StreamId) -> bool {
+        self.captures.lock().contains(&stream)
+    }
+
     /// Stops recording and returns the graph, which keeps the private pool reserved.
     pub fn end_capture(&self) -> Result<CapturedGraph> {
         let rec = self.recording.lock().take().ok_or(Error::NotCapturing)?;
         self.allocator.end_private(&rec.pool);
-        let id = self.backend.end_capture(rec.stream)?;
+        let id = self.end_capture_on(rec.stream)?;
         Ok(CapturedGraph::from_capture(
             self.backend.clone(),
             id,

@@ -226,9 +226,9 @@ impl GraphExec {
                 t.order_on(stream)?;
             }
         }
-        backend.begin_capture(stream, CaptureMode::ThreadLocal)?;
+        self.rt.begin_capture_on(stream, CaptureMode::ThreadLocal)?;
         let launched = self.run_steps(steps, stream);
-        let id = backend.end_capture(stream);
+        let id = self.rt.end_capture_on(stream);
         let graph = CapturedGraph::from_capture(backend.clone(), id?, None);
         launched?;
         graph.instantiate()
@@ -297,8 +297,11 @@ impl GraphExec {
                 match backend.stream_synchronize(prev) {
                     Ok(()) => {}
                     // The stream's thread has exited (its stream is destroyed, its queued
-                    // work still runs): the device-wide wait covers that work too.
-                    Err(Error::InvalidHandle { .. }) => backend.synchronize()?,
+                    // work still runs), or the stream captures now (synchronising it is
+                    // refused): the device-wide wait covers that work too.
+                    Err(Error::InvalidHandle { .. } | Error::Capturing(_)) => {
+                        backend.synchronize()?
+                    }
                     Err(e) => return Err(e),
                 }
             }

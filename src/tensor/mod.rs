@@ -65,11 +65,11 @@ impl Storage {
     fn order_changed(&self, last: u64, stream: StreamId) -> Result<()> {
         // A capture takes no dependency on work outside it (CUDA refuses one); the capturing
         // thread made or synchronised what it captures over.
-        if self.rt.capturing_stream() == Some(stream) {
+        if self.rt.capturing_on(stream) {
             return Ok(());
         }
         if last != NO_STREAM {
-            wait_for_stream(&**self.rt.backend(), StreamId(last), stream)?;
+            wait_for_stream(&self.rt, StreamId(last), stream)?;
         }
         self.mem.record_stream(stream)?;
         self.last_stream.store(stream.0, Ordering::Release);
@@ -78,12 +78,15 @@ impl Storage {
 }
 
 /// Makes future work on `stream` wait for the work queued on `prev` so far, through an event
-/// (no host wait). A `prev` that no longer exists (its thread exited; its queued work still
-/// runs) is waited for with the device.
-fn wait_for_stream(backend: &dyn Backend, prev: StreamId, stream: StreamId) -> Result<()> {
+/// (no host wait). The host waits for the device instead when `prev` no longer exists (its
+/// thread exited; its queued work still runs) or is capturing (an event recorded there would
+/// go into the capture; the device wait covers the work it queued before the capture).
+fn wait_for_stream(rt: &Runtime, prev: StreamId, stream: StreamId) -> Result<()> {
+    let backend = &**rt.backend();
     let ev = backend.event_create(EventFlags::DISABLE_TIMING)?;
-    let waited = match backend.event_record(ev, prev) {
-        Ok(()) => backend.stream_wait_event(stream, ev),
+    let waited = match rt.record_outside_capture(ev, prev) {
+        Ok(true) => backend.stream_wait_event(stream, ev),
+        Ok(false) => backend.synchronize(),
         Err(Error::InvalidHandle { kind, .. }) if kind == StreamId::KIND => backend.synchronize(),
         Err(e) => Err(e),
     };
