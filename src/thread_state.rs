@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::device::Device;
+use crate::device::{Device, DeviceKind};
 use crate::error::Result;
 use crate::hal::StreamId;
 use crate::stream::Stream;
@@ -17,7 +17,94 @@ use crate::vendors::AnyBackend;
 thread_local! {
     static CURRENT: Cell<Device> = const { Cell::new(Device::CPU) };
     /// Destroyed (each stream with its device) when the thread exits.
-    static STREAMS: RefCell<HashMap<Device, Stream>> = RefCell::new(HashMap::new());
+    static STREAMS: RefCell<ThreadStreams> = RefCell::new(ThreadStreams(HashMap::new()));
+}
+
+/// The thread's streams. When the thread exits, wgpu streams go to the [`reaper`] thread
+/// instead of being destroyed in this destructor: destroying one submits its gathered work
+/// through wgpu, and a debug build of wgpu-core keeps a lock trace in a thread-local of its
+/// own, which may already be gone by then (every call panics, and the exiting thread's queued
+/// work was lost). The other backends' streams are destroyed here.
+struct ThreadStreams(HashMap<Device, Stream>);
+
+impl Drop for ThreadStreams {
+    fn drop(&mut self) {
+        for (device, stream) in self.0.drain() {
+            if device.kind == DeviceKind::Wgpu {
+                reaper::destroy_later(stream);
+            }
+        }
+    }
+}
+
+/// A process-wide thread that destroys the streams of exited threads (see [`ThreadStreams`]),
+/// started from an ordinary call (the first wgpu thread stream), never from a destructor.
+mod reaper {
+    use std::sync::{Condvar, Mutex, OnceLock};
+
+    use crate::stream::Stream;
+
+    struct Reaper {
+        /// The process that started the thread: a forked child has no reaper thread, and
+        /// destroys its streams in place.
+        pid: u32,
+        queue: Mutex<Vec<Stream>>,
+        ready: Condvar,
+    }
+
+    static REAPER: OnceLock<Reaper> = OnceLock::new();
+
+    /// Starts the thread (once per process); false if it could not be started.
+    pub(super) fn start() -> bool {
+        let r = REAPER.get_or_init(|| Reaper {
+            pid: std::process::id(),
+            queue: Mutex::new(Vec::new()),
+            ready: Condvar::new(),
+        });
+        if r.pid != std::process::id() {
+            return false;
+        }
+        static STARTED: OnceLock<bool> = OnceLock::new();
+        *STARTED.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("unirt-stream-reaper".into())
+                .spawn(|| {
+                    if let Some(r) = REAPER.get() {
+                        run(r)
+                    }
+                })
+                .is_ok()
+        })
+    }
+
+    fn run(r: &Reaper) {
+        loop {
+            let batch = {
+                let mut q = r.queue.lock().unwrap_or_else(|e| e.into_inner());
+                while q.is_empty() {
+                    q = r.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                std::mem::take(&mut *q)
+            };
+            // Dropping a stream destroys it (its queued work still runs).
+            drop(batch);
+        }
+    }
+
+    /// Hands `stream` to the thread, or destroys it here where there is none (never started,
+    /// or this is a forked child). Only a mutex and a condition variable: no thread-local.
+    pub(super) fn destroy_later(stream: Stream) {
+        match REAPER.get() {
+            Some(r) if r.pid == std::process::id() => {
+                r.queue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(stream);
+                r.ready.notify_one();
+            }
+            _ => drop(stream),
+        }
+    }
 }
 
 /// The calling thread's current device (`cpu:0` until set).
@@ -35,11 +122,15 @@ pub(crate) fn set_current_device(device: Device) {
 /// in its thread-local map; dropping that one is a harmless `Error::Forked`).
 pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
     STREAMS.with(|s| {
-        let mut map = s.borrow_mut();
+        let map = &mut s.borrow_mut().0;
         if let Some(st) = map.get(&device) {
             if Arc::ptr_eq(st.backend(), backend) {
                 return Ok(st.id());
             }
+        }
+        if device.kind == DeviceKind::Wgpu {
+            // Where the reaper cannot run, the stream is destroyed in the destructor as before.
+            reaper::start();
         }
         let st = Stream::new(backend)?;
         let id = st.id();

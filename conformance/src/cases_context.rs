@@ -236,8 +236,14 @@ fn context_thread_locality(ctx: &Ctx) -> Result<(), Failure> {
         context::get_device() == ctx.device,
         "another thread changed this thread's device"
     );
-    // The thread's stream died with the thread.
-    let gone = ctx.stream_synchronize(stream);
+    // The thread's stream died with the thread (a wgpu one a moment later, destroyed by the
+    // stream reaper thread: see `thread_state`).
+    let waited = std::time::Instant::now();
+    let mut gone = ctx.stream_synchronize(stream);
+    while gone.is_ok() && waited.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        gone = ctx.stream_synchronize(stream);
+    }
     ensure!(
         gone.is_err(),
         "the stream of a finished thread is still alive"
