@@ -40,6 +40,7 @@ impl Drop for ThreadStreams {
 /// A process-wide thread that destroys the streams of exited threads (see [`ThreadStreams`]),
 /// started from an ordinary call (the first wgpu thread stream), never from a destructor.
 mod reaper {
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Condvar, Mutex, OnceLock};
 
     use crate::stream::Stream;
@@ -50,6 +51,8 @@ mod reaper {
         pid: u32,
         queue: Mutex<Vec<Stream>>,
         ready: Condvar,
+        /// Whether the thread was started (a failed spawn leaves streams to their threads).
+        running: AtomicBool,
     }
 
     static REAPER: OnceLock<Reaper> = OnceLock::new();
@@ -60,20 +63,23 @@ mod reaper {
             pid: std::process::id(),
             queue: Mutex::new(Vec::new()),
             ready: Condvar::new(),
+            running: AtomicBool::new(false),
         });
         if r.pid != std::process::id() {
             return false;
         }
         static STARTED: OnceLock<bool> = OnceLock::new();
         *STARTED.get_or_init(|| {
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("unirt-stream-reaper".into())
                 .spawn(|| {
                     if let Some(r) = REAPER.get() {
                         run(r)
                     }
                 })
-                .is_ok()
+                .is_ok();
+            r.running.store(spawned, Ordering::Release);
+            spawned
         })
     }
 
@@ -95,7 +101,7 @@ mod reaper {
     /// or this is a forked child). Only a mutex and a condition variable: no thread-local.
     pub(super) fn destroy_later(stream: Stream) {
         match REAPER.get() {
-            Some(r) if r.pid == std::process::id() => {
+            Some(r) if r.pid == std::process::id() && r.running.load(Ordering::Acquire) => {
                 r.queue
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
