@@ -203,19 +203,17 @@ pub(super) unsafe fn gemm<S: Float>(
     unsafe {
         match simd_tier() {
             SimdTier::Avx512 => {
-                let kernels: Kernels = &[
-                    (4, avx512::kernel::<4>),
-                    (8, avx512::kernel::<8>),
-                    (12, avx512::kernel::<12>),
-                ];
+                let kernels = Kernels {
+                    full: avx512::kernel::<12>,
+                    tails: &[(4, avx512::kernel::<4>), (8, avx512::kernel::<8>)],
+                };
                 blocked::<12, 32, S>((m, k, n), alpha, a, b, c, kernels)
             }
             _ => {
-                let kernels: Kernels = &[
-                    (2, avx2::kernel::<2>),
-                    (4, avx2::kernel::<4>),
-                    (6, avx2::kernel::<6>),
-                ];
+                let kernels = Kernels {
+                    full: avx2::kernel::<6>,
+                    tails: &[(2, avx2::kernel::<2>), (4, avx2::kernel::<4>)],
+                };
                 blocked::<6, 16, S>((m, k, n), alpha, a, b, c, kernels)
             }
         }
@@ -241,11 +239,15 @@ type Kernel = unsafe fn(
     scale: Option<f32>,
 );
 
-/// The kernels of one instruction set by rows, ascending; the last one is the full tile.
+/// The kernels of one instruction set: the full tile's, and shorter ones by rows, ascending.
 /// A block's last rows (`m` not a multiple of the tile) run through the shortest kernel
 /// that covers them instead of a full tile of padding: at m = 64 the 12-row tile wasted
 /// 8 of every 72 rows computed.
-type Kernels = &'static [(usize, Kernel)];
+#[derive(Clone, Copy)]
+struct Kernels {
+    full: Kernel,
+    tails: &'static [(usize, Kernel)],
+}
 
 /// The blocked loops around the kernels.
 ///
@@ -321,10 +323,11 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
                         let (i0, j0) = (ic + ir, jc + jr);
                         // The shortest kernel covering mr rows (the full one but at the end).
                         let (rows, kernel) = kernels
+                            .tails
                             .iter()
                             .copied()
                             .find(|&(rows, _)| rows >= mr)
-                            .unwrap_or((MR, kernels[kernels.len() - 1].1));
+                            .unwrap_or((MR, kernels.full));
                         // SAFETY: the packed panels hold kc steps of MR / NR values (rows past
                         // the edge are zeros); the tile is inside C (checked by mr, nr) or the
                         // edge buffer.
