@@ -71,10 +71,9 @@ pub struct GraphExec {
     workspace: Option<Tensor>,
     /// With `workspace` and the static inputs: memory the exec holds while it lives.
     arena: Option<Tensor>,
-    /// The stream of the last replay or input copy (see [`GraphExec::replay`]): one enqueued
-    /// on another stream first waits for it. Held while enqueuing, so that the enqueues of
-    /// two threads do not interleave.
-    last_stream: Mutex<Option<StreamId>>,
+    /// Held while a replay or input copy is enqueued (see [`GraphExec::replay`]), so that
+    /// two threads' enqueues do not interleave.
+    turn: Mutex<()>,
 }
 
 fn alloc_in(rt: &Runtime, bytes: usize) -> Result<Tensor> {
@@ -190,7 +189,7 @@ impl GraphExec {
             outputs,
             workspace,
             arena,
-            last_stream: Mutex::new(Some(stream)),
+            turn: Mutex::new(()),
         };
         for _ in 0..options.warmups {
             exec.run_steps(0..exec.steps.len(), stream)?;
@@ -265,7 +264,8 @@ impl GraphExec {
     ///
     /// Replays and input copies of one exec are ordered, as CUDA orders the launches of one
     /// graph exec: enqueued from another thread (another stream) than the last one, a replay
-    /// first waits for the work of that stream, so two replays never share the arena at once.
+    /// first waits, on the device, for the work of that stream (the exec's memory is ordered
+    /// like any tensor's, see `crate::tensor`), so two replays never share the arena at once.
     /// Reading an output while another thread's replay rewrites it is still a race: a thread
     /// that reads what its own replay wrote keeps other threads' replays out meanwhile.
     pub fn replay(&self) -> Result<()> {
@@ -285,32 +285,15 @@ impl GraphExec {
         })
     }
 
-    /// Runs `enqueue` on the calling thread's stream after the work of the stream that last
-    /// enqueued on this exec (see [`replay`](Self::replay)). The wait is on the host and only
-    /// when the stream changes, so one thread's replays cost a lock and a comparison.
+    /// Runs `enqueue` on the calling thread's stream after the work other streams queued on
+    /// the exec's memory — its arena, workspace, static inputs and outputs, ordered as every
+    /// tensor is (see `crate::tensor`; captured segments launch without per-operand checks).
+    /// One thread's replays cost a lock and an atomic load per buffer.
     fn in_order(&self, enqueue: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
         let stream = self.rt.stream()?;
-        let mut last = self.last_stream.lock();
-        if let Some(prev) = *last {
-            if prev != stream {
-                let backend = self.rt.backend();
-                match backend.stream_synchronize(prev) {
-                    Ok(()) => {}
-                    // The stream's thread has exited (its stream is destroyed, its queued
-                    // work still runs), or the stream captures now (synchronising it is
-                    // refused): the device-wide wait covers that work too.
-                    Err(Error::InvalidHandle { .. } | Error::Capturing(_)) => {
-                        backend.synchronize()?
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        // Set before enqueuing: a partial enqueue that failed may still have work queued.
-        *last = Some(stream);
-        // The static inputs and outputs may have been read or written by another thread since
-        // (see `crate::tensor`); captured segments launch without per-operand ordering.
-        for (_, t) in self.inputs.iter().chain(&self.outputs) {
+        let _turn = self.turn.lock();
+        let statics = self.inputs.iter().chain(&self.outputs).map(|(_, t)| t);
+        for t in self.arena.iter().chain(&self.workspace).chain(statics) {
             t.order_on(stream)?;
         }
         enqueue(stream)
