@@ -480,6 +480,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
 ) -> CUresult {
     entry("cuGraphInstantiateWithFlags", || {
         let _using = GraphCall::enter(h(g), "cuGraphInstantiateWithFlags");
+        let _family = GraphCall::family(h(g), "cuGraphInstantiateWithFlags");
         code(with_ctx(|d, ctx| {
             if x.is_null() {
                 return Err(INVALID_VALUE);
@@ -496,6 +497,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
                 handle,
                 Handle::Exec(Arc::new(Graph {
                     handle,
+                    family: gr.family,
                     ctx: gr.ctx,
                     nodes: gr.nodes.clone(),
                     uses: gr.uses.clone(),
@@ -530,6 +532,7 @@ pub extern "C" fn cuGraphLaunch(x: *mut c_void, s: *mut c_void) -> CUresult {
 pub extern "C" fn cuGraphDestroy(g: *mut c_void) -> CUresult {
     entry("cuGraphDestroy", || {
         let _using = GraphCall::enter(h(g), "cuGraphDestroy");
+        let _family = GraphCall::family(h(g), "cuGraphDestroy");
         code(with_ctx(|d, _| {
             graph(d, h(g), false, "cuGraphDestroy")?;
             d.handles.remove(&h(g));
@@ -543,6 +546,7 @@ pub extern "C" fn cuGraphDestroy(g: *mut c_void) -> CUresult {
 pub extern "C" fn cuGraphExecDestroy(x: *mut c_void) -> CUresult {
     entry("cuGraphExecDestroy", || {
         let _using = GraphCall::enter(h(x), "cuGraphExecDestroy");
+        let _family = GraphCall::family(h(x), "cuGraphExecDestroy");
         code(with_ctx(|d, _| {
             graph(d, h(x), true, "cuGraphExecDestroy")?;
             d.handles.remove(&h(x));

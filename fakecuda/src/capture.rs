@@ -65,6 +65,9 @@ pub struct DeviceUse {
 /// A graph or an executable graph: its nodes in capture order.
 pub struct Graph {
     pub handle: u64,
+    /// The captured graph's handle, also in each exec instantiated from it (see
+    /// [`GraphCall::family`]).
+    pub family: u64,
     pub ctx: u64,
     pub nodes: Vec<Op>,
     pub uses: Vec<DeviceUse>,
@@ -122,6 +125,36 @@ impl GraphCall {
         // inside a real driver's longer calls.
         std::thread::yield_now();
         GraphCall(h)
+    }
+}
+
+impl GraphCall {
+    /// Marks a call that creates or destroys a member of graph object `h`'s family (the graph
+    /// and the execs instantiated from it): `cuGraphInstantiateWithFlags`, `cuGraphExecDestroy`,
+    /// `cuGraphDestroy`. Two at once on one family, even on different execs, are recorded as
+    /// misuse: a real driver (580, CUDA 13.0, H200) crashed inside `cuGraphExecDestroy` when
+    /// threads destroyed execs of one graph while others were destroyed or instantiated, and did
+    /// not when those calls were serialised (launches left concurrent). Unknown handles enter
+    /// nothing (the call itself refuses them).
+    pub fn family(h: u64, call: &str) -> Option<GraphCall> {
+        let family = crate::state::with(|d| match d.handles.get(&h) {
+            Some(Handle::Graph(g) | Handle::Exec(g)) => Ok(g.family),
+            _ => Err(INVALID_HANDLE),
+        })
+        .ok()?;
+        // A key apart from every handle value (handles are small counters).
+        let key = family | 1 << 63;
+        let mut busy = GRAPHS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        if busy.contains(&key) {
+            misuse(format!(
+                "{call}: graph {family:#x} or an exec instantiated from it is being created or \
+                 destroyed on another thread (libcuda crashed on this)"
+            ));
+        }
+        busy.push(key);
+        drop(busy);
+        std::thread::yield_now();
+        Some(GraphCall(key))
     }
 }
 
@@ -362,6 +395,7 @@ pub fn end(d: &mut Driver, t: &Target) -> Result<u64, CUresult> {
         h,
         Handle::Graph(Arc::new(Graph {
             handle: h,
+            family: h,
             ctx: cap.ctx,
             nodes: cap.nodes,
             uses: cap.uses,

@@ -870,6 +870,7 @@ impl Backend for CudaBackend {
                 waits: rec.waits.into(),
                 checks: rec.checks.into(),
                 gate: Default::default(),
+                family: Default::default(),
             },
         );
         Ok(GraphId(raw))
@@ -885,6 +886,8 @@ impl Backend for CudaBackend {
         self.check_graph(&[], &g.waits)?;
         self.check_pinned(&g.pinned)?;
         self.bind()?;
+        // Ordered with the graph's execs and every graph creation/destruction (`GraphFamily`).
+        let _order = g.family.lifecycle();
         // SAFETY: the graph came from the live graph table.
         let raw = unsafe { self.drv.graph_instantiate(g.raw) }?;
         self.execs.insert_with(
@@ -897,6 +900,7 @@ impl Backend for CudaBackend {
                 waits: g.waits.clone(),
                 checks: g.checks.clone(),
                 gate: Default::default(),
+                family: g.family.clone(),
             },
         );
         Ok(GraphExecId(raw))
@@ -924,9 +928,13 @@ impl Backend for CudaBackend {
         self.check_graph(&[], &x.waits)?;
         self.check_pinned(&x.pinned)?;
         self.bind()?;
+        // Ordered with the calls on the other execs of its graph (`GraphFamily`).
+        let order = x.family.launch();
         // SAFETY: the exec and the stream came from their tables and the graph's ranges were
         // re-checked above.
-        unsafe { self.drv.graph_launch(x.raw, s.raw) }?;
+        let launched = unsafe { self.drv.graph_launch(x.raw, s.raw) };
+        drop(order);
+        launched?;
         s.note_faults(&x.checks);
         for e in x.events.iter() {
             if !s.note_event(e) {
@@ -947,10 +955,15 @@ impl Backend for CudaBackend {
         let g = self.graphs.remove(graph.0)?;
         // Waits for an instantiate of it on another thread.
         let _excl = g.gate.exclusive(GraphId::KIND, g.raw)?;
+        // Ordered with the calls on its execs and every graph creation/destruction (libcuda
+        // crashes otherwise: `GraphFamily`).
+        let order = g.family.lifecycle();
         // SAFETY: the graph came out of the graph table, which no longer lists it, and no call
         // is using it (gate held exclusively): destroyed once (on failure it goes back to the
         // table).
-        unsafe { self.drv.graph_destroy(g.raw) }
+        let destroyed = unsafe { self.drv.graph_destroy(g.raw) };
+        drop(order);
+        destroyed
             .map(|()| g.gate.mark_destroyed())
             .inspect_err(|_| self.graphs.restore(graph.0, g.clone()))
     }
@@ -960,10 +973,15 @@ impl Backend for CudaBackend {
         let x = self.execs.remove(exec.0)?;
         // Waits for a launch of it on another thread.
         let _excl = x.gate.exclusive(GraphExecId::KIND, x.raw)?;
+        // Ordered with the calls on its graph's other execs and every graph creation and
+        // destruction (libcuda crashes otherwise: `GraphFamily`).
+        let order = x.family.lifecycle();
         // SAFETY: the exec came out of the exec table, which no longer lists it, and no call is
         // using it (gate held exclusively): destroyed once (on failure it goes back to the
         // table).
-        unsafe { self.drv.graph_exec_destroy(x.raw) }
+        let destroyed = unsafe { self.drv.graph_exec_destroy(x.raw) };
+        drop(order);
+        destroyed
             .map(|()| x.gate.mark_destroyed())
             .inspect_err(|_| self.execs.restore(exec.0, x.clone()))
     }
