@@ -1,9 +1,15 @@
 // The attention op family: softmax(scale · Q·Kᵀ [causal]) · V with grouped-query heads
 // (query head h reads kv head h / (hq / hkv)), online softmax in f32, no score matrix in
 // memory.
-// - `op_attention_prefill`: flash-style; a block of 4 warps takes 4 consecutive queries of
-//   one (batch, head), each warp one query row (lane l holds elements l, l + 32, … of q and
-//   of its accumulator); K and V stream through shared memory 16 keys at a time.
+// - `op_attention_flash` (f16 / bf16 on sm_80+ with d ≤ 128): flash-style on tensor cores, a
+//   block of 4 warps per 64 consecutive queries of one (batch, head). Each warp owns 16 query
+//   rows, their Q fragments held in registers; K and Vᵀ stream through shared memory 64 keys
+//   at a time; S = Q·Kᵀ and O += P·V are `mma.sync.m16n8k16` tiles (P rounded to the input
+//   type, as flash attention does; accumulation and the softmax statistics in f32), and the
+//   scores never leave registers.
+// - `op_attention_prefill` (elsewhere): SIMT, a block of 4 warps per 4 queries (a warp per
+//   query row, lane l holding elements l, l + 32, … of q and of its accumulator); K and V
+//   stream through shared memory 16 keys at a time.
 // - `op_attention_decode` + `op_attention_combine` (one query): split-K over the cache — a
 //   block per (key chunk, batch × head) runs the online softmax over its chunk (its 4 warps
 //   taking every 4th key, merged through shared memory) and writes a partial (max, sum,
@@ -23,13 +29,195 @@ struct At {
 #define PREFILL_WARPS 4
 #define DECODE_WARPS 4
 
-extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, const T *Q, const T *K, const T *V, At p)
+#if (defined(UNIRT_DTYPE_F16) || defined(UNIRT_DTYPE_BF16)) && __CUDA_ARCH__ >= 800
+#define UNIRT_FLASH 1
+#endif
+
+#define FLASH_QUERIES 64 // per block (the planner's grid: lq / 64 blocks per head)
+#define FLASH_KEYS 64 // keys per tile
+#define FLASH_D 128   // the largest head dimension of the tensor-core path
+// Shared memory of either path of `op_attention_flash`: K [64][128 + 8] and Vᵀ [128][64 + 8]
+// as 16-bit values (the padding keeps fragment reads off one bank), or the SIMT path's f32 K
+// and V [16][256].
+#define FLASH_SMEM 35840
+
+// The keys row `r` sees: causal aligns the last query with the last key; rows past the
+// queries see none.
+__device__ __forceinline__ i64 keys_visible(const At &p, i64 r)
 {
-    __shared__ float ks[KEYS][256];
-    __shared__ float vs[KEYS][256];
+    if (r >= p.lq) return 0;
+    i64 v = p.causal ? r + p.lkv - p.lq + 1 : p.lkv;
+    return v > p.lkv ? p.lkv : (v < 0 ? 0 : v);
+}
+
+#ifdef UNIRT_FLASH
+// Elements (r, c) and (r, c + 1) of a head's Q as one fragment register (0 outside).
+__device__ __forceinline__ u32 q_pair(const T *q, const At &p, i64 r, int c)
+{
+    if (r >= p.lq) return 0;
+    const T *row = q + r * p.q_st[2];
+    u16 lo = c < p.d ? row[c * p.q_st[3]].bits : (u16)0;
+    u16 hi = c + 1 < p.d ? row[(c + 1) * p.q_st[3]].bits : (u16)0;
+    return pack2(lo, hi);
+}
+
+// Two f32 values rounded to T, as one fragment register.
+__device__ __forceinline__ u32 packed(float lo, float hi) { return pack2(from_f32<T>(lo).bits, from_f32<T>(hi).bits); }
+
+__device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
+{
+    u16 (*ks)[FLASH_D + 8] = (u16 (*)[FLASH_D + 8])smem;
+    u16 (*vt)[FLASH_KEYS + 8] = (u16 (*)[FLASH_KEYS + 8])(smem + FLASH_KEYS * (FLASH_D + 8) * 2);
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
+    i64 q0 = (i64)blockIdx.x * FLASH_QUERIES;
+    int d = (int)p.d, dsteps = (d + 15) / 16, dtiles = (d + 7) / 8;
+    // This thread's two rows of the warp's 16 (fragment rows g and g + 8).
+    i64 r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+    i64 vis0 = keys_visible(p, r0), vis1 = keys_visible(p, r1);
+    i64 last = q0 + FLASH_QUERIES - 1 < p.lq ? q0 + FLASH_QUERIES - 1 : p.lq - 1;
+    i64 block_visible = keys_visible(p, last);
+    const T *qb = Q + bi * p.q_st[0] + h * p.q_st[1];
+    const T *kb = K + bi * p.k_st[0] + kh * p.k_st[1];
+    const T *vb = V + bi * p.v_st[0] + kh * p.v_st[1];
+    u32 qf[FLASH_D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < FLASH_D / 16; ++kk) {
+        int c = kk * 16 + 2 * t;
+        qf[kk][0] = q_pair(qb, p, r0, c);
+        qf[kk][1] = q_pair(qb, p, r1, c);
+        qf[kk][2] = q_pair(qb, p, r0, c + 8);
+        qf[kk][3] = q_pair(qb, p, r1, c + 8);
+    }
+    // Scores in log2 units: exp2 of (s − max) is the softmax numerator.
+    float sl2 = (float)p.scale * 1.4426950408889634f;
+    float m0 = UNIRT_NEG_INF, m1 = UNIRT_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[FLASH_D / 8][4];
+#pragma unroll
+    for (int n = 0; n < FLASH_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (i64 j0 = 0; j0 < block_visible; j0 += FLASH_KEYS) {
+        __syncthreads();
+        // K tile as [key][dim], V tile transposed as [dim][key]; zeros past the keys and past d.
+        for (int e = tid; e < FLASH_KEYS * FLASH_D / 2; e += blockDim.x) {
+            int j = e / (FLASH_D / 2), c = (e % (FLASH_D / 2)) * 2;
+            i64 key = j0 + j;
+            u16 k0 = 0, k1 = 0, v0 = 0, v1 = 0;
+            if (key < p.lkv) {
+                const T *kr = kb + key * p.k_st[2];
+                const T *vr = vb + key * p.v_st[2];
+                if (c < d) { k0 = kr[c * p.k_st[3]].bits; v0 = vr[c * p.v_st[3]].bits; }
+                if (c + 1 < d) { k1 = kr[(c + 1) * p.k_st[3]].bits; v1 = vr[(c + 1) * p.v_st[3]].bits; }
+            }
+            *(u32 *)&ks[j][c] = pack2(k0, k1);
+            vt[c][j] = v0;
+            vt[c + 1][j] = v1;
+        }
+        __syncthreads();
+        // S = Q·Kᵀ for the warp's 16 rows × 64 keys: 8 n-tiles of 8 keys.
+        float s[FLASH_KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < FLASH_KEYS / 8; ++n) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < FLASH_D / 16; ++kk) {
+                if (kk < dsteps) {
+                    const u16 *kr = ks[n * 8 + g] + kk * 16 + 2 * t;
+                    u32 bf[2] = {*(const u32 *)kr, *(const u32 *)(kr + 8)};
+                    mma_m16n8k16(T{}, s[n], qf[kk], bf);
+                }
+            }
+        }
+        // Scale, mask, and the rows' new maxima (a row's 4 threads hold its 64 scores).
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < FLASH_KEYS / 8; ++n) {
+            i64 key = j0 + n * 8 + 2 * t;
+            s[n][0] = key < vis0 ? s[n][0] * sl2 : UNIRT_NEG_INF;
+            s[n][1] = key + 1 < vis0 ? s[n][1] * sl2 : UNIRT_NEG_INF;
+            s[n][2] = key < vis1 ? s[n][2] * sl2 : UNIRT_NEG_INF;
+            s[n][3] = key + 1 < vis1 ? s[n][3] * sl2 : UNIRT_NEG_INF;
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // A row that has seen no key yet keeps max −inf: subtract 0 instead (every term is 0).
+        float base0 = mx0 == UNIRT_NEG_INF ? 0.0f : mx0;
+        float base1 = mx1 == UNIRT_NEG_INF ? 0.0f : mx1;
+        float c0 = exp2f(m0 - base0), c1 = exp2f(m1 - base1);
+        m0 = mx0;
+        m1 = mx1;
+        // l: this thread's share of the row sums (its columns); the 4 shares add up at the end.
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int n = 0; n < FLASH_D / 8; ++n) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+#pragma unroll
+        for (int n = 0; n < FLASH_KEYS / 8; ++n) {
+            s[n][0] = exp2f(s[n][0] - base0);
+            s[n][1] = exp2f(s[n][1] - base0);
+            s[n][2] = exp2f(s[n][2] - base1);
+            s[n][3] = exp2f(s[n][3] - base1);
+            l0 += s[n][0] + s[n][1];
+            l1 += s[n][2] + s[n][3];
+        }
+        // O += P·V: P's accumulator layout is the A fragment of the next product (keys
+        // 16kk .. 16kk + 15 are n-tiles 2kk and 2kk + 1).
+#pragma unroll
+        for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
+            u32 pa[4] = {packed(s[2 * kk][0], s[2 * kk][1]), packed(s[2 * kk][2], s[2 * kk][3]),
+                         packed(s[2 * kk + 1][0], s[2 * kk + 1][1]), packed(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int n = 0; n < FLASH_D / 8; ++n) {
+                if (n < dtiles) {
+                    const u16 *vr = vt[n * 8 + g] + kk * 16 + 2 * t;
+                    u32 bf[2] = {*(const u32 *)vr, *(const u32 *)(vr + 8)};
+                    mma_m16n8k16(T{}, o[n], pa, bf);
+                }
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // A row with no visible key is 0, as in the reference.
+    float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    T *ob = out + bi * p.o_st[0] + h * p.o_st[1];
+#pragma unroll
+    for (int n = 0; n < FLASH_D / 8; ++n) {
+        int c = n * 8 + 2 * t;
+        if (n < dtiles) {
+            if (r0 < p.lq) {
+                T *row = ob + r0 * p.o_st[2];
+                if (c < d) row[c * p.o_st[3]] = from_f32<T>(o[n][0] * inv0);
+                if (c + 1 < d) row[(c + 1) * p.o_st[3]] = from_f32<T>(o[n][1] * inv0);
+            }
+            if (r1 < p.lq) {
+                T *row = ob + r1 * p.o_st[2];
+                if (c < d) row[c * p.o_st[3]] = from_f32<T>(o[n][2] * inv1);
+                if (c + 1 < d) row[(c + 1) * p.o_st[3]] = from_f32<T>(o[n][3] * inv1);
+            }
+        }
+    }
+}
+#endif
+
+// The SIMT prefill of queries first .. first + 3 (a warp each).
+__device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, i64 first, unsigned char *smem)
+{
+    float (*ks)[256] = (float (*)[256])smem;
+    float (*vs)[256] = (float (*)[256])(smem + KEYS * 256 * sizeof(float));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
-    i64 qi = (i64)blockIdx.x * PREFILL_WARPS + warp;
+    i64 qi = first + warp;
     bool active = qi < p.lq;
     float scale = (float)p.scale;
     float q[MAX_PER_LANE], acc[MAX_PER_LANE];
@@ -39,13 +227,10 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, c
         q[e] = (active && c < p.d) ? to_f32(qrow[c * p.q_st[3]]) * scale : 0.0f;
         acc[e] = 0.0f;
     }
-    // Keys this query sees, and the most any query of the block sees.
-    i64 visible = p.causal ? qi + p.lkv - p.lq + 1 : p.lkv;
-    if (visible > p.lkv) visible = p.lkv;
-    i64 last_q = (i64)blockIdx.x * PREFILL_WARPS + PREFILL_WARPS - 1;
-    if (last_q >= p.lq) last_q = p.lq - 1;
-    i64 block_visible = p.causal ? last_q + p.lkv - p.lq + 1 : p.lkv;
-    if (block_visible > p.lkv) block_visible = p.lkv;
+    // Keys this query sees, and the most any query of the four sees.
+    i64 visible = keys_visible(p, qi);
+    i64 last_q = first + PREFILL_WARPS - 1 < p.lq ? first + PREFILL_WARPS - 1 : p.lq - 1;
+    i64 block_visible = keys_visible(p, last_q);
     float m = UNIRT_NEG_INF, l = 0.0f;
     const T *kbase = K + bi * p.k_st[0] + kh * p.k_st[1];
     const T *vbase = V + bi * p.v_st[0] + kh * p.v_st[1];
@@ -82,6 +267,33 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, c
     for (int e = 0; e < MAX_PER_LANE; ++e) {
         i64 c = lane + 32 * e;
         if (c < p.d) orow[c * p.o_st[3]] = from_f32<T>(acc[e] * inv);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, const T *Q, const T *K, const T *V, At p)
+{
+    __shared__ __align__(16) unsigned char smem[2 * KEYS * 256 * sizeof(float)];
+    simt_prefill(out, Q, K, V, p, (i64)blockIdx.x * PREFILL_WARPS, smem);
+}
+
+// 64 queries a block: on tensor cores where this build has them (f16 / bf16, sm_80+) and
+// d ≤ 128, else the SIMT path 4 queries at a time — correct in every build; the planner
+// picks it where the tensor-core path applies.
+extern "C" __global__ void __launch_bounds__(128) op_attention_flash(T *out, const T *Q, const T *K, const T *V, At p)
+{
+    __shared__ __align__(16) unsigned char smem[FLASH_SMEM];
+#ifdef UNIRT_FLASH
+    if (p.d <= FLASH_D) {
+        flash_prefill(out, Q, K, V, p, smem);
+        return;
+    }
+#endif
+    for (int i = 0; i < FLASH_QUERIES / PREFILL_WARPS; ++i) {
+        i64 first = (i64)blockIdx.x * FLASH_QUERIES + i * PREFILL_WARPS;
+        if (first >= p.lq) break; // the same for the whole block
+        // The previous group's last reads of the shared tiles are done before this one loads.
+        __syncthreads();
+        simt_prefill(out, Q, K, V, p, first, smem);
     }
 }
 

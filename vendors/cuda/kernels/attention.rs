@@ -1,15 +1,18 @@
 //! Plans the attention kernels (`attention.cu`): for one query the split-K decode (partials
-//! into the plan's workspace, then a combine pass), the flash-style prefill kernel otherwise.
+//! into the plan's workspace, then a combine pass); otherwise the flash kernel on tensor cores
+//! for f16/bf16 on sm_80+ with d ≤ 128 (`UNIRT_CUDA_FLASH=0` turns it off), the SIMT prefill
+//! kernel elsewhere.
 
 use std::sync::Arc;
 
 use super::args::Args;
-use super::prepared::{prepare as ready, Operand, Step};
+use super::prepared::{prepare as ready, with_backend, Operand, Step};
 use super::{unexpected, Family, FLOATS};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::ops::attention::{decode_workspace, DECODE_SPLITS_MAX};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::tensor::DType;
 
 pub(super) const FAMILY: Family = Family {
     name: "attention",
@@ -18,6 +21,7 @@ pub(super) const FAMILY: Family = Family {
     dtypes: FLOATS,
     entries: &[
         "op_attention_prefill",
+        "op_attention_flash",
         "op_attention_decode",
         "op_attention_combine",
     ],
@@ -28,6 +32,20 @@ pub(super) const FAMILY: Family = Family {
 
 /// The largest head dimension the kernels hold in registers (8 per lane).
 const MAX_HEAD_DIM: usize = 256;
+
+/// Queries per block of the flash kernel (`FLASH_QUERIES` in `attention.cu`), and the largest
+/// head dimension of its tensor-core path (`FLASH_D`).
+const FLASH_QUERIES: usize = 64;
+const FLASH_MAX_HEAD_DIM: usize = 128;
+
+/// Whether the prefill of `spec` runs on the tensor-core flash kernel: f16 / bf16 on a device
+/// of compute capability 8.0 or later, d ≤ 128, unless `UNIRT_CUDA_FLASH=0`.
+fn flash(spec: &PlanSpec<'_>, d: usize) -> Result<bool> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("UNIRT_CUDA_FLASH").is_some_and(|v| v == "0"));
+    let half = matches!(spec.dtype, DType::F16 | DType::BF16);
+    Ok(!off && half && d <= FLASH_MAX_HEAD_DIM && with_backend(spec, |b| b.cc)? >= 80)
+}
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (Params::Attention { scale, causal }, [q, k, v], [o]) =
@@ -101,9 +119,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         vec![split, combine]
     } else {
         args.int(1);
+        let (entry, per_block) = if flash(spec, d)? {
+            ("op_attention_flash", FLASH_QUERIES)
+        } else {
+            ("op_attention_prefill", 4)
+        };
         let mut step = Step::new(
-            "op_attention_prefill",
-            [lq.div_ceil(4).max(1) as u32, bh.max(1) as u32, 1],
+            entry,
+            [lq.div_ceil(per_block).max(1) as u32, bh.max(1) as u32, 1],
             [128, 1, 1],
         );
         step.ptrs = vec![

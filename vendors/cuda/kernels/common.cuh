@@ -194,6 +194,32 @@ __device__ __forceinline__ bool aligned_to(const void *p, u64 bytes) { return ((
 #define UNIRT_NEG_INF __int_as_float(0xff800000)
 #define UNIRT_POS_INF __int_as_float(0x7f800000)
 
+// ---- tensor cores (sm_80+) -----------------------------------------------------------------
+
+#if __CUDA_ARCH__ >= 800
+// D = A·B + D for one m16n8k16 tile of 16-bit inputs (row-major A, column-major B, f32
+// accumulators), the input type picked by the tag's type. Fragments (lane = 4·g + t): A holds
+// (row g, k 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..); B holds (k 2t..2t+1, n g) and
+// (k 2t+8.., n g); D holds (g, n 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+__device__ __forceinline__ void mma_m16n8k16(uhalf, float d[4], const u32 a[4], const u32 b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_m16n8k16(ubf16, float d[4], const u32 a[4], const u32 b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+// Two 16-bit values as one register, `lo` in the low half (fragment order).
+__device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
+
 // ---- rows cached in registers -----------------------------------------------------------------
 
 // A block's threads hold one unit-stride row of up to blockDim.x · ROW_PACKS · 4 elements in

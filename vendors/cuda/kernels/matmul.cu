@@ -30,22 +30,6 @@ __device__ __forceinline__ void store_c(T *c, const Mm &p, i64 r, i64 col, float
 #endif
 
 #ifdef UNIRT_MMA
-#ifdef UNIRT_DTYPE_F16
-#define MMA_TYPES "f16.f16"
-#else
-#define MMA_TYPES "bf16.bf16"
-#endif
-
-__device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi << 16); }
-
-// D = A·B + D for one m16n8k16 tile (row-major A, column-major B, f32 accumulators).
-__device__ __forceinline__ void mma16816(float d[4], const u32 a[4], const u32 b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPES ".f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 extern "C" __global__ void __launch_bounds__(256) op_matmul(const T *A, const T *B, T *C, Mm p)
 {
@@ -85,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) op_matmul(const T *A, const T 
                 int cn = wn * 32 + ni * 8 + g;
                 u32 bf[2] = {pack2(Bs[2 * t][cn], Bs[2 * t + 1][cn]),
                              pack2(Bs[2 * t + 8][cn], Bs[2 * t + 9][cn])};
-                mma16816(acc[ni], af, bf);
+                mma_m16n8k16(T{}, acc[ni], af, bf);
             }
             __syncthreads();
         }

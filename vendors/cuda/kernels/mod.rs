@@ -464,6 +464,41 @@ mod tests {
         }
     }
 
+    /// The tensor-core flash kernel keeps its Q fragments, scores and accumulators in registers:
+    /// an array indexed by a value the compiler cannot unroll would show as a `__local_depot`.
+    #[test]
+    fn flash_attention_fragments_stay_in_registers() {
+        let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        };
+        for dtype in [DType::F16, DType::BF16] {
+            for arch in [80, 90] {
+                let (ptx, _) = nv
+                    .compile(
+                        attention::FAMILY.name,
+                        &op_source(&attention::FAMILY, dtype),
+                        Target::Ptx(arch),
+                    )
+                    .unwrap();
+                let ptx = String::from_utf8_lossy(&ptx);
+                let body = ptx
+                    .split(".entry ")
+                    .find(|b| b.starts_with("op_attention_flash"))
+                    .expect("op_attention_flash in the PTX");
+                let body = body.split(".entry ").next().unwrap_or_default();
+                assert!(
+                    body.contains("mma.sync.aligned.m16n8k16"),
+                    "{dtype} sm_{arch}: the flash kernel has no tensor-core path"
+                );
+                assert!(
+                    !body.contains("__local_depot"),
+                    "{dtype} sm_{arch}: the flash kernel keeps an array in local memory"
+                );
+            }
+        }
+    }
+
     #[test]
     fn arch_lists_parse() {
         assert_eq!(parse_archs("sm_70, sm_80,90").unwrap(), [70, 80, 90]);
