@@ -9,7 +9,7 @@ use crate::{Ctx, Failure};
 crate::op_cases! {
     matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, bad_input] via matmul_case;
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
-    attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, bad_input] via attention_case;
+    attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, bad_input] via attention_case;
     random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, bad_input] via sample_case;
 }
 
@@ -403,6 +403,13 @@ fn attention_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
         }
         "chunk_causal" => run(1, 6, 3, 3, 9, 32, true, 720),
         "full" => run(2, 2, 5, 1, 11, 8, false, 730),
+        // Past one tile of queries and of keys (GPU kernels take 64 of each at a time), with
+        // head dimensions that are and are not multiples of the tensor-core tile (16).
+        "long" => {
+            run(1, 2, 130, 1, 150, 64, true, 740)?;
+            run(1, 2, 70, 1, 70, 128, true, 741)?;
+            run(1, 2, 65, 1, 129, 40, false, 742)
+        }
         "bad_input" => {
             let z = |s: &[usize]| Tensor::zeros(s, dt, ctx.device).map_err(err("zeros"));
             let q = z(&[1, 6, 4, 8])?;
