@@ -169,6 +169,13 @@ pub fn strides_of(layout: &Layout) -> Vec<i64> {
 /// Threads per block of the memory-bound kernels.
 pub const BLOCK: u32 = 256;
 
+/// Threads of a row kernel's block for rows of `len` elements: enough for the row's register
+/// cache (`ROW_PACKS` · 4 = 16 elements a thread, `common.cuh`), a multiple of the warp, at
+/// most 1024 (longer rows take the kernels' uncached path).
+pub fn row_threads(len: usize) -> u32 {
+    (len.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
 /// Blocks for `n` items at `per_block` items a block (grid-stride loops cover the rest).
 pub fn blocks(n: i64, per_block: i64) -> u32 {
     let b = (n.max(1) + per_block - 1) / per_block;
@@ -191,6 +198,17 @@ mod tests {
         let mut a = Args::new();
         a.space(&s).strides(&s, 0).float(1.5);
         assert_eq!(a.0.len(), 2 + MAX_DIMS + MAX_DIMS + 1);
+    }
+
+    #[test]
+    fn row_blocks_hold_the_row_in_16_elements_a_thread() {
+        assert_eq!(row_threads(0), 32);
+        assert_eq!(row_threads(7), 32);
+        assert_eq!(row_threads(513), 64);
+        assert_eq!(row_threads(4096), 256);
+        assert_eq!(row_threads(5120), 320);
+        assert_eq!(row_threads(16384), 1024);
+        assert_eq!(row_threads(1 << 20), 1024);
     }
 
     #[test]

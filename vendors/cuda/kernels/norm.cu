@@ -1,5 +1,5 @@
 // The norm op family: rms_norm and layer_norm over the last dimension, one block per row
-// (grid-stride over rows), statistics in f32.
+// (grid-stride over rows; the block sized to the row), statistics in f32.
 
 struct Nm {
     Space rows;
@@ -8,7 +8,7 @@ struct Nm {
     double eps;
 };
 
-extern "C" __global__ void op_rms_norm(T *out, const T *in, const T *w, const T *b, Nm p)
+extern "C" __global__ void __launch_bounds__(1024) op_rms_norm(T *out, const T *in, const T *w, const T *b, Nm p)
 {
     __shared__ float scratch[32];
     for (i64 r = blockIdx.x; r < p.rows.n; r += gridDim.x) {
@@ -16,7 +16,7 @@ extern "C" __global__ void op_rms_norm(T *out, const T *in, const T *w, const T 
         T *y = out + offset_of(p.rows, p.so, r);
         if (p.x_st == 1 && p.o_st == 1 && p.w_st == 1 && row_fits(p.d)) {
             // The row read once, into registers.
-            RowCache c, g;
+            RowCache c;
             row_load(c, x, p.d);
             float ss = 0.0f;
 #pragma unroll
@@ -25,12 +25,7 @@ extern "C" __global__ void op_rms_norm(T *out, const T *in, const T *w, const T 
                 for (int l = 0; l < 4; ++l) ss += c[k][l] * c[k][l];
             ss = block_sum(ss, scratch);
             float inv = (float)(1.0 / sqrt((double)ss / (double)p.d + p.eps));
-            row_load(g, w, p.d);
-#pragma unroll
-            for (int k = 0; k < ROW_PACKS; ++k)
-#pragma unroll
-                for (int l = 0; l < 4; ++l) c[k][l] = c[k][l] * inv * g[k][l];
-            row_store(y, c, p.d);
+            row_store_scaled(y, c, inv, w, p.d);
             __syncthreads();
             continue;
         }
@@ -49,7 +44,7 @@ extern "C" __global__ void op_rms_norm(T *out, const T *in, const T *w, const T 
     }
 }
 
-extern "C" __global__ void op_layer_norm(T *out, const T *in, const T *w, const T *b, Nm p)
+extern "C" __global__ void __launch_bounds__(1024) op_layer_norm(T *out, const T *in, const T *w, const T *b, Nm p)
 {
     __shared__ float scratch[32];
     for (i64 r = blockIdx.x; r < p.rows.n; r += gridDim.x) {

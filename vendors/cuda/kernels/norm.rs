@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::args::{blocks, Space, BLOCK};
+use super::args::{blocks, row_threads, Space};
 use super::prepared::{prepare as ready, Operand, Step};
 use super::{unexpected, Family, FLOATS};
 use crate::error::Result;
@@ -42,7 +42,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut step = Step::new(
         format!("op_{}", spec.op),
         [blocks(rows.count(), 1), 1, 1],
-        [BLOCK, 1, 1],
+        [row_threads(shape[nd - 1]), 1, 1],
     );
     // rms_norm has no bias: the weight stands in (never read).
     let bias = if spec.inputs.len() == 3 { 2 } else { 1 };

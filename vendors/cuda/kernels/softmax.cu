@@ -1,5 +1,5 @@
 // The softmax op family: softmax, log_softmax and causal_softmax along one axis, one block
-// per lane (grid-stride over lanes). A causal lane `o` sees keys [0, o % q_len + offset + 1);
+// per lane (grid-stride over lanes; the block sized to the lane). A causal lane `o` sees keys [0, o % q_len + offset + 1);
 // the rest become 0 (−∞ for log_softmax), as on the CPU. Arithmetic in f32.
 
 struct Sm {
@@ -9,7 +9,7 @@ struct Sm {
     i64 causal, q_len, offset, log;
 };
 
-extern "C" __global__ void op_softmax(T *out, const T *in, Sm p)
+extern "C" __global__ void __launch_bounds__(1024) op_softmax(T *out, const T *in, Sm p)
 {
     __shared__ float scratch[32];
     for (i64 o = blockIdx.x; o < p.outer.n; o += gridDim.x) {
