@@ -297,6 +297,102 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_flash(T *out, con
     }
 }
 
+// Split-K decode, pass 1, vectorised: unit-stride K and V rows aligned to 16 bytes, d a power
+// of two with d / EPL ≤ 32. A key's row is read by d / EPL lanes (a group), 16 bytes each, so
+// a warp reads 32 · EPL / d keys per step, and DECODE_UNROLL steps are in flight at once;
+// each group runs its own online softmax over its keys, then the groups of a warp merge
+// through shuffles. Leaves the warp's (max, sum, accumulators) in `part_*`.
+#define DECODE_UNROLL 4
+#define EPL (16 / (int)sizeof(T)) // elements per lane: one 16-byte load
+
+__device__ __forceinline__ bool decode_vectorised(const At &p, const T *kb, const T *vb)
+{
+    return p.k_st[3] == 1 && p.v_st[3] == 1 && p.d >= EPL && p.d <= 32 * EPL && (p.d & (p.d - 1)) == 0 &&
+           p.k_st[2] % EPL == 0 && p.v_st[2] % EPL == 0 && aligned_to(kb, 16) && aligned_to(vb, 16);
+}
+
+__device__ __forceinline__ void decode_chunk_vectorised(const T *qrow, const T *kb, const T *vb, const At &p, i64 j0, i64 j1,
+                                                        float (*part_acc)[256], float *part_m, float *part_l)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int lpk = (int)p.d / EPL, kps = 32 / lpk; // lanes per key, keys per warp step
+    int grp = lane / lpk, li = lane % lpk;    // this lane: key kps·step + grp, dims li·EPL ..
+    float scale = (float)p.scale;
+    float q[EPL], acc[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) {
+        q[e] = to_f32(qrow[(i64)(li * EPL + e) * p.q_st[3]]) * scale;
+        acc[e] = 0.0f;
+    }
+    float m = UNIRT_NEG_INF, l = 0.0f;
+    i64 step = (i64)DECODE_WARPS * kps; // keys per step of the whole block
+    // The loop runs the same rounds in every lane of a warp (shuffles below need all 32).
+    for (i64 jw = j0 + (i64)warp * kps; jw < j1; jw += DECODE_UNROLL * step) {
+        Pack<T, EPL> kv[DECODE_UNROLL], vv[DECODE_UNROLL];
+        float s[DECODE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DECODE_UNROLL; ++u) {
+            i64 j = jw + u * step + grp;
+            bool in = j < j1;
+            if (in) {
+                kv[u] = *(const Pack<T, EPL> *)(kb + j * p.k_st[2] + li * EPL);
+                vv[u] = *(const Pack<T, EPL> *)(vb + j * p.v_st[2] + li * EPL);
+            }
+            float d = 0.0f;
+            if (in) {
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) d += q[e] * to_f32(kv[u].v[e]);
+            }
+            s[u] = d;
+        }
+#pragma unroll
+        for (int u = 0; u < DECODE_UNROLL; ++u) {
+            for (int o = lpk >> 1; o > 0; o >>= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            if (jw + u * step + grp >= j1) s[u] = UNIRT_NEG_INF;
+        }
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < DECODE_UNROLL; ++u) mn = fmaxf(mn, s[u]);
+        // A group past the chunk's end has seen no key: every weight is 0.
+        float base = mn == UNIRT_NEG_INF ? 0.0f : mn;
+        float corr = expf(m - base);
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] *= corr;
+#pragma unroll
+        for (int u = 0; u < DECODE_UNROLL; ++u) {
+            float w = expf(s[u] - base);
+            if (w > 0.0f) {
+                l += w;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[e] += w * to_f32(vv[u].v[e]);
+            }
+        }
+        m = mn;
+    }
+    // Merge the warp's groups: lanes li of groups g and g ^ (o / lpk) hold the same dims.
+    for (int o = lpk; o < 32; o <<= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        float mn = fmaxf(m, m2), base = mn == UNIRT_NEG_INF ? 0.0f : mn;
+        float c1 = expf(m - base), c2 = expf(m2 - base);
+        l = l * c1 + l2 * c2;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            float a2 = __shfl_xor_sync(0xffffffffu, acc[e], o);
+            acc[e] = acc[e] * c1 + a2 * c2;
+        }
+        m = mn;
+    }
+    if (grp == 0) {
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) part_acc[warp][li * EPL + e] = acc[e];
+    }
+    if (lane == 0) {
+        part_m[warp] = m;
+        part_l[warp] = l;
+    }
+}
+
 // Split-K decode, pass 1: block (split, bh) runs the online softmax of its 4 warps over keys
 // [split·chunk, (split+1)·chunk) and writes the merged partial (max, sum, d accumulators) to
 // `ws` at [(bh · splits + split) · (d + 2)].
@@ -307,43 +403,50 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_decode(float *ws,
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i64 split = blockIdx.x, splits = p.splits;
     i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
-    float scale = (float)p.scale;
-    float q[MAX_PER_LANE], acc[MAX_PER_LANE];
     const T *qrow = Q + bi * p.q_st[0] + h * p.q_st[1];
-    for (int e = 0; e < MAX_PER_LANE; ++e) {
-        i64 c = lane + 32 * e;
-        q[e] = c < p.d ? to_f32(qrow[c * p.q_st[3]]) * scale : 0.0f;
-        acc[e] = 0.0f;
-    }
     // One query over lkv keys: causal or not, every key is visible.
     const T *kbase = K + bi * p.k_st[0] + kh * p.k_st[1];
     const T *vbase = V + bi * p.v_st[0] + kh * p.v_st[1];
     i64 chunk = (p.lkv + splits - 1) / splits;
     i64 j0 = split * chunk, j1 = j0 + chunk < p.lkv ? j0 + chunk : p.lkv;
-    float m = UNIRT_NEG_INF, l = 0.0f;
-    for (i64 j = j0 + warp; j < j1; j += DECODE_WARPS) {
-        const T *krow = kbase + j * p.k_st[2];
-        const T *vrow = vbase + j * p.v_st[2];
-        float s = 0.0f;
+    if (decode_vectorised(p, kbase, vbase)) {
+        decode_chunk_vectorised(qrow, kbase, vbase, p, j0, j1, part_acc, part_m, part_l);
+    } else {
+        float scale = (float)p.scale;
+        float q[MAX_PER_LANE], acc[MAX_PER_LANE];
         for (int e = 0; e < MAX_PER_LANE; ++e) {
             i64 c = lane + 32 * e;
-            if (c < p.d) s += q[e] * to_f32(krow[c * p.k_st[3]]);
+            q[e] = c < p.d ? to_f32(qrow[c * p.q_st[3]]) * scale : 0.0f;
+            acc[e] = 0.0f;
         }
-        s = warp_sum(s);
-        float mn = fmaxf(m, s);
-        float corr = expf(m - mn), w = expf(s - mn);
-        l = l * corr + w;
+        float m = UNIRT_NEG_INF, l = 0.0f;
+        for (i64 j = j0 + warp; j < j1; j += DECODE_WARPS) {
+            const T *krow = kbase + j * p.k_st[2];
+            const T *vrow = vbase + j * p.v_st[2];
+            float s = 0.0f;
+            for (int e = 0; e < MAX_PER_LANE; ++e) {
+                i64 c = lane + 32 * e;
+                if (c < p.d) s += q[e] * to_f32(krow[c * p.k_st[3]]);
+            }
+            s = warp_sum(s);
+            float mn = fmaxf(m, s);
+            float corr = expf(m - mn), w = expf(s - mn);
+            l = l * corr + w;
+            for (int e = 0; e < MAX_PER_LANE; ++e) {
+                i64 c = lane + 32 * e;
+                if (c < p.d) acc[e] = acc[e] * corr + w * to_f32(vrow[c * p.v_st[3]]);
+            }
+            m = mn;
+        }
         for (int e = 0; e < MAX_PER_LANE; ++e) {
             i64 c = lane + 32 * e;
-            if (c < p.d) acc[e] = acc[e] * corr + w * to_f32(vrow[c * p.v_st[3]]);
+            if (c < p.d) part_acc[warp][c] = acc[e];
         }
-        m = mn;
+        if (lane == 0) {
+            part_m[warp] = m;
+            part_l[warp] = l;
+        }
     }
-    for (int e = 0; e < MAX_PER_LANE; ++e) {
-        i64 c = lane + 32 * e;
-        if (c < p.d) part_acc[warp][c] = acc[e];
-    }
-    if (lane == 0) { part_m[warp] = m; part_l[warp] = l; }
     __syncthreads();
     float mg = UNIRT_NEG_INF;
     for (int w = 0; w < DECODE_WARPS; ++w) mg = fmaxf(mg, part_m[w]);

@@ -501,14 +501,14 @@ mod tests {
 
     /// Occupancy without a GPU: the row kernels fit in 64 registers with nothing spilled (at 159
     /// registers `op_rms_norm` held one block per multiprocessor and ran at 0.17× PyTorch on an
-    /// H200), and the flash kernel spills nothing. Read from the CUBIN's attributes.
+    /// H200), and the attention kernels spill nothing. Read from the CUBIN's attributes.
     #[test]
     fn row_and_flash_kernels_keep_their_registers() {
         let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
             eprintln!("skipped: NVRTC not found");
             return;
         };
-        let cases: [(&Family, &str, &[DType], u32); 4] = [
+        let cases: [(&Family, &str, &[DType], u32); 5] = [
             (&norm::FAMILY, "op_rms_norm", &[DType::F32, DType::BF16], 64),
             (
                 &norm::FAMILY,
@@ -527,6 +527,12 @@ mod tests {
                 "op_attention_flash",
                 &[DType::F16, DType::BF16],
                 255,
+            ),
+            (
+                &attention::FAMILY,
+                "op_attention_decode",
+                &[DType::F32, DType::BF16],
+                128,
             ),
         ];
         for (family, entry, dtypes, most) in cases {
