@@ -7,6 +7,7 @@
 #
 #   ci/gpu.sh [OUT_DIR]          (default: $OUT if set, else target/gpu-results)
 #   UNIRT_GPU_CONFORMANCE_REPEATS=8 ci/gpu.sh   (the CUDA suite 8 more times: a crash hunt)
+#   UNIRT_GPU_FUZZ_SECONDS=120 ci/gpu.sh        (`unirt fuzz` per GPU device; default 30 s)
 #
 # Binaries: $UNIRT_BIN (default target/release/unirt) and libinfinirt.so beside it. Without
 # UNIRT_BIN and with cargo present they are built in release first; on a GPU machine without
@@ -103,6 +104,22 @@ for dev in $cuda_devs; do
     fi
   done
   [ "$repeats" -gt 0 ] && echo "gpu.sh: $dev: $repeats more whole-suite runs, $crashed ended by a signal"
+done
+
+# The random-sequence fuzzer on every GPU device (`unirt fuzz`: the test binary's fuzzer,
+# built into the CLI because this machine has no cargo). UNIRT_GPU_FUZZ_SECONDS per device.
+fuzz_seconds="${UNIRT_GPU_FUZZ_SECONDS:-30}"
+for dev in $cuda_devs $wgpu_devs; do
+  tag=${dev/:/-}
+  step "fuzz on $dev ($fuzz_seconds s)"
+  "$bin" fuzz --device "$dev" --seconds "$fuzz_seconds" >"$out/fuzz-$tag.txt" 2>&1
+  rc=$?
+  tail -n 2 "$out/fuzz-$tag.txt"
+  if [ "$rc" -ge 128 ]; then
+    fail "fuzz on $dev: killed by signal $((rc - 128)) after $(grep ' seed 0x' "$out/fuzz-$tag.txt" | tail -n 1) (see $out/fuzz-$tag.txt)"
+  elif [ "$rc" -ne 0 ]; then
+    fail "fuzz on $dev (see $out/fuzz-$tag.txt)"
+  fi
 done
 
 step "the main job (every device at once)"

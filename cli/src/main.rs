@@ -6,6 +6,7 @@
 mod bench;
 mod conformance;
 mod devices;
+mod fuzz;
 mod kernels;
 /// The Llama decode step of `examples/llama_block.rs`, shared with the main job and
 /// `bench graph`.
@@ -77,11 +78,43 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Fuzzes the runtime and the operators with seeded random call sequences (live, freed and
+    /// bogus handles, captures at random, streams destroyed with work queued): any panic,
+    /// crash or unusable device is a failure. Each seed is printed before it runs.
+    Fuzz {
+        /// A device (`cuda:0`) or a whole vendor (`wgpu`); every available device when omitted.
+        #[arg(long)]
+        device: Option<String>,
+        /// Total time, shared equally by the devices (at least one seed each).
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// The first seed (default: from the clock); seed i is seed + i.
+        #[arg(long, value_parser = parse_seed)]
+        seed: Option<u64>,
+        /// At most this many seeds per device (`--runs 1` with `--seed` replays one).
+        #[arg(long)]
+        runs: Option<u64>,
+        /// Runtime calls per seed.
+        #[arg(long, default_value_t = 2000)]
+        steps: usize,
+        /// Operator calls per seed, after the runtime calls.
+        #[arg(long, default_value_t = 60)]
+        op_steps: usize,
+    },
     /// Benchmarks, each against the baseline named in its row.
     Bench {
         #[command(subcommand)]
         which: bench::BenchCommand,
     },
+}
+
+/// A seed in decimal or `0x` hexadecimal (the fuzzer prints them in hex).
+fn parse_seed(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("bad seed {s:?}: {e}"))
 }
 
 /// Errors of the command line front end: a unirt error or an I/O failure writing a report.
@@ -125,6 +158,14 @@ fn main() -> ExitCode {
             (false, Some(compile)) => kernels::run(&compile, &arch, json.as_deref()),
             (false, None) => Err("kernels: give --list or --compile cuda".into()),
         },
+        Some(Command::Fuzz {
+            device,
+            seconds,
+            seed,
+            runs,
+            steps,
+            op_steps,
+        }) => fuzz::run(device.as_deref(), seconds, seed, runs, steps, op_steps),
         Some(Command::Bench { which }) => bench::run(which),
     };
     match result {

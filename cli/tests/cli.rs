@@ -260,12 +260,39 @@ fn bench_graph_json_shape() {
 }
 
 #[test]
+fn fuzz_replays_a_seed_and_names_it_first() {
+    // One seed, replayed as a failure report would tell a user to: the seed line comes before
+    // any work (a crash leaves it as the last line), then the summary.
+    let out = unirt(
+        &[
+            "fuzz", "--device", "cpu:0", "--seed", "0x2a", "--runs", "1", "--steps", "300",
+        ],
+        &[],
+    );
+    no_panic(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let seed_line = err
+        .find("fuzz: cpu:0 seed 0x2a")
+        .expect("the seed is named");
+    let done = err.find("fuzz: cpu:0: 1 seed(s)").expect("one seed ran");
+    assert!(seed_line < done, "{err}");
+    assert!(err.contains("fuzz: ok"), "{err}");
+}
+
+#[test]
 fn bad_arguments_are_errors_not_panics() {
     for args in [
         &["conformance", "--device", "tpu:0"][..],
         &["conformance", "--device", "cpu:3"],
         &["bench", "memcpy", "--device", "cpu:7"],
         &["bench", "latency", "--device", "cpu:x"],
+        &["fuzz", "--device", "cpu:5"],
+        &["fuzz", "--seed", "0xnot-hex"],
         &["nonsense"],
     ] {
         let out = unirt(args, &[]);

@@ -48,6 +48,7 @@ mod cases_ops_views;
 mod cases_robust;
 mod cases_streams;
 mod cases_stress;
+mod fuzz;
 pub mod ops_check;
 mod ops_fuzz;
 pub mod report;
@@ -55,6 +56,7 @@ mod trials;
 mod util;
 
 pub use cases_chaos::random_sequence;
+pub use fuzz::{clock_seed, fuzz_device, FuzzOptions};
 pub use ops_fuzz::random_op_calls;
 pub use trials::{devices, trials};
 

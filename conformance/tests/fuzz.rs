@@ -20,9 +20,9 @@
 //! line.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use unirt_conformance::{env_u64, random_op_calls, random_sequence, Ctx, Failure};
+use unirt_conformance::{clock_seed, env_u64, fuzz_device, Ctx, FuzzOptions};
 
 fn say(line: String) {
     // Straight to the file descriptor, flushed, so it is in the log before any crash.
@@ -40,15 +40,7 @@ fn main() {
         .is_some_and(|v| v == "1")
         .then(|| fakecuda_support::use_fake_driver(&[]).1);
     let seconds = env_u64("UNIRT_FUZZ_SECONDS").unwrap_or(5);
-    let steps = env_u64("UNIRT_FUZZ_STEPS").unwrap_or(2000) as usize;
-    let op_steps = env_u64("UNIRT_FUZZ_OP_STEPS").unwrap_or(60) as usize;
-    let max_runs = env_u64("UNIRT_FUZZ_RUNS");
-    let first = env_u64("UNIRT_FUZZ_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    });
+    let first = env_u64("UNIRT_FUZZ_SEED").unwrap_or_else(clock_seed);
     let devices: Vec<_> = unirt_conformance::devices()
         .into_iter()
         .filter(|(_, unavailable)| unavailable.is_none())
@@ -58,12 +50,19 @@ fn main() {
         say("fuzz: no available device".into());
         std::process::exit(1);
     }
-    let share = Duration::from_secs(seconds) / devices.len() as u32;
+    let options = FuzzOptions {
+        first_seed: first,
+        time: Duration::from_secs(seconds) / devices.len() as u32,
+        max_runs: env_u64("UNIRT_FUZZ_RUNS"),
+        steps: env_u64("UNIRT_FUZZ_STEPS").unwrap_or(2000) as usize,
+        op_steps: env_u64("UNIRT_FUZZ_OP_STEPS").unwrap_or(60) as usize,
+    };
     say(format!(
-        "fuzz: {} s over {} device(s), {steps} calls per seed, first seed {first:#x} \
+        "fuzz: {} s over {} device(s), {} calls per seed, first seed {first:#x} \
          (replay one: UNIRT_FUZZ_SEED=<seed> UNIRT_FUZZ_RUNS=1 UNIRT_CONFORMANCE_DEVICES=<device>)",
         seconds,
-        devices.len()
+        devices.len(),
+        options.steps
     ));
     let mut failures = Vec::new();
     for device in devices {
@@ -75,38 +74,20 @@ fn main() {
             }
         };
         let ctx = Ctx { device, backend };
-        let start = Instant::now();
-        let mut runs = 0u64;
-        // At least one seed per device, then as many as the time allows.
-        while runs == 0 || (start.elapsed() < share && max_runs.is_none_or(|m| runs < m)) {
-            let seed = first.wrapping_add(runs);
-            say(format!("fuzz: {device} seed {seed:#x}"));
-            let misused_before = fake.as_ref().map_or(0, |c| c.misuses());
-            let outcome = match random_sequence(&ctx, seed, steps)
-                .and_then(|()| random_op_calls(&ctx, seed, op_steps))
-            {
-                Ok(()) | Err(Failure::Unsupported(_)) => None,
-                Err(Failure::Failed(m)) => Some(m),
-            };
-            let outcome = outcome.or_else(|| {
-                let c = fake.as_ref()?;
-                (c.misuses() > misused_before).then(|| {
-                    format!(
-                        "the fake driver recorded a call a real driver may crash on:\n{}",
-                        c.misuse_log()
-                    )
-                })
-            });
-            if let Some(m) = outcome {
-                say(format!("fuzz: FAILED {device} seed {seed:#x}: {m}"));
-                failures.push(format!("{device} seed {seed:#x}: {m}"));
-            }
-            runs += 1;
-        }
-        say(format!(
-            "fuzz: {device}: {runs} seed(s) in {:.1} s",
-            start.elapsed().as_secs_f64()
-        ));
+        let mut misused = fake.as_ref().map_or(0, |c| c.misuses());
+        let mut after_seed = || {
+            let c = fake.as_ref()?;
+            let now = c.misuses();
+            let new = now > misused;
+            misused = now;
+            new.then(|| {
+                format!(
+                    "the fake driver recorded a call a real driver may crash on:\n{}",
+                    c.misuse_log()
+                )
+            })
+        };
+        failures.extend(fuzz_device(&ctx, &options, &mut say, &mut after_seed).1);
     }
     if !failures.is_empty() {
         say(format!("fuzz: {} failure(s):", failures.len()));
