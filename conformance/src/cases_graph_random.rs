@@ -413,7 +413,7 @@ fn random_graphs_threads(ctx: &Ctx) -> Result<(), Failure> {
                 s.spawn(move || -> Result<(), Failure> {
                     let mut t = Tally::default();
                     for i in 0..seeds {
-                        check_program(ctx, first ^ (w << 32) ^ (i + 1) * 0x9e37_79b9, &mut t)?;
+                        check_program(ctx, first ^ (w << 32) ^ ((i + 1) * 0x9e37_79b9), &mut t)?;
                         // Replays of one exec from several threads, each read back before
                         // another thread's replay rewrites the output (the lock).
                         let out = {
@@ -494,9 +494,9 @@ fn other_thread(ctx: &Ctx) -> Result<(), Failure> {
             capture,
         })?;
         exec.replay()?;
-        for k in 0..outs.len() {
+        for (k, want) in want.iter().enumerate().take(outs.len()) {
             ensure!(
-                exec.output(&format!("out{k}"))?.to_bytes()? == want[k],
+                exec.output(&format!("out{k}"))?.to_bytes()? == *want,
                 "output {k} replayed on another thread (capture {capture}) differs from eager"
             );
         }
