@@ -65,11 +65,11 @@ pub(super) struct CudaGraphExec {
 /// serialised, 0 of 3. unirt's case `capture::graph_objects_used_from_several_threads` crashed
 /// there in 10 of 24 runs (whole suite or the case alone) before this order and in none of 17
 /// after. CUDA documents graph objects as not thread-safe; these calls evidently touch state
-/// an exec shares with its graph and its siblings. So unirt orders instantiate, launch and destroy within one family
-/// under its lock, and the creating and destroying calls (instantiate, exec destroy, graph
-/// destroy) under one process-wide lock as well, in case the shared state reaches past the
-/// family (not seen, and cheap to rule out: those calls take tens of microseconds in the
-/// driver anyway). Launches of unrelated graphs stay concurrent.
+/// an exec shares with its graph and its siblings. So unirt orders instantiate, launch and
+/// destroy within one family under its lock, and the creating and destroying calls
+/// (instantiate, exec destroy, graph destroy) under one process-wide lock as well, in case the
+/// shared state reaches past the family (not seen, and cheap to rule out: those calls take
+/// tens of microseconds in the driver anyway). Launches of unrelated graphs stay concurrent.
 #[derive(Debug, Clone, Default)]
 pub(super) struct GraphFamily(Arc<Mutex<()>>);
 
