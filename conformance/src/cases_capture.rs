@@ -59,6 +59,11 @@ pub(super) const CASES: &[Case] = &[
         run: graph_objects_from_threads,
     },
     Case {
+        name: "capture::instantiate_racing_a_free",
+        needs: CAP,
+        run: instantiate_racing_free,
+    },
+    Case {
         name: "capture::empty_graph",
         needs: CAP,
         run: empty,
@@ -370,6 +375,60 @@ fn replay_after_free(ctx: &Ctx) -> Result<(), Failure> {
         &["out_of_bounds", "invalid_handle"],
         "replaying a graph whose buffer was freed",
     )
+}
+
+/// One thread instantiates a graph while another frees the memory it captured: the instantiate
+/// either comes first (its exec's replays are then refused) or is refused with a typed error —
+/// the driver never builds an exec on memory released meanwhile. The C ABI fuzzer's four
+/// threads found the gap between unirt's check and the driver's instantiate on CUDA; over the
+/// fake driver this case records the misuse if the gap opens again.
+fn instantiate_racing_free(ctx: &Ctx) -> Result<(), Failure> {
+    let n = 1024usize;
+    let s = Stream::new(&ctx.backend)?;
+    for round in 0..1000u32 {
+        let p = ctx.malloc(n)?;
+        ctx.begin_capture(s.id(), CaptureMode::Global)?;
+        ctx.memset_async(p, 7, n, s.id())?;
+        let g = ctx.end_capture(s.id())?;
+        // Both start together; the free comes a little later each round (0 to 6 µs), so some
+        // round lands it inside the instantiate.
+        let start = std::sync::Barrier::new(2);
+        let (instantiated, freed) = std::thread::scope(|sc| {
+            let t = sc.spawn(|| {
+                start.wait();
+                ctx.graph_instantiate(g)
+            });
+            start.wait();
+            let until = std::time::Instant::now()
+                + std::time::Duration::from_nanos(u64::from(round % 32) * 200);
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            let freed = ctx.free(p);
+            (t.join(), freed)
+        });
+        freed?;
+        match instantiated {
+            Ok(Ok(x)) => {
+                let r = ctx.graph_launch(x, s.id());
+                s.synchronize()?;
+                ctx.graph_exec_destroy(x)?;
+                expect_err(
+                    r,
+                    &["out_of_bounds", "invalid_handle"],
+                    "replaying an exec whose memory was freed after its instantiate",
+                )?;
+            }
+            Ok(Err(e)) => expect_err::<()>(
+                Err(e),
+                &["out_of_bounds", "invalid_handle"],
+                "instantiating a graph whose memory is being freed",
+            )?,
+            Err(_) => return Err(Failure::Failed("the instantiating thread panicked".into())),
+        }
+        ctx.graph_destroy(g)?;
+    }
+    Ok(())
 }
 
 /// Memory a graph uses, freed after the capture and allocated again — at the same address

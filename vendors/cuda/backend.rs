@@ -882,6 +882,11 @@ impl Backend for CudaBackend {
         // graph — cuGraphInstantiate included — may run on two threads at once.
         let _g_use = g.gate.exclusive(GraphId::KIND, g.raw)?;
         let _events_use = enter_events(&g.events, &g.waits)?;
+        // From the check to the driver's instantiate, a free on another thread waits (its
+        // exclusive turn): the driver never reads nodes on memory released in between. Without
+        // it the C ABI fuzzer's four threads had libcuda instantiate a graph on a freed
+        // allocation over the fake driver (1 seed in 185).
+        let _gate = self.enqueue_gate.read();
         self.check_graph(&g.ranges, &g.events)?;
         self.check_graph(&[], &g.waits)?;
         self.check_pinned(&g.pinned)?;
