@@ -76,6 +76,16 @@ pub(super) const CASES: &[Case] = &[
         run: |c| free_async_other_stream(c, LARGE),
     },
     Case {
+        name: "lifetime::free_async_after_another_stream_began_capturing",
+        needs: &[Need::StreamOrderedMemory, Need::AsyncStreams, Need::Capture],
+        run: |c| free_async_after_capture_began(c, SMALL),
+    },
+    Case {
+        name: "lifetime::free_async_after_another_stream_began_capturing_64mib",
+        needs: &[Need::StreamOrderedMemory, Need::AsyncStreams, Need::Capture],
+        run: |c| free_async_after_capture_began(c, LARGE),
+    },
+    Case {
         name: "lifetime::host_kinds_given_device_pointers",
         needs: &[],
         run: |c| wrong_kind(c, SMALL),
@@ -317,6 +327,41 @@ fn free_async_other_stream(ctx: &Ctx, bytes: usize) -> Result<(), Failure> {
         "memset of memory freed with free_async",
     )?;
     same(&marker.read()?, &[0x77; SMALL], "s1's last memset")
+}
+
+/// Scenario 5 with a capture: the stream that queued work on the memory has begun capturing
+/// when another stream frees it stream-ordered. The free still waits for the work queued before
+/// the capture (a capturing stream cannot be waited on through an event recorded now — that
+/// would go into its capture — so unirt waits on one recorded when the capture began). Over the
+/// fake driver a release ahead of that work is a sticky illegal address, as a real GPU's pool
+/// would hand the memory to the next allocation under the queued writes.
+fn free_async_after_capture_began(ctx: &Ctx, bytes: usize) -> Result<(), Failure> {
+    let (s1, s2) = (Stream::new(&ctx.backend)?, Stream::new(&ctx.backend)?);
+    let marker = Buf::new(&ctx.backend, SMALL)?;
+    let p = ctx.malloc_async(bytes, s1.id())?;
+    s1.synchronize()?;
+    for i in 0..8u8 {
+        ctx.memset_async(p, i, bytes, s1.id())?;
+    }
+    ctx.memset_async(marker.ptr, 0x77, SMALL, s1.id())?;
+    ctx.begin_capture(s1.id(), CaptureMode::Relaxed)?;
+    let freed = ctx.free_async(p, s2.id());
+    let synced = s2.synchronize();
+    let g = ctx.end_capture(s1.id())?;
+    ctx.graph_destroy(g)?;
+    synced?;
+    match freed {
+        Ok(()) => {}
+        Err(e) if e.kind_name() == "capturing" => ctx.free_async(p, s2.id())?,
+        Err(e) => return Err(Failure::Failed(format!("free_async during a capture: {e}"))),
+    }
+    s2.synchronize()?;
+    s1.synchronize()?;
+    same(
+        &marker.read()?,
+        &[0x77; SMALL],
+        "s1's last memset before the capture",
+    )
 }
 
 /// Scenario 6: host-to-host, host-to-device and device-to-host copies given device pointers

@@ -214,7 +214,17 @@ impl CudaBackend {
         let streams = self.streams.values();
         for o in streams.iter().filter(|o| o.raw != s.raw) {
             let _gate = o.gate.shared();
-            if !o.waitable() {
+            if o.gate.is_destroyed() {
+                continue;
+            }
+            if let Some(entry) = o.capture_entry() {
+                // Capturing: what it enqueues now is captured, not run; its real work is what
+                // was queued before the capture began, which ends at the entry event.
+                if let Some(e) = entry {
+                    // SAFETY: the entry event lives while the capture does (end_capture, which
+                    // destroys it, takes `o`'s gate exclusively); `s` is live and not capturing.
+                    unsafe { self.drv.stream_wait_event(s.raw, e, false) }?;
+                }
                 continue;
             }
             // A fresh event per join, destroyed at once: the wait keeps what it needs (CUDA
@@ -265,12 +275,20 @@ impl CudaBackend {
             // and for the end of every stream destroyed with work queued.
             let mut first = self.release_retired_streams(true);
             for s in streams.iter() {
-                if !s.waitable() {
+                if s.gate.is_destroyed() {
                     continue;
                 }
-                // SAFETY: the stream is live (not destroyed, checked under the gate that
-                // destroy takes exclusively) and not capturing.
-                if let Err(e) = unsafe { self.drv.stream_synchronize(s.raw) } {
+                let waited = match s.capture_entry() {
+                    // SAFETY: the stream is live (not destroyed, checked under the gate that
+                    // destroy takes exclusively) and not capturing.
+                    None => unsafe { self.drv.stream_synchronize(s.raw) },
+                    // Capturing: its real work ends at the event recorded as the capture began.
+                    // SAFETY: the entry event lives while the capture does (end_capture takes
+                    // the gate we hold shared).
+                    Some(Some(e)) => unsafe { self.drv.event_synchronize(e) },
+                    Some(None) => Ok(()),
+                };
+                if let Err(e) = waited {
                     first = first.and(Err(e));
                 }
             }
@@ -322,6 +340,43 @@ impl CudaBackend {
         }
         self.retired_streams.lock().extend(keep);
         first
+    }
+
+    /// An event marking the end of the work queued on `s` so far, for a capture about to begin
+    /// (see `CaptureLog::entry`); where none can be recorded, the stream is drained instead and
+    /// there is nothing to mark (`None`).
+    fn mark_queued_work(&self, s: &CudaStream) -> Result<Option<u64>> {
+        let marked = self
+            .drv
+            .event_create(super::event::cu_flags(EventFlags::DISABLE_TIMING))
+            .and_then(|e| {
+                // SAFETY: the event was just created; the stream is live and not capturing
+                // (begin_capture holds its gate exclusively and checked its log).
+                match unsafe { self.drv.event_record(e, s.raw, false) } {
+                    Ok(()) => Ok(e),
+                    Err(err) => {
+                        // SAFETY: created above, never handed out: destroyed once.
+                        let _ = unsafe { self.drv.event_destroy(e) };
+                        Err(err)
+                    }
+                }
+            });
+        match marked {
+            Ok(e) => Ok(Some(e)),
+            // SAFETY: as above.
+            Err(_) => unsafe { self.drv.stream_synchronize(s.raw) }.map(|()| None),
+        }
+    }
+
+    /// Destroys a capture's entry event (taken out of its log, so used by nothing new; waits
+    /// already enqueued on it keep what they need). One the driver refuses to destroy joins
+    /// the retired-stream ends, whose release is retried, so it is never leaked.
+    fn destroy_marker(&self, e: u64) {
+        // SAFETY: created by mark_queued_work, taken out of every list here: destroyed once
+        // (or handed to the retired list, which destroys it once).
+        if unsafe { self.drv.event_destroy(e) }.is_err() {
+            self.retired_streams.lock().push(e);
+        }
     }
 
     fn refuse_capturing(&self, s: &CudaStream, what: &str) -> Result<()> {
@@ -833,11 +888,18 @@ impl Backend for CudaBackend {
                 "begin_capture on a stream that is already capturing".into(),
             ));
         }
+        let entry = self.mark_queued_work(&s)?;
         // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
         // SAFETY: the stream came from the stream table and is not capturing (checked above).
-        unsafe { self.drv.begin_capture(s.raw, mode as i32) }?;
+        if let Err(e) = unsafe { self.drv.begin_capture(s.raw, mode as i32) } {
+            if let Some(ev) = entry {
+                self.destroy_marker(ev);
+            }
+            return Err(e);
+        }
         *cap = Some(CaptureLog {
             owner: crate::checked::CaptureOwner::new(mode),
+            entry,
             ..Default::default()
         });
         Ok(())
@@ -859,7 +921,11 @@ impl Backend for CudaBackend {
         }
         self.bind()?;
         // SAFETY: the stream came from the stream table and is capturing (checked above).
-        let raw = unsafe { self.drv.end_capture(s.raw) }?;
+        let raw = unsafe { self.drv.end_capture(s.raw) };
+        if let Some(ev) = rec.entry {
+            self.destroy_marker(ev);
+        }
+        let raw = raw?;
         self.graphs.insert_with(
             raw,
             CudaGraph {

@@ -521,6 +521,10 @@ impl Drop for CudaBackend {
             let _ = unsafe { self.drv.mem_free_host(a.base) };
         }
         for s in self.streams.values() {
+            if let Some(e) = s.capture.lock().take().and_then(|c| c.entry) {
+                // SAFETY: a capture's entry event, taken out of its log here: destroyed once.
+                let _ = unsafe { self.drv.event_destroy(e) };
+            }
             // SAFETY: the stream came out of the stream table, which no longer lists it: live,
             // and destroyed once.
             let _ = unsafe { self.drv.stream_destroy(s.raw) };

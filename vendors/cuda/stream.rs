@@ -42,6 +42,21 @@ pub(super) struct CaptureLog {
     pub owner: crate::checked::CaptureOwner,
     /// Fault words the captured kernels may claim: each replay notes them on its stream.
     pub checks: Vec<Arc<FaultWord>>,
+    /// An event recorded on the stream just before the capture began: the end of the real work
+    /// queued on it then. While it captures, unirt waits on this (an event recorded on the
+    /// stream now would go into the capture) — a stream-ordered free or a device-wide wait
+    /// from another thread must still wait for that work. `None`: the stream was drained
+    /// instead (no event could be had).
+    pub entry: Option<u64>,
+}
+
+impl CudaStream {
+    /// `None` when not capturing; else what the stream's real (not captured) work ends with:
+    /// `Some(None)` nothing pending, `Some(Some(e))` the event recorded as the capture began.
+    /// Read with `gate` held shared (begin and end capture take it exclusively).
+    pub fn capture_entry(&self) -> Option<Option<u64>> {
+        self.capture.lock().as_ref().map(|c| c.entry)
+    }
 }
 
 /// One stream of a device. `raw` is the `CUstream` and also the HAL handle.
