@@ -346,25 +346,28 @@ impl CudaBackend {
     /// (see `CaptureLog::entry`); where none can be recorded, the stream is drained instead and
     /// there is nothing to mark (`None`).
     fn mark_queued_work(&self, s: &CudaStream) -> Result<Option<u64>> {
-        let marked = self
-            .drv
-            .event_create(super::event::cu_flags(EventFlags::DISABLE_TIMING))
-            .and_then(|e| {
-                // SAFETY: the event was just created; the stream is live and not capturing
-                // (begin_capture holds its gate exclusively and checked its log).
-                match unsafe { self.drv.event_record(e, s.raw, false) } {
-                    Ok(()) => Ok(e),
-                    Err(err) => {
-                        // SAFETY: created above, never handed out: destroyed once.
-                        let _ = unsafe { self.drv.event_destroy(e) };
-                        Err(err)
-                    }
-                }
-            });
-        match marked {
+        match self.end_marker(s) {
             Ok(e) => Ok(Some(e)),
-            // SAFETY: as above.
+            // SAFETY: the stream is live (begin_capture holds its gate exclusively).
             Err(_) => unsafe { self.drv.stream_synchronize(s.raw) }.map(|()| None),
+        }
+    }
+
+    /// A new event recorded at the current end of `s`'s queued work. `s` must be live and not
+    /// capturing, with its gate held exclusively by the caller (begin_capture, stream_destroy).
+    fn end_marker(&self, s: &CudaStream) -> Result<u64> {
+        let e = self
+            .drv
+            .event_create(super::event::cu_flags(EventFlags::DISABLE_TIMING))?;
+        // SAFETY: the event was just created; the stream is live and not capturing (the
+        // caller's contract).
+        match unsafe { self.drv.event_record(e, s.raw, false) } {
+            Ok(()) => Ok(e),
+            Err(err) => {
+                // SAFETY: created above, never handed out: destroyed once.
+                let _ = unsafe { self.drv.event_destroy(e) };
+                Err(err)
+            }
         }
     }
 
@@ -427,21 +430,8 @@ impl Backend for CudaBackend {
         let _gate = s.gate.exclusive(StreamId::KIND, s.raw)?;
         // Its queued work must still count for device synchronize: mark its end with an event
         // (or, if no event can be had, wait for it now).
-        let end = self
-            .drv
-            .event_create(super::event::cu_flags(EventFlags::DISABLE_TIMING))
-            .and_then(|e| {
-                // SAFETY: the event was just created; the stream is live and not capturing
-                // (checked above, and begin_capture needs the gate we hold).
-                match unsafe { self.drv.event_record(e, s.raw, false) } {
-                    Ok(()) => Ok(e),
-                    Err(err) => {
-                        // SAFETY: created above, never handed out: destroyed once.
-                        let _ = unsafe { self.drv.event_destroy(e) };
-                        Err(err)
-                    }
-                }
-            });
+        // Live and not capturing (checked above, and begin_capture needs the gate we hold).
+        let end = self.end_marker(&s);
         match end {
             Ok(e) => {
                 // Release the ends already reached, so the list stays as long as the work

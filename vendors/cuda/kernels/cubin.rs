@@ -31,48 +31,21 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 /// The bytes of `kernel`'s parameters in the 64-bit ELF `img`, or `None` when the image does
 /// not say (not ELF64, no such kernel, no such attribute).
 pub fn param_bytes(img: &[u8], kernel: &str) -> Option<u32> {
-    if !img.starts_with(b"\x7fELF") || img.get(4) != Some(&2) {
-        return None;
-    }
-    let shoff = usize::try_from(u64_at(img, 0x28)?).ok()?;
-    let (entsize, count, strndx) = (
-        u16_at(img, 0x3a)? as usize,
-        u16_at(img, 0x3c)? as usize,
-        u16_at(img, 0x3e)? as usize,
-    );
-    // (name offset, data offset, size) of section i.
-    let section = |i: usize| -> Option<(usize, usize, usize)> {
-        let at = shoff.checked_add(i.checked_mul(entsize)?)?;
-        Some((
-            u32_at(img, at)? as usize,
-            usize::try_from(u64_at(img, at + 0x18)?).ok()?,
-            usize::try_from(u64_at(img, at + 0x20)?).ok()?,
-        ))
-    };
-    let names = section(strndx)?.1;
     let want = format!(".nv.info.{kernel}");
-    for i in 0..count {
-        let (name, off, size) = section(i)?;
-        let start = names.checked_add(name)?;
-        let end = start + img.get(start..)?.iter().position(|&b| b == 0)?;
-        if img.get(start..end)? != want.as_bytes() {
-            continue;
+    let (_, _, _, off, size) = sections(img)?.into_iter().find(|s| s.0 == want)?;
+    let attrs = img.get(off..off.checked_add(size)?)?;
+    let mut at = 0;
+    while at + 4 <= attrs.len() {
+        let (format, attr) = (attrs[at], attrs[at + 1]);
+        if format == 0x03 && attr == CBANK_PARAM_SIZE {
+            return u16_at(attrs, at + 2).map(u32::from);
         }
-        let attrs = img.get(off..off.checked_add(size)?)?;
-        let mut at = 0;
-        while at + 4 <= attrs.len() {
-            let (format, attr) = (attrs[at], attrs[at + 1]);
-            if format == 0x03 && attr == CBANK_PARAM_SIZE {
-                return u16_at(attrs, at + 2).map(u32::from);
-            }
-            // EIFMT_SVAL carries a 16-bit size and that many bytes; the others fit in 4.
-            at += if format == 0x04 {
-                4 + u16_at(attrs, at + 2)? as usize
-            } else {
-                4
-            };
-        }
-        return None;
+        // EIFMT_SVAL carries a 16-bit size and that many bytes; the others fit in 4.
+        at += if format == 0x04 {
+            4 + u16_at(attrs, at + 2)? as usize
+        } else {
+            4
+        };
     }
     None
 }
@@ -87,11 +60,9 @@ pub struct Resources {
 }
 
 /// One ELF section: (name, type, link, data offset, size).
-#[cfg(test)]
 type Section = (String, u32, usize, usize, usize);
 
 /// The sections of a 64-bit ELF image.
-#[cfg(test)]
 fn sections(img: &[u8]) -> Option<Vec<Section>> {
     if !img.starts_with(b"\x7fELF") || img.get(4) != Some(&2) {
         return None;
@@ -122,7 +93,6 @@ fn sections(img: &[u8]) -> Option<Vec<Section>> {
 }
 
 /// The NUL-terminated string at `at`.
-#[cfg(test)]
 fn c_str(img: &[u8], at: usize) -> Option<String> {
     let rest = img.get(at..)?;
     let end = rest.iter().position(|&b| b == 0)?;
