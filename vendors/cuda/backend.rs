@@ -314,13 +314,26 @@ impl CudaBackend {
     /// for each (`wait`), or only those already reached (a query each, no waiting). An event
     /// whose wait failed, or that the driver does not release, stays listed for a later call.
     fn release_retired_streams(&self, wait: bool) -> Result<()> {
-        let retired = std::mem::take(&mut *self.retired_streams.lock());
+        // One release at a time, and the list never looks empty meanwhile: a device-wide wait
+        // on another thread that found it taken (as it once was, for the length of this call)
+        // returned before a destroyed stream's work had run, and a free after it released
+        // memory that work still wrote (over the fake driver: a sticky illegal address, with
+        // cases capturing in parallel). A wait queues behind the release in progress; a mere
+        // clean-up (`wait == false`) skips when one is running.
+        let _turn = if wait {
+            self.retire_turn.lock()
+        } else {
+            match self.retire_turn.try_lock() {
+                Some(t) => t,
+                None => return Ok(()),
+            }
+        };
+        let listed = self.retired_streams.lock().clone();
         let mut first = Ok(());
-        let mut keep = Vec::new();
-        for e in retired {
+        for e in listed {
             // SAFETY: the event was created and recorded by stream_destroy (or a stream-ordered
-            // free) and is owned by the retired list, from which it was taken above, so it is
-            // waited for, queried and destroyed by this call alone.
+            // free, or a capture's entry) and stays live while listed; only a release, one at a
+            // time (`retire_turn`), takes it off the list and destroys it.
             let reached = unsafe {
                 if wait {
                     self.drv.event_synchronize(e).map(|()| true)
@@ -329,16 +342,19 @@ impl CudaBackend {
                 }
             };
             match reached {
-                // SAFETY: as above.
-                Ok(true) if unsafe { self.drv.event_destroy(e) }.is_ok() => {}
-                Ok(_) => keep.push(e),
-                Err(err) => {
-                    keep.push(e);
-                    first = first.and(Err(err));
+                Ok(true) => {
+                    // Off the list first (a join enqueueing a wait on it holds the list), then
+                    // destroyed; one the driver keeps goes back on.
+                    self.retired_streams.lock().retain(|&x| x != e);
+                    // SAFETY: as above; no longer listed, so destroyed once here.
+                    if unsafe { self.drv.event_destroy(e) }.is_err() {
+                        self.retired_streams.lock().push(e);
+                    }
                 }
+                Ok(false) => {}
+                Err(err) => first = first.and(Err(err)),
             }
         }
-        self.retired_streams.lock().extend(keep);
         first
     }
 

@@ -306,6 +306,8 @@ pub struct CudaBackend {
     /// before the destroy: device synchronize waits for these when it cannot use
     /// cuCtxSynchronize (a capture in progress), so a destroyed stream's work still counts.
     retired_streams: Mutex<Vec<u64>>,
+    /// Held by the release of `retired_streams` in progress (one at a time).
+    retire_turn: Mutex<()>,
     /// Held shared by every call from the moment it checks its ranges until its work is
     /// enqueued; `free`/`free_host` take it exclusively (an instant) after unregistering the
     /// memory, so no copy, set, launch or replay that passed its check before the free can
@@ -383,6 +385,7 @@ impl CudaBackend {
             execs: HandleTable::new(GraphExecId::KIND),
             default_stream,
             retired_streams: Mutex::new(Vec::new()),
+            retire_turn: Mutex::new(()),
             enqueue_gate: parking_lot::RwLock::new(()),
             functions: Mutex::new(HashMap::new()),
             op_modules: Mutex::new(HashMap::new()),
