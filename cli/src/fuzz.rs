@@ -4,21 +4,13 @@
 //! queued, then random operator calls) on real devices — the crash hunt `ci/gpu.sh` runs on a
 //! GPU machine, where there is no cargo to build the test binary.
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use unirt_conformance::{clock_seed, fuzz_device, Ctx, FuzzOptions};
+use unirt_conformance::{clock_seed, fuzz_device, say, Ctx, FuzzOptions};
 
 use crate::conformance::select_devices;
 use crate::CliResult;
-
-fn say(line: String) {
-    // Flushed at once, so the seed line is in the log before any crash.
-    let mut e = std::io::stderr().lock();
-    let _ = writeln!(e, "{line}");
-    let _ = e.flush();
-}
 
 /// Fuzzes every selected device for `seconds` in all (shared equally).
 pub fn run(

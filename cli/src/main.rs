@@ -110,11 +110,7 @@ enum Command {
 
 /// A seed in decimal or `0x` hexadecimal (the fuzzer prints them in hex).
 fn parse_seed(s: &str) -> Result<u64, String> {
-    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse(),
-    }
-    .map_err(|e| format!("bad seed {s:?}: {e}"))
+    unirt_conformance::parse_u64(s).ok_or_else(|| format!("bad seed {s:?}"))
 }
 
 /// Errors of the command line front end: a unirt error or an I/O failure writing a report.

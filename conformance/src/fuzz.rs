@@ -56,6 +56,14 @@ pub fn fuzz_device(
     (runs, failures)
 }
 
+/// One line to stderr, flushed at once, so a seed line is in the log before any crash.
+pub fn say(line: String) {
+    use std::io::Write;
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(e, "{line}");
+    let _ = e.flush();
+}
+
 /// A first seed from the clock.
 pub fn clock_seed() -> u64 {
     std::time::SystemTime::now()

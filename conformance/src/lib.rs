@@ -56,7 +56,7 @@ mod trials;
 mod util;
 
 pub use cases_chaos::random_sequence;
-pub use fuzz::{clock_seed, fuzz_device, FuzzOptions};
+pub use fuzz::{clock_seed, fuzz_device, say, FuzzOptions};
 pub use ops_fuzz::random_op_calls;
 pub use trials::{devices, trials};
 

@@ -141,9 +141,12 @@ pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
 /// A number from the environment, decimal or `0x` hexadecimal (seeds, durations); `None` when
 /// unset or unparsable.
 pub fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    match v.strip_prefix("0x") {
+    parse_u64(std::env::var(name).ok()?.trim())
+}
+
+/// A number in decimal or `0x` hexadecimal (seeds are printed in hex).
+pub fn parse_u64(v: &str) -> Option<u64> {
+    match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
         None => v.parse().ok(),
     }

@@ -19,17 +19,9 @@
 //! fails the run with its device and seed; a panic or crash ends the process after the seed
 //! line.
 
-use std::io::Write;
 use std::time::Duration;
 
-use unirt_conformance::{clock_seed, env_u64, fuzz_device, Ctx, FuzzOptions};
-
-fn say(line: String) {
-    // Straight to the file descriptor, flushed, so it is in the log before any crash.
-    let mut e = std::io::stderr().lock();
-    let _ = writeln!(e, "{line}");
-    let _ = e.flush();
-}
+use unirt_conformance::{clock_seed, env_u64, fuzz_device, say, Ctx, FuzzOptions};
 
 mod fakecuda_support;
 

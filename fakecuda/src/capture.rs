@@ -112,23 +112,14 @@ pub struct GraphCall(u64);
 
 impl GraphCall {
     pub fn enter(h: u64, call: &str) -> GraphCall {
-        let mut busy = GRAPHS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
-        if busy.contains(&h) {
-            misuse(format!(
+        Self::mark(h, || {
+            format!(
                 "{call}: graph object {h:#x} is in a call on another thread (graph objects are \
                  not internally synchronised)"
-            ));
-        }
-        busy.push(h);
-        drop(busy);
-        // Widen the window a little, so that racing callers overlap here as they would
-        // inside a real driver's longer calls.
-        std::thread::yield_now();
-        GraphCall(h)
+            )
+        })
     }
-}
 
-impl GraphCall {
     /// Marks a call that creates or destroys a member of graph object `h`'s family (the graph
     /// and the execs instantiated from it): `cuGraphInstantiateWithFlags`, `cuGraphExecDestroy`,
     /// `cuGraphDestroy`. Two at once on one family, even on different execs, are recorded as
@@ -143,18 +134,27 @@ impl GraphCall {
         })
         .ok()?;
         // A key apart from every handle value (handles are small counters).
-        let key = family | 1 << 63;
-        let mut busy = GRAPHS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
-        if busy.contains(&key) {
-            misuse(format!(
+        Some(Self::mark(family | 1 << 63, || {
+            format!(
                 "{call}: graph {family:#x} or an exec instantiated from it is being created or \
                  destroyed on another thread (libcuda crashed on this)"
-            ));
+            )
+        }))
+    }
+
+    /// Marks `key` busy for the returned guard's life; recorded as misuse (`what`) when another
+    /// thread holds it.
+    fn mark(key: u64, what: impl FnOnce() -> String) -> GraphCall {
+        let mut busy = GRAPHS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        if busy.contains(&key) {
+            misuse(what());
         }
         busy.push(key);
         drop(busy);
+        // Widen the window a little, so that racing callers overlap here as they would
+        // inside a real driver's longer calls.
         std::thread::yield_now();
-        Some(GraphCall(key))
+        GraphCall(key)
     }
 }
 
