@@ -169,11 +169,14 @@ pub fn strides_of(layout: &Layout) -> Vec<i64> {
 /// Threads per block of the memory-bound kernels.
 pub const BLOCK: u32 = 256;
 
-/// Threads of a row kernel's block for rows of `len` elements: enough for the row's register
-/// cache (`ROW_PACKS` · 4 = 16 elements a thread, `common.cuh`), a multiple of the warp, at
-/// most 1024 (longer rows take the kernels' uncached path).
-pub fn row_threads(len: usize) -> u32 {
-    (len.div_ceil(16).div_ceil(32) * 32).clamp(32, 1024) as u32
+/// Elements a thread of a row kernel holds in its `RowCache` (`ROW_PACKS` · 4, `common.cuh`).
+pub const ROW_PER_THREAD: usize = 16;
+
+/// Threads of a row kernel's block for rows of `len` elements when a thread holds
+/// `per_thread` of them in registers: enough for the row, a multiple of the warp, at most
+/// 1024 (longer rows take the kernels' uncached path).
+pub fn row_threads(len: usize, per_thread: usize) -> u32 {
+    (len.div_ceil(per_thread.max(1)).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 /// Blocks for `n` items at `per_block` items a block (grid-stride loops cover the rest).
@@ -202,13 +205,16 @@ mod tests {
 
     #[test]
     fn row_blocks_hold_the_row_in_16_elements_a_thread() {
-        assert_eq!(row_threads(0), 32);
-        assert_eq!(row_threads(7), 32);
-        assert_eq!(row_threads(513), 64);
-        assert_eq!(row_threads(4096), 256);
-        assert_eq!(row_threads(5120), 320);
-        assert_eq!(row_threads(16384), 1024);
-        assert_eq!(row_threads(1 << 20), 1024);
+        let r = |len| row_threads(len, ROW_PER_THREAD);
+        assert_eq!(r(0), 32);
+        assert_eq!(r(7), 32);
+        assert_eq!(r(513), 64);
+        assert_eq!(r(4096), 256);
+        assert_eq!(r(5120), 320);
+        assert_eq!(r(16384), 1024);
+        assert_eq!(r(1 << 20), 1024);
+        // 16-bit rows held raw, 32 a thread.
+        assert_eq!(row_threads(4096, 32), 128);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 // memory.
 // - `op_attention_flash` (f16 / bf16 on sm_80+ with d ≤ 128): flash-style on tensor cores, a
 //   block of 4 warps per 64 consecutive queries of one (batch, head). Each warp owns 16 query
-//   rows, their Q fragments held in registers; K and Vᵀ stream through shared memory 64 keys
-//   at a time; S = Q·Kᵀ and O += P·V are `mma.sync.m16n8k16` tiles (P rounded to the input
+//   rows, their Q fragments held in registers; K and V stream through shared memory 64 keys
+//   at a time (asynchronous 16-byte copies where rows are contiguous and aligned, V's copy
+//   overlapping Q·Kᵀ and the next K's overlapping P·V; fragments read by ldmatrix); S = Q·Kᵀ and O += P·V are `mma.sync.m16n8k16` tiles (P rounded to the input
 //   type, as flash attention does; accumulation and the softmax statistics in f32), and the
 //   scores never leave registers.
 // - `op_attention_prefill` (elsewhere): SIMT, a block of 4 warps per 4 queries (a warp per
@@ -36,9 +37,9 @@ struct At {
 #define FLASH_QUERIES 64 // per block (the planner's grid: lq / 64 blocks per head)
 #define FLASH_KEYS 64 // keys per tile
 #define FLASH_D 128   // the largest head dimension of the tensor-core path
-// Shared memory of either path of `op_attention_flash`: K [64][128 + 8] and Vᵀ [128][64 + 8]
-// as 16-bit values (the padding keeps fragment reads off one bank), or the SIMT path's f32 K
-// and V [16][256].
+// Shared memory of either path of `op_attention_flash`: K and V tiles [64][128 + 8] as 16-bit
+// values (the padding keeps ldmatrix reads off one bank), or the SIMT path's f32 K and V
+// [16][256].
 #define FLASH_SMEM 35840
 
 // The keys row `r` sees: causal aligns the last query with the last key; rows past the
@@ -64,25 +65,82 @@ __device__ __forceinline__ u32 q_pair(const T *q, const At &p, i64 r, int c)
 // Two f32 values rounded to T, as one fragment register.
 __device__ __forceinline__ u32 packed(float lo, float hi) { return pack2(from_f32<T>(lo).bits, from_f32<T>(hi).bits); }
 
+#define FLASH_ROW (FLASH_D + 8) // 16-bit values per shared row: 272 bytes, so the 8 rows an
+                                // ldmatrix phase reads start 4 banks apart (no conflicts)
+typedef u16 FlashTile[FLASH_KEYS][FLASH_ROW];
+
+// Keys j0 .. j0 + 63 of K or V (rows of `st[2]`, elements of `st[3]`) into `tile` as
+// [key][dim], zeros past the keys (and, on the strided path, past d). The direct path — unit
+// element stride, rows 16-byte aligned, d a multiple of 16 — issues 16-byte asynchronous
+// copies as one commit group; the strided path stores through registers.
+__device__ __forceinline__ void flash_load(FlashTile &tile, const T *base, const i64 *st, i64 j0, const At &p, bool direct)
+{
+    int d = (int)p.d;
+    if (direct) {
+        int chunks = d / 8; // 16-byte pieces per row
+        for (int e = threadIdx.x; e < FLASH_KEYS * chunks; e += blockDim.x) {
+            int j = e / chunks, c = (e - j * chunks) * 8;
+            i64 key = j0 + j;
+            bool in = key < p.lkv;
+            cp_async16(&tile[j][c], in ? base + key * st[2] + c : base, in);
+        }
+        cp_async_commit();
+        return;
+    }
+    for (int e = threadIdx.x; e < FLASH_KEYS * FLASH_D / 2; e += blockDim.x) {
+        int j = e / (FLASH_D / 2), c = (e % (FLASH_D / 2)) * 2;
+        i64 key = j0 + j;
+        u16 lo = 0, hi = 0;
+        if (key < p.lkv) {
+            const T *row = base + key * st[2];
+            if (c < d) lo = row[c * st[3]].bits;
+            if (c + 1 < d) hi = row[(c + 1) * st[3]].bits;
+        }
+        *(u32 *)&tile[j][c] = pack2(lo, hi);
+    }
+}
+
+// 2^x on the special-function unit, denormal results flushed to 0 (they are below what P's
+// 16-bit rounding keeps).
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The prefill of one block of 64 queries with the head dimension padded to `D` (64 or 128):
+// fixed at compile time, every fragment loop unrolls into straight-line ldmatrix / mma code
+// that ptxas can schedule (with the loops bounded at run time, each ldmatrix waited on its own
+// and the kernel ran at 0.15× PyTorch on an H100). A smaller d is zero-padded to D on the
+// strided load path.
+template <int D>
 __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
 {
-    u16 (*ks)[FLASH_D + 8] = (u16 (*)[FLASH_D + 8])smem;
-    u16 (*vt)[FLASH_KEYS + 8] = (u16 (*)[FLASH_KEYS + 8])(smem + FLASH_KEYS * (FLASH_D + 8) * 2);
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    FlashTile &ks = *(FlashTile *)smem;
+    FlashTile &vs = *(FlashTile *)(smem + sizeof(FlashTile));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
-    i64 q0 = (i64)blockIdx.x * FLASH_QUERIES;
-    int d = (int)p.d, dsteps = (d + 15) / 16, dtiles = (d + 7) / 8;
+    // Causal blocks late in the sequence see the most keys: they start first, so the short
+    // ones fill the tail of the grid.
+    i64 qblock = p.causal ? (i64)gridDim.x - 1 - blockIdx.x : (i64)blockIdx.x;
+    i64 q0 = qblock * FLASH_QUERIES;
+    const int d = (int)p.d;
     // This thread's two rows of the warp's 16 (fragment rows g and g + 8).
     i64 r0 = q0 + warp * 16 + g, r1 = r0 + 8;
     i64 vis0 = keys_visible(p, r0), vis1 = keys_visible(p, r1);
     i64 last = q0 + FLASH_QUERIES - 1 < p.lq ? q0 + FLASH_QUERIES - 1 : p.lq - 1;
     i64 block_visible = keys_visible(p, last);
+    // Tiles wholly below every row's limit need no mask (the first row sees the fewest keys).
+    i64 unmasked = q0 + FLASH_QUERIES <= p.lq ? keys_visible(p, q0) : 0;
     const T *qb = Q + bi * p.q_st[0] + h * p.q_st[1];
     const T *kb = K + bi * p.k_st[0] + kh * p.k_st[1];
     const T *vb = V + bi * p.v_st[0] + kh * p.v_st[1];
-    u32 qf[FLASH_D / 16][4];
+    bool direct = d == D && p.k_st[3] == 1 && p.v_st[3] == 1 && p.k_st[2] % 8 == 0 && p.v_st[2] % 8 == 0 &&
+                  aligned_to(kb, 16) && aligned_to(vb, 16);
+    u32 qf[D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < FLASH_D / 16; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk) {
         int c = kk * 16 + 2 * t;
         qf[kk][0] = q_pair(qb, p, r0, c);
         qf[kk][1] = q_pair(qb, p, r1, c);
@@ -92,50 +150,49 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
     // Scores in log2 units: exp2 of (s − max) is the softmax numerator.
     float sl2 = (float)p.scale * 1.4426950408889634f;
     float m0 = UNIRT_NEG_INF, m1 = UNIRT_NEG_INF, l0 = 0.0f, l1 = 0.0f;
-    float o[FLASH_D / 8][4];
+    float o[D / 8][4];
 #pragma unroll
-    for (int n = 0; n < FLASH_D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // The pipeline: tile j's V copies while S = Q·Kⱼᵀ and its softmax run, and tile j + 1's
+    // K copies while O += P·Vⱼ runs. One buffer each: the barriers order reuse.
+    if (block_visible > 0) flash_load(ks, kb, p.k_st, 0, p, direct);
     for (i64 j0 = 0; j0 < block_visible; j0 += FLASH_KEYS) {
+        flash_load(vs, vb, p.v_st, j0, p, direct);
+        cp_async_wait<1>(); // Kⱼ (every group but Vⱼ's) has landed
         __syncthreads();
-        // K tile as [key][dim], V tile transposed as [dim][key]; zeros past the keys and past d.
-        for (int e = tid; e < FLASH_KEYS * FLASH_D / 2; e += blockDim.x) {
-            int j = e / (FLASH_D / 2), c = (e % (FLASH_D / 2)) * 2;
-            i64 key = j0 + j;
-            u16 k0 = 0, k1 = 0, v0 = 0, v1 = 0;
-            if (key < p.lkv) {
-                const T *kr = kb + key * p.k_st[2];
-                const T *vr = vb + key * p.v_st[2];
-                if (c < d) { k0 = kr[c * p.k_st[3]].bits; v0 = vr[c * p.v_st[3]].bits; }
-                if (c + 1 < d) { k1 = kr[(c + 1) * p.k_st[3]].bits; v1 = vr[(c + 1) * p.v_st[3]].bits; }
-            }
-            *(u32 *)&ks[j][c] = pack2(k0, k1);
-            vt[c][j] = v0;
-            vt[c + 1][j] = v1;
-        }
-        __syncthreads();
-        // S = Q·Kᵀ for the warp's 16 rows × 64 keys: 8 n-tiles of 8 keys.
+        // S = Q·Kᵀ for the warp's 16 rows × 64 keys: 8 n-tiles of 8 keys, each B fragment pair
+        // (16 dims × 2) from one ldmatrix.
         float s[FLASH_KEYS / 8][4];
 #pragma unroll
         for (int n = 0; n < FLASH_KEYS / 8; ++n) {
             s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < FLASH_D / 16; ++kk) {
-                if (kk < dsteps) {
-                    const u16 *kr = ks[n * 8 + g] + kk * 16 + 2 * t;
-                    u32 bf[2] = {*(const u32 *)kr, *(const u32 *)(kr + 8)};
-                    mma_m16n8k16(T{}, s[n], qf[kk], bf);
-                }
+            for (int kp = 0; kp < D / 32; ++kp) {
+                u32 bf[4];
+                ldmatrix_x4(bf, &ks[n * 8 + (lane & 7)][kp * 32 + (lane >> 3) * 8]);
+                mma_m16n8k16(T{}, s[n], qf[2 * kp], bf);
+                mma_m16n8k16(T{}, s[n], qf[2 * kp + 1], bf + 2);
             }
         }
         // Scale, mask, and the rows' new maxima (a row's 4 threads hold its 64 scores).
         float mx0 = m0, mx1 = m1;
+        if (j0 + FLASH_KEYS <= unmasked) {
+#pragma unroll
+            for (int n = 0; n < FLASH_KEYS / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[n][e] *= sl2;
+        } else {
+#pragma unroll
+            for (int n = 0; n < FLASH_KEYS / 8; ++n) {
+                i64 key = j0 + n * 8 + 2 * t;
+                s[n][0] = key < vis0 ? s[n][0] * sl2 : UNIRT_NEG_INF;
+                s[n][1] = key + 1 < vis0 ? s[n][1] * sl2 : UNIRT_NEG_INF;
+                s[n][2] = key < vis1 ? s[n][2] * sl2 : UNIRT_NEG_INF;
+                s[n][3] = key + 1 < vis1 ? s[n][3] * sl2 : UNIRT_NEG_INF;
+            }
+        }
 #pragma unroll
         for (int n = 0; n < FLASH_KEYS / 8; ++n) {
-            i64 key = j0 + n * 8 + 2 * t;
-            s[n][0] = key < vis0 ? s[n][0] * sl2 : UNIRT_NEG_INF;
-            s[n][1] = key + 1 < vis0 ? s[n][1] * sl2 : UNIRT_NEG_INF;
-            s[n][2] = key < vis1 ? s[n][2] * sl2 : UNIRT_NEG_INF;
-            s[n][3] = key + 1 < vis1 ? s[n][3] * sl2 : UNIRT_NEG_INF;
             mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
             mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
         }
@@ -146,14 +203,14 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
         // A row that has seen no key yet keeps max −inf: subtract 0 instead (every term is 0).
         float base0 = mx0 == UNIRT_NEG_INF ? 0.0f : mx0;
         float base1 = mx1 == UNIRT_NEG_INF ? 0.0f : mx1;
-        float c0 = exp2f(m0 - base0), c1 = exp2f(m1 - base1);
+        float c0 = fast_exp2(m0 - base0), c1 = fast_exp2(m1 - base1);
         m0 = mx0;
         m1 = mx1;
         // l: this thread's share of the row sums (its columns); the 4 shares add up at the end.
         l0 *= c0;
         l1 *= c1;
 #pragma unroll
-        for (int n = 0; n < FLASH_D / 8; ++n) {
+        for (int n = 0; n < D / 8; ++n) {
             o[n][0] *= c0;
             o[n][1] *= c0;
             o[n][2] *= c1;
@@ -161,28 +218,32 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
         }
 #pragma unroll
         for (int n = 0; n < FLASH_KEYS / 8; ++n) {
-            s[n][0] = exp2f(s[n][0] - base0);
-            s[n][1] = exp2f(s[n][1] - base0);
-            s[n][2] = exp2f(s[n][2] - base1);
-            s[n][3] = exp2f(s[n][3] - base1);
+            s[n][0] = fast_exp2(s[n][0] - base0);
+            s[n][1] = fast_exp2(s[n][1] - base0);
+            s[n][2] = fast_exp2(s[n][2] - base1);
+            s[n][3] = fast_exp2(s[n][3] - base1);
             l0 += s[n][0] + s[n][1];
             l1 += s[n][2] + s[n][3];
         }
+        cp_async_wait<0>(); // Vⱼ has landed
+        __syncthreads();    // every warp is done with Kⱼ and sees Vⱼ
+        if (j0 + FLASH_KEYS < block_visible) flash_load(ks, kb, p.k_st, j0 + FLASH_KEYS, p, direct);
         // O += P·V: P's accumulator layout is the A fragment of the next product (keys
-        // 16kk .. 16kk + 15 are n-tiles 2kk and 2kk + 1).
+        // 16kk .. 16kk + 15 are n-tiles 2kk and 2kk + 1); V's B fragments for two 8-dim
+        // n-tiles come from one transposing ldmatrix of the [key][dim] tile.
 #pragma unroll
         for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
             u32 pa[4] = {packed(s[2 * kk][0], s[2 * kk][1]), packed(s[2 * kk][2], s[2 * kk][3]),
                          packed(s[2 * kk + 1][0], s[2 * kk + 1][1]), packed(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int n = 0; n < FLASH_D / 8; ++n) {
-                if (n < dtiles) {
-                    const u16 *vr = vt[n * 8 + g] + kk * 16 + 2 * t;
-                    u32 bf[2] = {*(const u32 *)vr, *(const u32 *)(vr + 8)};
-                    mma_m16n8k16(T{}, o[n], pa, bf);
-                }
+            for (int np = 0; np < D / 16; ++np) {
+                u32 bf[4];
+                ldmatrix_x4_trans(bf, &vs[kk * 16 + (lane & 15)][np * 16 + (lane >> 4) * 8]);
+                mma_m16n8k16(T{}, o[2 * np], pa, bf);
+                mma_m16n8k16(T{}, o[2 * np + 1], pa, bf + 2);
             }
         }
+        __syncthreads(); // every warp is done with Vⱼ before the next tile's copies
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -192,19 +253,17 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
     float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     T *ob = out + bi * p.o_st[0] + h * p.o_st[1];
 #pragma unroll
-    for (int n = 0; n < FLASH_D / 8; ++n) {
+    for (int n = 0; n < D / 8; ++n) {
         int c = n * 8 + 2 * t;
-        if (n < dtiles) {
-            if (r0 < p.lq) {
-                T *row = ob + r0 * p.o_st[2];
-                if (c < d) row[c * p.o_st[3]] = from_f32<T>(o[n][0] * inv0);
-                if (c + 1 < d) row[(c + 1) * p.o_st[3]] = from_f32<T>(o[n][1] * inv0);
-            }
-            if (r1 < p.lq) {
-                T *row = ob + r1 * p.o_st[2];
-                if (c < d) row[c * p.o_st[3]] = from_f32<T>(o[n][2] * inv1);
-                if (c + 1 < d) row[(c + 1) * p.o_st[3]] = from_f32<T>(o[n][3] * inv1);
-            }
+        if (r0 < p.lq) {
+            T *row = ob + r0 * p.o_st[2];
+            if (c < d) row[c * p.o_st[3]] = from_f32<T>(o[n][0] * inv0);
+            if (c + 1 < d) row[(c + 1) * p.o_st[3]] = from_f32<T>(o[n][1] * inv0);
+        }
+        if (r1 < p.lq) {
+            T *row = ob + r1 * p.o_st[2];
+            if (c < d) row[c * p.o_st[3]] = from_f32<T>(o[n][2] * inv1);
+            if (c + 1 < d) row[(c + 1) * p.o_st[3]] = from_f32<T>(o[n][3] * inv1);
         }
     }
 }
@@ -276,18 +335,10 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, c
     simt_prefill(out, Q, K, V, p, (i64)blockIdx.x * PREFILL_WARPS, smem);
 }
 
-// 64 queries a block: on tensor cores where this build has them (f16 / bf16, sm_80+) and
-// d ≤ 128, else the SIMT path 4 queries at a time — correct in every build; the planner
-// picks it where the tensor-core path applies.
-extern "C" __global__ void __launch_bounds__(128) op_attention_flash(T *out, const T *Q, const T *K, const T *V, At p)
+// 64 queries a block on SIMT cores, 4 at a time: the flash entries' path where a build has no
+// tensor cores (f32, sm_70).
+__device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
 {
-    __shared__ __align__(16) unsigned char smem[FLASH_SMEM];
-#ifdef UNIRT_FLASH
-    if (p.d <= FLASH_D) {
-        flash_prefill(out, Q, K, V, p, smem);
-        return;
-    }
-#endif
     for (int i = 0; i < FLASH_QUERIES / PREFILL_WARPS; ++i) {
         i64 first = (i64)blockIdx.x * FLASH_QUERIES + i * PREFILL_WARPS;
         if (first >= p.lq) break; // the same for the whole block
@@ -296,6 +347,31 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_flash(T *out, con
         simt_prefill(out, Q, K, V, p, first, smem);
     }
 }
+
+// 64 queries a block: on tensor cores where this build has them (f16 / bf16, sm_80+) and
+// d ≤ 128, else on SIMT cores — correct in every build; the planner picks them where the
+// tensor-core path applies. `op_attention_flash` pads d to 128; `op_attention_flash_d64`
+// pads d ≤ 64 to 64, at half the cost and registers, and has no SIMT fallback (with one it
+// kept arrays in local memory): the planner launches it for d ≤ 64 in tensor-core builds only
+// (a larger d would read and write only its first 64 dimensions — never out of bounds).
+#ifdef UNIRT_FLASH
+#define FLASH_ENTRY(name, D, fits)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) name(T *out, const T *Q, const T *K, const T *V, At p) \
+    {                                                                                                         \
+        __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                              \
+        if (fits) flash_prefill<D>(out, Q, K, V, p, smem);                                                    \
+        else flash_on_simt(out, Q, K, V, p, smem);                                                            \
+    }
+#else
+#define FLASH_ENTRY(name, D, fits)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) name(T *out, const T *Q, const T *K, const T *V, At p) \
+    {                                                                                                         \
+        __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                              \
+        flash_on_simt(out, Q, K, V, p, smem);                                                                 \
+    }
+#endif
+FLASH_ENTRY(op_attention_flash, 128, p.d <= FLASH_D)
+FLASH_ENTRY(op_attention_flash_d64, 64, true)
 
 // Split-K decode, pass 1, vectorised: unit-stride K and V rows aligned to 16 bytes, d a power
 // of two with d / EPL ≤ 32. A key's row is read by d / EPL lanes (a group), 16 bytes each, so

@@ -22,6 +22,7 @@ pub(super) const FAMILY: Family = Family {
     entries: &[
         "op_attention_prefill",
         "op_attention_flash",
+        "op_attention_flash_d64",
         "op_attention_decode",
         "op_attention_combine",
     ],
@@ -120,7 +121,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         args.int(1);
         let (entry, per_block) = if flash(spec, d)? {
-            ("op_attention_flash", FLASH_QUERIES)
+            // d ≤ 64 is padded to 64 (its own entry, half the work), any other d ≤ 128 to 128.
+            let entry = if d <= 64 {
+                "op_attention_flash_d64"
+            } else {
+                "op_attention_flash"
+            };
+            (entry, FLASH_QUERIES)
         } else {
             ("op_attention_prefill", 4)
         };

@@ -43,16 +43,21 @@ __device__ __forceinline__ uhalf f32_to_half(float f)
     return h;
 }
 
-// Round to nearest even; NaN stays a (quiet) NaN.
+// Round to nearest even; NaN stays a (quiet) NaN. sm_80+ has the conversion in hardware (one
+// instruction instead of six: it matters in bf16 kernels that compute per element).
 __device__ __forceinline__ ubf16 f32_to_bf16(float f)
 {
-    u32 u = __float_as_uint(f);
     ubf16 b;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b.bits) : "f"(f));
+#else
+    u32 u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         b.bits = (u16)((u >> 16) | 0x0040u);
     } else {
         b.bits = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
+#endif
     return b;
 }
 
@@ -215,6 +220,43 @@ __device__ __forceinline__ void mma_m16n8k16(ubf16, float d[4], const u32 a[4], 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// A generic pointer into shared memory as the 32-bit shared-window address PTX takes.
+__device__ __forceinline__ u32 shared_address(const void *p)
+{
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Four 8×8 16-bit matrices from shared memory (lanes 8i .. 8i + 7 give matrix i's row
+// addresses, 16 bytes each); lane 4·g + t receives row g, columns 2t and 2t + 1 of each — a
+// B fragment pair when the rows are the n index. `_trans` delivers the transpose (column g,
+// rows 2t and 2t + 1): B fragments from a row-major [k][n] tile.
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const void *row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const void *row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+}
+
+// 16 bytes global → shared without passing through registers; `valid` false writes zeros and
+// reads nothing. Completion is by groups: commit after issuing, wait before reading.
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N committed groups are still in flight (N a constant).
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 #endif
 
 // Two 16-bit values as one register, `lo` in the low half (fragment order).

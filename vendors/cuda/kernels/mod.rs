@@ -482,19 +482,21 @@ mod tests {
                     )
                     .unwrap();
                 let ptx = String::from_utf8_lossy(&ptx);
-                let body = ptx
-                    .split(".entry ")
-                    .find(|b| b.starts_with("op_attention_flash"))
-                    .expect("op_attention_flash in the PTX");
-                let body = body.split(".entry ").next().unwrap_or_default();
-                assert!(
-                    body.contains("mma.sync.aligned.m16n8k16"),
-                    "{dtype} sm_{arch}: the flash kernel has no tensor-core path"
-                );
-                assert!(
-                    !body.contains("__local_depot"),
-                    "{dtype} sm_{arch}: the flash kernel keeps an array in local memory"
-                );
+                for entry in ["op_attention_flash(", "op_attention_flash_d64("] {
+                    let body = ptx
+                        .split(".entry ")
+                        .find(|b| b.starts_with(entry))
+                        .unwrap_or_else(|| panic!("{entry} in the PTX"));
+                    assert!(
+                        body.contains("mma.sync.aligned.m16n8k16")
+                            && body.contains("ldmatrix.sync.aligned.m8n8.x4.trans"),
+                        "{entry} {dtype} sm_{arch}: no tensor-core path"
+                    );
+                    assert!(
+                        !body.contains("__local_depot"),
+                        "{entry} {dtype} sm_{arch}: an array in local memory"
+                    );
+                }
             }
         }
     }
@@ -525,6 +527,12 @@ mod tests {
             (
                 &attention::FAMILY,
                 "op_attention_flash",
+                &[DType::F16, DType::BF16],
+                255,
+            ),
+            (
+                &attention::FAMILY,
+                "op_attention_flash_d64",
                 &[DType::F16, DType::BF16],
                 255,
             ),

@@ -42,7 +42,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut step = Step::new(
         format!("op_{}", spec.op),
         [blocks(rows.count(), 1), 1, 1],
-        [row_threads(shape[nd - 1]), 1, 1],
+        // rms_norm holds 64 bytes of its row a thread (`RAW_PACKS` 16-byte packs, norm.cu);
+        // layer_norm walks the row, any block size.
+        [row_threads(shape[nd - 1], 64 / spec.dtype.size()), 1, 1],
     );
     // rms_norm has no bias: the weight stands in (never read).
     let bias = if spec.inputs.len() == 3 { 2 } else { 1 };

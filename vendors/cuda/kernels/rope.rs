@@ -1,5 +1,5 @@
-//! Plans the rope kernels (`rope.cu`): one thread per rotated pair; the positions' dtype
-//! (i32 / i64) picks the entry.
+//! Plans the rope kernels (`rope.cu`): a block per position, its angles formed once; the
+//! positions' dtype (i32 / i64) picks the entry.
 
 use std::sync::Arc;
 
@@ -38,9 +38,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         ],
     )?;
     let half = shape[nd - 1] / 2;
+    // A block per (.., position) group of rows (every head of one position; grid-stride past
+    // the grid's limit).
+    let groups = rows.count() / (shape[nd - 2].max(1) as i64);
     let mut step = Step::new(
         format!("op_rope_{}", pos.dtype),
-        [blocks(rows.count() * half as i64, BLOCK as i64), 1, 1],
+        [blocks(groups, 1), 1, 1],
         [BLOCK, 1, 1],
     );
     step.ptrs = vec![Operand::Out(0, 0), Operand::In(0), Operand::In(1)];

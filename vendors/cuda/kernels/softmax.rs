@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::args::{blocks, row_threads, Space};
+use super::args::{blocks, row_threads, Space, ROW_PER_THREAD};
 use super::prepared::{prepare as ready, Operand, Step};
 use super::{unexpected, Family, FLOATS};
 use crate::error::Result;
@@ -39,7 +39,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut step = Step::new(
         "op_softmax",
         [blocks(outer.count(), 1), 1, 1],
-        [row_threads(shape[*axis]), 1, 1],
+        [row_threads(shape[*axis], ROW_PER_THREAD), 1, 1],
     );
     step.ptrs = vec![Operand::Out(0, 0), Operand::In(0)];
     step.args
