@@ -158,8 +158,11 @@ pub fn matmul_epilogue(
         alpha,
         program: Arc::new(program),
     };
-    if device.kind == DeviceKind::Cpu {
-        p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, 0.0);
+    match device.kind {
+        DeviceKind::Cpu => p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, 0.0),
+        // Where cuBLAS computes the product of a non-contiguous output (see the kernel).
+        DeviceKind::Cuda => p.workspace = crate::vendors::cuda::matmul_epilogue_workspace(out),
+        _ => {}
     }
     p.build()
 }

@@ -64,6 +64,7 @@ use graph::{CudaGraph, CudaGraphExec};
 use memory::{AllocKind, PeerInfo};
 use stream::CudaStream;
 
+pub(crate) use kernels::matmul_epilogue_workspace;
 pub use kernels::CompiledKernel;
 
 /// Every CUDA kernel compiled ahead of time for a list of architectures, as `unirt kernels

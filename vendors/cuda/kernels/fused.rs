@@ -15,7 +15,12 @@
 //! The kernel moves 16 bytes per access when every operand is 16-byte aligned (checked on
 //! the device, as the elementwise kernels do), else one element per thread and step of a
 //! grid-stride loop. Its parameters: the output, each input, then `struct Fused { i64 n;
-//! i64 mask; double s[steps]; }` (element count, the opaque zero, each step's scalar).
+//! Chain c; }` (element count, then the program's `struct Chain { i64 mask; double
+//! s[steps]; }`: the opaque zero, each step's scalar).
+//!
+//! The program part — the elementwise functions, `Chain`, `keep` and `chain(c, x0, …)` — is
+//! [`with_chain`], which `matmul_epilogue`'s kernels (matmul.rs) put before their own code:
+//! one generator for every kernel that runs a [`FusedProgram`].
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -35,9 +40,16 @@ use crate::tensor::DType;
 /// The kernel's `extern "C"` name.
 pub(super) const ENTRY: &str = "fused_elementwise";
 
-/// The CUDA C of `prog` over `inputs` inputs for `dtype`: the elementwise functions, then the
-/// generated kernel [`ENTRY`].
-pub(super) fn source(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result<String> {
+/// The CUDA C every kernel running `prog` over `inputs` operands in `dtype` starts with: the
+/// elementwise family's functions (its file with `UNIRT_FUSED`: no kernels), then
+///
+/// - `struct Chain { i64 mask; double s[steps]; }`, the program's by-value parameters
+///   ([`chain_args`]: the opaque zero, each step's scalar);
+/// - `keep(v, mask)`, a result rounded to the dtype as an unfused kernel stores it and hidden
+///   from the compiler;
+/// - `chain(c, x0, …, x{inputs - 1})`, the program over its operands' values (in f32, as
+///   the unfused kernels read them), each step's result passed through `keep`.
+pub(super) fn with_chain(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result<String> {
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(Error::Internal(format!(
             "{FUSED_ELEMENTWISE}: no CUDA kernel for {dtype}"
@@ -63,7 +75,7 @@ pub(super) fn source(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result
                 format!("{}_fn()({}, {})", o.name(), operand(a), operand(b))
             }
             FusedStep::Scalar(o, a, _) => {
-                format!("{}_fn()({}, (float)e.s[{s}])", o.name(), operand(a))
+                format!("{}_fn()({}, (float)c.s[{s}])", o.name(), operand(a))
             }
             FusedStep::Swiglu(up, gate) => {
                 format!("swiglu_fn()({}, {})", operand(up), operand(gate))
@@ -72,6 +84,52 @@ pub(super) fn source(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result
         let _ = writeln!(body, "    float t{s} = keep({call}, m);");
     }
     let last = prog.steps.len() - 1;
+    let steps = prog.steps.len();
+    let xs = (0..inputs)
+        .map(|k| format!("float x{k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(format!(
+        r#"#define UNIRT_FUSED 1
+{elementwise}
+#line 1 "fused_chain.cu"
+// Generated from a FusedProgram of {steps} steps over {inputs} inputs (vendors/cuda/kernels/fused.rs).
+struct Chain {{
+    i64 mask;
+    double s[{steps}];
+}};
+
+// A step's result as the unfused kernel stores it, hidden from the compiler (mask is 0).
+__device__ __forceinline__ float keep(float v, int mask)
+{{
+    return __int_as_float(__float_as_int(to_f32(from_f32<T>(v))) ^ mask);
+}}
+
+__device__ __forceinline__ float chain(const Chain &c, {xs})
+{{
+    int m = (int)c.mask;
+{body}    return t{last};
+}}
+"#,
+        elementwise = op_source(&elementwise::FAMILY, dtype),
+    ))
+}
+
+/// The words of `struct Chain` for `prog` (see [`with_chain`]).
+pub(super) fn chain_args(prog: &FusedProgram, a: &mut Args) {
+    a.int(0);
+    for step in &prog.steps {
+        a.float(match *step {
+            FusedStep::Scalar(_, _, c) => c,
+            _ => 0.0,
+        });
+    }
+}
+
+/// The CUDA C of `prog` over `inputs` inputs for `dtype`: [`with_chain`], then the generated
+/// kernel [`ENTRY`].
+pub(super) fn source(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result<String> {
+    let head = with_chain(prog, inputs, dtype)?;
     let n = inputs;
     let list = |f: &dyn Fn(usize) -> String| (0..n).map(f).collect::<Vec<_>>().join(", ");
     let params = list(&|k| format!("const T *__restrict__ in{k}"));
@@ -83,29 +141,13 @@ pub(super) fn source(prog: &FusedProgram, inputs: usize, dtype: DType) -> Result
     let loads: String = (0..n)
         .map(|k| format!("            TPack p{k} = ((const TPack *)in{k})[p];\n"))
         .collect();
-    let xs = list(&|k| format!("float x{k}"));
-    let steps = prog.steps.len();
     let text = format!(
         r#"
 #line 1 "fused_elementwise.cu"
-// Generated from a FusedProgram of {steps} steps over {n} inputs (vendors/cuda/kernels/fused.rs).
 struct Fused {{
     i64 n;
-    i64 mask;
-    double s[{steps}];
+    Chain c;
 }};
-
-// A step's result as the unfused kernel stores it, hidden from the compiler (mask is 0).
-__device__ __forceinline__ float keep(float v, int mask)
-{{
-    return __int_as_float(__float_as_int(to_f32(from_f32<T>(v))) ^ mask);
-}}
-
-__device__ __forceinline__ float chain(const Fused &e, {xs})
-{{
-    int m = (int)e.mask;
-{body}    return t{last};
-}}
 
 extern "C" __global__ void {ENTRY}(T *__restrict__ out, {params}, Fused e)
 {{
@@ -115,54 +157,47 @@ extern "C" __global__ void {ENTRY}(T *__restrict__ out, {params}, Fused e)
         {{
 {loads}            TPack r;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) r.v[j] = from_f32<T>(chain(e, {vec_args}));
+            for (int j = 0; j < VEC; ++j) r.v[j] = from_f32<T>(chain(e.c, {vec_args}));
             ((TPack *)out)[p] = r;
         }}
         // Fewer than VEC elements are left; the first threads take one each.
         i64 t = packs * VEC + (i64)blockIdx.x * blockDim.x + threadIdx.x;
-        if (t < e.n) out[t] = from_f32<T>(chain(e, {tail_args}));
+        if (t < e.n) out[t] = from_f32<T>(chain(e.c, {tail_args}));
         return;
     }}
-    GRID_LOOP(i, e.n) out[i] = from_f32<T>(chain(e, {elem_args}));
+    GRID_LOOP(i, e.n) out[i] = from_f32<T>(chain(e.c, {elem_args}));
 }}
 "#,
         vec_args = list(&|k| format!("to_f32(p{k}.v[j])")),
         tail_args = args_of(&|k| format!("in{k}[t]")),
         elem_args = args_of(&|k| format!("in{k}[i]")),
     );
-    Ok(format!(
-        "#define UNIRT_FUSED 1\n{}\n{text}",
-        op_source(&elementwise::FAMILY, dtype)
-    ))
+    Ok(format!("{head}{text}"))
 }
 
 /// The by-value parameters of a launch over `n` elements: `struct Fused`.
 fn params(prog: &FusedProgram, n: usize) -> Args {
     let mut a = Args::new();
-    a.int(n).int(0);
-    for step in &prog.steps {
-        a.float(match *step {
-            FusedStep::Scalar(_, _, c) => c,
-            _ => 0.0,
-        });
-    }
+    a.int(n);
+    chain_args(prog, &mut a);
     a
 }
 
-/// The module name of a generated source: unique per source (it keys the image caches).
-fn module_name(dtype: DType, text: &str) -> String {
+/// The module name of a generated source, `<kind>-<dtype>-<hash>`: unique per source (it
+/// keys the image caches and a device's loaded modules).
+pub(super) fn module_name(kind: &str, dtype: DType, text: &str) -> String {
     let hash: String = Sha256::digest(text.as_bytes())
         .iter()
         .take(12)
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("fused-{dtype}-{hash}")
+    format!("{kind}-{dtype}-{hash}")
 }
 
 pub(super) fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (prog, out) = planned(spec)?;
     let text = source(prog, spec.inputs.len(), spec.dtype)?;
-    let name = module_name(spec.dtype, &text);
+    let name = module_name("fused", spec.dtype, &text);
     let func = with_backend(spec, |b| {
         b.module_function_of(&name, "fused_elementwise.cu", || text, ENTRY)
     })??;

@@ -1,19 +1,24 @@
-//! Plans the matmul kernel (`matmul.cu`): 64×64 output tiles (grid x over columns, y over
-//! rows, z over the broadcast batch), any strides.
+//! Plans the matmul kernels (`matmul.cu`): 64×64 output tiles (grid x over columns, y over
+//! rows, z over the broadcast batch), any strides — or cuBLAS, when it is loaded and takes
+//! the layouts. The family registers `matmul_epilogue` too; its plans are in
+//! `matmul_epilogue.rs`.
 
 use std::sync::Arc;
 
 use super::args::Space;
-use super::prepared::{prepare as ready, with_backend, Operand, Step};
+use super::prepared::{prepare as prepare_family, with_backend, Operand, Step};
 use super::{unexpected, Family, FLOATS};
-use crate::error::Result;
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::ops::matmul::MATMUL_EPILOGUE;
 use crate::ops::{Params, PlanSpec, PreparedKernel, TensorDesc};
+use crate::tensor::{DType, Layout};
 use crate::vendors::cuda::blas::{self, Gemm};
 
 pub(super) const FAMILY: Family = Family {
     name: "matmul",
     text: include_str!("matmul.cu"),
-    ops: &["matmul"],
+    ops: &["matmul", MATMUL_EPILOGUE],
     dtypes: FLOATS,
     entries: &["op_matmul"],
     prepare,
@@ -21,11 +26,14 @@ pub(super) const FAMILY: Family = Family {
     source_dtype: super::own_source,
 };
 
-const TILE: usize = 64;
+pub(super) const TILE: usize = 64;
+
+/// Words of `struct Mm` (the tiles' parameters; `FAMILY.params`).
+pub(super) const MM_WORDS: usize = 45;
 
 /// `t`'s batch strides aligned to `batch` (0 where it broadcasts).
-fn batch_strides(batch: &[usize], t: &TensorDesc) -> Vec<i64> {
-    let (s, st) = (t.layout.shape(), t.layout.strides());
+fn batch_strides(batch: &[usize], t: &Layout) -> Vec<i64> {
+    let (s, st) = (t.shape(), t.strides());
     let own = s.len() - 2;
     let skip = batch.len() - own.min(batch.len());
     (0..batch.len())
@@ -39,22 +47,102 @@ fn batch_strides(batch: &[usize], t: &TensorDesc) -> Vec<i64> {
         .collect()
 }
 
+/// A row and a column stride.
+pub(super) type RowCol = (i64, i64);
+
+/// One GEMM's geometry: `C [.., m, n] = A [.., m, k] · B [.., k, n]`, each matrix's row and
+/// column strides, and the batch space over A, B, C (then any further operands' batch
+/// strides the caller adds, an epilogue's).
+pub(super) struct Geometry {
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) a: RowCol,
+    pub(super) b: RowCol,
+    pub(super) c: RowCol,
+    pub(super) space: Space,
+}
+
+impl Geometry {
+    pub(super) fn new(
+        op: &str,
+        a: &Layout,
+        b: &Layout,
+        c: &Layout,
+        more: &[Vec<i64>],
+    ) -> Result<Self> {
+        let cs = c.shape();
+        let nd = cs.len();
+        let batch = &cs[..nd - 2];
+        let mut strides = vec![
+            batch_strides(batch, a),
+            batch_strides(batch, b),
+            batch_strides(batch, c),
+        ];
+        strides.extend(more.iter().cloned());
+        let two = |t: &Layout| {
+            let st = t.strides();
+            (st[st.len() - 2] as i64, st[st.len() - 1] as i64)
+        };
+        Ok(Geometry {
+            m: cs[nd - 2],
+            n: cs[nd - 1],
+            k: a.shape()[a.ndim() - 1],
+            a: two(a),
+            b: two(b),
+            c: two(c),
+            space: Space::new(op, batch, &strides)?,
+        })
+    }
+
+    /// The tile kernel `entry` over this GEMM: grid, the pointers A, B, C and `struct Mm`.
+    pub(super) fn tiles(&self, entry: &str, alpha: f64, beta: f64) -> Result<Step> {
+        let (m, n) = (self.m, self.n);
+        if m.div_ceil(TILE) > 65535 {
+            return Err(Error::unsupported(
+                format!(
+                    "matmul with {m} rows (the CUDA kernel takes up to {} rows)",
+                    65535 * TILE
+                ),
+                DeviceKind::Cuda,
+            ));
+        }
+        let grid = [
+            n.div_ceil(TILE).clamp(1, i32::MAX as usize) as u32,
+            m.div_ceil(TILE).clamp(1, 65535) as u32,
+            self.space.count().clamp(1, 65535) as u32,
+        ];
+        let mut step = Step::new(entry, grid, [256, 1, 1]);
+        step.ptrs = vec![Operand::In(0), Operand::In(1), Operand::Out(0, 0)];
+        let s = &self.space;
+        step.args.space(s).strides(s, 0).strides(s, 1).strides(s, 2);
+        let (a, b, c) = (self.a, self.b, self.c);
+        for v in [
+            m as i64,
+            n as i64,
+            self.k as i64,
+            a.0,
+            a.1,
+            b.0,
+            b.1,
+            c.0,
+            c.1,
+        ] {
+            step.args.int(v);
+        }
+        step.args.float(alpha).float(beta);
+        Ok(step)
+    }
+}
+
 /// The cuBLAS call computing this matmul, when the layouts fit one: row-major `C = A·B` is
 /// column-major `Cᵀ = Bᵀ·Aᵀ`, so cuBLAS sees (B, A) with m and n swapped; each matrix needs a
 /// unit stride in one of its two dimensions, C in its columns, and the batch at most one
 /// evenly strided dimension.
-#[allow(clippy::too_many_arguments)]
-fn blas_gemm(
-    spec: &PlanSpec<'_>,
-    space: &Space,
-    (m, n, k): (usize, usize, usize),
-    (a_sm, a_sk): (i64, i64),
-    (b_sk, b_sn): (i64, i64),
-    (c_sm, c_sn): (i64, i64),
-    alpha: f64,
-    beta: f64,
-) -> Option<Gemm> {
-    let dtype = blas::data_type(spec.dtype)?;
+fn blas_gemm(dtype: DType, g: &Geometry, alpha: f64, beta: f64) -> Option<Gemm> {
+    let dtype = blas::data_type(dtype)?;
+    let (m, n, k, space) = (g.m, g.n, g.k, &g.space);
+    let ((a_sm, a_sk), (b_sk, b_sn), (c_sm, c_sn)) = (g.a, g.b, g.c);
     // An empty product (k = 0: C = β·C) is unirt's own kernel's: cuBLAS refuses the leading
     // dimensions of an empty operand (CUBLAS_STATUS_INVALID_VALUE on an H100).
     if m == 0 || n == 0 || k == 0 {
@@ -114,72 +202,44 @@ fn blas_gemm(
     })
 }
 
+/// The cuBLAS GEMM for `g`, when cuBLAS takes its layouts and this device has a handle.
+pub(super) fn cublas_for(
+    spec: &PlanSpec<'_>,
+    g: &Geometry,
+    alpha: f64,
+    beta: f64,
+) -> Result<Option<Gemm>> {
+    match blas_gemm(spec.dtype, g, alpha, beta) {
+        Some(gemm) if with_backend(spec, |b| b.blas_handle().is_ok())? => Ok(Some(gemm)),
+        _ => Ok(None),
+    }
+}
+
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
-    let (Params::Matmul { alpha, beta }, [a, b], [c]) = (spec.params, spec.inputs, spec.outputs)
-    else {
-        return Err(unexpected(spec, FAMILY.name));
-    };
-    let cs = c.layout.shape();
-    let nd = cs.len();
-    let (m, n) = (cs[nd - 2], cs[nd - 1]);
-    let k = a.layout.shape()[a.layout.shape().len() - 1];
-    let batch = &cs[..nd - 2];
-    let space = Space::new(
-        "matmul",
-        batch,
-        &[
-            batch_strides(batch, a),
-            batch_strides(batch, b),
-            batch_strides(batch, c),
-        ],
-    )?;
-    let two = |t: &TensorDesc| {
-        let st = t.layout.strides();
-        (st[st.len() - 2] as i64, st[st.len() - 1] as i64)
-    };
-    let ((a_sm, a_sk), (b_sk, b_sn), (c_sm, c_sn)) = (two(a), two(b), two(c));
-    if let Some(g) = blas_gemm(
-        spec,
-        &space,
-        (m, n, k),
-        (a_sm, a_sk),
-        (b_sk, b_sn),
-        (c_sm, c_sn),
-        *alpha,
-        *beta,
-    ) {
-        if with_backend(spec, |b| b.blas_handle().is_ok())? {
-            // cuBLAS's first operand is our B, its second our A.
-            let step = Step::blas(g, [Operand::In(1), Operand::In(0), Operand::Out(0, 0)]);
-            return ready(spec, &FAMILY, spec.dtype, vec![step]);
+    match (spec.params, spec.inputs, spec.outputs) {
+        (Params::Matmul { alpha, beta }, [a, b], [c]) => matmul(spec, (a, b, c), *alpha, *beta),
+        (Params::MatmulEpilogue { alpha, program }, [a, b, extras @ ..], [c])
+            if spec.op == MATMUL_EPILOGUE =>
+        {
+            super::matmul_epilogue::plan(spec, (a, b, c), extras, *alpha, program)
         }
+        _ => Err(unexpected(spec, FAMILY.name)),
     }
-    let grid = [
-        n.div_ceil(TILE).clamp(1, i32::MAX as usize) as u32,
-        m.div_ceil(TILE).clamp(1, 65535) as u32,
-        space.count().clamp(1, 65535) as u32,
-    ];
-    let mut step = Step::new("op_matmul", grid, [256, 1, 1]);
-    step.ptrs = vec![Operand::In(0), Operand::In(1), Operand::Out(0, 0)];
-    step.args
-        .space(&space)
-        .strides(&space, 0)
-        .strides(&space, 1)
-        .strides(&space, 2);
-    for v in [
-        m as i64, n as i64, k as i64, a_sm, a_sk, b_sk, b_sn, c_sm, c_sn,
-    ] {
-        step.args.int(v);
+}
+
+/// `matmul`: cuBLAS where it takes the layouts, else `op_matmul`.
+fn matmul(
+    spec: &PlanSpec<'_>,
+    (a, b, c): (&TensorDesc, &TensorDesc, &TensorDesc),
+    alpha: f64,
+    beta: f64,
+) -> Result<Arc<dyn PreparedKernel>> {
+    let g = Geometry::new(spec.op, &a.layout, &b.layout, &c.layout, &[])?;
+    if let Some(gemm) = cublas_for(spec, &g, alpha, beta)? {
+        // cuBLAS's first operand is our B, its second our A.
+        let step = Step::blas(gemm, [Operand::In(1), Operand::In(0), Operand::Out(0, 0)]);
+        return prepare_family(spec, &FAMILY, spec.dtype, vec![step]);
     }
-    step.args.float(*alpha).float(*beta);
-    if m.div_ceil(TILE) > 65535 {
-        return Err(crate::Error::unsupported(
-            format!(
-                "matmul with {m} rows (the CUDA kernel takes up to {} rows)",
-                65535 * TILE
-            ),
-            crate::DeviceKind::Cuda,
-        ));
-    }
-    ready(spec, &FAMILY, spec.dtype, vec![step])
+    let step = g.tiles("op_matmul", alpha, beta)?;
+    prepare_family(spec, &FAMILY, spec.dtype, vec![step])
 }

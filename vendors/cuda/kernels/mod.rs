@@ -24,6 +24,7 @@ mod elementwise;
 mod embedding;
 mod fused;
 mod matmul;
+mod matmul_epilogue;
 mod norm;
 mod rearrange;
 mod reduce;
@@ -36,6 +37,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+pub(crate) use matmul_epilogue::epilogue_workspace as matmul_epilogue_workspace;
 
 use super::nvrtc::{Nvrtc, Target};
 use crate::device::DeviceKind;
@@ -207,7 +210,8 @@ pub(crate) fn register(reg: &mut KernelRegistry) {
             }
         }
     }
-    // Generated per program at plan time, not from a family's template.
+    // Generated per program at plan time, not from a family's template (matmul_epilogue's
+    // kernels too, registered by the matmul family).
     for &dt in FLOATS {
         reg.builtin(
             crate::ops::fused::FUSED_ELEMENTWISE,
@@ -292,6 +296,24 @@ fn units() -> Vec<Unit> {
                 entries: vec![fused::ENTRY.to_string()],
                 param_bytes: Some(fused::param_bytes(&sample, 2)),
             });
+        }
+    }
+    // Both matmul_epilogue kernels, generated for a program reading every extra operand.
+    let (sample, extras) = matmul_epilogue::sample_program();
+    for &dt in FLOATS {
+        for kernel in [
+            matmul_epilogue::EpilogueKernel::Gemm,
+            matmul_epilogue::EpilogueKernel::Pass,
+        ] {
+            if let Ok(text) = matmul_epilogue::epilogue_source(&sample, extras, dt, kernel) {
+                u.push(Unit {
+                    label: format!("matmul_epilogue/{dt}:"),
+                    file: "matmul_epilogue.cu".into(),
+                    text,
+                    entries: vec![kernel.entry().to_string()],
+                    param_bytes: Some(kernel.param_bytes(sample.steps.len()) as u32),
+                });
+            }
         }
     }
     u
@@ -510,7 +532,7 @@ mod tests {
             eprintln!("skipped: NVRTC not found");
             return;
         };
-        let cases: [(&Family, &str, &[DType], u32); 5] = [
+        let cases: [(&Family, &str, &[DType], u32); 6] = [
             (&norm::FAMILY, "op_rms_norm", &[DType::F32, DType::BF16], 64),
             (
                 &norm::FAMILY,
