@@ -692,7 +692,6 @@ impl WgpuBackend {
                 (windows[i], rels[i]) = k.window(buf, *off, len)?;
             }
         }
-        let windows = &windows[..nbuf];
         let mut imm = [0u32; 4];
         let mut slot = 0;
         let mut rels = rels[..nbuf].iter();
@@ -725,7 +724,7 @@ impl WgpuBackend {
         imm[slot.min(3)] = checked.n;
         let which = match which {
             kernels::Which::AddF32
-                if windows.len() == 3
+                if nbuf == 3
                     && windows[2].buf.id != windows[0].buf.id
                     && windows[2].buf.id != windows[1].buf.id =>
             {
@@ -733,12 +732,22 @@ impl WgpuBackend {
             }
             w => w,
         };
+        // Bound at every pointer, add_f32 runs without immediates: `out` bound to exactly its
+        // n elements gives the count (see kernels/fixed.rs). Its last buffer is `out`.
+        let (which, imm) = match which.sized() {
+            Some(sized) if is_direct => {
+                windows[nbuf - 1].size = memory::ceil4(len);
+                (sized, stream::Imm::NONE)
+            }
+            _ => (which, stream::Imm::four(imm)),
+        };
+        let windows = &windows[..nbuf];
         let pipeline = k.pipeline_variant(&self.gpu.device, which, is_direct)?;
         let group = k.bind_group(&self.gpu.device, which, windows)?;
         let cmd = Cmd::Dispatch {
             pipeline,
             group,
-            imm: stream::Imm::four(imm),
+            imm,
             groups: k.groups_for(u64::from(checked.n)),
         };
         let work = checked.buffers.iter().map(|(_, l)| *l).sum();

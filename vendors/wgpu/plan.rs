@@ -104,7 +104,8 @@ impl Plan {
                     group = Some(g.clone());
                     steps.push(Step::Group(g));
                 }
-                if imm != Some(i) {
+                // A kernel without immediates (`Imm::NONE`) has nothing to set.
+                if i.len > 0 && imm != Some(i) {
                     imm = Some(i);
                     steps.push(Step::Immediates(i));
                 }

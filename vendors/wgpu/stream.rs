@@ -54,7 +54,7 @@ impl BufClear {
 }
 
 /// The immediates of one dispatch: the first `len` words of `words` (the HAL's fixed kernels
-/// take 4 words, the operator kernels 8).
+/// take 4 words, the operator kernels 8, the `*Sized` fixed kernels none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Imm {
     pub words: [u32; 8],
@@ -62,6 +62,12 @@ pub(crate) struct Imm {
 }
 
 impl Imm {
+    /// None: a kernel without immediates (nothing is set for its dispatch).
+    pub const NONE: Imm = Imm {
+        words: [0; 8],
+        len: 0,
+    };
+
     /// Four words (the fixed kernels' immediates).
     pub fn four(w: [u32; 4]) -> Self {
         Imm {

@@ -141,8 +141,15 @@ fn kernels_at_interior_pointers() {
         let base = b.malloc(4 * 4096).unwrap();
         let vals: Vec<f32> = (0..4096).map(|i| i as f32 * 0.25).collect();
         b.copy_to_device(base, bytemuck::cast_slice(&vals)).unwrap();
-        // (a, b, out) element offsets: aligned, unaligned, and out aliasing a.
-        for (ea, eb, eo) in [(0u64, 1024, 2048), (1, 1029, 2051), (3, 1500, 3)] {
+        // (a, b, out) element offsets: aligned (the kernel without immediates, `out` bound to
+        // its n elements: the rest of the buffer is checked untouched), aligned with out
+        // aliasing a, unaligned, and unaligned with out aliasing a.
+        for (ea, eb, eo) in [
+            (0u64, 1024, 2048),
+            (0, 1024, 0),
+            (1, 1029, 2051),
+            (3, 1500, 3),
+        ] {
             let mut want: Vec<f32> = b
                 .read_vec(base, 4 * 4096)
                 .unwrap()

@@ -8,7 +8,17 @@
 //! - launch-bound, in two shapes (100 × `add_f32` on 256 floats, 1000 × `add_f32` on 1
 //!   float): issued eagerly, against the same launches captured once and replayed, against
 //!   the plain-wgpu program doing the same dispatches (one pass, one prepared bind group, one
-//!   submit); each also timed for issue alone (no wait).
+//!   submit), the three sampled in turn; each also timed for issue alone (no wait).
+//!
+//! Same work on both sides: the same WGSL arithmetic with 256-invocation workgroups, one
+//! workgroup per 256 elements, `a` and `b` bound read-only and `out` read-write over buffers of
+//! exactly n floats, no immediates (unirt binds its three pointers directly and takes the
+//! count from `out`'s binding, see vendors/wgpu/kernels/fixed.rs).
+//!
+//! The issue-only figures are not like for like: unirt's eager one is recording the launches
+//! (the batch is encoded into wgpu's command encoder, and submitted, inside the synchronize),
+//! its replay one is handing the prepared plan to the submitter thread (which encodes it),
+//! the plain one is the whole wgpu encode and submit.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -39,7 +49,8 @@ enum Row {
         workload: String,
         eager_ms: f64,
         replay_ms: f64,
-        /// Issuing the launches alone (no wait): unirt's own per-launch cost.
+        /// Issuing the launches alone (no wait): unirt's own per-launch cost. The wgpu
+        /// encoding of the batch is not in it: that happens at the synchronize.
         eager_issue_ms: f64,
         /// `graph_launch` alone (no wait): encoding the prepared plan and handing it over.
         replay_issue_ms: f64,
@@ -51,24 +62,24 @@ enum Row {
     },
 }
 
-/// Median milliseconds of `a` and `b`, sampled alternately after one warm-up of each.
-fn time_pair(
+/// Median milliseconds of each of `runs`, sampled in turn (a round of each, then the next
+/// round) after one warm-up of each: every side sees the same device state (clocks, caches).
+fn time_alternating<const N: usize>(
     reps: usize,
-    mut a: impl FnMut() -> CliResult<()>,
-    mut b: impl FnMut() -> CliResult<()>,
-) -> CliResult<(f64, f64)> {
-    a()?;
-    b()?;
-    let (mut sa, mut sb) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
-    for _ in 0..reps {
-        let t = Instant::now();
-        a()?;
-        sa.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        b()?;
-        sb.push(t.elapsed().as_secs_f64() * 1e3);
+    mut runs: [&mut dyn FnMut() -> CliResult<()>; N],
+) -> CliResult<[f64; N]> {
+    for run in runs.iter_mut() {
+        run()?;
     }
-    Ok((median(&mut sa), median(&mut sb)))
+    let mut samples: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(reps));
+    for _ in 0..reps {
+        for (run, s) in runs.iter_mut().zip(samples.iter_mut()) {
+            let t = Instant::now();
+            run()?;
+            s.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(samples.map(|mut s| median(&mut s)))
 }
 
 /// Median milliseconds of issuing the 100 launches, and of one `graph_launch`, each followed
@@ -130,29 +141,31 @@ pub fn run(device: &str, json: Option<&Path>, reps: usize) -> CliResult<ExitCode
         None
     };
     let mut plain_result = vec![0f32; n];
-    let (unirt_ms, plain_ms) = time_pair(
+    let [unirt_ms, plain_ms] = time_alternating(
         reps,
-        || {
-            for _ in 0..LAUNCHES {
-                dev.launch("add_f32", &args, s)?;
-            }
-            // SAFETY: `result` is a live vector of 4n bytes; the copy completes on return.
-            unsafe {
-                dev.memcpy_async(
-                    result.as_mut_ptr() as usize as u64,
-                    out.0,
-                    4 * n,
-                    unirt::MemcpyKind::D2H,
-                    s,
-                )?
-            };
-            dev.stream_synchronize(s)?;
-            Ok(())
-        },
-        || match &plain {
-            Some(p) => p.run(LAUNCHES, &mut plain_result, true),
-            None => Ok(()),
-        },
+        [
+            &mut || {
+                for _ in 0..LAUNCHES {
+                    dev.launch("add_f32", &args, s)?;
+                }
+                // SAFETY: `result` is a live vector of 4n bytes; the copy completes on return.
+                unsafe {
+                    dev.memcpy_async(
+                        result.as_mut_ptr() as usize as u64,
+                        out.0,
+                        4 * n,
+                        unirt::MemcpyKind::D2H,
+                        s,
+                    )?
+                };
+                dev.stream_synchronize(s)?;
+                Ok(())
+            },
+            &mut || match &plain {
+                Some(p) => p.run(LAUNCHES, &mut plain_result, true),
+                None => Ok(()),
+            },
+        ],
     )?;
     let want = a_host[n - 1] + b_host[n - 1];
     let got = f32::from_le_bytes([
@@ -217,24 +230,26 @@ fn launch_bound(
     let graph = dev.end_capture(s)?;
     captured?;
     let exec = dev.graph_instantiate(graph)?;
-    let (eager_ms, replay_ms) = time_pair(
-        reps,
-        || {
-            issue(dev, s)?;
-            dev.stream_synchronize(s)?;
-            Ok(())
-        },
-        || {
-            dev.graph_launch(exec, s)?;
-            dev.stream_synchronize(s)?;
-            Ok(())
-        },
-    )?;
-    let (eager_issue_ms, replay_issue_ms) = issue_only(dev, s, exec, reps, &issue)?;
     let zeros = vec![0f32; elems as usize];
     let p = plain::Plain::new(&info.name, &info.api, &zeros, &zeros)?;
     let mut host = vec![0f32; elems as usize];
-    let (plain_ms, _) = time_pair(reps, || p.run(launches, &mut host, false), || Ok(()))?;
+    let [eager_ms, replay_ms, plain_ms] = time_alternating(
+        reps,
+        [
+            &mut || {
+                issue(dev, s)?;
+                dev.stream_synchronize(s)?;
+                Ok(())
+            },
+            &mut || {
+                dev.graph_launch(exec, s)?;
+                dev.stream_synchronize(s)?;
+                Ok(())
+            },
+            &mut || p.run(launches, &mut host, false),
+        ],
+    )?;
+    let (eager_issue_ms, replay_issue_ms) = issue_only(dev, s, exec, reps, &issue)?;
     let plain_issue_ms = p.issue_only(launches, reps)?;
     println!(
         "{workload:<18}eager {eager_ms:8.3} ms   replay {replay_ms:8.3} ms   plain wgpu {plain_ms:8.3} ms   eager/plain {:.2}  replay/plain {:.2}",

@@ -9,6 +9,12 @@
 //! that buffer, so the cache hits), else a window starting at the offset aligned down to
 //! `min_storage_buffer_offset_alignment`; the element offset inside the binding goes in the
 //! immediates. Bind groups are cached by (layout, buffers, windows).
+//!
+//! `add_f32` has a third form for the common launch whose buffers all bind exactly at their
+//! pointers: `out` bound to exactly its elements, the count read as that binding's length,
+//! and no immediates at all (the `*Sized` kernels, through pipeline layouts without an
+//! immediate range) — the shape a plain wgpu program has, and cheaper per dispatch on drivers
+//! that copy immediates into every dispatch (see `fixed.wgsl`).
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -51,6 +57,11 @@ pub(crate) enum Which {
     AddF32NoAlias,
     Memset,
     CopyBytes,
+    /// `AddF32` without immediates: every buffer bound at its pointer, `out` to exactly its
+    /// n elements (n is that binding's length).
+    AddF32Sized,
+    /// `AddF32NoAlias` without immediates, bound as `AddF32Sized`.
+    AddF32NoAliasSized,
 }
 
 /// Bind group layouts: the access of each binding.
@@ -83,10 +94,11 @@ impl Which {
         match self {
             Which::Fill => section(ELEMENTWISE, "fill").into(),
             Which::AddF32 => section(ELEMENTWISE, "add_f32").into(),
-            Which::AddF32NoAlias => section(ELEMENTWISE, "add_f32")
-                .replace("var<storage, read_write> a:", "var<storage, read> a:")
-                .replace("var<storage, read_write> b:", "var<storage, read> b:")
-                .into(),
+            Which::AddF32NoAlias => read_only_inputs(section(ELEMENTWISE, "add_f32")).into(),
+            Which::AddF32Sized => section(ELEMENTWISE, "add_f32_sized").into(),
+            Which::AddF32NoAliasSized => {
+                read_only_inputs(section(ELEMENTWISE, "add_f32_sized")).into()
+            }
             Which::Memset => include_str!("../builtin/memset.wgsl").into(),
             Which::CopyBytes => include_str!("../builtin/copy_bytes.wgsl").into(),
         }
@@ -97,15 +109,33 @@ impl Which {
         match self {
             Which::Fill | Which::Memset => 0,
             Which::CopyBytes => 1,
-            Which::AddF32 => 2,
-            Which::AddF32NoAlias => 3,
+            Which::AddF32 | Which::AddF32Sized => 2,
+            Which::AddF32NoAlias | Which::AddF32NoAliasSized => 3,
+        }
+    }
+
+    /// Whether the kernel takes immediates (all but the `*Sized` ones).
+    fn immediates(self) -> bool {
+        !matches!(self, Which::AddF32Sized | Which::AddF32NoAliasSized)
+    }
+
+    /// The kernel without immediates that does this one's work when every buffer binds at its
+    /// pointer and `out` binds to exactly its elements, if there is one.
+    pub fn sized(self) -> Option<Which> {
+        match self {
+            Which::AddF32 => Some(Which::AddF32Sized),
+            Which::AddF32NoAlias => Some(Which::AddF32NoAliasSized),
+            _ => None,
         }
     }
 
     fn name(self) -> &'static str {
         match self {
             Which::Fill => "fill",
-            Which::AddF32 | Which::AddF32NoAlias => "add_f32",
+            Which::AddF32
+            | Which::AddF32NoAlias
+            | Which::AddF32Sized
+            | Which::AddF32NoAliasSized => "add_f32",
             Which::Memset => "unirt_memset",
             Which::CopyBytes => "unirt_copy_bytes",
         }
@@ -127,6 +157,12 @@ impl Which {
     }
 }
 
+/// `add_f32`'s WGSL with `a` and `b` bound read-only (`out` is a buffer of its own).
+fn read_only_inputs(text: &str) -> String {
+    text.replace("var<storage, read_write> a:", "var<storage, read> a:")
+        .replace("var<storage, read_write> b:", "var<storage, read> b:")
+}
+
 /// One buffer binding: the buffer, and the window of it that is bound.
 #[derive(Clone, Copy)]
 pub(crate) struct Window<'a> {
@@ -140,8 +176,10 @@ type BindKey = (Which, [(u64, u64, u64); 3]);
 /// Pipelines and bind groups of one device.
 pub(crate) struct Kernels {
     layouts: Vec<wgpu::BindGroupLayout>,
-    pipe_layouts: Vec<wgpu::PipelineLayout>,
-    pipelines: [OnceLock<Result<wgpu::ComputePipeline>>; 10],
+    /// Per bind group layout: the pipeline layout with the kernels' immediates, and one
+    /// without (the `*Sized` kernels').
+    pipe_layouts: Vec<[wgpu::PipelineLayout; 2]>,
+    pipelines: [OnceLock<Result<wgpu::ComputePipeline>>; 14],
     groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     /// Why kernels cannot run here (no immediates), if so.
     unavailable: Option<String>,
@@ -189,17 +227,20 @@ impl Kernels {
                 label: Some("unirt"),
                 entries: &entries,
             });
-            let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("unirt"),
-                bind_group_layouts: &[Some(&bgl)],
-                immediate_size: if unavailable.is_none() {
-                    IMMEDIATE_BYTES
-                } else {
-                    0
-                },
-            });
+            let pl = |immediate_size| {
+                device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some("unirt"),
+                    bind_group_layouts: &[Some(&bgl)],
+                    immediate_size,
+                })
+            };
+            let with = if unavailable.is_none() {
+                IMMEDIATE_BYTES
+            } else {
+                0
+            };
+            pipe_layouts.push([pl(with), pl(0)]);
             layouts.push(bgl);
-            pipe_layouts.push(pl);
         }
         let align = u64::from(limits.min_storage_buffer_offset_alignment.max(4));
         Kernels {
@@ -251,7 +292,7 @@ impl Kernels {
         });
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(which.name()),
-            layout: Some(&self.pipe_layouts[which.layout()]),
+            layout: Some(&self.pipe_layouts[which.layout()][usize::from(!which.immediates())]),
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
@@ -393,6 +434,12 @@ mod section_tests {
         assert!(
             !add.contains("p.value"),
             "add_f32's section holds fill's code"
+        );
+        let sized = section(ELEMENTWISE, "add_f32_sized");
+        assert!(sized.contains("fn main") && sized.contains("i < arrayLength(&out)"));
+        assert!(
+            !sized.contains("var<immediate>") && !add.contains("arrayLength"),
+            "add_f32_sized takes immediates, or add_f32's section runs into it"
         );
         assert_eq!(section(ELEMENTWISE, "no_such_kernel"), "");
     }

@@ -51,3 +51,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         out[p.out_off + i] = a[p.a_off + i] + b[p.b_off + i];
     }
 }
+
+// ==== kernel: add_f32_sized ====
+// add_f32 for launches whose buffers are all bound exactly at their pointers, `out` bound to
+// exactly its n elements: the count is the length of that binding, so the kernel takes no
+// immediates. (On NVIDIA's Vulkan driver a pipeline with immediates costs about 0.25 µs more
+// GPU time per dispatch and about twice the host time per recorded dispatch: measured on an
+// H100, 1000 one-workgroup dispatches, 2.34 against 2.09 µs each.) Bindings read_write and
+// aliasing as in add_f32.
+@group(0) @binding(0) var<storage, read_write> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // 2-D grid when one dimension's workgroup limit is too small; row length nwg.x * 256.
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i < arrayLength(&out)) {
+        out[i] = a[i] + b[i];
+    }
+}
