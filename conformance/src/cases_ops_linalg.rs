@@ -281,6 +281,16 @@ fn rope_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), 
                 DType::I64,
                 inter,
                 "scattered positions, head dim 128",
+            )?;
+            // Past the 1024 pairs a CUDA block keeps its angles for (rope.cu's ROPE_TABLE).
+            let (x, vx) = random(&[3, 2, 2 * 1030], -1.0, 1.0, 602, dt, ctx.device)?;
+            check(
+                &x,
+                &vx,
+                &[5.0, 900.0, 17.0],
+                DType::I32,
+                inter,
+                "head dim 2060",
             )
         }
         "strided" => {
