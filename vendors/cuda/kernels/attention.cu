@@ -5,9 +5,10 @@
 //   block of 4 warps per 64 consecutive queries of one (batch, head). Each warp owns 16 query
 //   rows, their Q fragments held in registers; K and V stream through shared memory 64 keys
 //   at a time (asynchronous 16-byte copies where rows are contiguous and aligned, V's copy
-//   overlapping Q·Kᵀ and the next K's overlapping P·V; fragments read by ldmatrix); S = Q·Kᵀ and O += P·V are `mma.sync.m16n8k16` tiles (P rounded to the input
-//   type, as flash attention does; accumulation and the softmax statistics in f32), and the
-//   scores never leave registers.
+//   overlapping Q·Kᵀ and the next K's overlapping P·V; fragments read by ldmatrix); S = Q·Kᵀ
+//   and O += P·V are `mma.sync.m16n8k16` tiles (P rounded to the input type, as flash
+//   attention does; accumulation and the softmax statistics in f32), and the scores never
+//   leave registers.
 // - `op_attention_prefill` (elsewhere): SIMT, a block of 4 warps per 4 queries (a warp per
 //   query row, lane l holding elements l, l + 32, … of q and of its accumulator); K and V
 //   stream through shared memory 16 keys at a time.
@@ -269,6 +270,31 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
 }
 #endif
 
+// One key of a warp's online softmax on SIMT cores: lane l holds elements l, l + 32, … of the
+// (scaled) query and of the accumulator; the key's row `krow` and value row `vrow` are read
+// at element strides `kst` and `vst` (from shared memory or global). Updates the running
+// max `m` and sum `l`.
+template <typename E>
+__device__ __forceinline__ void simt_key_step(const float (&q)[MAX_PER_LANE], float (&acc)[MAX_PER_LANE], float &m, float &l,
+                                              const E *krow, i64 kst, const E *vrow, i64 vst, i64 d)
+{
+    int lane = threadIdx.x & 31;
+    float s = 0.0f;
+    for (int e = 0; e < MAX_PER_LANE; ++e) {
+        i64 c = lane + 32 * e;
+        if (c < d) s += q[e] * to_f32(krow[c * kst]);
+    }
+    s = warp_sum(s);
+    float mn = fmaxf(m, s);
+    float corr = expf(m - mn), w = expf(s - mn);
+    l = l * corr + w;
+    for (int e = 0; e < MAX_PER_LANE; ++e) {
+        i64 c = lane + 32 * e;
+        if (c < d) acc[e] = acc[e] * corr + w * to_f32(vrow[c * vst]);
+    }
+    m = mn;
+}
+
 // The SIMT prefill of queries first .. first + 3 (a warp each).
 __device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, i64 first, unsigned char *smem)
 {
@@ -303,22 +329,7 @@ __device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, con
         }
         __syncthreads();
         if (!active) continue;
-        for (int j = 0; j < KEYS && j0 + j < visible; ++j) {
-            float s = 0.0f;
-            for (int e = 0; e < MAX_PER_LANE; ++e) {
-                i64 c = lane + 32 * e;
-                if (c < p.d) s += q[e] * ks[j][c];
-            }
-            s = warp_sum(s);
-            float mn = fmaxf(m, s);
-            float corr = expf(m - mn), w = expf(s - mn);
-            l = l * corr + w;
-            for (int e = 0; e < MAX_PER_LANE; ++e) {
-                i64 c = lane + 32 * e;
-                if (c < p.d) acc[e] = acc[e] * corr + w * vs[j][c];
-            }
-            m = mn;
-        }
+        for (int j = 0; j < KEYS && j0 + j < visible; ++j) simt_key_step(q, acc, m, l, ks[j], 1, vs[j], 1, p.d);
     }
     if (!active) return;
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -496,24 +507,8 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_decode(float *ws,
             acc[e] = 0.0f;
         }
         float m = UNIRT_NEG_INF, l = 0.0f;
-        for (i64 j = j0 + warp; j < j1; j += DECODE_WARPS) {
-            const T *krow = kbase + j * p.k_st[2];
-            const T *vrow = vbase + j * p.v_st[2];
-            float s = 0.0f;
-            for (int e = 0; e < MAX_PER_LANE; ++e) {
-                i64 c = lane + 32 * e;
-                if (c < p.d) s += q[e] * to_f32(krow[c * p.k_st[3]]);
-            }
-            s = warp_sum(s);
-            float mn = fmaxf(m, s);
-            float corr = expf(m - mn), w = expf(s - mn);
-            l = l * corr + w;
-            for (int e = 0; e < MAX_PER_LANE; ++e) {
-                i64 c = lane + 32 * e;
-                if (c < p.d) acc[e] = acc[e] * corr + w * to_f32(vrow[c * p.v_st[3]]);
-            }
-            m = mn;
-        }
+        for (i64 j = j0 + warp; j < j1; j += DECODE_WARPS)
+            simt_key_step(q, acc, m, l, kbase + j * p.k_st[2], p.k_st[3], vbase + j * p.v_st[2], p.v_st[3], p.d);
         for (int e = 0; e < MAX_PER_LANE; ++e) {
             i64 c = lane + 32 * e;
             if (c < p.d) part_acc[warp][c] = acc[e];

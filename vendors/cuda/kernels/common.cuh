@@ -271,7 +271,8 @@ __device__ __forceinline__ u32 pack2(u16 lo, u16 hi) { return (u32)lo | ((u32)hi
 // the row kernels cap their registers at 64 (`__launch_bounds__(1024)`), so several rows are
 // in flight on each multiprocessor: with 8 packs and the block fixed at 256 threads,
 // `op_rms_norm` took 159 registers — one block, one row, per multiprocessor — and ran at
-// 0.17× PyTorch on an H200 in bf16.
+// 0.17× PyTorch on an H200 in bf16. (`op_softmax` uses this cache; `op_rms_norm` now holds
+// its row raw, norm.cu.)
 #define ROW_PACKS 4
 typedef float RowCache[ROW_PACKS][4];
 
@@ -315,27 +316,6 @@ template <typename E> __device__ __forceinline__ void row_store(E *y, const RowC
 #pragma unroll
             for (int l = 0; l < 4; ++l)
                 if (j + l < len) y[j + l] = from_f32<E>(c[k][l]);
-        }
-    }
-}
-
-// `c` · `scale` · w into elements [0, len) of `y`, w read pack by pack (not held in registers:
-// a weight row is read by every block and stays in cache).
-template <typename E> __device__ __forceinline__ void row_store_scaled(E *y, const RowCache &c, float scale, const E *w, i64 len)
-{
-    bool vec = aligned_to(y, sizeof(E) * 4) && aligned_to(w, sizeof(E) * 4);
-#pragma unroll
-    for (int k = 0; k < ROW_PACKS; ++k) {
-        i64 j = row_at(k, 0);
-        if (vec && j + 4 <= len) {
-            Pack<E, 4> g = *(const Pack<E, 4> *)(w + j), p;
-#pragma unroll
-            for (int l = 0; l < 4; ++l) p.v[l] = from_f32<E>(c[k][l] * scale * to_f32(g.v[l]));
-            *(Pack<E, 4> *)(y + j) = p;
-        } else {
-#pragma unroll
-            for (int l = 0; l < 4; ++l)
-                if (j + l < len) y[j + l] = from_f32<E>(c[k][l] * scale * to_f32(w[j + l]));
         }
     }
 }

@@ -19,6 +19,10 @@ pub(super) const FAMILY: Family = Family {
     source_dtype: super::own_source,
 };
 
+/// Bytes of its row each thread of `op_rms_norm` holds in registers (`RAW_PACKS` 16-byte
+/// packs, norm.cu): the block is sized so the row fits.
+const RAW_ROW_BYTES: usize = 64;
+
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (Params::Norm { eps }, [out]) = (spec.params, spec.outputs) else {
         return Err(unexpected(spec, FAMILY.name));
@@ -42,9 +46,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut step = Step::new(
         format!("op_{}", spec.op),
         [blocks(rows.count(), 1), 1, 1],
-        // rms_norm holds 64 bytes of its row a thread (`RAW_PACKS` 16-byte packs, norm.cu);
         // layer_norm walks the row, any block size.
-        [row_threads(shape[nd - 1], 64 / spec.dtype.size()), 1, 1],
+        [
+            row_threads(shape[nd - 1], RAW_ROW_BYTES / spec.dtype.size()),
+            1,
+            1,
+        ],
     );
     // rms_norm has no bias: the weight stands in (never read).
     let bias = if spec.inputs.len() == 3 { 2 } else { 1 };
