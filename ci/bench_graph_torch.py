@@ -8,8 +8,8 @@ Usage: bench_graph_torch.py [OUT_JSON] [--device cuda:0]
 Prints and writes {"device", "rows": [{"workload": "decode_step", "eager_ms",
 "cuda_graph_ms"}]} — medians over 200 steps, each ending with a synchronize. The host part of
 a step (reading the token back) is outside both timings, as the replay side times only the
-device work: compare with unirt's decode_step row on the same GPU, which includes its host
-step on both sides.
+device work: compare with unirt's decode_step_device row on the same GPU (the same device
+work; unirt's decode_step row also includes its host step, on both sides).
 """
 import json
 import sys

@@ -238,6 +238,7 @@ fn bench_graph_json_shape() {
         [
             "tiny_ops_x100",
             "decode_step",
+            "decode_step_device",
             "elementwise_chain4_16MiB",
             "matmul_bias_relu_residual"
         ]
@@ -251,7 +252,12 @@ fn bench_graph_json_shape() {
         rows[1]["peak_bytes_naive"].as_u64().unwrap(),
     );
     assert!(planned > 0 && planned <= naive);
-    // The decode step, the chain and the projection each have fused and unfused replays.
+    // The decode steps, the chain and the projection each have fused and unfused replays;
+    // the chain and the projection also batched ones.
+    for r in &rows[3..] {
+        assert!(r["fused_batched_ms"].as_f64().unwrap() > 0.0);
+        assert!(r["unfused_batched_ms"].as_f64().unwrap() > 0.0);
+    }
     for r in &rows[1..] {
         assert!(r["fused_ms"].as_f64().unwrap() > 0.0);
         assert!(r["unfused_ms"].as_f64().unwrap() > 0.0);

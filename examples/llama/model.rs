@@ -177,6 +177,15 @@ fn update_cache(cache: &Tensor, new: &Tensor, write: &Tensor) -> Result<()> {
 /// One decode step; returns the logits `[1, vocab]`. Eagerly it runs now; while the thread
 /// records a graph on the device it is recorded.
 pub fn decode_step(w: &Weights, st: &State) -> Result<Tensor> {
+    let (logits, next) = decode_step_device(w, st)?;
+    host_step(w.cfg, st, &next)?;
+    Ok(logits)
+}
+
+/// The device part of [`decode_step`]: the logits and their argmax (`[1]` i64), with the
+/// token, position and masks left as they are (replayed, it runs the same step again — what
+/// a CUDA-graph replay of a framework's step times, with the token read back outside it).
+pub fn decode_step_device(w: &Weights, st: &State) -> Result<(Tensor, Tensor)> {
     let cfg = w.cfg;
     let (d, hq, hkv) = (cfg.head_dim(), cfg.heads, cfg.kv_heads);
     let group = hq / hkv;
@@ -212,12 +221,16 @@ pub fn decode_step(w: &Weights, st: &State) -> Result<Tensor> {
     }
     let logits = x.rms_norm(&w.norm, eps)?.matmul(&w.lm_head)?;
     let next = logits.argmax(-1, false)?; // [1] i64
-                                          // Argmax to the host, then the next step's inputs: a data-dependent host step.
+    Ok((logits, next))
+}
+
+/// The argmax to the host, then the next step's inputs: a data-dependent host step.
+fn host_step(cfg: Config, st: &State, next: &Tensor) -> Result<()> {
     let max_seq = cfg.max_seq;
     let generated = st.generated.clone();
     unirt::graph::host_op(
         "argmax_to_host",
-        &[&next, &st.token, &st.pos, &st.hide, &st.write],
+        &[next, &st.token, &st.pos, &st.hide, &st.write],
         Arc::new(move |t: &[Tensor]| {
             let tok = t[0].to_vec::<i64>()?[0];
             let pos = t[2].to_vec::<i64>()?[0] + 1;
@@ -229,13 +242,25 @@ pub fn decode_step(w: &Weights, st: &State) -> Result<Tensor> {
             // Past the cache's end the position wraps (the demo generates a few tokens).
             write_position(max_seq, pos as usize % max_seq, &t[3], &t[4])
         }),
-    )?;
-    Ok(logits)
+    )
 }
 
 /// A recorded decode step: the graph and its logits tensor.
 pub fn record_step(w: &Weights, st: &State) -> Result<(unirt::Graph, Tensor)> {
-    let (mut g, logits) = unirt::graph::record(st.token.device(), || decode_step(w, st))?;
+    let (g, logits) = unirt::graph::record(st.token.device(), || decode_step(w, st))?;
+    mark_step(g, st, logits)
+}
+
+/// A recorded [`decode_step_device`] (no host step: every replay computes the same token).
+pub fn record_step_device(w: &Weights, st: &State) -> Result<(unirt::Graph, Tensor)> {
+    let (g, (logits, next)) =
+        unirt::graph::record(st.token.device(), || decode_step_device(w, st))?;
+    let (mut g, logits) = mark_step(g, st, logits)?;
+    g.mark_output("next", &next)?;
+    Ok((g, logits))
+}
+
+fn mark_step(mut g: unirt::Graph, st: &State, logits: Tensor) -> Result<(unirt::Graph, Tensor)> {
     g.mark_output("logits", &logits)?;
     for (name, t) in [
         ("token", &st.token),

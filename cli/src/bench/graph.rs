@@ -6,6 +6,9 @@
 //! - `decode_step`: one decode step of the tiny Llama model (hidden 256, 2 layers) eager vs
 //!   replayed (fused, and planned without fusion), with the planned and
 //!   one-buffer-per-tensor peak of intermediate memory.
+//! - `decode_step_device`: the same step without its host step (the token is not read back;
+//!   every run computes the same one): the device work that a framework's CUDA-graph replay
+//!   times (`ci/bench_graph_torch.py`), eager vs replayed.
 //! - `elementwise_chain4_16MiB`: `relu(x·y + 0.5)·2` over 4 Mi floats (memory-bound: four
 //!   passes over 16 MiB unfused, one fused), eager, replayed fused (one `fused_elementwise`
 //!   pass) and replayed unfused.
@@ -18,7 +21,10 @@
 //! each timed run follows untimed runs of the same side (the steady state of a replay loop).
 //! The two fused rows also give fused against unfused sampled back to back without that
 //! untimed run ("interleaved"): on a CPU, whether an exec's output is still cached when it
-//! is written decides much of a memory-bound pass's time, so both regimes are shown.
+//! is written decides much of a memory-bound pass's time, so both regimes are shown. And they
+//! give them "batched": [`BATCH`] runs queued back to back and one sync, per run — the
+//! throughput of a replay loop, without the fixed cost of one host synchronisation per run
+//! (on a GPU that cost, about 7 µs, is a fifth of a fused 16 MiB pass and caps the ratio).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -56,6 +62,11 @@ struct Row {
     fused_interleaved_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     unfused_interleaved_ms: Option<f64>,
+    /// Fused and unfused replays sampled [`Sampling::Batched`], per run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fused_batched_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unfused_batched_ms: Option<f64>,
 }
 
 /// How a side of a workload is sampled within a round.
@@ -68,7 +79,14 @@ enum Sampling {
     /// the other side's work left them (on a CPU whose last-level cache holds one side's
     /// working set but not both, an evicted output costs a read of every line it writes).
     Interleaved,
+    /// Each side runs [`STEADY_WARMUPS`] times untimed, then [`BATCH`] times queued back to
+    /// back before one sync, timed; the sample is the time per run (a replay loop's
+    /// throughput: the host's wait for the device is paid once per batch, not once per run).
+    Batched,
 }
+
+/// Runs per timed sample in [`Sampling::Batched`].
+const BATCH: usize = 10;
 
 /// Untimed runs before each timed one in [`Sampling::Steady`]. On the 2-core Intel VM a pass
 /// over 16 MiB whose buffers another pass had evicted took about twice its warm time and came
@@ -78,26 +96,38 @@ const STEADY_WARMUPS: usize = 4;
 
 /// Median milliseconds of each of `fs` over `reps` rounds (after one untimed round), the
 /// sides sampled in turn within every round so that load from other processes hits them
-/// alike.
+/// alike. A side only queues its work; `sync` waits for it (after each run, or after each
+/// batch when [`Sampling::Batched`]).
 fn time_ms<const N: usize>(
     reps: usize,
     sampling: Sampling,
+    sync: &dyn Fn() -> unirt::Result<()>,
     mut fs: [&mut dyn FnMut() -> unirt::Result<()>; N],
 ) -> unirt::Result<[f64; N]> {
     for f in fs.iter_mut() {
         f()?;
+        sync()?;
     }
     let mut v: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(reps));
     for _ in 0..reps {
         for (f, samples) in fs.iter_mut().zip(v.iter_mut()) {
-            if sampling == Sampling::Steady {
+            if sampling != Sampling::Interleaved {
                 for _ in 0..STEADY_WARMUPS {
                     f()?;
+                    sync()?;
                 }
             }
+            let runs = if sampling == Sampling::Batched {
+                BATCH
+            } else {
+                1
+            };
             let t = Instant::now();
-            f()?;
-            samples.push(t.elapsed().as_secs_f64() * 1e3);
+            for _ in 0..runs {
+                f()?;
+            }
+            sync()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e3 / runs as f64);
         }
     }
     Ok(v.map(|mut s| median(&mut s)))
@@ -135,28 +165,28 @@ fn fused_row(
     let fused = g.plan()?;
     let unfused = CapturePlan::with_options(g, PlanOptions { fuse: false })?;
     let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
-    let mut eager_side = || {
-        eager()?;
-        sync()
-    };
-    let mut fused_side = || {
-        fx.replay()?;
-        sync()
-    };
-    let mut unfused_side = || {
-        ux.replay()?;
-        sync()
-    };
+    let mut eager_side = || eager();
+    let mut fused_side = || fx.replay();
+    let mut unfused_side = || ux.replay();
     let [eager_ms, fused_ms, unfused_ms] = time_ms(
         reps,
         Sampling::Steady,
+        sync,
         [&mut eager_side, &mut fused_side, &mut unfused_side],
     )?;
     // The same three sides back to back, each right after the other's work.
     let [_, fused_interleaved, unfused_interleaved] = time_ms(
         reps,
         Sampling::Interleaved,
+        sync,
         [&mut eager_side, &mut fused_side, &mut unfused_side],
+    )?;
+    // Replays queued in batches: throughput without a host wait per replay.
+    let [fused_batched, unfused_batched] = time_ms(
+        reps,
+        Sampling::Batched,
+        sync,
+        [&mut fused_side, &mut unfused_side],
     )?;
     let row = Row {
         workload,
@@ -166,6 +196,8 @@ fn fused_row(
         unfused_ms: Some(unfused_ms),
         fused_interleaved_ms: Some(fused_interleaved),
         unfused_interleaved_ms: Some(unfused_interleaved),
+        fused_batched_ms: Some(fused_batched),
+        unfused_batched_ms: Some(unfused_batched),
         ..Row::default()
     };
     Ok((row, fused))
@@ -207,16 +239,8 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     let [eager, replay] = time_ms(
         reps[0],
         Sampling::Steady,
-        [
-            &mut || {
-                tiny_ops(&x)?;
-                sync()
-            },
-            &mut || {
-                exec.replay()?;
-                sync()
-            },
-        ],
+        &sync,
+        [&mut || tiny_ops(&x).map(drop), &mut || exec.replay()],
     )?;
     rows.push(Row {
         workload: "tiny_ops_x100",
@@ -252,19 +276,11 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     let [eager, replay, unfused_ms] = time_ms(
         reps[1],
         Sampling::Steady,
+        &sync,
         [
-            &mut || {
-                model::decode_step(&w, &st)?;
-                sync()
-            },
-            &mut || {
-                exec.replay()?;
-                sync()
-            },
-            &mut || {
-                unfused_exec.replay()?;
-                sync()
-            },
+            &mut || model::decode_step(&w, &st).map(drop),
+            &mut || exec.replay(),
+            &mut || unfused_exec.replay(),
         ],
     )?;
     rows.push(Row {
@@ -273,6 +289,34 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         replay_ms: replay,
         peak_bytes_planned: Some(plan.memory().arena_bytes),
         peak_bytes_naive: Some(plan.memory().naive_bytes),
+        fused_ms: Some(replay),
+        unfused_ms: Some(unfused_ms),
+        ..Row::default()
+    });
+
+    // The same step without its host step (the argmax stays on the device; every run
+    // computes the same token): the device work alone, which is what a CUDA-graph replay of a
+    // framework's step times (ci/bench_graph_torch.py reads its token back outside the timing).
+    let st3 = model::State::new(&cfg, 1, device)?;
+    let (g, _) = model::record_step_device(&w, &st3)?;
+    let plan = g.plan()?;
+    let exec = plan.instantiate_with(options)?;
+    let unfused_exec =
+        CapturePlan::with_options(&g, PlanOptions { fuse: false })?.instantiate_with(options)?;
+    let [eager, replay, unfused_ms] = time_ms(
+        reps[1],
+        Sampling::Steady,
+        &sync,
+        [
+            &mut || model::decode_step_device(&w, &st).map(drop),
+            &mut || exec.replay(),
+            &mut || unfused_exec.replay(),
+        ],
+    )?;
+    rows.push(Row {
+        workload: "decode_step_device",
+        eager_ms: eager,
+        replay_ms: replay,
         fused_ms: Some(replay),
         unfused_ms: Some(unfused_ms),
         ..Row::default()
@@ -335,6 +379,12 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             extra += &format!("fused {f:.3} ms vs unfused {u:.3} ms ({:.2}x)", u / f);
             if let (Some(fi), Some(ui)) = (r.fused_interleaved_ms, r.unfused_interleaved_ms) {
                 extra += &format!(", interleaved {fi:.3} vs {ui:.3} ms ({:.2}x)", ui / fi);
+            }
+            if let (Some(fb), Some(ub)) = (r.fused_batched_ms, r.unfused_batched_ms) {
+                extra += &format!(
+                    ", batched ({BATCH} per sync) {fb:.3} vs {ub:.3} ms ({:.2}x)",
+                    ub / fb
+                );
             }
         }
         println!(
