@@ -166,6 +166,23 @@ fn epilogue_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
     let got = Tensor::empty(&[300, 260], dtype, ctx.device)?;
     run_into(&a, &b, &[&res], 1.0, prog, &got)?;
     same(&got, &want, "parallel panels, residual first")?;
+
+    // Enough 128×128 tiles for a GPU's large-tile GEMM (wgpu), edges partial both ways.
+    let (a, b, res) = (
+        r(&[1030, 13], 18)?,
+        r(&[13, 2060], 19)?,
+        r(&[1030, 2060], 20)?,
+    );
+    let prog = FusedProgram {
+        steps: vec![
+            FusedStep::Binary(BinaryOp::Add, Input(0), Input(1)),
+            FusedStep::Unary(UnaryOp::Relu, Step(0)),
+        ],
+    };
+    let want = a.matmul(&b)?.add(&res)?.relu()?;
+    let got = Tensor::empty(&[1030, 2060], dtype, ctx.device)?;
+    run_into(&a, &b, &[&res], 1.0, prog, &got)?;
+    same(&got, &want, "large tiles")?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, bad_input] via matmul_case;
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, large_tiles, bad_input] via matmul_case;
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
     attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, bad_input] via attention_case;
     random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, bad_input] via sample_case;
@@ -176,6 +176,12 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 )?;
             }
             Ok(())
+        }
+        "large_tiles" => {
+            // Enough 128×128 tiles for a GPU's large-tile GEMM (wgpu), edge tiles partial both
+            // ways: one product, then a batch of two over one B.
+            check_mm(ctx, dt, &[1030, 19], &[19, 2051], 590)?;
+            check_mm(ctx, dt, &[2, 1030, 11], &[11, 1030], 592)
         }
         "bad_input" => {
             let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));

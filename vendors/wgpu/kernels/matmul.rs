@@ -3,6 +3,9 @@
 //! held in registers; A and B stream through workgroup memory 16 columns / rows at a time,
 //! read in place through their strides. The batch index is the grid's second dimension.
 //!
+//! Products with enough tiles to fill a large GPU take the 128×128 kernel of
+//! [`large`](super::matmul_large) instead.
+//!
 //! On adapters that run on the host's cores a barrier-free variant is chosen at plan time
 //! ([`KERNEL_HOST`]), and with it, where the layouts allow, a quad variant that launches
 //! whose operands start on a multiple of four elements take ([`host_quad_kernel`]).
@@ -14,6 +17,7 @@
 use std::sync::Arc;
 
 use super::elementwise::MATH;
+use super::matmul_large as large;
 use super::op::{prepare as prepare_op, OpSource};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
@@ -405,7 +409,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let batch_shape = &cs[..nd - 2];
     let batch: usize = batch_shape.iter().product();
     let host = super::on_host_cores(spec);
-    let (tile_m, tile_n) = if host { (4, 256) } else { (TILE, TILE) };
+    let large = !host && large::chosen(m, n, batch);
+    let (tile_m, tile_n) = if host {
+        (4, 256)
+    } else if large {
+        (large::TILE, large::TILE)
+    } else {
+        (TILE, TILE)
+    };
     let tiles_n = n.div_ceil(tile_n).max(1);
     let tiles = m.div_ceil(tile_m).max(1) * tiles_n;
     if tiles > 65535 || batch > 65535 {
@@ -456,7 +467,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         binds.push(Bind::read(name, e.dtype));
     }
     binds.push(Bind::write("c", c.dtype));
-    let mut kernel = if host { KERNEL_HOST } else { KERNEL }.to_string();
+    let mut kernel = if host {
+        KERNEL_HOST.to_string()
+    } else if large {
+        large::kernel()
+    } else {
+        KERNEL.to_string()
+    };
     if host {
         // Unit column strides and whole 256-column tiles written as such, so the driver sees
         // loads consecutive across invocations (vector loads, not gathers).
@@ -477,7 +494,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             }
         }
     }
-    if let Some(e) = &epi {
+    if let (Some(e), true) = (&epi, large) {
+        kernel = with_epilogue(&kernel, large::EPILOGUE_TILE) + &e.scalar;
+    } else if let Some(e) = &epi {
         // The invocation's 4×4 elements: rows 16 (GPU) or 1 (host) apart, columns 16 or 64.
         let (dr, dc, r0, c0) = if host {
             (1, 64, "row0", "col0")

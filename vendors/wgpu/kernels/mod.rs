@@ -12,6 +12,7 @@ mod embedding;
 mod fixed;
 mod fused;
 mod matmul;
+mod matmul_large;
 mod norm;
 mod op;
 mod rearrange;
