@@ -44,13 +44,15 @@ pub fn list(json: Option<&Path>) -> CliResult<ExitCode> {
             .push(r.dtype);
     }
     let kinds = DeviceKind::ALL;
-    print!("{:<16}", "op");
+    // The first column as wide as the longest operator's name (`fused_elementwise`, 17).
+    let w = table.keys().map(|op| op.len()).max().unwrap_or(2);
+    print!("{:<w$}", "op");
     for k in kinds {
         print!(" {:<34}", k.as_str());
     }
     println!();
     for (op, per) in &table {
-        print!("{op:<16}");
+        print!("{op:<w$}");
         for k in kinds {
             let cell = per.get(k.as_str()).map_or("-".to_string(), |d| d.join(" "));
             print!(" {cell:<34}");

@@ -48,6 +48,7 @@ mod cases_ops_views;
 mod cases_robust;
 mod cases_streams;
 mod cases_stress;
+mod cases_tensor_io;
 mod fuzz;
 pub mod ops_check;
 mod ops_fuzz;
@@ -177,6 +178,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_api::CASES);
+    all.extend_from_slice(cases_tensor_io::CASES);
     all.extend_from_slice(cases_lifetime::CASES);
     all.extend_from_slice(cases_stress::CASES);
     all.extend_from_slice(cases_robust::CASES);

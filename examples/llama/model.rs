@@ -164,8 +164,8 @@ impl State {
 fn write_position(max_seq: usize, pos: usize, hide: &Tensor, write: &Tensor) -> Result<()> {
     let hv: Vec<u8> = (0..max_seq).map(|i| u8::from(i > pos)).collect();
     let wv: Vec<u8> = (0..max_seq).map(|i| u8::from(i == pos)).collect();
-    hide.copy_from(&Tensor::from_slice(&hv, &[max_seq], hide.device())?)?;
-    write.copy_from(&Tensor::from_slice(&wv, &[1, max_seq, 1], write.device())?)
+    hide.copy_from_slice(&hv)?;
+    write.copy_from_slice(&wv)
 }
 
 /// `cache[:, pos, :] = new` in place: `where(write, new, cache)` into the cache itself.
@@ -237,8 +237,8 @@ fn host_step(cfg: Config, st: &State, next: &Tensor) -> Result<()> {
             if let Ok(mut g) = generated.lock() {
                 g.push(tok);
             }
-            t[1].copy_from(&Tensor::from_slice(&[tok], &[1], t[1].device())?)?;
-            t[2].copy_from(&Tensor::from_slice(&[pos], &[1], t[2].device())?)?;
+            t[1].copy_from_slice(&[tok])?;
+            t[2].copy_from_slice(&[pos])?;
             // Past the cache's end the position wraps (the demo generates a few tokens).
             write_position(max_seq, pos as usize % max_seq, &t[3], &t[4])
         }),

@@ -28,6 +28,7 @@
 mod dtype;
 mod layout;
 mod random;
+mod transfer;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -400,65 +401,6 @@ impl Tensor {
 
     pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
         Ok(self.view(self.layout.unsqueeze(axis)?))
-    }
-
-    // ---- copies ----
-
-    /// This tensor if it is contiguous, else a contiguous copy.
-    pub fn contiguous(&self) -> Result<Tensor> {
-        if self.is_contiguous() && self.layout.offset() == 0 {
-            return Ok(self.clone());
-        }
-        crate::ops::rearrange::copy(&self.desc())?.run1(&[self])
-    }
-
-    /// A contiguous copy on `device`: a device-to-device copy on one device, through the
-    /// host between two devices.
-    pub fn to(&self, device: Device) -> Result<Tensor> {
-        if device == self.device() {
-            return crate::ops::rearrange::copy(&self.desc())?.run1(&[self]);
-        }
-        let bytes = self.to_bytes()?;
-        Tensor::from_bytes(&bytes, self.shape(), self.dtype, device)
-    }
-
-    /// The elements in row-major order as little-endian bytes (waits for pending work).
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        // A tensor a graph recording produced holds no values yet.
-        crate::graph::record::check_host_read(self)?;
-        let t = self.contiguous()?;
-        let rt = &t.storage.rt;
-        t.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
-        let mut out = vec![0u8; t.nbytes()];
-        if !out.is_empty() {
-            let start = t.base_addr() + (t.layout.offset() * t.dtype.size()) as u64;
-            rt.backend().copy_to_host(&mut out, DevicePtr(start))?;
-        }
-        Ok(out)
-    }
-
-    /// The elements in row-major order; `T` must be the tensor's dtype
-    /// ([`Error::DTypeMismatch`] otherwise).
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype && !(self.dtype == DType::Bool && T::DTYPE == DType::U8) {
-            return Err(Error::DTypeMismatch {
-                op: "to_vec".into(),
-                expected: self.dtype,
-                got: T::DTYPE,
-            });
-        }
-        let bytes = self.to_bytes()?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
-    }
-
-    /// The elements converted to `f64`, in row-major order.
-    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
-        let bytes = self.to_bytes()?;
-        Ok(bytes
-            .chunks_exact(self.dtype.size())
-            .map(|b| decode(self.dtype, b))
-            .collect())
     }
 
     /// The backend's stream for this thread (where eager operations run).

@@ -1,0 +1,127 @@
+//! Host writes into existing tensors (`Tensor::copy_from_slice`): in place for contiguous
+//! views, through a device copy for strided ones, in stream order, refused with typed errors
+//! for a wrong length, dtype or bool value and while a graph is recorded.
+
+use half::f16;
+use unirt::tensor::{DType, Tensor};
+
+use super::*;
+use crate::ensure;
+
+pub(super) const CASES: &[Case] = &[
+    Case {
+        name: "tensor::copy_from_slice",
+        needs: &[],
+        run: copy_from_slice,
+    },
+    Case {
+        name: "tensor::copy_from_slice::bad_input",
+        needs: &[],
+        run: bad_input,
+    },
+];
+
+fn copy_from_slice(ctx: &Ctx) -> Result<(), Failure> {
+    let dev = ctx.device;
+    // Whole tensors of several dtypes, odd lengths.
+    let t = Tensor::zeros(&[7, 37], DType::F32, dev)?;
+    let v: Vec<f32> = (0..7 * 37).map(|i| i as f32 * 0.5 - 9.0).collect();
+    t.copy_from_slice(&v)?;
+    ensure!(t.to_vec::<f32>()? == v, "f32 [7, 37]: read back differs");
+    let t = Tensor::zeros(&[3, 5], DType::I64, dev)?;
+    let v: Vec<i64> = (0..15).map(|i| (i - 7) * 1_000_000_007).collect();
+    t.copy_from_slice(&v)?;
+    ensure!(t.to_vec::<i64>()? == v, "i64 [3, 5]: read back differs");
+    let t = Tensor::zeros(&[9], DType::F16, dev)?;
+    let v: Vec<f16> = (0..9).map(|i| f16::from_f32(i as f32 / 3.0)).collect();
+    t.copy_from_slice(&v)?;
+    ensure!(t.to_vec::<f16>()? == v, "f16 [9]: read back differs");
+    let t = Tensor::zeros(&[5], DType::Bool, dev)?;
+    t.copy_from_slice(&[1u8, 0, 1, 1, 0])?;
+    ensure!(
+        t.to_vec::<u8>()? == [1, 0, 1, 1, 0],
+        "bool [5] written as u8: read back differs"
+    );
+
+    // A contiguous view at an offset (rows 1..3 of 4): the other rows keep their values.
+    let base = Tensor::full(&[4, 5], 7.0, DType::F32, dev)?;
+    let rows: Vec<f32> = (0..10).map(|i| i as f32).collect();
+    base.narrow(0, 1, 2)?.copy_from_slice(&rows)?;
+    let got = base.to_vec::<f32>()?;
+    let mut want = vec![7.0f32; 20];
+    want[5..15].copy_from_slice(&rows);
+    ensure!(got == want, "rows 1..3 of [4, 5]: got {got:?}");
+
+    // A strided view (a transpose): row-major over the view's shape.
+    let base = Tensor::zeros(&[3, 4], DType::F32, dev)?;
+    let view = base.transpose(0, 1)?; // [4, 3]
+    let v: Vec<f32> = (0..12).map(|i| i as f32 + 1.0).collect();
+    view.copy_from_slice(&v)?;
+    ensure!(
+        view.to_vec::<f32>()? == v,
+        "transposed view: read back through the view differs"
+    );
+    let got = base.to_vec::<f32>()?;
+    let want: Vec<f32> = (0..12).map(|i| v[(i % 4) * 3 + i / 4]).collect();
+    ensure!(got == want, "transposed view: the base holds {got:?}");
+
+    // Stream order: a device copy into the tensor queued first is overwritten by the host
+    // write, and an operator queued after the write reads it.
+    let n = 1 << 20;
+    let ones = Tensor::full(&[n], 1.0, DType::F32, dev)?;
+    let t = Tensor::zeros(&[n], DType::F32, dev)?;
+    let v: Vec<f32> = (0..n).map(|i| (i % 1001) as f32).collect();
+    for round in 0..3 {
+        t.copy_from(&ones)?;
+        t.copy_from_slice(&v)?;
+        let doubled = t.mul_scalar(2.0)?.to_vec::<f32>()?;
+        let bad = doubled.iter().zip(&v).position(|(d, x)| *d != 2.0 * x);
+        ensure!(
+            bad.is_none(),
+            "round {round}: element {bad:?} of 2·t is not twice the written value (the queued \
+             copy landed after the host write, or the multiply ran before it)"
+        );
+    }
+
+    // Empty tensors take empty slices.
+    Tensor::zeros(&[0, 3], DType::F32, dev)?.copy_from_slice::<f32>(&[])?;
+    Ok(())
+}
+
+fn bad_input(ctx: &Ctx) -> Result<(), Failure> {
+    let dev = ctx.device;
+    let t = Tensor::full(&[2, 3], 5.0, DType::F32, dev)?;
+    expect_err(
+        t.copy_from_slice(&[1.0f32; 5]),
+        &["shape_mismatch"],
+        "5 values into [2, 3]",
+    )?;
+    expect_err(
+        t.copy_from_slice(&[1.0f32; 7]),
+        &["shape_mismatch"],
+        "7 values into [2, 3]",
+    )?;
+    expect_err(
+        t.copy_from_slice(&[1i32; 6]),
+        &["dtype_mismatch"],
+        "i32 values into an f32 tensor",
+    )?;
+    let b = Tensor::zeros(&[3], DType::Bool, dev)?;
+    expect_err(
+        b.copy_from_slice(&[0u8, 2, 1]),
+        &["bad_param"],
+        "the value 2 into a bool tensor",
+    )?;
+    ensure!(
+        b.to_vec::<u8>()? == [0, 0, 0],
+        "a refused bool write changed the tensor"
+    );
+    // While recording: refused (a replay could not repeat it), and nothing is written.
+    let (_g, r) = unirt::graph::record(dev, || Ok(t.copy_from_slice(&[1.0f32; 6])))?;
+    expect_err(r, &["capturing"], "copy_from_slice while recording")?;
+    ensure!(
+        t.to_vec::<f32>()? == [5.0; 6],
+        "a refused write changed the tensor"
+    );
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Moving a tensor's values: contiguous copies, copies to another device, reads to the host
+//! and writes from it.
+
+use super::{decode, DType, Element, Tensor};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::hal::DevicePtr;
+use crate::stream::BackendExt;
+
+impl Tensor {
+    /// This tensor if it is contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() && self.layout.offset() == 0 {
+            return Ok(self.clone());
+        }
+        crate::ops::rearrange::copy(&self.desc())?.run1(&[self])
+    }
+
+    /// A contiguous copy on `device`: a device-to-device copy on one device, through the
+    /// host between two devices.
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return crate::ops::rearrange::copy(&self.desc())?.run1(&[self]);
+        }
+        let bytes = self.to_bytes()?;
+        Tensor::from_bytes(&bytes, self.shape(), self.dtype, device)
+    }
+
+    /// The elements in row-major order as little-endian bytes (waits for pending work).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        // A tensor a graph recording produced holds no values yet.
+        crate::graph::record::check_host_read(self)?;
+        let t = self.contiguous()?;
+        let rt = &t.storage.rt;
+        t.order_on(rt.stream()?)?;
+        rt.sync_stream()?;
+        let mut out = vec![0u8; t.nbytes()];
+        if !out.is_empty() {
+            let start = t.base_addr() + (t.layout.offset() * t.dtype.size()) as u64;
+            rt.backend().copy_to_host(&mut out, DevicePtr(start))?;
+        }
+        Ok(out)
+    }
+
+    /// The elements in row-major order; `T` must be the tensor's dtype
+    /// ([`Error::DTypeMismatch`] otherwise).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype && !(self.dtype == DType::Bool && T::DTYPE == DType::U8) {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec".into(),
+                expected: self.dtype,
+                got: T::DTYPE,
+            });
+        }
+        let bytes = self.to_bytes()?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The elements converted to `f64`, in row-major order.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let bytes = self.to_bytes()?;
+        Ok(bytes
+            .chunks_exact(self.dtype.size())
+            .map(|b| decode(self.dtype, b))
+            .collect())
+    }
+
+    /// Writes `data` — the elements in row-major order over this tensor's shape, `T` its
+    /// dtype — into this tensor's view, in stream order: after the work this thread's stream
+    /// and other threads' streams queued on the tensor, and seen by everything queued after
+    /// the call returns. A contiguous view is written in place by one host-to-device copy (no
+    /// allocation, no kernel); a strided view through a device copy from a staged contiguous
+    /// tensor.
+    ///
+    /// Refused with [`Error::Capturing`] while this thread records a graph on the tensor's
+    /// device: a replay cannot repeat a host write made at record time (write it inside a
+    /// [`host_op`](crate::graph::host_op), which every run repeats).
+    ///
+    /// ```
+    /// # use unirt::tensor::{DType, Tensor};
+    /// let t = Tensor::zeros(&[2, 2], DType::F32, "cpu:0".parse()?)?;
+    /// t.copy_from_slice(&[1.0f32, 2.0, 3.0, 4.0])?;
+    /// t.narrow(1, 1, 1)?.copy_from_slice(&[20.0f32, 40.0])?; // a strided view: column 1
+    /// assert_eq!(t.to_vec::<f32>()?, [1.0, 20.0, 3.0, 40.0]);
+    /// # Ok::<(), unirt::Error>(())
+    /// ```
+    pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
+        if T::DTYPE != self.dtype && !(self.dtype == DType::Bool && T::DTYPE == DType::U8) {
+            return Err(Error::DTypeMismatch {
+                op: "copy_from_slice".into(),
+                expected: self.dtype,
+                got: T::DTYPE,
+            });
+        }
+        if data.len() != self.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "copy_from_slice (element count)".into(),
+                expected: self.shape().to_vec(),
+                got: vec![data.len()],
+            });
+        }
+        if self.dtype == DType::Bool && bytemuck::cast_slice::<T, u8>(data).iter().any(|&b| b > 1) {
+            return Err(Error::BadParam(
+                "copy_from_slice into a bool tensor: every value must be 0 or 1".into(),
+            ));
+        }
+        if crate::graph::record::is_recording(self.device()) {
+            return Err(Error::Capturing(
+                "copy_from_slice while recording a graph on this device: a replay cannot \
+                 repeat a host write made at record time (write inside graph::host_op)"
+                    .into(),
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        if !self.is_contiguous() {
+            let staged = Tensor::from_slice(data, self.shape(), self.device())?;
+            return self.copy_from(&staged);
+        }
+        let rt = &self.storage.rt;
+        // Earlier work on this thread's stream, or another thread's, may still read or write
+        // these elements: the write waits for it, then lands before the call returns.
+        self.order_on(rt.stream()?)?;
+        rt.sync_stream()?;
+        let start = self.base_addr() + (self.layout.offset() * self.dtype.size()) as u64;
+        rt.backend()
+            .copy_to_device(DevicePtr(start), bytemuck::cast_slice(data))
+    }
+}
