@@ -43,6 +43,16 @@ fn copy_from_slice(ctx: &Ctx) -> Result<(), Failure> {
         "bool [5] written as u8: read back differs"
     );
 
+    // A strided bool view (every other element), written as u8.
+    let base = Tensor::zeros(&[6], DType::Bool, dev)?;
+    let every_other = base.reshape(&[3, 2])?.narrow(1, 1, 1)?;
+    every_other.copy_from_slice(&[1u8, 1, 0])?;
+    ensure!(
+        base.to_vec::<u8>()? == [0, 1, 0, 1, 0, 0],
+        "strided bool view: the base holds {:?}",
+        base.to_vec::<u8>()?
+    );
+
     // A contiguous view at an offset (rows 1..3 of 4): the other rows keep their values.
     let base = Tensor::full(&[4, 5], 7.0, DType::F32, dev)?;
     let rows: Vec<f32> = (0..10).map(|i| i as f32).collect();

@@ -45,13 +45,7 @@ impl Tensor {
     /// The elements in row-major order; `T` must be the tensor's dtype
     /// ([`Error::DTypeMismatch`] otherwise).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype && !(self.dtype == DType::Bool && T::DTYPE == DType::U8) {
-            return Err(Error::DTypeMismatch {
-                op: "to_vec".into(),
-                expected: self.dtype,
-                got: T::DTYPE,
-            });
-        }
+        self.check_element::<T>("to_vec")?;
         let bytes = self.to_bytes()?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
@@ -85,13 +79,7 @@ impl Tensor {
     /// # Ok::<(), unirt::Error>(())
     /// ```
     pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
-        if T::DTYPE != self.dtype && !(self.dtype == DType::Bool && T::DTYPE == DType::U8) {
-            return Err(Error::DTypeMismatch {
-                op: "copy_from_slice".into(),
-                expected: self.dtype,
-                got: T::DTYPE,
-            });
-        }
+        self.check_element::<T>("copy_from_slice")?;
         if data.len() != self.numel() {
             return Err(Error::ShapeMismatch {
                 op: "copy_from_slice (element count)".into(),
@@ -115,7 +103,13 @@ impl Tensor {
             return Ok(());
         }
         if !self.is_contiguous() {
-            let staged = Tensor::from_slice(data, self.shape(), self.device())?;
+            // Staged in the tensor's own dtype (bool written as u8 stays bool).
+            let staged = Tensor::from_bytes(
+                bytemuck::cast_slice(data),
+                self.shape(),
+                self.dtype,
+                self.device(),
+            )?;
             return self.copy_from(&staged);
         }
         let rt = &self.storage.rt;
@@ -126,5 +120,18 @@ impl Tensor {
         let start = self.base_addr() + (self.layout.offset() * self.dtype.size()) as u64;
         rt.backend()
             .copy_to_device(DevicePtr(start), bytemuck::cast_slice(data))
+    }
+
+    /// Refuses host values of `T` for this tensor unless `T` is its dtype (`u8` stands for
+    /// bool).
+    fn check_element<T: Element>(&self, op: &str) -> Result<()> {
+        if T::DTYPE == self.dtype || (self.dtype == DType::Bool && T::DTYPE == DType::U8) {
+            return Ok(());
+        }
+        Err(Error::DTypeMismatch {
+            op: op.into(),
+            expected: self.dtype,
+            got: T::DTYPE,
+        })
     }
 }
