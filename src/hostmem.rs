@@ -121,7 +121,7 @@ pub fn release(ptr: u64, size: u64, align: u64) {
 
 /// Host memory from [`acquire`] that releases itself when dropped: the payload of the
 /// allocation tables of host-backed memory (CPU device memory, the pinned memory of CPU and
-/// wgpu). The table holds one [`AllocRef`] to it and every operation using it another, so the
+/// wgpu). The table holds one `AllocRef` to it and every operation using it another, so the
 /// memory goes back to the host allocator only when nothing can touch it any more.
 #[derive(Debug)]
 pub struct HostBlock {

@@ -2,7 +2,7 @@
 //! completed generation of an event.
 //!
 //! The fast paths are one atomic each: `advance` only touches the lock when somebody waits, and
-//! `wait_for` spins for a short while ([`spin_until`]) before it sleeps on a
+//! `wait_for` spins for a short while (`spin_until`) before it sleeps on a
 //! condition variable.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -1,6 +1,6 @@
 //! Host writes into existing tensors (`Tensor::copy_from_slice`): in place for contiguous
 //! views, through a device copy for strided ones, in stream order, refused with typed errors
-//! for a wrong length, dtype or bool value and while a graph is recorded.
+//! for a wrong length, dtype or bool value, a broadcast view and while a graph is recorded.
 
 use half::f16;
 use unirt::tensor::{DType, Tensor};
@@ -125,6 +125,17 @@ fn bad_input(ctx: &Ctx) -> Result<(), Failure> {
     ensure!(
         b.to_vec::<u8>()? == [0, 0, 0],
         "a refused bool write changed the tensor"
+    );
+    // A broadcast view repeats elements: no single value per element can be written.
+    let row = Tensor::zeros(&[1, 3], DType::F32, dev)?;
+    expect_err(
+        row.broadcast_to(&[4, 3])?.copy_from_slice(&[1.0f32; 12]),
+        &["aliasing"],
+        "12 values into a [1, 3] row broadcast to [4, 3]",
+    )?;
+    ensure!(
+        row.to_vec::<f32>()? == [0.0; 3],
+        "a refused broadcast write changed the row"
     );
     // While recording: refused (a replay could not repeat it), and nothing is written.
     let (_g, r) = unirt::graph::record(dev, || Ok(t.copy_from_slice(&[1.0f32; 6])))?;

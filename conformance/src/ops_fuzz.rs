@@ -102,6 +102,29 @@ fn view(d: &mut Draw, t: &Tensor) -> Tensor {
 
 /// Runs `steps` random operator calls on `ctx`'s device (and the CPU beside it); `Ok` when
 /// none panicked and the device still computes a small sum right afterwards.
+/// `copy_from_slice` into `t` (any view) with host values of its dtype — or of another one,
+/// one element too many or too few, or a bool value of 2 — each refused with a typed error.
+fn write_host(d: &mut Draw, t: &Tensor) -> unirt::Result<()> {
+    let n = t.numel();
+    if n > 1 << 16 {
+        return Ok(());
+    }
+    let len = match d.below(8) {
+        0 => n + 1,
+        1 => n.saturating_sub(1),
+        _ => n,
+    };
+    let dtype = if d.chance(8) { d.dtype() } else { t.dtype() };
+    match dtype {
+        DType::F32 => t.copy_from_slice(&vec![0.5f32; len]),
+        DType::F16 => t.copy_from_slice(&vec![half::f16::from_f32(-2.0); len]),
+        DType::BF16 => t.copy_from_slice(&vec![half::bf16::from_f32(3.0); len]),
+        DType::I32 => t.copy_from_slice(&vec![7i32; len]),
+        DType::I64 => t.copy_from_slice(&vec![-1i64; len]),
+        DType::U8 | DType::Bool => t.copy_from_slice(&vec![d.below(3) as u8; len]),
+    }
+}
+
 pub fn random_op_calls(ctx: &Ctx, seed: u64, steps: usize) -> Result<(), Failure> {
     let dev = ctx.device;
     let mut d = Draw(SplitMix64::new(seed));
@@ -129,7 +152,7 @@ pub fn random_op_calls(ctx: &Ctx, seed: u64, steps: usize) -> Result<(), Failure
         };
         let c = d.pick_ref(&pool);
         let nd = a.ndim();
-        let which = d.below(24);
+        let which = d.below(25);
         if verbose {
             eprintln!(
                 "ops-fuzz: call {which} on {:?} {} {} / {:?} {} / {:?} {}",
@@ -166,6 +189,7 @@ pub fn random_op_calls(ctx: &Ctx, seed: u64, steps: usize) -> Result<(), Failure
             20 => a.swiglu(&b),
             21 => a.random_sample(d.0.next_f64(), d.pick(&[0.0, 0.7, 1.0]), 3, 0.9),
             22 => a.contiguous(),
+            23 => write_host(&mut d, &a).map(|()| a.clone()),
             _ => a.to(if d.chance(2) { Device::CPU } else { dev }),
         };
         if let Ok(t) = out {

@@ -1,11 +1,11 @@
 //! Fusion, in two passes over consecutive steps where each consumes the previous one's
 //! result (an intermediate nobody else reads):
 //!
-//! - **Epilogues** ([`fuse_epilogues`]): a matmul followed by elementwise steps — bias,
+//! - **Epilogues** (`fuse_epilogues`): a matmul followed by elementwise steps — bias,
 //!   activation, residual, a SwiGLU gate — becomes one `matmul_epilogue` step
 //!   ([`crate::ops::matmul::matmul_epilogue`]): the product is never stored. The other
 //!   operands may be broadcast (a bias of shape `[n]`) and have any layout.
-//! - **Elementwise chains** ([`fuse_chains`]): the chains left become one `fused_elementwise`
+//! - **Elementwise chains** (`fuse_chains`): the chains left become one `fused_elementwise`
 //!   step ([`crate::ops::fused`]). Only chains whose operands are all contiguous and of the
 //!   output's shape fuse.
 //!

@@ -66,8 +66,9 @@ impl Tensor {
     /// allocation, no kernel); a strided view through a device copy from a staged contiguous
     /// tensor.
     ///
-    /// Refused with [`Error::Capturing`] while this thread records a graph on the tensor's
-    /// device: a replay cannot repeat a host write made at record time (write it inside a
+    /// A broadcast view (an element repeated in memory) is refused with [`Error::Aliasing`],
+    /// as a copy into it is. Refused with [`Error::Capturing`] while this thread records a
+    /// graph on the tensor's device: a replay cannot repeat a host write made at record time (write it inside a
     /// [`host_op`](crate::graph::host_op), which every run repeats).
     ///
     /// ```

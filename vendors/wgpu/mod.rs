@@ -204,7 +204,7 @@ impl Drop for WgpuBackend {
     }
 }
 
-/// Every call that can reach wgpu runs inside [`guard::guarded`]: a wgpu panic (its GL
+/// Every call that can reach wgpu runs inside `guard::guarded`: a wgpu panic (its GL
 /// backend's 6 s context-lock timeout, say) is an `Error::Driver`, never a panic in the
 /// caller's thread. The calls themselves are the `raw_*` methods below.
 impl Backend for WgpuBackend {
