@@ -154,52 +154,57 @@ fn projection(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> unirt::Result<T
 }
 
 /// A row of `g` (recorded from what `eager` runs): eager, replayed as planned with fusion and
-/// replayed as planned without, sampled alternately. Also returns the fused plan.
-fn fused_row(
+/// replayed as planned without, both execs instantiated with `options`, sampled steadily; with
+/// `regimes`, the fused and unfused replays are also sampled interleaved and batched. Also
+/// returns the fused plan.
+fn replay_row(
     workload: &'static str,
     reps: usize,
     g: &unirt::Graph,
+    (options, regimes): (ExecOptions, bool),
     sync: &dyn Fn() -> unirt::Result<()>,
     eager: &mut dyn FnMut() -> unirt::Result<()>,
 ) -> unirt::Result<(Row, CapturePlan)> {
     let fused = g.plan()?;
     let unfused = CapturePlan::with_options(g, PlanOptions { fuse: false })?;
-    let (fx, ux) = (fused.instantiate()?, unfused.instantiate()?);
-    let mut eager_side = || eager();
+    let (fx, ux) = (
+        fused.instantiate_with(options)?,
+        unfused.instantiate_with(options)?,
+    );
     let mut fused_side = || fx.replay();
     let mut unfused_side = || ux.replay();
     let [eager_ms, fused_ms, unfused_ms] = time_ms(
         reps,
         Sampling::Steady,
         sync,
-        [&mut eager_side, &mut fused_side, &mut unfused_side],
+        [&mut *eager, &mut fused_side, &mut unfused_side],
     )?;
-    // The same three sides back to back, each right after the other's work.
-    let [_, fused_interleaved, unfused_interleaved] = time_ms(
-        reps,
-        Sampling::Interleaved,
-        sync,
-        [&mut eager_side, &mut fused_side, &mut unfused_side],
-    )?;
-    // Replays queued in batches: throughput without a host wait per replay.
-    let [fused_batched, unfused_batched] = time_ms(
-        reps,
-        Sampling::Batched,
-        sync,
-        [&mut fused_side, &mut unfused_side],
-    )?;
-    let row = Row {
+    let mut row = Row {
         workload,
         eager_ms,
         replay_ms: fused_ms,
         fused_ms: Some(fused_ms),
         unfused_ms: Some(unfused_ms),
-        fused_interleaved_ms: Some(fused_interleaved),
-        unfused_interleaved_ms: Some(unfused_interleaved),
-        fused_batched_ms: Some(fused_batched),
-        unfused_batched_ms: Some(unfused_batched),
         ..Row::default()
     };
+    if regimes {
+        // The same three sides back to back, each right after the other's work.
+        let [_, fi, ui] = time_ms(
+            reps,
+            Sampling::Interleaved,
+            sync,
+            [&mut *eager, &mut fused_side, &mut unfused_side],
+        )?;
+        // Replays queued in batches: throughput without a host wait per replay.
+        let [fb, ub] = time_ms(
+            reps,
+            Sampling::Batched,
+            sync,
+            [&mut fused_side, &mut unfused_side],
+        )?;
+        (row.fused_interleaved_ms, row.unfused_interleaved_ms) = (Some(fi), Some(ui));
+        (row.fused_batched_ms, row.unfused_batched_ms) = (Some(fb), Some(ub));
+    }
     Ok((row, fused))
 }
 
@@ -257,7 +262,18 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     let st = model::State::new(&cfg, 1, device)?;
     let st2 = model::State::new(&cfg, 1, device)?;
     let (g, _) = model::record_step(&w, &st2)?;
-    let plan = g.plan()?;
+    let captured = ExecOptions {
+        warmups: 0,
+        capture: true,
+    };
+    let (row, plan) = replay_row(
+        "decode_step",
+        reps[1],
+        &g,
+        (captured, false),
+        &sync,
+        &mut || model::decode_step(&w, &st).map(drop),
+    )?;
     println!(
         "decode step: {} operators planned as {} steps ({} matmul epilogues, {} elementwise chains fused)",
         g.nodes().len(),
@@ -265,33 +281,10 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         plan.fused_epilogues(),
         plan.fused_chains()
     );
-    let options = ExecOptions {
-        warmups: 0,
-        capture: true,
-    };
-    let exec = plan.instantiate_with(options)?;
-    // The same step planned without fusion: what the fused kernels save on replay.
-    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
-    let unfused_exec = unfused.instantiate_with(options)?;
-    let [eager, replay, unfused_ms] = time_ms(
-        reps[1],
-        Sampling::Steady,
-        &sync,
-        [
-            &mut || model::decode_step(&w, &st).map(drop),
-            &mut || exec.replay(),
-            &mut || unfused_exec.replay(),
-        ],
-    )?;
     rows.push(Row {
-        workload: "decode_step",
-        eager_ms: eager,
-        replay_ms: replay,
         peak_bytes_planned: Some(plan.memory().arena_bytes),
         peak_bytes_naive: Some(plan.memory().naive_bytes),
-        fused_ms: Some(replay),
-        unfused_ms: Some(unfused_ms),
-        ..Row::default()
+        ..row
     });
 
     // The same step without its host step (the argmax stays on the device; every run
@@ -299,37 +292,29 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     // framework's step times (ci/bench_graph_torch.py reads its token back outside the timing).
     let st3 = model::State::new(&cfg, 1, device)?;
     let (g, _) = model::record_step_device(&w, &st3)?;
-    let plan = g.plan()?;
-    let exec = plan.instantiate_with(options)?;
-    let unfused_exec =
-        CapturePlan::with_options(&g, PlanOptions { fuse: false })?.instantiate_with(options)?;
-    let [eager, replay, unfused_ms] = time_ms(
+    let (row, _) = replay_row(
+        "decode_step_device",
         reps[1],
-        Sampling::Steady,
+        &g,
+        (captured, false),
         &sync,
-        [
-            &mut || model::decode_step_device(&w, &st).map(drop),
-            &mut || exec.replay(),
-            &mut || unfused_exec.replay(),
-        ],
+        &mut || model::decode_step_device(&w, &st).map(drop),
     )?;
-    rows.push(Row {
-        workload: "decode_step_device",
-        eager_ms: eager,
-        replay_ms: replay,
-        fused_ms: Some(replay),
-        unfused_ms: Some(unfused_ms),
-        ..Row::default()
-    });
+    rows.push(row);
 
     // A chain of 4 elementwise operators over 16 MiB.
     let n = 4 << 20;
     let x = Tensor::rand_uniform(&[n], -1.0, 1.0, 2, DType::F32, device)?;
     let y = Tensor::rand_uniform(&[n], -1.0, 1.0, 3, DType::F32, device)?;
     let g = record(device, &[&x, &y], || chain4(&x, &y))?;
-    let (row, fused) = fused_row("elementwise_chain4_16MiB", reps[2], &g, &sync, &mut || {
-        chain4(&x, &y).map(drop)
-    })?;
+    let (row, fused) = replay_row(
+        "elementwise_chain4_16MiB",
+        reps[2],
+        &g,
+        (ExecOptions::default(), true),
+        &sync,
+        &mut || chain4(&x, &y).map(drop),
+    )?;
     rows.push(row);
     if fused.fused_chains() == 0 {
         println!("note: {device} registers no fused_elementwise kernel; the chain ran unfused");
@@ -346,9 +331,14 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         rnd(&[m, n], 7)?,
     );
     let g = record(device, &[&x, &r], || projection(&x, &w, &b, &r))?;
-    let (row, fused) = fused_row("matmul_bias_relu_residual", reps[2], &g, &sync, &mut || {
-        projection(&x, &w, &b, &r).map(drop)
-    })?;
+    let (row, fused) = replay_row(
+        "matmul_bias_relu_residual",
+        reps[2],
+        &g,
+        (ExecOptions::default(), true),
+        &sync,
+        &mut || projection(&x, &w, &b, &r).map(drop),
+    )?;
     rows.push(row);
     if fused.fused_epilogues() == 0 {
         println!("note: {device} registers no matmul_epilogue kernel; the projection ran unfused");
