@@ -396,6 +396,18 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             squares[squares.len() - 1],
         )?);
     }
+    // Issue 14's wgpu GEMM goals are at 4096³ (beside cuBLAS, through ci/bench_ops_torch.py):
+    // a GPU adapter runs that size too (a software one would take minutes per product).
+    let gpu_adapter = dev.kind == unirt::DeviceKind::Wgpu
+        && rt.backend().info().class != unirt::DeviceClass::Software;
+    if !quick && gpu_adapter {
+        for dt in [DType::F32, DType::F16] {
+            match gemm_row(dev, dt, 4096, 4096, 4096) {
+                Ok(r) => rows.push(r),
+                Err(e) => println!("matmul {dt} 4096x4096x4096: not run ({e})"),
+            }
+        }
+    }
     if !quick && !gpu {
         for (dt, m, n, k) in [
             (DType::F32, 1, 4096, 4096),
