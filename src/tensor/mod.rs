@@ -42,11 +42,10 @@ pub use random::SplitMix64;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, DevicePtr, EventFlags, StreamId};
+use crate::hal::{Backend, EventFlags, StreamId};
 use crate::memory::Memory;
 use crate::ops::TensorDesc;
 use crate::runtime::Runtime;
-use crate::stream::BackendExt;
 
 struct Storage {
     mem: Memory,
@@ -243,19 +242,6 @@ impl Tensor {
         let mut rng = SplitMix64::new(seed);
         let v: Vec<f64> = (0..n).map(|_| mean + std * rng.next_normal()).collect();
         Tensor::from_f64(&v, shape, dtype, device)
-    }
-
-    fn upload(&self, bytes: &[u8]) -> Result<()> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        let rt = &self.storage.rt;
-        // The memory may be a block that earlier work on this thread's stream, or another
-        // thread's, still uses.
-        self.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
-        rt.backend()
-            .copy_to_device(DevicePtr(self.base_addr()), bytes)
     }
 
     // ---- accessors ----

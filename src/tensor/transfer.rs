@@ -36,8 +36,8 @@ impl Tensor {
         rt.sync_stream()?;
         let mut out = vec![0u8; t.nbytes()];
         if !out.is_empty() {
-            let start = t.base_addr() + (t.layout.offset() * t.dtype.size()) as u64;
-            rt.backend().copy_to_host(&mut out, DevicePtr(start))?;
+            rt.backend()
+                .copy_to_host(&mut out, DevicePtr(t.start_addr()))?;
         }
         Ok(out)
     }
@@ -113,14 +113,27 @@ impl Tensor {
             )?;
             return self.copy_from(&staged);
         }
+        self.upload(bytemuck::cast_slice(data))
+    }
+
+    /// Writes `bytes` at the start of this (contiguous) view, once the work queued on its
+    /// memory has finished; the copy has landed when this returns.
+    pub(super) fn upload(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
         let rt = &self.storage.rt;
-        // Earlier work on this thread's stream, or another thread's, may still read or write
-        // these elements: the write waits for it, then lands before the call returns.
+        // The memory may be a block that earlier work on this thread's stream, or another
+        // thread's, still uses.
         self.order_on(rt.stream()?)?;
         rt.sync_stream()?;
-        let start = self.base_addr() + (self.layout.offset() * self.dtype.size()) as u64;
         rt.backend()
-            .copy_to_device(DevicePtr(start), bytemuck::cast_slice(data))
+            .copy_to_device(DevicePtr(self.start_addr()), bytes)
+    }
+
+    /// The device address of the view's first element.
+    fn start_addr(&self) -> u64 {
+        self.base_addr() + (self.layout.offset() * self.dtype.size()) as u64
     }
 
     /// Refuses host values of `T` for this tensor unless `T` is its dtype (`u8` stands for

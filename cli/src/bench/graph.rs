@@ -70,7 +70,7 @@ struct Row {
 }
 
 /// How a side of a workload is sampled within a round.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Sampling {
     /// Each side runs [`STEADY_WARMUPS`] times untimed, then once timed: its own buffers are
     /// as warm as in a loop of replays (the steady state of a graph replayed many times).
@@ -87,6 +87,17 @@ enum Sampling {
 
 /// Runs per timed sample in [`Sampling::Batched`].
 const BATCH: usize = 10;
+
+impl Sampling {
+    /// Untimed runs (each synced) before a sample, and the runs the sample times.
+    fn runs(self) -> (usize, usize) {
+        match self {
+            Sampling::Steady => (STEADY_WARMUPS, 1),
+            Sampling::Interleaved => (0, 1),
+            Sampling::Batched => (STEADY_WARMUPS, BATCH),
+        }
+    }
+}
 
 /// Untimed runs before each timed one in [`Sampling::Steady`]. On the 2-core Intel VM a pass
 /// over 16 MiB whose buffers another pass had evicted took about twice its warm time and came
@@ -108,20 +119,14 @@ fn time_ms<const N: usize>(
         f()?;
         sync()?;
     }
+    let (warmups, runs) = sampling.runs();
     let mut v: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(reps));
     for _ in 0..reps {
         for (f, samples) in fs.iter_mut().zip(v.iter_mut()) {
-            if sampling != Sampling::Interleaved {
-                for _ in 0..STEADY_WARMUPS {
-                    f()?;
-                    sync()?;
-                }
+            for _ in 0..warmups {
+                f()?;
+                sync()?;
             }
-            let runs = if sampling == Sampling::Batched {
-                BATCH
-            } else {
-                1
-            };
             let t = Instant::now();
             for _ in 0..runs {
                 f()?;

@@ -470,7 +470,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut kernel = if host {
         KERNEL_HOST.to_string()
     } else if large {
-        large::kernel()
+        large::kernel().to_string()
     } else {
         KERNEL.to_string()
     };
@@ -494,17 +494,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             }
         }
     }
-    if let (Some(e), true) = (&epi, large) {
-        kernel = with_epilogue(&kernel, large::EPILOGUE_TILE) + &e.scalar;
-    } else if let Some(e) = &epi {
-        // The invocation's 4×4 elements: rows 16 (GPU) or 1 (host) apart, columns 16 or 64.
-        let (dr, dc, r0, c0) = if host {
-            (1, 64, "row0", "col0")
+    if let Some(e) = &epi {
+        let tile = if large {
+            large::EPILOGUE_TILE.to_string()
         } else {
-            (16, 16, "row0 + l.y", "col0 + l.x")
-        };
-        let tile = format!(
-            "    for (var t = 0u; t < 16u; t = t + 1u) {{
+            // The invocation's 4×4 elements: rows 16 (GPU) or 1 (host) apart, columns 16 or 64.
+            let (dr, dc, r0, c0) = if host {
+                (1, 64, "row0", "col0")
+            } else {
+                (16, 16, "row0 + l.y", "col0 + l.x")
+            };
+            format!(
+                "    for (var t = 0u; t < 16u; t = t + 1u) {{
         let r = {r0} + (t / 4u) * {dr}u;
         let c = {c0} + (t % 4u) * {dc}u;
         if (r < m && c < n) {{
@@ -513,7 +514,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         }}
     }}
 "
-        );
+            )
+        };
         kernel = with_epilogue(&kernel, &tile) + &e.scalar;
     }
     let source = format!("{}{kernel}", wgsl::prelude(&binds, wgsl::Dialect::of(spec)));

@@ -30,8 +30,14 @@ fn row(i: usize) -> String {
     format!("row0 + {}u + ty * 4u", (i / 4) * 64 + i % 4)
 }
 
-/// The kernel (`main`, then `store` right after it, as `with_epilogue` expects).
-pub(super) fn kernel() -> String {
+/// The kernel (`main`, then `store` right after it, as `with_epilogue` expects), generated
+/// once: it is the same for every plan (its sizes are in `cfg`), and eager matmuls plan per call.
+pub(super) fn kernel() -> &'static str {
+    static KERNEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KERNEL.get_or_init(generate)
+}
+
+fn generate() -> String {
     let mut acc = String::new();
     let mut fma = String::new();
     let mut store = String::new();
