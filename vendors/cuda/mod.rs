@@ -10,7 +10,9 @@
 //! template per op family (`kernels/<family>.cu`, generated per dtype, planned by
 //! `kernels/<family>.rs`, registered as [`crate::ops::KernelImpl::Prepared`]) — compiled by
 //! NVRTC and cached in memory and on disk; `blas.rs` loads cuBLAS at run time for matmul when
-//! it is installed; `backend.rs` is the [`Backend`] impl; this file holds the backend type,
+//! it is installed; `backend.rs` is the [`Backend`] impl, over `checks.rs` (what is validated
+//! before a driver call, and the copies it plans) and `sync.rs` (ordering across the device's
+//! streams: joins, device-wide waits, destroyed streams' ends); this file holds the backend type,
 //! `probe()`, `open()` and the CLI's ahead-of-time compile ([`compile_kernels`]).
 //!
 //! Choices a reader of infinirt should know:
@@ -33,6 +35,7 @@
 
 mod backend;
 pub(crate) mod blas;
+mod checks;
 mod driver;
 mod driver_launch;
 mod driver_memory;
@@ -45,6 +48,7 @@ mod loader;
 mod memory;
 mod nvrtc;
 mod stream;
+mod sync;
 
 use std::collections::HashMap;
 use std::sync::Arc;

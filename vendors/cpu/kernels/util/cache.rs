@@ -6,7 +6,7 @@
 /// next row meanwhile, so memory and arithmetic overlap. No effect on results; any address
 /// may be given (a prefetch never faults).
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn prefetch_l2(p: *const f32) {
+pub fn prefetch_l2(p: *const f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch hint reads nothing architecturally and never faults, whatever the
     // address; SSE (which has it) is part of baseline x86-64.
@@ -23,7 +23,7 @@ pub(in crate::vendors::cpu::kernels) fn prefetch_l2(p: *const f32) {
 /// for non-temporal `memcpy`, at least 4 MiB), so it would not stay cached for the next
 /// operator anyway, and a normal store first reads each line it writes. Smaller outputs
 /// stay in cache for whoever reads them next.
-pub(in crate::vendors::cpu::kernels) fn streams(bytes: usize) -> bool {
+pub fn streams(bytes: usize) -> bool {
     static THRESHOLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     bytes
         >= *THRESHOLD.get_or_init(|| {
@@ -53,7 +53,7 @@ fn last_level_cache() -> Option<usize> {
 /// line a normal store makes first (1.3–1.5× on a memory-bound 16–64 MiB add here). The
 /// values are the same either way; only where they are stored from differs.
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn write_streaming(out: &mut [f32], stream: bool, compute: impl Fn(usize, &mut [f32])) {
+pub fn write_streaming(out: &mut [f32], stream: bool, compute: impl Fn(usize, &mut [f32])) {
     #[cfg(target_arch = "x86_64")]
     if stream {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};

@@ -8,7 +8,7 @@ use super::simd::{simd_tier, SimdTier};
 use crate::tensor::DType;
 
 /// A floating-point element computed in f32.
-pub(in crate::vendors::cpu::kernels) trait Float: Copy + Send + Sync + Default + 'static {
+pub trait Float: Copy + Send + Sync + Default + 'static {
     const DTYPE: DType;
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
@@ -110,7 +110,7 @@ mod f16c {
     /// # Safety
     /// The CPU has AVX and F16C.
     #[target_feature(enable = "avx,f16c")]
-    pub(in crate::vendors::cpu::kernels) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+    pub unsafe fn widen(src: &[f16], dst: &mut [f32]) {
         let n = src.len().min(dst.len());
         let mut i = 0;
         while i + 8 <= n {
@@ -129,7 +129,7 @@ mod f16c {
     /// # Safety
     /// The CPU has AVX and F16C.
     #[target_feature(enable = "avx,f16c")]
-    pub(in crate::vendors::cpu::kernels) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
+    pub unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
         let n = src.len().min(dst.len());
         let mut i = 0;
         while i + 8 <= n {
@@ -158,13 +158,13 @@ fn bf16_widen(src: &[bf16], dst: &mut [f32]) {
 
 /// One bf16 (as bits) → f32: the conversion of [`bf16_widen`].
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn bf16_bits_to_f32(b: u16) -> f32 {
+pub fn bf16_bits_to_f32(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
 
 /// One f32 → bf16 bits: the conversion of [`bf16_narrow`].
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn f32_to_bf16_bits(v: f32) -> u16 {
+pub fn f32_to_bf16_bits(v: f32) -> u16 {
     let x = v.to_bits();
     let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1))) >> 16;
     let nan = (x >> 16) | 0x40;
@@ -185,7 +185,6 @@ fn bf16_narrow(src: &[f32], dst: &mut [bf16]) {
     }
 }
 
-
 /// [`bf16_widen`] compiled for the CPU's vector instructions.
 fn bf16_load(src: &[bf16], dst: &mut [f32]) {
     super::simd!(bf16_widen(src, dst))
@@ -196,11 +195,9 @@ fn bf16_store(src: &[f32], dst: &mut [bf16]) {
     super::simd!(bf16_narrow(src, dst))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
 
     /// The block conversions of f16 (F16C where the tier is on) against `half`'s software
     /// conversions (`*_const`, which never take the instruction): every f16 widened, and f32s

@@ -6,7 +6,7 @@
 /// (eight accumulators were one chain of adds per vector: a 4096-element row took its add
 /// latency 512 times, a third of a 16 MiB rms_norm).
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 32];
     let (ca, cb) = (a.chunks_exact(32), b.chunks_exact(32));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -24,7 +24,7 @@ pub(in crate::vendors::cpu::kernels) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y += alpha · x`.
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     for (a, b) in y.iter_mut().zip(x) {
         *a += alpha * b;
     }
@@ -36,7 +36,7 @@ pub(in crate::vendors::cpu::kernels) fn axpy(y: &mut [f32], alpha: f32, x: &[f32
 /// multiplies and adds, and one rounding each): within 2 ulp of the exact value on `[-87.3, 88]`; inputs outside are
 /// clamped (`e^-87.3` ≈ 1.2e-38 stands for smaller results), NaN stays NaN.
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn exp_f32(x: f32) -> f32 {
+pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -71,7 +71,7 @@ pub(in crate::vendors::cpu::kernels) fn exp_f32(x: f32) -> f32 {
 /// NaN, ±∞ gives ±1.
 #[inline(always)]
 #[allow(clippy::approx_constant)] // P[0] is the fit's own, not 2/√π (which doubles the error)
-pub(in crate::vendors::cpu::kernels) fn erf_f32(x: f32) -> f32 {
+pub fn erf_f32(x: f32) -> f32 {
     const P: [f32; 10] = [
         1.128_379_1,
         -3.761_261_7e-1,
@@ -116,13 +116,13 @@ pub(in crate::vendors::cpu::kernels) fn erf_f32(x: f32) -> f32 {
 
 /// `1 / (1 + e^-x)`, vectorisable.
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn sigmoid_f32(x: f32) -> f32 {
+pub fn sigmoid_f32(x: f32) -> f32 {
     1.0 / (1.0 + exp_f32(-x))
 }
 
 /// Sum with eight accumulators (vectorisable).
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn sum_f32(v: &[f32]) -> f32 {
+pub fn sum_f32(v: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let c = v.chunks_exact(8);
     let rest: f32 = c.remainder().iter().sum();
@@ -138,7 +138,7 @@ pub(in crate::vendors::cpu::kernels) fn sum_f32(v: &[f32]) -> f32 {
 /// kept per lane too: one flag for the whole run made every step reduce its lanes to a bool
 /// (a third of a 16 MiB softmax went to this pass).
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn max_f32(v: &[f32]) -> f32 {
+pub fn max_f32(v: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; 16];
     let mut nan = [0u32; 16];
     let c = v.chunks_exact(16);
@@ -165,7 +165,6 @@ pub(in crate::vendors::cpu::kernels) fn max_f32(v: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
 
     /// erf_f32 against f64 erf on a fine grid of [−6, 6], and at the special values.
     #[test]

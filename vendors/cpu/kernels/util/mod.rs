@@ -93,7 +93,6 @@ pub(super) fn coalesce<const N: usize>(
     (out_shape, out_strides)
 }
 
-
 /// The scalar parameter of a plan, or an internal error (the plan always sets it).
 pub(super) fn scalar_param(call: &KernelCall<'_>) -> Result<f64> {
     match call.params {
@@ -120,7 +119,6 @@ pub(super) fn offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
     }
     out
 }
-
 
 /// The lanes of operands along one axis: every index of the other dimensions, with the
 /// element offset of the lane start in each operand (relative to its first element).
@@ -225,7 +223,6 @@ pub(super) unsafe fn scatter<T: Float>(src: &[f32], dst: *mut T, stride: usize) 
         }
     }
 }
-
 
 /// Reads an i32/i64 index tensor's element `i` (contiguous offset `off`) as i64.
 ///

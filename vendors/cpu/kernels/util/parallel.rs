@@ -4,12 +4,12 @@
 
 /// Below this many elements a kernel runs on the stream's worker alone (a rayon fork costs
 /// more than the work).
-pub(in crate::vendors::cpu::kernels) const PAR_MIN: usize = 32 * 1024;
+pub const PAR_MIN: usize = 32 * 1024;
 
 /// Calls `f(offsets, len, inner_strides)` for every row (run along the last dimension) of a
 /// walk over `shape`, with each operand's element offset at the row's start, in parallel
 /// chunks of about equal work when the walk is large. Rows may be split between tasks.
-pub(in crate::vendors::cpu::kernels) fn par_rows<const N: usize>(
+pub fn par_rows<const N: usize>(
     shape: &[usize],
     strides: &[[usize; N]],
     f: impl Fn([usize; N], usize, [usize; N]) + Sync,
@@ -185,7 +185,7 @@ fn stack_left() -> Option<usize> {
 /// to wake, which on a virtual machine takes tens of microseconds: here the caller starts at
 /// once, and a helper that wakes late finds the tasks taken. Every task has run when it
 /// returns; a task that panics is re-raised here.
-pub(in crate::vendors::cpu::kernels) fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
+pub fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     if tasks <= 1 {
@@ -251,7 +251,7 @@ pub(in crate::vendors::cpu::kernels) fn fork_tasks(tasks: usize, run: &(dyn Fn(u
 
 /// Splits `0..n` into ranges run in parallel (one task when `n · work_per_item` is small),
 /// so each task can reuse its buffers across items.
-pub(in crate::vendors::cpu::kernels) fn par_chunks(
+pub fn par_chunks(
     n: usize,
     work_per_item: usize,
     f: impl Fn(std::ops::Range<usize>) + Sync + Send,
@@ -271,7 +271,6 @@ pub(in crate::vendors::cpu::kernels) fn par_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
-
 
     /// Every task runs once, with helpers or without, nested forks finish (a task's own fork
     /// runs its tasks itself when no helper is free), and a task's panic reaches the caller.

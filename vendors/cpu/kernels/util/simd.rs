@@ -5,7 +5,7 @@
 /// `UNIRT_CPU_SIMD` (`avx512`, `avx2` or `none`) to reproduce a smaller CPU's code path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
-pub(in crate::vendors::cpu::kernels) enum SimdTier {
+pub enum SimdTier {
     /// Baseline code, as built.
     None = 1,
     /// AVX2, FMA and F16C: 8 f32 lanes.
@@ -40,7 +40,7 @@ fn detect_simd_tier() -> SimdTier {
 
 /// The tier [`with_simd`] compiles for on this CPU.
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn simd_tier() -> SimdTier {
+pub fn simd_tier() -> SimdTier {
     use std::sync::atomic::Ordering;
     match SIMD_TIER.load(Ordering::Relaxed) {
         3 => SimdTier::Avx512,
@@ -66,7 +66,7 @@ pub(in crate::vendors::cpu::kernels) fn simd_tier() -> SimdTier {
 /// `mul_add` (as in [`exp_f32`]) is one rounding everywhere (a libm call on a CPU without
 /// FMA), so results do not depend on the CPU.
 #[inline(always)]
-pub(in crate::vendors::cpu::kernels) fn with_simd<R>(f: impl FnOnce() -> R) -> R {
+pub fn with_simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         match simd_tier() {
@@ -102,5 +102,4 @@ macro_rules! simd {
         )
     };
 }
-pub(in crate::vendors::cpu::kernels) use simd;
-
+pub(crate) use simd;
