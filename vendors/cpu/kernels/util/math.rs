@@ -46,7 +46,8 @@ pub fn exp_f32(x: f32) -> f32 {
     // both and stays NaN.
     let x = if x < -87.3 { -87.3 } else { x };
     let x = if x > 88.0 { 88.0 } else { x };
-    let n = x.mul_add(LOG2E, ROUND) - ROUND;
+    let t = x.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let mut p = 1.987_569_1e-4_f32;
     p = p.mul_add(r, 1.398_199_9e-3);
@@ -55,10 +56,12 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let y = (p * r).mul_add(r, r) + 1.0;
-    // 2^n from n's bits: (n + 1.5·2^23) holds n in its low mantissa bits (two's complement
-    // for negative n), so integer arithmetic on the bits builds the exponent. A float→int
-    // cast would be a saturating conversion, which x86 cannot vectorise.
-    let k = (n + ROUND).to_bits().wrapping_sub(ROUND.to_bits());
+    // 2^n from n's bits: t = n + 1.5·2^23 (exactly: n is an integer of at most 8 bits) holds
+    // n in its low mantissa bits (two's complement for negative n), so integer arithmetic on
+    // t's bits builds the exponent — t itself, not n + 1.5·2^23 computed again (the same
+    // value; LLVM cannot know that, and the add was one vector operation in twenty). A
+    // float→int cast would be a saturating conversion, which x86 cannot vectorise.
+    let k = t.to_bits().wrapping_sub(ROUND.to_bits());
     let scale = f32::from_bits(k.wrapping_add(127) << 23);
     y * scale
 }
