@@ -442,9 +442,6 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         // UNIRT_WGPU_NO_F16): its rows show which costs what.
         memory_rows(dev, DType::F16, 16, &mut rows)?;
     }
-    if !gpu && dev.kind == unirt::DeviceKind::Cpu {
-        rows.push(machine_read_row(if quick { 16 } else { 64 }));
-    }
     for kv in if gpu {
         &[][..]
     } else if quick {
@@ -452,6 +449,12 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     } else {
         &[1024, 2048, 4096][..]
     } {
+        // The roofline of each decode row: the host's read bandwidth over as many bytes as
+        // its K and V (32 heads × 128 × 2 × 4 bytes per key: 32 MiB per 1024 keys), since a
+        // 128 MiB cache and a 32 MiB one sit differently in the caches.
+        if dev.kind == unirt::DeviceKind::Cpu {
+            rows.push(machine_read_row(*kv / 32));
+        }
         rows.push(attention_row(dev, DType::F32, *kv)?);
     }
     // Per-launch cost of a tiny op (16 elements), launches back to back.
