@@ -27,6 +27,7 @@ mod cases_api;
 mod cases_bad_input;
 mod cases_basic;
 mod cases_capture;
+mod cases_capture_freed;
 mod cases_capture_modes;
 mod cases_chaos;
 mod cases_context;
@@ -171,6 +172,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_memcpy::CASES);
     all.extend_from_slice(cases_streams::CASES);
     all.extend_from_slice(cases_capture::CASES);
+    all.extend_from_slice(cases_capture_freed::CASES);
     all.extend_from_slice(cases_capture_modes::CASES);
     all.extend_from_slice(cases_bad_input::CASES);
     all.extend_from_slice(cases_chaos::CASES);
