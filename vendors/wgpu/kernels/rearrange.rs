@@ -25,6 +25,11 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     cfg[2] = wgsl::push_view(&mut cfg, dst.layout.shape(), dst.layout.strides());
     let binds = [Bind::read("src", src.dtype), Bind::write("dst", dst.dtype)];
     let host = super::on_host_cores(spec);
+    if host && dst.layout.is_contiguous() {
+        if let Some(t) = Transpose::of(src.layout.shape(), src.layout.strides()) {
+            return prepare_op(spec, t.source(&binds, spec, cfg));
+        }
+    }
     let mut views = String::new();
     let mut index = |name: &str, d: &crate::ops::TensorDesc, at: u32| {
         if d.layout.is_contiguous() {
@@ -51,6 +56,92 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             aligned: None,
         },
     )
+}
+
+/// A copy of a transposed view into a contiguous tensor, on the host's cores: the source,
+/// without its size-1 dimensions, is `[batch?, rows, cols]` with unit stride along the rows
+/// and not along the columns (a transpose of the last two dimensions, heads swapped with a
+/// sequence, …).
+///
+/// Element by element, consecutive invocations read elements a column stride apart: each
+/// SIMD batch of lavapipe or llvmpipe touches a different cache line and page per lane (0.4–0.7
+/// GB/s on a 16 MiB f32 transpose). Here each invocation copies a tile of [`TILE_ROWS`] ×
+/// [`TILE_COLS`] elements, reading [`TILE_ROWS`]-element runs along the source's rows and
+/// writing whole cache lines of each destination row, and consecutive invocations take
+/// consecutive row tiles, so a batch reads neighbouring memory: 3.4–3.9× the element-wise
+/// kernel there (docs/BENCHMARKS.md). The tile was chosen by measuring 16 of them, columns ×
+/// rows from 4 × 4 to 128 × 2. A GPU keeps the element-wise form (its invocations coalesce
+/// differently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Transpose {
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    /// The source's strides along the batch and the columns (its row stride is 1).
+    batch_stride: usize,
+    col_stride: usize,
+}
+
+/// Destination rows per tile (a source run of unit stride).
+const TILE_ROWS: usize = 4;
+/// Destination columns per tile: 32 f32 elements are two 64-byte cache lines.
+const TILE_COLS: usize = 32;
+
+impl Transpose {
+    fn of(shape: &[usize], strides: &[usize]) -> Option<Self> {
+        let dims: Vec<(usize, usize)> = shape
+            .iter()
+            .zip(strides)
+            .filter(|(&n, _)| n != 1)
+            .map(|(&n, &s)| (n, s))
+            .collect();
+        let ((batch, batch_stride), (rows, row_stride), (cols, col_stride)) = match dims[..] {
+            [r, c] => ((1, 0), r, c),
+            [b, r, c] => (b, r, c),
+            _ => return None,
+        };
+        (row_stride == 1 && col_stride != 1).then_some(Transpose {
+            batch,
+            rows,
+            cols,
+            batch_stride,
+            col_stride,
+        })
+    }
+
+    fn source(self, binds: &[Bind], spec: &PlanSpec<'_>, cfg: Vec<u32>) -> OpSource {
+        let Transpose {
+            batch,
+            rows,
+            cols,
+            batch_stride,
+            col_stride,
+        } = self;
+        let (row_tiles, col_tiles) = (rows.div_ceil(TILE_ROWS), cols.div_ceil(TILE_COLS));
+        let tiles = batch * row_tiles * col_tiles;
+        let source = format!(
+            "{prelude}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= {tiles}u) {{ return; }}\n    \
+             let t = i % {per_batch}u;\n    let b = i / {per_batch}u;\n    \
+             let r0 = (t % {row_tiles}u) * {TILE_ROWS}u;\n    let c0 = (t / {row_tiles}u) * {TILE_COLS}u;\n    \
+             let src_b = b * {batch_stride}u;\n    let dst_b = b * {plane}u;\n    \
+             for (var a = 0u; a < {TILE_COLS}u; a++) {{\n        let c = c0 + a;\n        \
+             if (c >= {cols}u) {{ break; }}\n        \
+             for (var k = 0u; k < {TILE_ROWS}u; k++) {{\n            let r = r0 + k;\n            \
+             if (r >= {rows}u) {{ break; }}\n            \
+             str_dst(dst_b + r * {cols}u + c, ldr_src(src_b + r + c * {col_stride}u));\n        }}\n    }}\n}}\n",
+            prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
+            per_batch = row_tiles * col_tiles,
+            plane = rows * cols,
+        );
+        OpSource {
+            name: "rearrange".into(),
+            passes: vec![(source, groups_for(tiles as u64))],
+            cfg,
+            entry: None,
+            zero_workgroup_memory: false,
+            aligned: None,
+        }
+    }
 }
 
 fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
