@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::elementwise::groups_for;
 use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
-use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D, MAIN_ROWS};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
@@ -25,9 +25,14 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     cfg[2] = wgsl::push_view(&mut cfg, dst.layout.shape(), dst.layout.strides());
     let binds = [Bind::read("src", src.dtype), Bind::write("dst", dst.dtype)];
     let host = super::on_host_cores(spec);
-    if host && dst.layout.is_contiguous() {
+    if dst.layout.is_contiguous() {
         if let Some(t) = Transpose::of(src.layout.shape(), src.layout.strides()) {
-            return prepare_op(spec, t.source(&binds, spec, cfg));
+            let source = if host {
+                t.per_invocation(&binds, spec, cfg)
+            } else {
+                t.per_workgroup(&binds, spec, cfg)
+            };
+            return prepare_op(spec, source);
         }
     }
     let mut views = String::new();
@@ -58,20 +63,26 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )
 }
 
-/// A copy of a transposed view into a contiguous tensor, on the host's cores: the source,
-/// without its size-1 dimensions, is `[batch?, rows, cols]` with unit stride along the rows
-/// and not along the columns (a transpose of the last two dimensions, heads swapped with a
-/// sequence, …).
+/// A copy of a transposed view into a contiguous tensor: the source, without its size-1
+/// dimensions, is `[batch?, rows, cols]` with unit stride along the rows and not along the
+/// columns (a transpose of the last two dimensions, heads swapped with a sequence, …). Element
+/// by element, the reads of neighbouring invocations lie a column stride apart; both forms
+/// below tile the copy so that reads and writes each run along memory.
 ///
-/// Element by element, consecutive invocations read elements a column stride apart: each
-/// SIMD batch of lavapipe or llvmpipe touches a different cache line and page per lane (0.4–0.7
-/// GB/s on a 16 MiB f32 transpose). Here each invocation copies a tile of [`TILE_ROWS`] ×
-/// [`TILE_COLS`] elements, reading [`TILE_ROWS`]-element runs along the source's rows and
-/// writing whole cache lines of each destination row, and consecutive invocations take
-/// consecutive row tiles, so a batch reads neighbouring memory: 3.4–3.9× the element-wise
-/// kernel there (docs/BENCHMARKS.md). The tile was chosen by measuring 16 of them, columns ×
-/// rows from 4 × 4 to 128 × 2. A GPU keeps the element-wise form (its invocations coalesce
-/// differently).
+/// - On the host's cores ([`Transpose::per_invocation`]): each SIMD batch of lavapipe or
+///   llvmpipe touched a different cache line and page per lane (0.4–0.7 GB/s on a 16 MiB f32
+///   transpose). Each invocation copies a tile of [`TILE_ROWS`] × [`TILE_COLS`] elements,
+///   reading [`TILE_ROWS`]-element runs along the source's rows and writing whole cache lines
+///   of each destination row, consecutive invocations taking consecutive row tiles: 2.6–3.7×
+///   the element-wise kernel there (docs/BENCHMARKS.md). The tile was chosen by measuring 16
+///   of them, columns × rows from 4 × 4 to 128 × 2.
+/// - On a GPU ([`Transpose::per_workgroup`]): the classic workgroup-memory transpose. A
+///   workgroup reads a 32 × 32 tile with consecutive invocations on consecutive source
+///   elements (coalesced), and after a barrier writes it with consecutive invocations on
+///   consecutive destination elements; the tile's rows are padded to 33 elements so that the
+///   column-wise reads from workgroup memory spread over the banks (elements are raw bits,
+///   two words, for any dtype). Its speed is unmeasured here (no GPU); conformance checks it
+///   on the Mesa adapters with `UNIRT_WGPU_GPU_FORMS=1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Transpose {
     batch: usize,
@@ -109,7 +120,8 @@ impl Transpose {
         })
     }
 
-    fn source(self, binds: &[Bind], spec: &PlanSpec<'_>, cfg: Vec<u32>) -> OpSource {
+    /// Tiles of [`TILE_ROWS`] × [`TILE_COLS`] per invocation (the host's cores).
+    fn per_invocation(self, binds: &[Bind], spec: &PlanSpec<'_>, cfg: Vec<u32>) -> OpSource {
         let Transpose {
             batch,
             rows,
@@ -136,6 +148,48 @@ impl Transpose {
         OpSource {
             name: "rearrange".into(),
             passes: vec![(source, groups_for(tiles as u64))],
+            cfg,
+            entry: None,
+            zero_workgroup_memory: false,
+            aligned: None,
+        }
+    }
+
+    /// 32 × 32 tiles per workgroup through workgroup memory (a GPU).
+    fn per_workgroup(self, binds: &[Bind], spec: &PlanSpec<'_>, cfg: Vec<u32>) -> OpSource {
+        let Transpose {
+            batch,
+            rows,
+            cols,
+            batch_stride,
+            col_stride,
+        } = self;
+        let (row_tiles, col_tiles) = (rows.div_ceil(32), cols.div_ceil(32));
+        let tiles = batch * row_tiles * col_tiles;
+        let source = format!(
+            "{prelude}\nvar<workgroup> tile: array<vec2<u32>, 1056>;\n{MAIN_ROWS} {{\n    \
+             let g = wid.x + wid.y * nwg.x;\n    if (g >= {tiles}u) {{ return; }}\n    \
+             let t = g % {per_batch}u;\n    let b = g / {per_batch}u;\n    \
+             let r0 = (t % {row_tiles}u) * 32u;\n    let c0 = (t / {row_tiles}u) * 32u;\n    \
+             let lane = lid % 32u;\n    let step = lid / 32u;\n    \
+             // Read: consecutive invocations on consecutive rows (the source's unit stride).\n    \
+             for (var k = 0u; k < 32u; k = k + 8u) {{\n        \
+             let r = r0 + lane;\n        let c = c0 + step + k;\n        \
+             if (r < {rows}u && c < {cols}u) {{ tile[(step + k) * 33u + lane] = \
+             ldr_src(b * {batch_stride}u + r + c * {col_stride}u); }}\n    }}\n    \
+             workgroupBarrier();\n    \
+             // Write: consecutive invocations on consecutive columns (the destination's).\n    \
+             for (var k = 0u; k < 32u; k = k + 8u) {{\n        \
+             let r = r0 + step + k;\n        let c = c0 + lane;\n        \
+             if (r < {rows}u && c < {cols}u) {{ str_dst(b * {plane}u + r * {cols}u + c, \
+             tile[lane * 33u + step + k]); }}\n    }}\n}}\n",
+            prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
+            per_batch = row_tiles * col_tiles,
+            plane = rows * cols,
+        );
+        OpSource {
+            name: "rearrange".into(),
+            passes: vec![(source, wgsl::rows_grid(tiles))],
             cfg,
             entry: None,
             zero_workgroup_memory: false,
