@@ -155,8 +155,11 @@ impl Transpose {
         }
     }
 
-    /// 32 × 32 tiles per workgroup through workgroup memory (a GPU).
-    fn per_workgroup(self, binds: &[Bind], spec: &PlanSpec<'_>, cfg: Vec<u32>) -> OpSource {
+    /// 32 × 32 tiles per workgroup through workgroup memory (a GPU). The sizes and strides
+    /// ride in the plan's constants, not in the code, so one pipeline per dtype serves every
+    /// shape (a GPU compiles a pipeline in milliseconds; the host form, which bakes them in for
+    /// its compiler, pays that per shape).
+    fn per_workgroup(self, binds: &[Bind], spec: &PlanSpec<'_>, mut cfg: Vec<u32>) -> OpSource {
         let Transpose {
             batch,
             rows,
@@ -166,26 +169,42 @@ impl Transpose {
         } = self;
         let (row_tiles, col_tiles) = (rows.div_ceil(32), cols.div_ceil(32));
         let tiles = batch * row_tiles * col_tiles;
+        let at = cfg.len();
+        cfg.extend(
+            [
+                tiles,
+                row_tiles * col_tiles,
+                row_tiles,
+                rows,
+                cols,
+                batch_stride,
+                col_stride,
+                rows * cols,
+            ]
+            .map(|v| v as u32),
+        );
+        let c = |k: usize| format!("cfg[{}u]", at + k);
+        let (tiles_c, per_batch, row_tiles_c, rows_c, cols_c, bstride, cstride, plane) =
+            (c(0), c(1), c(2), c(3), c(4), c(5), c(6), c(7));
         let source = format!(
             "{prelude}\nvar<workgroup> tile: array<vec2<u32>, 1056>;\n{MAIN_ROWS} {{\n    \
-             let g = wid.x + wid.y * nwg.x;\n    if (g >= {tiles}u) {{ return; }}\n    \
-             let t = g % {per_batch}u;\n    let b = g / {per_batch}u;\n    \
-             let r0 = (t % {row_tiles}u) * 32u;\n    let c0 = (t / {row_tiles}u) * 32u;\n    \
+             let g = wid.x + wid.y * nwg.x;\n    if (g >= {tiles_c}) {{ return; }}\n    \
+             let t = g % {per_batch};\n    let b = g / {per_batch};\n    \
+             let r0 = (t % {row_tiles_c}) * 32u;\n    let c0 = (t / {row_tiles_c}) * 32u;\n    \
+             let rows = {rows_c};\n    let cols = {cols_c};\n    \
              let lane = lid % 32u;\n    let step = lid / 32u;\n    \
              // Read: consecutive invocations on consecutive rows (the source's unit stride).\n    \
              for (var k = 0u; k < 32u; k = k + 8u) {{\n        \
              let r = r0 + lane;\n        let c = c0 + step + k;\n        \
-             if (r < {rows}u && c < {cols}u) {{ tile[(step + k) * 33u + lane] = \
-             ldr_src(b * {batch_stride}u + r + c * {col_stride}u); }}\n    }}\n    \
+             if (r < rows && c < cols) {{ tile[(step + k) * 33u + lane] = \
+             ldr_src(b * {bstride} + r + c * {cstride}); }}\n    }}\n    \
              workgroupBarrier();\n    \
              // Write: consecutive invocations on consecutive columns (the destination's).\n    \
              for (var k = 0u; k < 32u; k = k + 8u) {{\n        \
              let r = r0 + step + k;\n        let c = c0 + lane;\n        \
-             if (r < {rows}u && c < {cols}u) {{ str_dst(b * {plane}u + r * {cols}u + c, \
+             if (r < rows && c < cols) {{ str_dst(b * {plane} + r * cols + c, \
              tile[lane * 33u + step + k]); }}\n    }}\n}}\n",
             prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
-            per_batch = row_tiles * col_tiles,
-            plane = rows * cols,
         );
         OpSource {
             name: "rearrange".into(),
