@@ -134,6 +134,13 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
                 (&[7], &[1]),
                 (&[2, 1], &[1, 3]),
                 (&[0, 3], &[1, 3]),
+                // Broadcasts in whole quads, which wgpu reads four at a time: a row repeated
+                // (a bias), a column spread (a per-row scale) on either side, and a mix that
+                // is neither.
+                (&[6, 8], &[8]),
+                (&[8, 12], &[8, 1]),
+                (&[4, 1], &[4, 8]),
+                (&[2, 3, 8], &[3, 1]),
             ];
             for (i, (sa, sb)) in pairs.iter().enumerate() {
                 check_pair(ctx, op, dt, sa, sb, 30 + i as u64)?;

@@ -105,13 +105,22 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut loads = String::new();
     let mut views = String::new();
     let host = super::on_host_cores(spec);
-    let mut all_direct = n % 4 == 0;
+    // Each input's quad load, while every input has one (see `QuadRead`).
+    let mut quad_reads: Option<Vec<QuadRead>> = (n % 4 == 0).then(Vec::new);
     for (k, d) in spec.inputs.iter().enumerate() {
         binds.push(Bind::read(NAMES[k], d.dtype));
         let direct = d.layout.is_contiguous() && d.layout.shape() == shape;
-        all_direct &= direct;
         let strides = wgsl::broadcast_strides(d.layout.shape(), d.layout.strides(), shape);
         cfg[2 + k] = wgsl::push_view(&mut cfg, shape, &strides);
+        let quad = if direct {
+            Some(QuadRead::Direct)
+        } else {
+            QuadRead::of(shape, &strides)
+        };
+        quad_reads = quad_reads.zip(quad).map(|(mut v, q)| {
+            v.push(q);
+            v
+        });
         let index = if direct {
             "i".to_string()
         } else {
@@ -127,11 +136,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         prelude = wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
     let groups = groups_for(n as u64);
-    let aligned = if all_direct {
-        quads(&binds, &body, n)
-    } else {
-        None
-    };
+    let aligned = quad_reads.and_then(|reads| {
+        let mut helpers = String::new();
+        let loads: Vec<String> = reads
+            .iter()
+            .enumerate()
+            .map(|(k, r)| r.load(k, NAMES[k], host, &mut cfg, &mut helpers))
+            .collect();
+        quads(&binds, &body, n, &loads, &helpers)
+    });
     prepare_op(
         spec,
         OpSource {
@@ -145,17 +158,113 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )
 }
 
-/// The quad variant (see [`super::op::OpSource::aligned`]) of an elementwise kernel whose
-/// tensors are all contiguous in the output's shape, `n` (a multiple of four) elements: one
-/// work item per four elements, each read and written as one quad, then computed element by
-/// element with the scalar kernel's expression (so both variants give bitwise the same
-/// result). `None` when a tensor's dtype has no quad form.
-pub(super) fn quads(binds: &[Bind], body: &str, n: usize) -> Option<Vec<(String, [u32; 3])>> {
+/// How the quad variant reads one input at the output's element `i` (a multiple of four):
+/// the quad at `i`, or — for the broadcasts that are a repeated or a spread contiguous block —
+/// the quad at `i mod len` (a row broadcast over leading dimensions: a bias `[n]` added to
+/// `[m, n]`) or one element, `i / len`, for all four lanes (a column broadcast over trailing
+/// dimensions: a per-row scale `[m, 1]`), where `len` is a multiple of four so that the four
+/// elements of a quad never straddle a block. Elementwise ops with such an operand then read
+/// quads too; they read each element one lane at a time, a per-lane scalar load on lavapipe
+/// and llvmpipe (a broadcast add ran at a quarter of a contiguous one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuadRead {
+    Direct,
+    /// The contiguous block of `len` elements repeated along the leading dimensions.
+    Rows {
+        len: usize,
+    },
+    /// Each element of a contiguous tensor spread over `len` consecutive outputs.
+    Spread {
+        len: usize,
+    },
+}
+
+impl QuadRead {
+    /// The form of an input with `strides` broadcast to the output's `shape`, if it has one.
+    fn of(shape: &[usize], strides: &[usize]) -> Option<Self> {
+        // Whether dims `range` are contiguous among themselves (size-1 dims aside).
+        let contiguous = |range: std::ops::Range<usize>| {
+            let mut want = 1;
+            for d in range.rev() {
+                if shape[d] != 1 && strides[d] != want {
+                    return false;
+                }
+                want *= shape[d];
+            }
+            true
+        };
+        let zero = |range: std::ops::Range<usize>| {
+            range.into_iter().all(|d| strides[d] == 0 || shape[d] == 1)
+        };
+        let nd = shape.len();
+        let n: usize = shape.iter().product();
+        // The input's own extent (`len` for rows, `n / len` for a spread) must be whole quads
+        // too, so that its last quad lies inside its binding, as the variant's contract says.
+        (0..nd).find_map(|p| {
+            let len: usize = shape[p..].iter().product();
+            if len == 0 || len % 4 != 0 {
+                None
+            } else if zero(0..p) && contiguous(p..nd) {
+                Some(QuadRead::Rows { len })
+            } else if zero(p..nd) && contiguous(0..p) && (n / len) % 4 == 0 {
+                Some(QuadRead::Spread { len })
+            } else {
+                None
+            }
+        })
+    }
+
+    /// The WGSL expression of input `k`'s quad at `i`; a helper function it calls goes to
+    /// `helpers`, and `len` is written into the code on the host's cores (a division by a
+    /// constant is a multiply there) or read from `cfg` on a GPU (one pipeline per dtype).
+    fn load(
+        self,
+        k: usize,
+        name: &str,
+        host: bool,
+        cfg: &mut Vec<u32>,
+        helpers: &mut String,
+    ) -> String {
+        let mut lit = |v: usize| {
+            if host {
+                format!("{v}u")
+            } else {
+                cfg.push(v as u32);
+                format!("cfg[{}u]", cfg.len() - 1)
+            }
+        };
+        match self {
+            QuadRead::Direct => format!("ld4_{name}(i)"),
+            QuadRead::Rows { len } => format!("ld4_{name}(i % {})", lit(len)),
+            QuadRead::Spread { len } => {
+                let len = lit(len);
+                helpers.push_str(&format!(
+                    "fn spread_{name}(i: u32) -> vec4<f32> {{ let j = imm.o{k} + i / {len}; \
+                     return vec4<f32>(ldq_{name}(j >> 2u)[j & 3u]); }}\n"
+                ));
+                format!("spread_{name}(i)")
+            }
+        }
+    }
+}
+
+/// The quad variant (see [`super::op::OpSource::aligned`]) of an elementwise kernel of `n`
+/// (a multiple of four) elements whose inputs are read by `loads` (WGSL expressions of the
+/// input's quad at element `i`, calling `helpers`): one work item per four elements, each
+/// written as one quad, computed element by element with the scalar kernel's expression (so
+/// both variants give bitwise the same result). `None` when a tensor's dtype has no quad form.
+pub(super) fn quads(
+    binds: &[Bind],
+    body: &str,
+    n: usize,
+    loads: &[String],
+    helpers: &str,
+) -> Option<Vec<(String, [u32; 3])>> {
     let prelude = wgsl::prelude_quads(binds)?;
-    let lanes = quad_lanes(binds, |c| format!("r.{c} = {body};"));
+    let lanes = quad_lanes_reading(binds, loads, |c| format!("r.{c} = {body};"));
     let out = binds[binds.len() - 1].name;
     let source = format!(
-        "{prelude}{MATH}\n{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    if (i >= cfg[0]) {{ return; }}\n    \
+        "{prelude}{MATH}\n{helpers}{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    if (i >= cfg[0]) {{ return; }}\n    \
          let s = cfg_f(1u);\n{lanes}    st4_{out}(i, r);\n}}\n"
     );
     Some(vec![(source, groups_for(n as u64 / 4))])
@@ -165,11 +274,20 @@ pub(super) fn quads(binds: &[Bind], body: &str, n: usize) -> Option<Vec<(String,
 /// element `i` loaded as `v<k>`, then for each of the four lanes `c` a block that names the
 /// lane's inputs `x<k>` and runs `stmt(c)`, which sets `r.c` of the result quad `r`.
 pub(super) fn quad_lanes(binds: &[Bind], stmt: impl Fn(&str) -> String) -> String {
+    let loads: Vec<String> = binds[..binds.len() - 1]
+        .iter()
+        .map(|b| format!("ld4_{}(i)", b.name))
+        .collect();
+    quad_lanes_reading(binds, &loads, stmt)
+}
+
+/// [`quad_lanes`] with each input's quad read by its expression in `loads`.
+fn quad_lanes_reading(binds: &[Bind], loads: &[String], stmt: impl Fn(&str) -> String) -> String {
     let inputs = &binds[..binds.len() - 1];
-    let mut s: String = inputs
+    let mut s: String = loads
         .iter()
         .enumerate()
-        .map(|(k, b)| format!("    let v{k} = ld4_{}(i);\n", b.name))
+        .map(|(k, l)| format!("    let v{k} = {l};\n"))
         .collect();
     s += "    var r: vec4<f32>;\n";
     for c in ["x", "y", "z", "w"] {
