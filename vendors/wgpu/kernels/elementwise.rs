@@ -202,11 +202,11 @@ impl QuadRead {
         // too, so that its last quad lies inside its binding, as the variant's contract says.
         (0..nd).find_map(|p| {
             let len: usize = shape[p..].iter().product();
-            if len == 0 || len % 4 != 0 {
+            if len == 0 || !len.is_multiple_of(4) {
                 None
             } else if zero(0..p) && contiguous(p..nd) {
                 Some(QuadRead::Rows { len })
-            } else if zero(p..nd) && contiguous(0..p) && (n / len) % 4 == 0 {
+            } else if zero(p..nd) && contiguous(0..p) && (n / len).is_multiple_of(4) {
                 Some(QuadRead::Spread { len })
             } else {
                 None
