@@ -50,17 +50,7 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
          str_dst({di}, ldr_src({si}));\n}}\n",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
-    prepare_op(
-        spec,
-        OpSource {
-            name: "rearrange".into(),
-            passes: vec![(source, groups_for(n as u64))],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-        },
-    )
+    prepare_op(spec, one_pass(source, groups_for(n as u64), cfg))
 }
 
 /// A copy of a transposed view into a contiguous tensor: the source, without its size-1
@@ -145,14 +135,7 @@ impl Transpose {
             per_batch = row_tiles * col_tiles,
             plane = rows * cols,
         );
-        OpSource {
-            name: "rearrange".into(),
-            passes: vec![(source, groups_for(tiles as u64))],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-        }
+        one_pass(source, groups_for(tiles as u64), cfg)
     }
 
     /// 32 × 32 tiles per workgroup through workgroup memory (a GPU). The sizes and strides
@@ -160,26 +143,19 @@ impl Transpose {
     /// shape (a GPU compiles a pipeline in milliseconds; the host form, which bakes them in for
     /// its compiler, pays that per shape).
     fn per_workgroup(self, binds: &[Bind], spec: &PlanSpec<'_>, mut cfg: Vec<u32>) -> OpSource {
-        let Transpose {
-            batch,
-            rows,
-            cols,
-            batch_stride,
-            col_stride,
-        } = self;
-        let (row_tiles, col_tiles) = (rows.div_ceil(32), cols.div_ceil(32));
-        let tiles = batch * row_tiles * col_tiles;
+        let (row_tiles, col_tiles) = (self.rows.div_ceil(32), self.cols.div_ceil(32));
+        let tiles = self.batch * row_tiles * col_tiles;
         let at = cfg.len();
         cfg.extend(
             [
                 tiles,
                 row_tiles * col_tiles,
                 row_tiles,
-                rows,
-                cols,
-                batch_stride,
-                col_stride,
-                rows * cols,
+                self.rows,
+                self.cols,
+                self.batch_stride,
+                self.col_stride,
+                self.rows * self.cols,
             ]
             .map(|v| v as u32),
         );
@@ -206,14 +182,19 @@ impl Transpose {
              tile[lane * 33u + step + k]); }}\n    }}\n}}\n",
             prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
         );
-        OpSource {
-            name: "rearrange".into(),
-            passes: vec![(source, wgsl::rows_grid(tiles))],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-        }
+        one_pass(source, wgsl::rows_grid(tiles), cfg)
+    }
+}
+
+/// A rearrange of one pass without a quad variant.
+fn one_pass(source: String, groups: [u32; 3], cfg: Vec<u32>) -> OpSource {
+    OpSource {
+        name: "rearrange".into(),
+        passes: vec![(source, groups)],
+        cfg,
+        entry: None,
+        zero_workgroup_memory: false,
+        aligned: None,
     }
 }
 
