@@ -63,7 +63,7 @@ def rows_numpy(rows):
             b = rng.standard_normal((k, n), dtype=np.float32)
             c = np.empty((m, n), np.float32)
             ms = median_ms(lambda: np.matmul(a, b, out=c))
-            out.append(dict(r, peer="numpy", ms=ms, gflops=2 * m * n * k / (ms * 1e6)))
+            out.append(dict(r, peer="numpy", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
             continue
         if op in ("add", "mul", "silu", "swiglu", "softmax", "rms_norm"):
             rows_, cols = map(int, shape.split("x"))
@@ -82,6 +82,12 @@ def rows_numpy(rows):
             ms = median_ms(fn)
             out.append(dict(r, peer="numpy", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
     return out, info
+
+
+def gemv_gbps(r, ms):
+    """A GEMV row's bandwidth (unirt reports one where m is 1) at the peer's time; nothing
+    for other products."""
+    return {"gbps": r["gbps"] * r["ms"] / ms} if r.get("gbps") else {}
 
 
 def rows_ort(rows, threads):
@@ -119,7 +125,7 @@ def rows_ort(rows, threads):
                 s = session([helper.make_node("MatMul", ["a", "b"], ["c"])], [vi("a", [m, k]), vi("b", [k, n])], [vi("c", [m, n])])
                 feeds = {"a": rng.standard_normal((m, k), dtype=np.float32), "b": rng.standard_normal((k, n), dtype=np.float32)}
                 ms = median_ms(lambda: s.run(None, feeds))
-                out.append(dict(r, peer="onnxruntime", ms=ms, gflops=2 * m * n * k / (ms * 1e6)))
+                out.append(dict(r, peer="onnxruntime", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
                 continue
             if op in ("add", "mul", "silu", "gelu", "swiglu", "softmax", "rms_norm"):
                 rows_, cols = map(int, shape.split("x"))

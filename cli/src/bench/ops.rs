@@ -17,7 +17,8 @@ use unirt::{Backend, Device, Runtime};
 use super::stats::{median, reps_for};
 use crate::CliResult;
 
-/// One row of the report.
+/// One row of the report: `gflops` for compute-bound rows, `gbps` for memory-bound ones,
+/// both for a product with one row (a GEMV, bound by reading its matrix).
 #[derive(Serialize)]
 pub struct Row {
     op: String,
@@ -120,7 +121,8 @@ fn gemm_row(dev: Device, dt: DType, m: usize, n: usize, k: usize) -> CliResult<R
         shape: format!("{m}x{n}x{k}"),
         ms,
         gflops: Some(flops / (ms * 1e6)),
-        gbps: None,
+        // A product with one row (GEMV) is bound by reading B: its bandwidth too.
+        gbps: (m == 1).then(|| ((m * k + k * n + m * n) * dt.size()) as f64 / (ms * 1e6)),
     })
 }
 
@@ -408,8 +410,18 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             }
         }
     }
+    if quick && !gpu {
+        // GEMV, the decode step's products: a 4096² weight and the tiny model's 256 × 1024.
+        for (m, n, k) in [(1, 4096, 4096), (1, 1024, 256)] {
+            match gemm_row(dev, DType::F32, m, n, k) {
+                Ok(r) => rows.push(r),
+                Err(e) => println!("matmul f32 {m}x{n}x{k}: not run ({e})"),
+            }
+        }
+    }
     if !quick && !gpu {
         for (dt, m, n, k) in [
+            (DType::F32, 1, 1024, 256),
             (DType::F32, 1, 4096, 4096),
             (DType::F32, 64, 11008, 4096),
             (DType::BF16, 1, 4096, 4096),
