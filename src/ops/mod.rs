@@ -7,11 +7,12 @@
 //! often as wanted with tensors that match it, on any stream of its device; launching checks
 //! the tensors (and refuses outputs that overlap inputs where the operator does not allow it)
 //! and enqueues the kernel in stream order. The eager methods on
-//! [`Tensor`] (`a.add(&b)?`, `x.matmul(&w)?`, …) plan, allocate the outputs and launch on the
-//! calling thread's stream.
+//! [`Tensor`](crate::tensor::Tensor) (`a.add(&b)?`, `x.matmul(&w)?`, …) plan, allocate the
+//! outputs and launch on the calling thread's stream.
 //!
 //! One file per operator family, with the same names as the kernel files of every vendor
-//! (`vendors/<vendor>/kernels/<family>.rs`).
+//! (`vendors/<vendor>/kernels/<family>.rs`); `plan.rs` holds [`Plan`] and its launch checks,
+//! `registry.rs` the [`KernelRegistry`].
 //!
 //! ```
 //! use unirt::{tensor::{DType, Tensor}, Device};
@@ -30,6 +31,7 @@ pub mod embedding;
 pub mod fused;
 pub mod matmul;
 pub mod norm;
+mod plan;
 pub mod rearrange;
 pub mod reduce;
 pub mod registry;
@@ -40,6 +42,7 @@ pub mod softmax;
 use std::sync::Arc;
 
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use plan::{Plan, PlanBuilder};
 pub use registry::{
     is_registered, kernels, lookup, register_kernel, HostItemKernel, HostKernel, KernelCall,
     KernelImpl, KernelKey, KernelRegistry, PlanSpec, PrepareKernel, PreparedKernel, TensorRef,
@@ -47,8 +50,8 @@ pub use registry::{
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, DevicePtr, HostTask, KernelArg, StreamId};
-use crate::tensor::{DType, Layout, Tensor};
+use crate::hal::KernelArg;
+use crate::tensor::{DType, Layout};
 
 /// What a plan knows of a tensor: where it lives, its dtype and its layout.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,148 +137,6 @@ pub enum Params {
     },
 }
 
-struct PlanInner {
-    op: String,
-    device: Device,
-    dtype: DType,
-    inputs: Vec<TensorDesc>,
-    outputs: Vec<TensorDesc>,
-    params: Params,
-    scalars: Vec<KernelArg>,
-    grid: [u32; 3],
-    workspace: usize,
-    /// Whether an output may be the very same view as an input (elementwise in place).
-    in_place: bool,
-    kernel: KernelImpl,
-    /// The device kernel prepared for this plan ([`KernelImpl::Prepared`]).
-    prepared: Option<Arc<dyn PreparedKernel>>,
-}
-
-/// A planned operator: validated, with its output layouts, workspace size and kernel fixed.
-/// Cheap to clone; launch it with [`Plan::launch`] as often as wanted.
-#[derive(Clone)]
-pub struct Plan(Arc<PlanInner>);
-
-impl std::fmt::Debug for Plan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plan")
-            .field("op", &self.0.op)
-            .field("device", &self.0.device)
-            .field("dtype", &self.0.dtype)
-            .field("outputs", &self.0.outputs)
-            .field("workspace", &self.0.workspace)
-            .finish()
-    }
-}
-
-/// How a plan is built: the family modules fill one in and call [`PlanBuilder::build`].
-pub struct PlanBuilder {
-    pub op: String,
-    pub dtype: DType,
-    pub inputs: Vec<TensorDesc>,
-    pub outputs: Vec<TensorDesc>,
-    pub params: Params,
-    pub scalars: Vec<KernelArg>,
-    pub grid: [u32; 3],
-    pub workspace: usize,
-    pub in_place: bool,
-}
-
-impl PlanBuilder {
-    /// A plan of `op` whose kernel is looked up for `dtype`; outputs, parameters and the rest
-    /// are set on the builder before [`build`](Self::build).
-    pub fn new(op: &str, dtype: DType, inputs: Vec<TensorDesc>) -> Self {
-        PlanBuilder {
-            op: op.into(),
-            dtype,
-            inputs,
-            outputs: Vec::new(),
-            params: Params::None,
-            scalars: Vec::new(),
-            grid: [1, 1, 1],
-            workspace: 0,
-            in_place: false,
-        }
-    }
-
-    /// Checks that every input lies on one device, looks up the kernel, and makes the plan.
-    pub fn build(self) -> Result<Plan> {
-        let device = self
-            .inputs
-            .first()
-            .or(self.outputs.first())
-            .map(|d| d.device)
-            .ok_or_else(|| Error::BadParam(format!("{}: an operator needs a tensor", self.op)))?;
-        for d in self.inputs.iter().chain(&self.outputs) {
-            if d.device != device {
-                return Err(Error::DeviceMismatch {
-                    op: self.op.clone(),
-                    expected: device,
-                    got: d.device,
-                });
-            }
-        }
-        // No element count, row count or byte size computed from a shape may overflow.
-        for d in self.inputs.iter().chain(&self.outputs) {
-            if !crate::tensor::shape_fits(d.layout.shape(), d.dtype.size()) {
-                return Err(Error::TooLarge {
-                    device: format!(
-                        "{} ({}: a tensor of shape {:?})",
-                        device,
-                        self.op,
-                        d.shape()
-                    ),
-                    requested: u64::MAX,
-                    limit: isize::MAX as u64,
-                });
-            }
-        }
-        for o in &self.outputs {
-            if o.layout.has_internal_overlap() {
-                return Err(Error::Aliasing {
-                    op: self.op.clone(),
-                    detail: format!("output layout {:?} writes one element twice", o.layout),
-                });
-            }
-        }
-        let kernel = registry::lookup(&self.op, device.kind, self.dtype)?;
-        let spec = PlanSpec {
-            op: &self.op,
-            device,
-            dtype: self.dtype,
-            params: &self.params,
-            inputs: &self.inputs,
-            outputs: &self.outputs,
-            scalars: &self.scalars,
-            grid: self.grid,
-            workspace: self.workspace,
-        };
-        crate::vendors::check_plan(&spec)?;
-        let prepared = match &kernel {
-            KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
-            // User kernels in a device language are prepared by their vendor, as built-ins.
-            KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
-                Some(crate::vendors::prepare_user_kernel(&spec, &kernel)?)
-            }
-            _ => None,
-        };
-        Ok(Plan(Arc::new(PlanInner {
-            op: self.op,
-            device,
-            dtype: self.dtype,
-            inputs: self.inputs,
-            outputs: self.outputs,
-            params: self.params,
-            scalars: self.scalars,
-            grid: self.grid,
-            workspace: self.workspace,
-            in_place: self.in_place,
-            kernel,
-            prepared,
-        })))
-    }
-}
-
 /// Checks that every tensor lies on `device` and has `dtype`.
 pub(crate) fn same_device_dtype(op: &str, descs: &[&TensorDesc]) -> Result<(Device, DType)> {
     let first = descs
@@ -303,279 +164,6 @@ pub(crate) fn same_device_dtype(op: &str, descs: &[&TensorDesc]) -> Result<(Devi
 /// A contiguous output description.
 pub(crate) fn out_desc(device: Device, dtype: DType, shape: &[usize]) -> TensorDesc {
     TensorDesc::new(device, dtype, Layout::contiguous(shape))
-}
-
-/// Byte range `[start, end)` a tensor addresses (empty for no elements).
-fn byte_range(t: &Tensor) -> (u64, u64) {
-    let l = t.layout();
-    if l.numel() == 0 {
-        return (0, 0);
-    }
-    let size = t.dtype().size() as u64;
-    let base = t.base_addr();
-    // span_end was checked when the layout was made.
-    let end = l.span_end().unwrap_or(l.offset()) as u64;
-    (base + l.offset() as u64 * size, base + end * size)
-}
-
-impl Plan {
-    pub fn op(&self) -> &str {
-        &self.0.op
-    }
-
-    pub fn device(&self) -> Device {
-        self.0.device
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.0.dtype
-    }
-
-    pub fn inputs(&self) -> &[TensorDesc] {
-        &self.0.inputs
-    }
-
-    /// The outputs' descriptions (contiguous unless the plan was made for given outputs).
-    pub fn outputs(&self) -> &[TensorDesc] {
-        &self.0.outputs
-    }
-
-    pub fn params(&self) -> &Params {
-        &self.0.params
-    }
-
-    /// Bytes of workspace a launch needs.
-    pub fn workspace_size(&self) -> usize {
-        self.0.workspace
-    }
-
-    /// Checks tensor `index` of the inputs (or outputs) against its description. The
-    /// message names the operand only on failure: a launch formats nothing when it is right.
-    fn check(&self, (kind, index): (&str, usize), want: &TensorDesc, t: &Tensor) -> Result<()> {
-        let op = || format!("{} ({kind} {index})", self.0.op);
-        if t.device() != want.device {
-            return Err(Error::DeviceMismatch {
-                op: op(),
-                expected: want.device,
-                got: t.device(),
-            });
-        }
-        if t.dtype() != want.dtype {
-            return Err(Error::DTypeMismatch {
-                op: op(),
-                expected: want.dtype,
-                got: t.dtype(),
-            });
-        }
-        if t.shape() != want.layout.shape() {
-            return Err(Error::ShapeMismatch {
-                op: op(),
-                expected: want.layout.shape().to_vec(),
-                got: t.shape().to_vec(),
-            });
-        }
-        if t.layout().strides() != want.layout.strides() {
-            return Err(Error::BadTensorStrides(format!(
-                "{}: planned for strides {:?}, got {:?}",
-                op(),
-                want.layout.strides(),
-                t.layout().strides()
-            )));
-        }
-        Ok(())
-    }
-
-    /// Enqueues the operator on `stream` (of the plan's device) with tensors that match the
-    /// plan's descriptions (device, dtype, shape, strides; the offset may differ) and a
-    /// workspace of at least [`workspace_size`](Self::workspace_size) bytes.
-    pub fn launch(
-        &self,
-        inputs: &[&Tensor],
-        outputs: &[&Tensor],
-        workspace: Option<&Tensor>,
-        stream: StreamId,
-    ) -> Result<()> {
-        let p = &self.0;
-        if inputs.len() != p.inputs.len() || outputs.len() != p.outputs.len() {
-            return Err(Error::BadParam(format!(
-                "{} takes {} inputs and {} outputs, got {} and {}",
-                p.op,
-                p.inputs.len(),
-                p.outputs.len(),
-                inputs.len(),
-                outputs.len()
-            )));
-        }
-        for (i, (want, t)) in p.inputs.iter().zip(inputs).enumerate() {
-            self.check(("input", i), want, t)?;
-        }
-        for (i, (want, t)) in p.outputs.iter().zip(outputs).enumerate() {
-            self.check(("output", i), want, t)?;
-        }
-        // Outputs must not overlap one another, nor an input unless the operator works in
-        // place and the output is that very view.
-        for (i, o) in outputs.iter().enumerate() {
-            let ro = byte_range(o);
-            let overlaps = |t: &Tensor| {
-                let r = byte_range(t);
-                r.0 < r.1 && ro.0 < ro.1 && r.0 < ro.1 && ro.0 < r.1
-            };
-            for (j, o2) in outputs.iter().enumerate().skip(i + 1) {
-                if overlaps(o2) {
-                    return Err(Error::Aliasing {
-                        op: p.op.clone(),
-                        detail: format!("outputs {i} and {j} overlap"),
-                    });
-                }
-            }
-            for (j, t) in inputs.iter().enumerate() {
-                let same_view = t.base_addr() == o.base_addr() && t.layout() == o.layout();
-                if overlaps(t) && !(p.in_place && same_view) {
-                    return Err(Error::Aliasing {
-                        op: p.op.clone(),
-                        detail: format!(
-                            "output {i} overlaps input {j}{}",
-                            if p.in_place {
-                                " without being the same view"
-                            } else {
-                                " (this operator cannot work in place)"
-                            }
-                        ),
-                    });
-                }
-            }
-        }
-        // While the calling thread records an operator graph on this device, the checked
-        // launch is recorded instead of run (see `crate::graph::record`).
-        if crate::graph::record::is_recording(p.device) {
-            return crate::graph::record::record_launch(self, inputs, outputs);
-        }
-        let ws = match (p.workspace, workspace) {
-            (0, _) => None,
-            (need, Some(w)) if w.nbytes() >= need && w.device() == p.device => Some((
-                w.base_addr() + (w.layout().offset() * w.dtype().size()) as u64,
-                need,
-            )),
-            (need, w) => {
-                return Err(Error::InsufficientWorkspace {
-                    needed: need as u64,
-                    given: w.map_or(0, |w| w.nbytes() as u64),
-                })
-            }
-        };
-        if outputs.iter().all(|o| o.numel() == 0) && !p.outputs.is_empty() {
-            return Ok(());
-        }
-        let rt = match inputs.first().or(outputs.first()) {
-            Some(t) => t.runtime().clone(),
-            None => crate::Runtime::get(p.device)?,
-        };
-        let mut ranges = Vec::with_capacity(inputs.len() + outputs.len() + 1);
-        let refs = |ts: &[&Tensor], ranges: &mut Vec<(DevicePtr, u64)>| -> Vec<TensorRef> {
-            ts.iter()
-                .map(|t| {
-                    let (s, e) = byte_range(t);
-                    if e > s {
-                        ranges.push((DevicePtr(s), e - s));
-                    }
-                    TensorRef {
-                        base: t.base_addr(),
-                        dtype: t.dtype(),
-                        layout: t.layout().clone(),
-                    }
-                })
-                .collect()
-        };
-        let ins = refs(inputs, &mut ranges);
-        let outs = refs(outputs, &mut ranges);
-        if let Some((addr, len)) = ws {
-            ranges.push((DevicePtr(addr), len as u64));
-        }
-        if stream != rt.stream()? {
-            for t in inputs.iter().chain(outputs).chain(workspace.as_slice()) {
-                t.record_stream(stream)?;
-            }
-        }
-        // After work another thread's stream queued on an operand (see `crate::tensor`).
-        for t in inputs.iter().chain(outputs).chain(workspace.as_slice()) {
-            t.order_on(stream)?;
-        }
-        let plan = self.clone();
-        let task: HostTask = match p.kernel {
-            KernelImpl::Host(f) => Arc::new(move || f(&plan.call(&ins, &outs, ws))),
-            KernelImpl::HostPerItem(f) => Arc::new(move || {
-                let call = plan.call(&ins, &outs, ws);
-                let [x, y, z] = call.grid;
-                use rayon::prelude::*;
-                let _busy = crate::progress::AllCoresBusy::enter();
-                (0..z).into_par_iter().for_each(|k| {
-                    (0..y).into_par_iter().for_each(|j| {
-                        (0..x).into_par_iter().for_each(|i| f(&call, [i, j, k]));
-                    })
-                });
-                Ok(())
-            }),
-            KernelImpl::Prepared { .. } | KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
-                let prepared = p
-                    .prepared
-                    .as_ref()
-                    .ok_or_else(|| Error::Internal(format!("{}: prepared kernel missing", p.op)))?;
-                return prepared.launch(rt.backend(), &self.call(&ins, &outs, ws), &ranges, stream);
-            }
-        };
-        rt.backend().launch_host(task, &ranges, stream)
-    }
-
-    fn call<'a>(
-        &'a self,
-        inputs: &'a [TensorRef],
-        outputs: &'a [TensorRef],
-        workspace: Option<(u64, usize)>,
-    ) -> KernelCall<'a> {
-        KernelCall {
-            op: &self.0.op,
-            dtype: self.0.dtype,
-            params: &self.0.params,
-            inputs,
-            outputs,
-            scalars: &self.0.scalars,
-            grid: self.0.grid,
-            workspace,
-        }
-    }
-
-    /// Allocates the outputs (contiguous) and a workspace on the plan's device and launches
-    /// on the calling thread's stream: the eager path.
-    pub fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let outs = self
-            .0
-            .outputs
-            .iter()
-            .map(|d| Tensor::empty(d.layout.shape(), d.dtype, d.device))
-            .collect::<Result<Vec<_>>>()?;
-        let ws = match self.0.workspace {
-            0 => None,
-            n => Some(Tensor::empty(&[n], DType::U8, self.0.device)?),
-        };
-        let out_refs: Vec<&Tensor> = outs.iter().collect();
-        let stream = match inputs.first() {
-            Some(t) => t.runtime().stream()?,
-            None => crate::Runtime::get(self.0.device)?.stream()?,
-        };
-        // Fresh outputs: a graph recording takes them for intermediates.
-        crate::graph::record::with_fresh_outputs(|| {
-            self.launch(inputs, &out_refs, ws.as_ref(), stream)
-        })?;
-        Ok(outs)
-    }
-
-    /// [`run`](Self::run) for an operator with one output.
-    pub fn run1(&self, inputs: &[&Tensor]) -> Result<Tensor> {
-        self.run(inputs)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Internal(format!("{} has no output", self.0.op)))
-    }
 }
 
 /// A user operator (see [`register_kernel`]): a plan that hands its kernel the tensors, the
