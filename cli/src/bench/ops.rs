@@ -410,29 +410,27 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             }
         }
     }
-    if quick && !gpu {
-        // GEMV, the decode step's products: a 4096² weight and the tiny model's 256 × 1024.
-        for (m, n, k) in [(1, 4096, 4096), (1, 1024, 256)] {
-            match gemm_row(dev, DType::F32, m, n, k) {
-                Ok(r) => rows.push(r),
-                Err(e) => println!("matmul f32 {m}x{n}x{k}: not run ({e})"),
-            }
-        }
-    }
-    if !quick && !gpu {
-        for (dt, m, n, k) in [
+    // The LLM shapes: GEMVs (the decode step's products: a 4096² weight and the tiny model's
+    // 256 × 1024) in both runs, the larger products in the full one.
+    let llm: &[(DType, usize, usize, usize)] = if gpu {
+        &[]
+    } else if quick {
+        &[(DType::F32, 1, 4096, 4096), (DType::F32, 1, 1024, 256)]
+    } else {
+        &[
             (DType::F32, 1, 1024, 256),
             (DType::F32, 1, 4096, 4096),
             (DType::F32, 64, 11008, 4096),
             (DType::BF16, 1, 4096, 4096),
             (DType::BF16, 64, 11008, 4096),
-        ] {
-            // A device may refuse a shape with a typed error (a weight larger than one wgpu
-            // storage binding): reported, and the run goes on.
-            match gemm_row(dev, dt, m, n, k) {
-                Ok(r) => rows.push(r),
-                Err(e) => println!("matmul {dt} {m}x{n}x{k}: not run ({e})"),
-            }
+        ]
+    };
+    for &(dt, m, n, k) in llm {
+        // A device may refuse a shape with a typed error (a weight larger than one wgpu
+        // storage binding): reported, and the run goes on.
+        match gemm_row(dev, dt, m, n, k) {
+            Ok(r) => rows.push(r),
+            Err(e) => println!("matmul {dt} {m}x{n}x{k}: not run ({e})"),
         }
     }
     let sizes: &[usize] = if gpu {
