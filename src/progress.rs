@@ -15,11 +15,24 @@ pub struct Progress {
     waiters: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
+    /// Waiters spin for [`HELPING_SPIN_FOR`], not [`SPIN_FOR`] ([`Self::for_cpu_work`]).
+    cpu_work: bool,
 }
 
 impl Progress {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A counter of work that runs on the host's cores (a CPU stream's commands, a CPU
+    /// event): its waiters spin for the longer [`HELPING_SPIN_FOR`], taking the tasks of the
+    /// kernels' forks meanwhile. A counter of a GPU's work keeps the short window: a driver
+    /// that runs on the host's cores (lavapipe) would otherwise lose one of them to the spin.
+    pub fn for_cpu_work() -> Self {
+        Progress {
+            cpu_work: true,
+            ..Self::default()
+        }
     }
 
     pub fn get(&self) -> u64 {
@@ -50,7 +63,13 @@ impl Progress {
         if self.get() >= target {
             return;
         }
-        if spin_until(|| self.get() >= target) {
+        let ready = || self.get() >= target;
+        let done = if self.cpu_work {
+            spin(ready, can_help_forks(), HELPING_SPIN_FOR)
+        } else {
+            spin_until(ready)
+        };
+        if done {
             return;
         }
         let mut g = self.lock.lock();
@@ -62,8 +81,21 @@ impl Progress {
     }
 }
 
-/// How long a waiter keeps checking before it sleeps.
+/// How long a waiter keeps checking before it sleeps, unless it waits for work on the host's
+/// cores ([`HELPING_SPIN_FOR`]); a stream's idle worker waiting for its next command too.
 const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// How long a waiter for work on the host's cores ([`Progress::for_cpu_work`]), which takes
+/// the CPU kernels' fork tasks meanwhile, keeps checking before it sleeps: long enough to
+/// span the hand-over of a command to a stream's worker and the fork it opens (tens to a few
+/// hundred microseconds on a virtual machine whose vCPUs halt), so that the waiter is still
+/// awake to take the fork's tasks and to see the work end. With 50 µs, the waiter of a
+/// launch-and-synchronise loop had gone to sleep before a 256³ GEMM's fork opened in nine
+/// launches of ten: the fork then woke a rayon thread (about 90 µs on the AMD VM of
+/// 2026-11-27), the end woke the waiter, and the GEMM took 1.25× the time (docs/BENCHMARKS.md).
+/// OpenMP runtimes spin for far longer (200 ms by default); this spin stays bounded, and a
+/// waiter that cannot help a kernel running on every core sleeps at once (see [`spin`]).
+const HELPING_SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Parallel kernels in flight on the host's cores (see [`AllCoresBusy`]).
 static PARALLEL_KERNELS: AtomicUsize = AtomicUsize::new(0);
@@ -142,17 +174,22 @@ pub(crate) fn spinning_waiters() -> usize {
 pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
     // A thread with little stack left (a C program's small-stack thread) waits without
     // helping, and is not counted as help either.
-    spin(ready, crate::vendors::cpu::can_help_forks())
+    spin(ready, can_help_forks(), SPIN_FOR)
+}
+
+/// Whether the calling thread may take CPU kernels' tasks while it waits.
+fn can_help_forks() -> bool {
+    crate::vendors::cpu::can_help_forks()
 }
 
 /// [`spin_until`] for a thread that has work of its own to take as soon as `ready` (a stream's
 /// idle worker): it never takes a fork's tasks, which could hold its own stream's next
 /// command back by a whole task.
 pub(crate) fn spin_idle(ready: impl Fn() -> bool) -> bool {
-    spin(ready, false)
+    spin(ready, false, SPIN_FOR)
 }
 
-fn spin(ready: impl Fn() -> bool, help: bool) -> bool {
+fn spin(ready: impl Fn() -> bool, help: bool, window: std::time::Duration) -> bool {
     let mut spinning = SpinningWaiter::enter(help);
     let mut start = std::time::Instant::now();
     let mut helped = false;
@@ -163,8 +200,8 @@ fn spin(ready: impl Fn() -> bool, help: bool) -> bool {
             }
             std::hint::spin_loop();
         }
-        let leaving = start.elapsed() >= SPIN_FOR
-            || (!helped && PARALLEL_KERNELS.load(Ordering::Relaxed) > 0);
+        let leaving =
+            start.elapsed() >= window || (!helped && PARALLEL_KERNELS.load(Ordering::Relaxed) > 0);
         // Leaving: uncounted first, then one more look. A fork that opened while this thread
         // was still counted asked rayon for one helper fewer; it was published before it read
         // the count, so this look finds it (both sides are SeqCst).

@@ -39,7 +39,7 @@ impl CpuEvent {
             flags,
             recorded: AtomicU64::new(0),
             record_lock: Mutex::new(()),
-            completed: Progress::new(),
+            completed: Progress::for_cpu_work(),
             captured: Default::default(),
             stamp: Mutex::new(None),
         }

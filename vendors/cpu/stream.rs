@@ -131,7 +131,10 @@ pub(crate) struct CpuStream {
 impl CpuStream {
     pub fn new(name: String) -> Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            done: Progress::for_cpu_work(),
+            ..Shared::default()
+        });
         let worker_shared = shared.clone();
         std::thread::Builder::new()
             .name(name)

@@ -55,8 +55,11 @@ fn rotate_to(x: &[f32], o: &mut [f32], c: &[f32], sn: &[f32], interleaved: bool)
             *y1 = a * sn + b * c;
         }
     }
-    // An odd last element has no partner and stays as it is.
-    o[2 * h..].copy_from_slice(&x[2 * h..]);
+    // An odd last element has no partner and stays as it is. (Checked first: a copy of
+    // nothing is still a call to memmove, once per row.)
+    if x.len() > 2 * h {
+        o[2 * h..].copy_from_slice(&x[2 * h..]);
+    }
 }
 
 /// Most bytes one angle table may hold (cos and sin): 16 Ki positions at head dim 128.
@@ -169,8 +172,17 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             let mut own = (vec![0f32; half], vec![0f32; half]);
             let mut buf = vec![0f32; if in_place_f32 { 0 } else { d }];
             let mut angles_of = usize::MAX;
-            for l in range {
-                let s = (l / heads) % seq;
+            // The next row's head and sequence index, counted along rather than divided out
+            // of the row's index (as `walk` counts the offsets).
+            let (heads, seq) = (heads.max(1), seq.max(1)); // empty tensors have no rows
+            let (mut head, mut next_s) = (range.start % heads, (range.start / heads) % seq);
+            for (_, [oo, ox], _) in lanes.walk(range) {
+                let s = next_s;
+                head += 1;
+                if head == heads {
+                    head = 0;
+                    next_s = if s + 1 == seq { 0 } else { s + 1 };
+                }
                 let (c, sn): (&[f32], &[f32]) = match &table {
                     Some(t) => {
                         let at = ids[s] as usize * half;
@@ -184,7 +196,6 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                         (&own.0, &own.1)
                     }
                 };
-                let [oo, ox] = lanes.offsets(l);
                 if in_place_f32 {
                     // SAFETY: T is f32 (checked above); row l of both checked views is a
                     // contiguous run of d elements; the plan lets the output overlap the input
