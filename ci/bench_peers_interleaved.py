@@ -66,5 +66,6 @@ def main():
             f" {statistics.median(v):.2f} | {min(v):.2f}–{max(v):.2f} |" for v in per_bin)
         print(f"| {op} | {dt} | {shape} |{cells}")
 
+
 if __name__ == "__main__":
     main()

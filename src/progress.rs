@@ -63,13 +63,12 @@ impl Progress {
         if self.get() >= target {
             return;
         }
-        let ready = || self.get() >= target;
-        let done = if self.cpu_work {
-            spin(ready, can_help_forks(), HELPING_SPIN_FOR)
+        let window = if self.cpu_work {
+            HELPING_SPIN_FOR
         } else {
-            spin_until(ready)
+            SPIN_FOR
         };
-        if done {
+        if spin_until(|| self.get() >= target, window) {
             return;
         }
         let mut g = self.lock.lock();
@@ -83,7 +82,7 @@ impl Progress {
 
 /// How long a waiter keeps checking before it sleeps, unless it waits for work on the host's
 /// cores ([`HELPING_SPIN_FOR`]); a stream's idle worker waiting for its next command too.
-const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(50);
+pub(crate) const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// How long a waiter for work on the host's cores ([`Progress::for_cpu_work`]), which takes
 /// the CPU kernels' fork tasks meanwhile, keeps checking before it sleeps: long enough to
@@ -159,8 +158,8 @@ pub(crate) fn spinning_waiters() -> usize {
     SPINNING_WAITERS.load(Ordering::SeqCst)
 }
 
-/// Checks `ready` for up to [`SPIN_FOR`], busy (no syscall), and says whether it became
-/// true. Most waits on a stream of small work end within microseconds; sleeping on a futex
+/// Checks `ready` for up to `window` ([`SPIN_FOR`], or [`HELPING_SPIN_FOR`] for work on the
+/// host's cores), busy (no syscall), and says whether it became true. Most waits on a stream of small work end within microseconds; sleeping on a futex
 /// instead costs a wake-up on each side, which on a virtual machine (a halted vCPU woken by
 /// an interrupt) is tens of microseconds: a replayed graph of 100 tiny operators spent half
 /// its time in the kernel's wake-up path. The spin does not yield: with other processes
@@ -171,15 +170,10 @@ pub(crate) fn spinning_waiters() -> usize {
 /// tasks instead ([`help_open_forks`](crate::vendors::cpu::help_open_forks)): it is a core
 /// already awake, so the work ends sooner and the waiter is awake to see it end. A waiter
 /// that found no task to take does not spin then: it sleeps, leaving the cores to the tasks.
-pub(crate) fn spin_until(ready: impl Fn() -> bool) -> bool {
+pub(crate) fn spin_until(ready: impl Fn() -> bool, window: std::time::Duration) -> bool {
     // A thread with little stack left (a C program's small-stack thread) waits without
     // helping, and is not counted as help either.
-    spin(ready, can_help_forks(), SPIN_FOR)
-}
-
-/// Whether the calling thread may take CPU kernels' tasks while it waits.
-fn can_help_forks() -> bool {
-    crate::vendors::cpu::can_help_forks()
+    spin(ready, crate::vendors::cpu::can_help_forks(), window)
 }
 
 /// [`spin_until`] for a thread that has work of its own to take as soon as `ready` (a stream's

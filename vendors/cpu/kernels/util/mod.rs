@@ -168,11 +168,28 @@ impl<const N: usize> Lanes<N> {
         offs
     }
 
+    /// [`Self::offsets`] of lane `i`, also writing the lane's index per dimension to `index`
+    /// (where [`Self::walk`] starts counting).
+    fn decompose(&self, i: usize, index: &mut [usize]) -> [usize; N] {
+        let mut rem = i;
+        for (d, j) in index.iter_mut().enumerate().rev() {
+            *j = rem % self.shape[d];
+            rem /= self.shape[d];
+        }
+        let mut offs = [0usize; N];
+        for (j, strides) in index.iter().zip(&self.strides) {
+            for (o, s) in offs.iter_mut().zip(strides) {
+                *o += j * s;
+            }
+        }
+        offs
+    }
+
     /// Lanes `range` in order, each with its offsets and those of the next lane in `range`
     /// (for [`prefetch_l2`]). Only the first lane's offsets are computed from its index; the
     /// others advance from the previous lane's like an odometer, because [`Self::offsets`]
     /// costs two integer divisions per dimension, which on short lanes (rope's rows of 128
-    /// elements) was a tenth of the kernel's time.
+    /// elements) took several per cent of the kernel's samples under `perf`.
     pub fn walk(
         &self,
         range: std::ops::Range<usize>,
@@ -180,12 +197,7 @@ impl<const N: usize> Lanes<N> {
         let end = range.end;
         // The index, per dimension, of the lane whose offsets are in `next`.
         let mut index = vec![0usize; self.shape.len()];
-        let mut rem = range.start;
-        for d in (0..self.shape.len()).rev() {
-            index[d] = rem % self.shape[d].max(1);
-            rem /= self.shape[d].max(1);
-        }
-        let mut next = (range.start < end).then(|| self.offsets(range.start));
+        let mut next = (range.start < end).then(|| self.decompose(range.start, &mut index));
         range.map(move |i| {
             let cur = next.unwrap_or_else(|| self.offsets(i));
             next = (i + 1 < end).then(|| self.advance(&mut index, cur));

@@ -334,7 +334,10 @@ mod tests {
             for _ in 0..4 {
                 sc.spawn(|| {
                     while !stop.load(Ordering::SeqCst) {
-                        crate::progress::spin_until(|| stop.load(Ordering::SeqCst));
+                        crate::progress::spin_until(
+                            || stop.load(Ordering::SeqCst),
+                            crate::progress::SPIN_FOR,
+                        );
                     }
                 });
             }
