@@ -9,7 +9,7 @@
 //! [`unsupported`] list. Nothing passes silently.
 //!
 //! Three front ends run the same list: `cargo test -p unirt-conformance` (one libtest-mimic
-//! trial per device × case, [`trials`]), the `unirt conformance` command of crate `unirt-cli`
+//! trial per device × case, [`trials()`]), the `unirt conformance` command of crate `unirt-cli`
 //! (table, JSON, JUnit through [`report`]), and anyone adding a vendor:
 //!
 //! ```no_run
@@ -42,6 +42,7 @@ mod cases_memcpy;
 mod cases_ops_data;
 mod cases_ops_elementwise;
 mod cases_ops_linalg;
+mod cases_ops_matmul;
 mod cases_ops_reduce;
 mod cases_ops_registry;
 mod cases_ops_threads;
@@ -190,6 +191,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_elementwise::cases());
     all.extend(cases_ops_data::cases());
     all.extend(cases_ops_reduce::cases());
+    all.extend(cases_ops_matmul::cases());
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
     all.extend(cases_graph_random::cases());

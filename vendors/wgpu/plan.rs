@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::event::WEvent;
-use super::stream::{BufClear, BufCopy, Cmd, Imm};
+use super::stream::{BufClear, BufCopy, Cmd, Imm, TexCopy};
 
 /// One encoder call.
 pub(crate) enum Step {
@@ -24,6 +24,7 @@ pub(crate) enum Step {
     Dispatch([u32; 3]),
     Copy(BufCopy),
     Clear(BufClear),
+    ToTexture(TexCopy),
     /// An event record (a timestamp where the event has a query set).
     Record(Arc<WEvent>),
 }
@@ -116,6 +117,7 @@ impl Plan {
             let step = match c {
                 Cmd::Copy(c) => Some(Step::Copy(c)),
                 Cmd::Clear(c) => Some(Step::Clear(c)),
+                Cmd::ToTexture(c) => Some(Step::ToTexture(c)),
                 Cmd::Record(e) => {
                     records.push(e.clone());
                     Some(Step::Record(e))
@@ -222,6 +224,7 @@ impl Plan {
                 }
                 Step::Copy(c) => c.encode(enc),
                 Step::Clear(c) => c.encode(enc),
+                Step::ToTexture(c) => c.encode(enc),
                 Step::Record(e) => {
                     let read = match &e.query {
                         Some((qs, resolve)) => timestamp().inspect(|read| {

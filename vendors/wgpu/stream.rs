@@ -53,6 +53,42 @@ impl BufClear {
     }
 }
 
+/// A copy of a matrix's rows from a buffer into a texture (one texel per four values), before
+/// a kernel that reads the matrix through the texture: a recorded command and, unchanged, a
+/// plan step. The buffer offset is a multiple of the texel's size and `bytes_per_row` of 256,
+/// as wgpu requires (the launch checks both).
+#[derive(Clone)]
+pub(crate) struct TexCopy {
+    pub src: wgpu::Buffer,
+    pub src_off: u64,
+    pub bytes_per_row: u32,
+    pub texture: wgpu::Texture,
+    /// Texels per row and rows.
+    pub width: u32,
+    pub height: u32,
+}
+
+impl TexCopy {
+    pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.copy_buffer_to_texture(
+            wgpu::TexelCopyBufferInfo {
+                buffer: &self.src,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: self.src_off,
+                    bytes_per_row: Some(self.bytes_per_row),
+                    rows_per_image: None,
+                },
+            },
+            self.texture.as_image_copy(),
+            wgpu::Extent3d {
+                width: self.width,
+                height: self.height,
+                depth_or_array_layers: 1,
+            },
+        );
+    }
+}
+
 /// The immediates of one dispatch: the first `len` words of `words` (the HAL's fixed kernels
 /// take 4 words, the operator kernels 8, the `*Sized` fixed kernels none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +125,8 @@ pub(crate) enum Cmd {
     Copy(BufCopy),
     /// A 4-byte-aligned clear to zero.
     Clear(BufClear),
+    /// A matrix copied into a texture for the kernel after it.
+    ToTexture(TexCopy),
     Dispatch {
         pipeline: wgpu::ComputePipeline,
         group: wgpu::BindGroup,

@@ -54,6 +54,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned: None,
+            textured: None,
         },
         FaultSpec {
             limit: vocab as u64,

@@ -4,7 +4,7 @@
 //! read in place through their strides. The batch index is the grid's second dimension.
 //!
 //! Products with enough tiles to fill a large GPU take the 128×128 kernel of
-//! [`large`](super::matmul_large) instead.
+//! [`large`] instead.
 //!
 //! On adapters that run on the host's cores a barrier-free variant is chosen at plan time
 //! ([`KERNEL_HOST`]), and with it, where the layouts allow, a quad variant that launches
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::elementwise::MATH;
 use super::matmul_large as large;
-use super::op::{prepare as prepare_op, OpSource};
+use super::op::{prepare as prepare_op, OpSource, PassSources, TexRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::ops::fused::FusedProgram;
 use crate::ops::matmul::{MATMUL_EPILOGUE, MAX_EPILOGUE_OPERANDS};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
+use crate::tensor::DType;
 
 const TILE: usize = 64;
 
@@ -171,7 +172,10 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// issues four (on lavapipe a load costs far more than a multiply-add: this is what the
 /// GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `HOST_QUAD_WG` invocations
 /// side by side cover 256 columns; `cfg[15]` is the number of such column tiles.
-fn host_quad_kernel(rows: usize, c_slot: usize) -> String {
+///
+/// With `tex`, B is read through the texture `tex_b` (see [`super::op::TexRead`]), which holds
+/// B's single matrix: one texel per quad, `(quad, row of k)`.
+fn host_quad_kernel(rows: usize, c_slot: usize, tex: bool) -> String {
     const V: usize = 4;
     let w = HOST_QUAD_WG;
     let mut s = format!(
@@ -197,10 +201,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         s += &format!("    let pa{r} = (imm.o0 + ab + min(row0 + {r}u, last) * ars) >> 2u;\n");
     }
     for q in 0..V {
-        s += &format!(
-            "    let q{q} = cq + {off}u;\n    let pb{q} = ((imm.o1 + bb) >> 2u) + select(0u, q{q}, q{q} < n4);\n",
-            off = q * w as usize
-        );
+        let off = q * w as usize;
+        s += &if tex {
+            format!("    let q{q} = cq + {off}u;\n    let tq{q} = select(0u, q{q}, q{q} < n4);\n")
+        } else {
+            format!("    let q{q} = cq + {off}u;\n    let pb{q} = ((imm.o1 + bb) >> 2u) + select(0u, q{q}, q{q} < n4);\n")
+        };
     }
     for r in 0..rows {
         for q in 0..V {
@@ -213,7 +219,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (kx, comp) in ["x", "y", "z", "w"].iter().enumerate() {
         for q in 0..V {
-            s += &format!("        let b{kx}_{q} = ldq_b(pb{q} + ob + {kx}u * bstep);\n");
+            s += &if tex {
+                format!("        let b{kx}_{q} = textureLoad(tex_b, vec2<u32>(tq{q}, kq * 4u + {kx}u), 0);\n")
+            } else {
+                format!("        let b{kx}_{q} = ldq_b(pb{q} + ob + {kx}u * bstep);\n")
+            };
         }
         for r in 0..rows {
             for q in 0..V {
@@ -247,10 +257,23 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// Invocations per workgroup of the host GEMM's quad variant.
 const HOST_QUAD_WG: u32 = 16;
 
-/// The quad variant's complete source for `rows` rows per invocation.
-fn host_quad_source(rows: usize, binds: &[Bind], epi: Option<&Epilogue>) -> Option<String> {
+/// Products of at most this many rows read B through a texture on the host's cores.
+const TEXTURE_MAX_M: usize = 4;
+
+/// The quad variant's complete source for `rows` rows per invocation (reading B through a
+/// texture with `tex`).
+fn host_quad_source(
+    rows: usize,
+    binds: &[Bind],
+    epi: Option<&Epilogue>,
+    tex: bool,
+) -> Option<String> {
     let c_slot = binds.len() - 1;
-    let mut kernel = host_quad_kernel(rows, c_slot);
+    let mut kernel = host_quad_kernel(rows, c_slot, tex);
+    if tex {
+        let slot = super::op::texture_binding(binds.len());
+        kernel = format!("@group(0) @binding({slot}) var tex_b: texture_2d<f32>;\n{kernel}");
+    }
     let mut extra = String::new();
     if let Some(e) = epi {
         let w = HOST_QUAD_WG;
@@ -519,11 +542,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         kernel = with_epilogue(&kernel, &tile) + &e.scalar;
     }
     let source = format!("{}{kernel}", wgsl::prelude(&binds, wgsl::Dialect::of(spec)));
-    let aligned = if host {
+    let quads = if host {
         host_quads(spec, &mut cfg, batch, m, n, k, &binds, epi.as_ref())
     } else {
         None
     };
+    let (aligned, textured) = quads.map_or((None, None), |(a, t)| (Some(a), t));
     prepare_op(
         spec,
         OpSource {
@@ -533,6 +557,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned,
+            textured,
         },
     )
 }
@@ -542,6 +567,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 /// multiples of four (so every row of A, B and C starts and ends on a quad boundary once the
 /// tensor's own start is on one, which the launch checks). An epilogue's extra operands may
 /// have any layout. Sets `cfg[15]`.
+///
+/// With it, for products of at most [`TEXTURE_MAX_M`] rows whose B is one f32 matrix (no
+/// batch of its own), the variant that reads B through a texture ([`super::op::TexRead`]):
+/// there each B quad feeds that few multiply-adds that loading it is what the product costs.
 #[allow(clippy::too_many_arguments)] // the plan's facts, computed once by `prepare`
 fn host_quads(
     spec: &PlanSpec<'_>,
@@ -552,7 +581,7 @@ fn host_quads(
     k: usize,
     binds: &[Bind],
     epi: Option<&Epilogue>,
-) -> Option<Vec<(String, [u32; 3])>> {
+) -> Option<(PassSources, Option<TexRead>)> {
     let fits = k.is_multiple_of(4)
         && n.is_multiple_of(4)
         && spec.inputs[..2].iter().chain(spec.outputs).all(|d| {
@@ -576,10 +605,28 @@ fn host_quads(
         return None;
     }
     cfg[15] = tiles_n as u32;
-    Some(vec![(
-        host_quad_source(rows, binds, epi)?,
-        [tiles as u32, batch.max(1) as u32, 1],
-    )])
+    let grid = [tiles as u32, batch.max(1) as u32, 1];
+    let b = &spec.inputs[1];
+    let b_matrices: usize = b.layout.shape()[..b.layout.ndim() - 2].iter().product();
+    let textured = if m <= TEXTURE_MAX_M && b.dtype == DType::F32 && b_matrices == 1 {
+        let brs = b.layout.strides()[b.layout.ndim() - 2];
+        match (u32::try_from(n / 4), u32::try_from(k)) {
+            (Ok(width), Ok(height)) => Some(TexRead {
+                input: 1,
+                width,
+                height,
+                row_stride: brs as u64,
+                passes: vec![(host_quad_source(rows, binds, epi, true)?, grid)],
+            }),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Some((
+        vec![(host_quad_source(rows, binds, epi, false)?, grid)],
+        textured,
+    ))
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

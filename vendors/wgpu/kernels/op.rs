@@ -9,6 +9,8 @@
 //! and the cache hits; else a window aligned to `min_storage_buffer_offset_alignment`), puts
 //! the tensors' element offsets in the immediates, and enqueues the dispatches as stream
 //! commands — which stream capture records like any other, so op launches can be captured.
+//! A kernel for the host's cores may read one f32 matrix through a texture instead
+//! ([`TexRead`]); its launch puts the copy into the texture before the dispatches.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -19,7 +21,7 @@ use parking_lot::Mutex;
 use super::super::fault::{FaultWord, FAULT_BYTES};
 use super::super::guard::guarded;
 use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
-use super::super::stream::{enqueue, Cmd, Imm};
+use super::super::stream::{enqueue, Cmd, Imm, TexCopy};
 use super::super::WgpuBackend;
 use crate::checked::Pins;
 use crate::device::DeviceKind;
@@ -33,12 +35,15 @@ pub(crate) const OP_IMMEDIATE_BYTES: u32 = 32;
 /// Tensors one operator kernel binds at most (one immediate word each).
 pub(crate) const MAX_TENSORS: usize = 8;
 
+/// Passes as generated: complete WGSL (entry point `main`) and the dispatch grid of each.
+pub(crate) type PassSources = Vec<(String, [u32; 3])>;
+
 /// What a family generates for one plan.
 pub(crate) struct OpSource {
     /// For labels and errors.
     pub name: String,
     /// The passes, in order: complete WGSL (entry point `main`) and the dispatch grid.
-    pub passes: Vec<(String, [u32; 3])>,
+    pub passes: PassSources,
     /// The plan's constants (binding 0 of every pass).
     pub cfg: Vec<u32>,
     /// The entry point when not `main` (user kernels).
@@ -49,12 +54,71 @@ pub(crate) struct OpSource {
     /// its binding (a tensor's offset is known only at launch). The family guarantees at
     /// plan time that each tensor's extents and strides are multiples of four, so it also
     /// ends on a quad boundary inside its binding.
-    pub aligned: Option<Vec<(String, [u32; 3])>>,
+    pub aligned: Option<PassSources>,
+    /// A variant of `aligned` that reads one f32 input through a texture (see [`TexRead`]),
+    /// taken by launches that `aligned` suits and whose texture input the copy can read.
+    pub textured: Option<TexRead>,
     /// Whether workgroup memory starts zeroed, as WebGPU guarantees: kept for user kernels.
     /// unirt's own kernels write every workgroup element before they read it, and skip the
     /// zeroing: on GL, naga writes it as one array constructor per variable, which llvmpipe
     /// took 18 s to compile for the tiled GEMM (0.3 s without).
     pub zero_workgroup_memory: bool,
+}
+
+/// An f32 matrix input read through an `rgba32float` texture, one texel per four values of a
+/// row, by kernels for adapters that run on the host's cores. There a storage load whose
+/// address differs across the lanes is a scalar loop over the lanes with a stack round trip
+/// per element (Mesa 22.3's gallivm), while a texel load gathers in registers: a 1×4096×4096
+/// GEMV read its matrix 2–4× faster that way, copy included (docs/BENCHMARKS.md). Each
+/// launch copies the matrix into the texture first, in the same command list, so the kernel
+/// always reads the tensor's current values.
+pub(crate) struct TexRead {
+    /// Which input (index into the plan's inputs).
+    pub input: usize,
+    /// Texels per row (a row's values / 4) and rows.
+    pub width: u32,
+    pub height: u32,
+    /// Elements from one row's start to the next's in the input.
+    pub row_stride: u64,
+    /// The passes: as [`OpSource::aligned`]'s, with `var tex_<name>: texture_2d<f32>` at the
+    /// binding after the tensors' ([`texture_binding`]).
+    pub passes: PassSources,
+}
+
+/// The binding of a [`TexRead`] texture in a kernel with `tensors` tensors.
+pub(crate) fn texture_binding(tensors: usize) -> u32 {
+    tensors as u32 + 1
+}
+
+/// Bytes of the textures a device keeps for [`TexRead`] inputs (one per matrix size, shared
+/// by every plan of that size: each launch refills it, and one queue orders the launches);
+/// a plan whose texture would pass this runs without one.
+const MAX_TEXTURE_BYTES: u64 = 256 << 20;
+
+/// A texture of a [`TexRead`] input with its view, shared by the plans of one matrix size.
+#[derive(Clone)]
+struct MatrixTexture {
+    texture: wgpu::Texture,
+    view: wgpu::TextureView,
+    id: u64,
+}
+
+/// The [`TexRead`] textures of a device by (texels per row, rows), and their bytes in all.
+#[derive(Default)]
+struct MatrixTextures {
+    by_size: HashMap<(u32, u32), MatrixTexture>,
+    bytes: u64,
+}
+
+/// A plan's [`TexRead`] variant, compiled.
+struct Textured {
+    input: usize,
+    width: u32,
+    height: u32,
+    bytes_per_row: u32,
+    passes: Passes,
+    bgl: wgpu::BindGroupLayout,
+    tex: MatrixTexture,
 }
 
 /// One compiled pass.
@@ -70,8 +134,11 @@ type GroupKey = (u64, Vec<(u64, u64, u64)>);
 /// The operator pipelines and bind groups of one device.
 #[derive(Default)]
 pub(crate) struct OpCache {
-    /// Bind group layouts by tensor count (binding 0 is the constants).
-    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    /// Bind group layouts by tensor count (binding 0 is the constants) and whether a texture
+    /// follows the tensors ([`TexRead`]).
+    layouts: Mutex<HashMap<(usize, bool), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    /// [`TexRead`] textures.
+    textures: Mutex<MatrixTextures>,
     /// Pipelines by source.
     pipes: Mutex<HashMap<String, Arc<Pipe>>>,
     /// Bind groups by (constants buffer, tensor windows).
@@ -91,11 +158,12 @@ impl OpCache {
         &self,
         device: &wgpu::Device,
         tensors: usize,
+        texture: bool,
     ) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut l = self.layouts.lock();
-        l.entry(tensors)
+        l.entry((tensors, texture))
             .or_insert_with(|| {
-                let entries: Vec<wgpu::BindGroupLayoutEntry> = (0..=tensors)
+                let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..=tensors)
                     .map(|b| wgpu::BindGroupLayoutEntry {
                         binding: b as u32,
                         visibility: wgpu::ShaderStages::COMPUTE,
@@ -107,6 +175,18 @@ impl OpCache {
                         count: None,
                     })
                     .collect();
+                if texture {
+                    entries.push(wgpu::BindGroupLayoutEntry {
+                        binding: texture_binding(tensors),
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Texture {
+                            sample_type: wgpu::TextureSampleType::Float { filterable: false },
+                            view_dimension: wgpu::TextureViewDimension::D2,
+                            multisampled: false,
+                        },
+                        count: None,
+                    });
+                }
                 let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                     label: Some("unirt op"),
                     entries: &entries,
@@ -168,6 +248,50 @@ impl OpCache {
         Ok(p)
     }
 
+    /// The shared texture of a `width` × `height` [`TexRead`] input; `None` when keeping
+    /// it would pass [`MAX_TEXTURE_BYTES`] or the device refuses it (the plan runs without).
+    fn texture(&self, device: &wgpu::Device, width: u32, height: u32) -> Option<MatrixTexture> {
+        let mut textures = self.textures.lock();
+        if let Some(t) = textures.by_size.get(&(width, height)) {
+            return Some(t.clone());
+        }
+        let size = u64::from(width) * u64::from(height) * 16;
+        if textures.bytes + size > MAX_TEXTURE_BYTES {
+            return None;
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let inner = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let texture = device.create_texture(&wgpu::TextureDescriptor {
+            label: Some("unirt matrix texture"),
+            size: wgpu::Extent3d {
+                width,
+                height,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Float,
+            usage: wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::TEXTURE_BINDING,
+            view_formats: &[],
+        });
+        let invalid = pollster::block_on(inner.pop());
+        let oom = pollster::block_on(scope.pop());
+        if let Some(e) = invalid.or(oom) {
+            tracing::debug!("no {width}×{height} matrix texture: {e}");
+            return None;
+        }
+        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+        let t = MatrixTexture {
+            texture,
+            view,
+            id: crate::handles::fresh_id(),
+        };
+        textures.bytes += size;
+        textures.by_size.insert((width, height), t.clone());
+        Some(t)
+    }
+
     /// Drops the cached bind groups that use buffer `id` (it is being freed).
     pub fn forget_buffer(&self, id: u64) {
         self.groups
@@ -182,6 +306,8 @@ pub(crate) struct OpKernel {
     passes: Passes,
     /// The quad passes (see [`OpSource::aligned`]).
     aligned: Option<Passes>,
+    /// The quad passes that read an input through a texture (see [`TexRead`]).
+    textured: Option<Textured>,
     bgl: wgpu::BindGroupLayout,
     cfg: wgpu::Buffer,
     cfg_id: u64,
@@ -289,9 +415,9 @@ fn prepare_unguarded(
     }
     let cache = &gpu.kernels.ops;
     // The fault word is one more read-write binding after the tensors.
-    let (bgl, pl) = cache.layout(device, bindings - 1);
+    let (bgl, pl) = cache.layout(device, bindings - 1, false);
     let entry = src.entry.as_deref().unwrap_or("main");
-    let compile = |list: &[(String, [u32; 3])]| -> Result<Passes> {
+    let compile = |list: &[(String, [u32; 3])], pl: &wgpu::PipelineLayout| -> Result<Passes> {
         list.iter()
             .map(|(source, groups)| {
                 Ok((
@@ -300,7 +426,7 @@ fn prepare_unguarded(
                         &src.name,
                         source,
                         entry,
-                        &pl,
+                        pl,
                         src.zero_workgroup_memory,
                     )?,
                     *groups,
@@ -308,8 +434,18 @@ fn prepare_unguarded(
             })
             .collect()
     };
-    let passes = compile(&src.passes)?;
-    let aligned = src.aligned.as_deref().map(compile).transpose()?;
+    let passes = compile(&src.passes, &pl)?;
+    let aligned = src
+        .aligned
+        .as_deref()
+        .map(|a| compile(a, &pl))
+        .transpose()?;
+    let textured = match src.textured {
+        Some(t) if fault.is_none() && aligned.is_some() => {
+            textured(gpu, spec, t, bindings - 1, |list, pl| compile(list, pl))?
+        }
+        _ => None,
+    };
     let bytes = ceil4((src.cfg.len().max(1) * 4) as u64);
     let cfg = create_buffer(
         device,
@@ -335,10 +471,52 @@ fn prepare_unguarded(
         name: src.name,
         passes,
         aligned,
+        textured,
         bgl,
         cfg,
         cfg_id: crate::handles::fresh_id(),
         groups: cache.groups.clone(),
+    }))
+}
+
+/// Compiles a [`TexRead`] variant with its texture, when the device can hold the texture and
+/// copy into it: the matrix fits the adapter's 2-D texture size, its rows are 256-byte
+/// multiples apart (wgpu's rule for buffer-to-texture copies) and the input is f32.
+fn textured(
+    gpu: &super::super::gpu::Gpu,
+    spec: &PlanSpec<'_>,
+    t: TexRead,
+    tensors: usize,
+    compile: impl Fn(&[(String, [u32; 3])], &wgpu::PipelineLayout) -> Result<Passes>,
+) -> Result<Option<Textured>> {
+    let device = &gpu.device;
+    let max = device.limits().max_texture_dimension_2d;
+    let bytes_per_row = t.row_stride * 4;
+    let usable = spec
+        .inputs
+        .get(t.input)
+        .is_some_and(|d| d.dtype == crate::tensor::DType::F32)
+        && (1..=max).contains(&t.width)
+        && (1..=max).contains(&t.height)
+        && bytes_per_row.is_multiple_of(u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT))
+        && bytes_per_row >= u64::from(t.width) * 16;
+    let bytes_per_row = match u32::try_from(bytes_per_row) {
+        Ok(b) if usable => b,
+        _ => return Ok(None),
+    };
+    let cache = &gpu.kernels.ops;
+    let Some(tex) = cache.texture(device, t.width, t.height) else {
+        return Ok(None);
+    };
+    let (bgl, pl) = cache.layout(device, tensors, true);
+    Ok(Some(Textured {
+        input: t.input,
+        width: t.width,
+        height: t.height,
+        bytes_per_row,
+        passes: compile(&t.passes, &pl)?,
+        bgl,
+        tex,
     }))
 }
 
@@ -383,6 +561,8 @@ impl WgpuBackend {
         let cache = &fixed.ops;
         let mut imm = [0u32; 8];
         let mut bound = Vec::with_capacity(MAX_TENSORS);
+        // Each tensor's buffer and byte offset there (a texture copy reads from it).
+        let mut starts: Vec<Option<(wgpu::Buffer, u64)>> = Vec::with_capacity(MAX_TENSORS);
         for (i, t) in call.inputs.iter().chain(call.outputs).enumerate() {
             let size = t.dtype.size() as u64;
             let span = t.layout.span_end().unwrap_or(0) as u64 * size;
@@ -404,6 +584,7 @@ impl WgpuBackend {
                     offset: 0,
                     size: 16,
                 });
+                starts.push(None);
                 continue;
             }
             let (buf, off) = {
@@ -425,6 +606,7 @@ impl WgpuBackend {
                 .get_mut(i)
                 .ok_or_else(|| Error::Internal(format!("{}: too many tensors", k.name)))?;
             *slot = u32::try_from(rel / size).map_err(|_| tensor_too_large(len, fixed))?;
+            starts.push(Some((buf.buffer.clone(), off)));
             bound.push(Bound {
                 buf,
                 offset: w_off,
@@ -439,29 +621,56 @@ impl WgpuBackend {
                 size: FAULT_BYTES,
             });
         }
-        let group = self.op_group(k, &bound)?;
-        let passes = match &k.aligned {
-            Some(quads) if imm[..tensors].iter().all(|o| o % 4 == 0) => quads,
-            _ => &k.passes,
+        let quads = imm[..tensors].iter().all(|o| o % 4 == 0);
+        // The texture variant where the quad variant applies and the copy can start at the
+        // matrix (wgpu copies from offsets that are multiples of the texel's 16 bytes).
+        let textured = k
+            .textured
+            .as_ref()
+            .filter(|_| quads && k.aligned.is_some())
+            .and_then(|t| match starts.get(t.input) {
+                Some(Some((buf, off))) if off % 16 == 0 => Some((t, buf.clone(), *off)),
+                _ => None,
+            });
+        let mut cmds = Vec::with_capacity(4);
+        let (passes, group) = match (textured, &k.aligned) {
+            (Some((t, src, src_off)), _) => {
+                cmds.push(Cmd::ToTexture(TexCopy {
+                    src,
+                    src_off,
+                    bytes_per_row: t.bytes_per_row,
+                    texture: t.tex.texture.clone(),
+                    width: t.width,
+                    height: t.height,
+                }));
+                (&t.passes, self.op_group(k, &t.bgl, &bound, Some(&t.tex))?)
+            }
+            (None, Some(aligned)) if quads => (aligned, self.op_group(k, &k.bgl, &bound, None)?),
+            _ => (&k.passes, self.op_group(k, &k.bgl, &bound, None)?),
         };
-        let mut cmds: Vec<Cmd> = passes
-            .iter()
-            .map(|(p, groups)| Cmd::Dispatch {
-                pipeline: p.pipeline.clone(),
-                group: group.clone(),
-                imm: Imm { words: imm, len: 8 },
-                groups: *groups,
-            })
-            .collect();
+        cmds.extend(passes.iter().map(|(p, groups)| Cmd::Dispatch {
+            pipeline: p.pipeline.clone(),
+            group: group.clone(),
+            imm: Imm { words: imm, len: 8 },
+            groups: *groups,
+        }));
         cmds.extend(k.fault.clone().map(Cmd::Check));
         enqueue(gpu, &s, cmds, pins, work, false)
     }
 
-    fn op_group(&self, k: &OpKernel, bound: &[Bound]) -> Result<wgpu::BindGroup> {
-        let key: GroupKey = (
-            k.cfg_id,
-            bound.iter().map(|b| (b.buf.id, b.offset, b.size)).collect(),
-        );
+    /// The bind group of `bound` (and `tex` after them) for layout `bgl`, cached.
+    fn op_group(
+        &self,
+        k: &OpKernel,
+        bgl: &wgpu::BindGroupLayout,
+        bound: &[Bound],
+        tex: Option<&MatrixTexture>,
+    ) -> Result<wgpu::BindGroup> {
+        let mut windows: Vec<(u64, u64, u64)> =
+            bound.iter().map(|b| (b.buf.id, b.offset, b.size)).collect();
+        // Texture ids come from the same counter as buffer ids: no window matches one.
+        windows.extend(tex.map(|t| (t.id, u64::MAX, 0)));
+        let key: GroupKey = (k.cfg_id, windows);
         if let Some(g) = k.groups.lock().get(&key) {
             return Ok(g.clone());
         }
@@ -481,10 +690,16 @@ impl WgpuBackend {
                 }),
             });
         }
+        if let Some(t) = tex {
+            entries.push(wgpu::BindGroupEntry {
+                binding: texture_binding(bound.len()),
+                resource: wgpu::BindingResource::TextureView(&t.view),
+            });
+        }
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("unirt op"),
-            layout: &k.bgl,
+            layout: bgl,
             entries: &entries,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {

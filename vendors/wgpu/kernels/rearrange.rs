@@ -195,6 +195,7 @@ fn one_pass(source: String, groups: [u32; 3], cfg: Vec<u32>) -> OpSource {
         entry: None,
         zero_workgroup_memory: false,
         aligned: None,
+        textured: None,
     }
 }
 
@@ -275,6 +276,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned: None,
+            textured: None,
         },
     )
 }

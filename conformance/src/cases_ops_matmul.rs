@@ -1,0 +1,279 @@
+//! Matrix product cases: matmul and gemm (alpha, beta, strided and offset operands), against
+//! an f64 reference.
+
+use unirt::ops::matmul as mm;
+use unirt::tensor::{DType, Tensor};
+
+use crate::ops_check::*;
+use crate::{Ctx, Failure};
+
+crate::op_cases! {
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, large_tiles, bad_input] via matmul_case;
+}
+
+/// `A @ B` on host for row-major `[batch.., m, k]` and `[batch.., k, n]` (batch broadcast
+/// into `out_batch`), with `Σ|a·b|` per output for the tolerance.
+#[allow(clippy::too_many_arguments)]
+fn matmul_ref(
+    va: &[f64],
+    sa: &[usize],
+    vb: &[f64],
+    sb: &[usize],
+    out_batch: &[usize],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let nb: usize = out_batch.iter().product();
+    let (mut out, mut scale) = (Vec::new(), Vec::new());
+    for bi in 0..nb {
+        let idx = unravel(bi, out_batch);
+        let ab = bcast_index(&idx, &sa[..sa.len() - 2]);
+        let bb = bcast_index(&idx, &sb[..sb.len() - 2]);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut a) = (0.0, 0.0);
+                for q in 0..k {
+                    let t = va[ab * m * k + i * k + q] * vb[bb * k * n + q * n + j];
+                    s += t;
+                    a += t.abs();
+                }
+                out.push(s);
+                scale.push(a);
+            }
+        }
+    }
+    (out, scale)
+}
+
+fn check_mm(ctx: &Ctx, dt: DType, sa: &[usize], sb: &[usize], seed: u64) -> Result<(), Failure> {
+    let (a, va) = random(sa, -1.0, 1.0, seed, dt, ctx.device)?;
+    let (b, vb) = random(sb, -1.0, 1.0, seed + 1, dt, ctx.device)?;
+    let w = format!("matmul {sa:?} @ {sb:?}");
+    let out = a.matmul(&b).map_err(err(&w))?;
+    let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
+    let batch = &out.shape()[..out.ndim() - 2];
+    let (want, scale) = matmul_ref(&va, sa, &vb, sb, batch, m, k, n);
+    close(&w, &values(&out, &w)?, &want, dt, Some(&scale))
+}
+
+fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    match what {
+        "shapes" => {
+            let dims: &[(usize, usize, usize)] = &[
+                (1, 1, 1),
+                (7, 5, 3),
+                (1, 257, 33),
+                (1, 64, 4099),
+                (33, 257, 7),
+                (64, 64, 64),
+                (3, 0, 4),
+                (0, 5, 2),
+                (130, 70, 90),
+            ];
+            for (i, &(m, k, n)) in dims.iter().enumerate() {
+                check_mm(ctx, dt, &[m, k], &[k, n], 500 + 2 * i as u64)?;
+            }
+            Ok(())
+        }
+        "batched_broadcast" => {
+            check_mm(ctx, dt, &[2, 1, 7, 9], &[3, 9, 5], 530)?;
+            check_mm(ctx, dt, &[4, 1, 16], &[16, 8], 532)
+        }
+        "transposed" => {
+            // A^T and B^T as views: no copies, strides only.
+            let (ab, vab) = random(&[9, 7], -1.0, 1.0, 540, dt, ctx.device)?; // A = ab^T: [7, 9]
+            let (bb, vbb) = random(&[5, 9], -1.0, 1.0, 541, dt, ctx.device)?; // B = bb^T: [9, 5]
+            let a = ab.transpose(0, 1).map_err(err("transpose"))?;
+            let b = bb.transpose(0, 1).map_err(err("transpose"))?;
+            let (ha, hb) = (host_view(&vab, a.layout()), host_view(&vbb, b.layout()));
+            let out = a.matmul(&b).map_err(err("A^T B^T"))?;
+            let (want, scale) = matmul_ref(&ha, &[7, 9], &hb, &[9, 5], &[], 7, 9, 5);
+            close(
+                "transposed operands",
+                &values(&out, "mm")?,
+                &want,
+                dt,
+                Some(&scale),
+            )?;
+            // One row against a transposed weight: the decode GEMV path.
+            let x = a.narrow(0, 3, 1).map_err(err("narrow"))?;
+            let out = x.matmul(&b).map_err(err("x W^T"))?;
+            close(
+                "one row, transposed weight",
+                &values(&out, "gemv")?,
+                &want[15..20],
+                dt,
+                Some(&scale[15..20]),
+            )
+        }
+        "alpha_beta" => {
+            let (a, va) = random(&[6, 10], -1.0, 1.0, 550, dt, ctx.device)?;
+            let (b, vb) = random(&[10, 4], -1.0, 1.0, 551, dt, ctx.device)?;
+            for (m, rows) in [(6usize, 0usize), (1, 2)] {
+                let a = a.narrow(0, rows, m).map_err(err("narrow"))?;
+                let (cbase, vc) = random(&[4, m], -1.0, 1.0, 552, dt, ctx.device)?;
+                let c = cbase.transpose(0, 1).map_err(err("transpose"))?; // a strided output
+                a.gemm_into(&b, &c, 0.5, 2.0)
+                    .map_err(err("gemm alpha 0.5 beta 2"))?;
+                let (ab, scale) =
+                    matmul_ref(&va[rows * 10..], &[m, 10], &vb, &[10, 4], &[], m, 10, 4);
+                let hc = host_view(&vc, c.layout());
+                let want: Vec<f64> = ab.iter().zip(&hc).map(|(x, c)| 0.5 * x + 2.0 * c).collect();
+                let got = values(&c, "gemm")?;
+                close(
+                    &format!("gemm alpha/beta, m = {m}"),
+                    &got,
+                    &want,
+                    dt,
+                    Some(&scale),
+                )?;
+            }
+            Ok(())
+        }
+        "quads" => {
+            // Extents and strides in multiples of four — what vectorised kernels read four at
+            // a time — at tile edges, with operands starting on and off a 16-byte boundary.
+            for (i, &(m, k, n)) in [(17, 12, 260), (1, 8, 4), (33, 64, 300), (16, 4, 512)]
+                .iter()
+                .enumerate()
+            {
+                check_mm(ctx, dt, &[m, k], &[k, n], 560 + 2 * i as u64)?;
+            }
+            check_mm(ctx, dt, &[3, 5, 8], &[8, 12], 570)?;
+            let (m, k, n) = (9, 16, 20);
+            for (shift, seed) in [(1usize, 572u64), (4, 576), (2, 580)] {
+                let (fa, va) = random(&[m * k + shift], -1.0, 1.0, seed, dt, ctx.device)?;
+                let (fb, vb) = random(&[k * n + shift], -1.0, 1.0, seed + 1, dt, ctx.device)?;
+                let (fc, vc) = random(&[m * n + shift], -1.0, 1.0, seed + 2, dt, ctx.device)?;
+                let view = |t: &Tensor, len: usize, shape: &[usize]| {
+                    t.narrow(0, shift, len)
+                        .and_then(|v| v.reshape(shape))
+                        .map_err(err("offset view"))
+                };
+                let a = view(&fa, m * k, &[m, k])?;
+                let b = view(&fb, k * n, &[k, n])?;
+                let c = view(&fc, m * n, &[m, n])?;
+                a.gemm_into(&b, &c, 0.5, -1.5)
+                    .map_err(err("gemm on offset views"))?;
+                let (ab, scale) =
+                    matmul_ref(&va[shift..], &[m, k], &vb[shift..], &[k, n], &[], m, k, n);
+                let want: Vec<f64> = ab
+                    .iter()
+                    .zip(&vc[shift..])
+                    .map(|(x, c)| 0.5 * x - 1.5 * c)
+                    .collect();
+                close(
+                    &format!(
+                        "gemm alpha 0.5 beta -1.5, operands {shift} elements into their buffers"
+                    ),
+                    &values(&c, "gemm")?,
+                    &want,
+                    dt,
+                    Some(&scale),
+                )?;
+            }
+            Ok(())
+        }
+        "few_rows" => few_rows(ctx, dt),
+        "large_tiles" => {
+            // Enough 128×128 tiles for a GPU's large-tile GEMM (wgpu), edge tiles partial both
+            // ways: one product, then a batch of two over one B.
+            check_mm(ctx, dt, &[1030, 19], &[19, 2051], 590)?;
+            check_mm(ctx, dt, &[2, 1030, 11], &[11, 1030], 592)
+        }
+        "bad_input" => {
+            let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));
+            let (a, b) = (z(&[3, 4], dt)?, z(&[5, 2], dt)?);
+            expect_kind(
+                mm::matmul(&a.desc(), &b.desc(), 1.0),
+                &["shape_mismatch"],
+                "[3,4] @ [5,2]",
+            )?;
+            let (a3, b3) = (z(&[2, 3, 4], dt)?, z(&[3, 4, 2], dt)?);
+            expect_kind(
+                mm::matmul(&a3.desc(), &b3.desc(), 1.0),
+                &["not_broadcastable"],
+                "batch 2 with batch 3",
+            )?;
+            let v = z(&[4], dt)?;
+            expect_kind(
+                mm::matmul(&v.desc(), &b.desc(), 1.0),
+                &["bad_tensor_shape"],
+                "a vector",
+            )?;
+            let other = if dt == DType::F32 {
+                DType::F16
+            } else {
+                DType::F32
+            };
+            expect_kind(
+                mm::matmul(&a.desc(), &z(&[4, 2], other)?.desc(), 1.0),
+                &["dtype_mismatch"],
+                "mixed dtypes",
+            )?;
+            // The output may not overlap an input.
+            let sq = z(&[4, 4], dt)?;
+            expect_kind(
+                sq.gemm_into(&sq, &sq, 1.0, 0.0),
+                &["aliasing"],
+                "C = A·C in place",
+            )?;
+            Ok(())
+        }
+        _ => Err(fail(format!("unknown case {what}"))),
+    }
+}
+
+/// Products of one to four rows over one B matrix, the decode GEMV's shape: the wgpu
+/// software adapters read B through a texture there, refilled by every launch from B's rows
+/// (256-byte multiples apart, starting at any 16-byte boundary of B's buffer). Checks a
+/// batch over one B, B as the left columns of a wider matrix (rows further apart than they
+/// are long) and B four elements into its buffer, and then the refill: one A times two Bs
+/// of one shape, launched back to back on one stream without a wait, then B changed in place
+/// and multiplied again.
+fn few_rows(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    for (i, &(m, k, n)) in [(1, 48, 256), (3, 20, 64), (4, 8, 128)].iter().enumerate() {
+        check_mm(ctx, dt, &[m, k], &[k, n], 600 + 2 * i as u64)?;
+    }
+    check_mm(ctx, dt, &[2, 2, 16], &[16, 128], 610)?;
+    let (k, n) = (12, 64);
+    let (a, va) = random(&[2, k], -1.0, 1.0, 612, dt, ctx.device)?;
+    // B: the left 64 of 128 columns; B': 12 × 64 values starting 4 elements into a buffer.
+    let (wide, vw) = random(&[k, 2 * n], -1.0, 1.0, 613, dt, ctx.device)?;
+    let (flat, vf) = random(&[4 + k * n], -1.0, 1.0, 614, dt, ctx.device)?;
+    let b1 = wide.narrow(1, 0, n).map_err(err("narrow"))?;
+    let b2 = flat
+        .narrow(0, 4, k * n)
+        .and_then(|v| v.reshape(&[k, n]))
+        .map_err(err("offset view"))?;
+    let hb1 = host_view(&vw, b1.layout());
+    let c1 = a.matmul(&b1).map_err(err("A @ B (left columns)"))?;
+    let c2 = a.matmul(&b2).map_err(err("A @ B' (offset)"))?;
+    for (what, c, hb) in [("left columns", &c1, &hb1[..]), ("offset", &c2, &vf[4..])] {
+        let (want, scale) = matmul_ref(&va, &[2, k], hb, &[k, n], &[], 2, k, n);
+        close(what, &values(c, what)?, &want, dt, Some(&scale))?;
+    }
+    // B changed in place (every element, through a product of its own), then A @ B again.
+    let (d, vd) = random(&[k, n], -1.0, 1.0, 615, dt, ctx.device)?;
+    let (ones, _) = random(&[n, n], 1.0, 1.0, 616, dt, ctx.device)?;
+    d.gemm_into(&ones, &b2, 1.0, 0.0)
+        .map_err(err("overwrite B' in place"))?;
+    let (mut sums, mut sums_scale) = (Vec::new(), Vec::new());
+    for row in vd.chunks(n) {
+        let (s, a): (f64, f64) = (row.iter().sum(), row.iter().map(|x| x.abs()).sum());
+        sums.extend(std::iter::repeat_n(s, n));
+        sums_scale.extend(std::iter::repeat_n(a, n));
+    }
+    let b2_now = values(&b2, "B' rewritten")?;
+    let c3 = a.matmul(&b2).map_err(err("A @ B' (rewritten)"))?;
+    let (want, scale) = matmul_ref(&va, &[2, k], &b2_now, &[k, n], &[], 2, k, n);
+    close("B rewritten", &values(&c3, "c3")?, &want, dt, Some(&scale))?;
+    close(
+        "B' rewritten by a product",
+        &b2_now,
+        &sums,
+        dt,
+        Some(&sums_scale),
+    )
+}
