@@ -1,5 +1,5 @@
 //! The safe public API over the HAL: typed stream-ordered copies on [`Stream`] with RAII
-//! [`Memory`](unirt::Memory), typed copies on raw device pointers, completion futures, and the
+//! [`Memory`], typed copies on raw device pointers, completion futures, and the
 //! error of a safe copy that would leave its buffer.
 
 use std::future::Future;

@@ -204,9 +204,9 @@ impl MemcpyKind {
 /// | anything on another stream; synchronous copies and sets (default stream not capturing) | runs as usual |
 /// | raw `malloc`/`free`, `malloc_host`/`free_host`, the caching allocator (growth included) | runs; never recorded; a replay over memory freed since the capture is refused |
 /// | device `synchronize` | waits for every stream but the capturing ones |
-/// | `stream_synchronize` of the capturing stream; `event_query`/`event_synchronize`/`event_elapsed_ms`, or a wait from a non-capturing stream, on an event recorded inside the capture | refused with [`Error::Capturing`](crate::Error::Capturing); the capture goes on |
-/// | stream-ordered `malloc_async`/`free_async` on the capturing stream | [`Error::Unsupported`](crate::Error::Unsupported) (no backend records allocation nodes) |
-/// | `end_capture` from another thread than the one that began a Global or ThreadLocal capture | refused with [`Error::Capturing`](crate::Error::Capturing), as CUDA does; the capture goes on (a Relaxed capture may be ended anywhere) |
+/// | `stream_synchronize` of the capturing stream; `event_query`/`event_synchronize`/`event_elapsed_ms`, or a wait from a non-capturing stream, on an event recorded inside the capture | refused with [`Error::Capturing`]; the capture goes on |
+/// | stream-ordered `malloc_async`/`free_async` on the capturing stream | [`Error::Unsupported`] (no backend records allocation nodes) |
+/// | `end_capture` from another thread than the one that began a Global or ThreadLocal capture | refused with [`Error::Capturing`], as CUDA does; the capture goes on (a Relaxed capture may be ended anywhere) |
 ///
 /// Nothing in that table invalidates the capture. On CUDA the mode is passed to
 /// `cuStreamBeginCapture`, where it decides which "potentially unsafe" calls of *other* code

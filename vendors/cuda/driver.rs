@@ -1,7 +1,7 @@
 //! The lowest layer of the CUDA backend: libcuda's entry points, loaded by us, called here.
 //!
 //! Every `unsafe` of the CUDA driver API lives in this file. The symbols are resolved once from
-//! the library [`loader`](super::loader) found (so a missing symbol is an error, not cudarc's
+//! the library [`loader`] found (so a missing symbol is an error, not cudarc's
 //! panic) and typed with cudarc's `driver::sys` handle types. Results are declared as plain
 //! `i32`: a driver newer than the bindings may return codes no Rust enum lists, and receiving
 //! an unknown value into a `#[repr(u32)] enum` would be undefined behaviour.

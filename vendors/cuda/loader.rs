@@ -204,7 +204,7 @@ fn soname_version(name: &str) -> Option<Vec<u32>> {
     soname_version_of(name, "libnvrtc.so")
 }
 
-/// [`soname_version`] for any library stem (`libcublas.so`).
+/// `soname_version` (the NVRTC case, used by tests) for any library stem (`libcublas.so`).
 fn soname_version_of(name: &str, stem: &str) -> Option<Vec<u32>> {
     let rest = name.strip_prefix(stem)?;
     if rest.is_empty() {

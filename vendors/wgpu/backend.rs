@@ -177,7 +177,7 @@ impl Backend for WgpuBackend {
     }
 }
 
-/// The backend's calls, each run by the `Backend` impl above inside [`guard::guarded`].
+/// The backend's calls, each run by the `Backend` impl above inside `guard::guarded`.
 impl WgpuBackend {
     fn raw_mem_info(&self) -> Result<MemInfo> {
         let used = self.mem.device.usage().1;

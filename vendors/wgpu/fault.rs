@@ -9,7 +9,7 @@
 //! eager work into a list of words to check, and a capture keeps them, so every replay of the
 //! graph adds them to the stream it runs on. A stream's synchronisation — after the device
 //! finished its work — reads those words back and clears them in one small submission, and a
-//! claimed word is the error the synchronisation returns ([`Error::IndexOutOfRange`]), as the
+//! claimed word is the error the synchronisation returns ([`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange)), as the
 //! CPU backend reports a failed kernel at the stream's next synchronisation. The output of a
 //! launch that faulted is unspecified (the kernel writes zeros where the data was bad, and
 //! never reads or writes outside its tensors).

@@ -111,7 +111,7 @@ unsafe fn scale_store<T: Float>(v: &[f32], scaled: usize, inv: f32, dst: *mut T)
 
 /// softmax of the contiguous f32 lane `x` written to `o` (log-softmax when `log`; elements
 /// from `visible` on become 0 / −∞), reading `x` once from memory: the max pass reads it,
-/// the exp pass writes `o` and sums it (the eight accumulators of [`sum_f32`], in its order,
+/// the exp pass writes `o` and sums it (the eight accumulators of [`sum_f32`](super::util::sum_f32), in its order,
 /// so the same bits) while it prefetches the lane at `next` (when not null), and the scale
 /// pass runs on `o` (now in L1).
 #[inline(always)]

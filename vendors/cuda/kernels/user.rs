@@ -1,6 +1,6 @@
 //! User kernels written in CUDA C ([`KernelImpl::CudaC`], registered with
 //! [`crate::ops::register_kernel`]) compiled by NVRTC, cached and launched exactly as the
-//! built-in operators are ([`prepared::CudaOp`]: allocation-table checks under the enqueue
+//! built-in operators are ([`CudaOp`](super::prepared::CudaOp): allocation-table checks under the enqueue
 //! gate, no host synchronisation, stream capture into CUDA graphs).
 //!
 //! The user's source is compiled after `common.cuh` (unirt's f16 / bf16 storage types `uhalf`

@@ -1,7 +1,7 @@
 //! The register-tile kernels of the blocked GEMM, one per instruction set, written once as
 //! a macro over the vector type and its intrinsics.
 
-/// Register-tile kernels (see [`Kernel`]) for one instruction set: `MR` rows × two vectors
+/// Register-tile kernels (see [`Kernel`](super::Kernel)) for one instruction set: `MR` rows × two vectors
 /// of `L` lanes (`MR` a parameter: the full tile and its shorter tails), the accumulators in registers; before computing, the next tile down (the
 /// blocked loop's next call) is prefetched into L1, since C's rows are far apart and no
 /// hardware prefetcher follows them.

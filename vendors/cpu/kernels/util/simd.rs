@@ -63,7 +63,7 @@ pub fn simd_tier() -> SimdTier {
 /// compute the same bits: Rust never reassociates or contracts float arithmetic (plain
 /// `a * b + c` stays two roundings, so a wider vector only runs more lanes of the same
 /// operations, and reductions keep the accumulators the source writes), and explicit
-/// `mul_add` (as in [`exp_f32`]) is one rounding everywhere (a libm call on a CPU without
+/// `mul_add` (as in [`exp_f32`](super::math::exp_f32)) is one rounding everywhere (a libm call on a CPU without
 /// FMA), so results do not depend on the CPU.
 #[inline(always)]
 pub fn with_simd<R>(f: impl FnOnce() -> R) -> R {
