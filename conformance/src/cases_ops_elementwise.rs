@@ -232,11 +232,7 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
                 &["not_broadcastable"],
                 "[3] with [4]",
             )?;
-            let other = if dt == DType::F32 {
-                DType::F16
-            } else {
-                DType::F32
-            };
+            let other = another_dtype(dt);
             expect_kind(
                 plan_binary(op, &a3, &t(&[3], other)?),
                 &["dtype_mismatch"],

@@ -202,11 +202,7 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 &["bad_tensor_shape"],
                 "a vector",
             )?;
-            let other = if dt == DType::F32 {
-                DType::F16
-            } else {
-                DType::F32
-            };
+            let other = another_dtype(dt);
             expect_kind(
                 mm::matmul(&a.desc(), &z(&[4, 2], other)?.desc(), 1.0),
                 &["dtype_mismatch"],

@@ -39,6 +39,15 @@ pub fn err(what: &str) -> impl Fn(Error) -> Failure + '_ {
     }
 }
 
+/// A float dtype other than `dt`: the operand of a dtype-mismatch check.
+pub fn another_dtype(dt: DType) -> DType {
+    if dt == DType::F32 {
+        DType::F16
+    } else {
+        DType::F32
+    }
+}
+
 /// A seeded random tensor of `dtype` with values in `[lo, hi)`, and its stored values
 /// (after rounding to `dtype`) read back.
 pub fn random(
