@@ -26,7 +26,6 @@ use crate::error::{Error, Result};
 use crate::ops::fused::FusedProgram;
 use crate::ops::matmul::{MATMUL_EPILOGUE, MAX_EPILOGUE_OPERANDS};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
-use crate::tensor::DType;
 
 const TILE: usize = 64;
 
@@ -174,7 +173,8 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// side by side cover 256 columns; `cfg[15]` is the number of such column tiles.
 ///
 /// With `tex`, B is read through the texture `tex_b` (see [`super::op::TexRead`]), which holds
-/// B's single matrix: one texel per quad, `(quad, row of k)`.
+/// B's single matrix: one texel per quad, `(quad, row of k)`, turned into four f32 values by
+/// `texel_f32` (see [`super::op::texel`]).
 fn host_quad_kernel(rows: usize, c_slot: usize, tex: bool) -> String {
     const V: usize = 4;
     let w = HOST_QUAD_WG;
@@ -220,7 +220,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (kx, comp) in ["x", "y", "z", "w"].iter().enumerate() {
         for q in 0..V {
             s += &if tex {
-                format!("        let b{kx}_{q} = textureLoad(tex_b, vec2<u32>(tq{q}, kq * 4u + {kx}u), 0);\n")
+                format!("        let b{kx}_{q} = texel_f32(textureLoad(tex_b, vec2<u32>(tq{q}, kq * 4u + {kx}u), 0));\n")
             } else {
                 format!("        let b{kx}_{q} = ldq_b(pb{q} + ob + {kx}u * bstep);\n")
             };
@@ -272,7 +272,12 @@ fn host_quad_source(
     let mut kernel = host_quad_kernel(rows, c_slot, tex);
     if tex {
         let slot = super::op::texture_binding(binds.len());
-        kernel = format!("@group(0) @binding({slot}) var tex_b: texture_2d<f32>;\n{kernel}");
+        let t = super::op::texel(binds[1].dtype)?;
+        let (ty, texel_ty, to_f32) = (t.texture_type, t.load_type, t.to_f32);
+        kernel = format!(
+            "@group(0) @binding({slot}) var tex_b: {ty};\n\
+             fn texel_f32(t: {texel_ty}) -> vec4<f32> {{ return {to_f32}; }}\n{kernel}"
+        );
     }
     let mut extra = String::new();
     if let Some(e) = epi {
@@ -568,8 +573,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 /// tensor's own start is on one, which the launch checks). An epilogue's extra operands may
 /// have any layout. Sets `cfg[15]`.
 ///
-/// With it, for products of at most [`TEXTURE_MAX_M`] rows whose B is one f32 matrix (no
-/// batch of its own), the variant that reads B through a texture ([`super::op::TexRead`]):
+/// With it, for products of at most [`TEXTURE_MAX_M`] rows whose B is one matrix (no batch
+/// of its own), the variant that reads B through a texture ([`super::op::TexRead`]):
 /// there each B quad feeds that few multiply-adds that loading it is what the product costs.
 #[allow(clippy::too_many_arguments)] // the plan's facts, computed once by `prepare`
 fn host_quads(
@@ -608,7 +613,7 @@ fn host_quads(
     let grid = [tiles as u32, batch.max(1) as u32, 1];
     let b = &spec.inputs[1];
     let b_matrices: usize = b.layout.shape()[..b.layout.ndim() - 2].iter().product();
-    let textured = if m <= TEXTURE_MAX_M && b.dtype == DType::F32 && b_matrices == 1 {
+    let textured = if m <= TEXTURE_MAX_M && b_matrices == 1 {
         let brs = b.layout.strides()[b.layout.ndim() - 2];
         match (u32::try_from(n / 4), u32::try_from(k)) {
             (Ok(width), Ok(height)) => Some(TexRead {

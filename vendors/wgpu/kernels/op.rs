@@ -9,7 +9,7 @@
 //! and the cache hits; else a window aligned to `min_storage_buffer_offset_alignment`), puts
 //! the tensors' element offsets in the immediates, and enqueues the dispatches as stream
 //! commands — which stream capture records like any other, so op launches can be captured.
-//! A kernel for the host's cores may read one f32 matrix through a texture instead
+//! A kernel for the host's cores may read one matrix through a texture instead
 //! ([`TexRead`]); its launch puts the copy into the texture before the dispatches.
 
 use std::collections::HashMap;
@@ -65,8 +65,9 @@ pub(crate) struct OpSource {
     pub zero_workgroup_memory: bool,
 }
 
-/// An f32 matrix input read through an `rgba32float` texture, one texel per four values of a
-/// row, by kernels for adapters that run on the host's cores. There a storage load whose
+/// A matrix input read through a texture, one texel per four values of a row ([`texel`]:
+/// `rgba32float` for f32, `rgba16float` for f16, `rgba16uint` for bf16's bits), by kernels
+/// for adapters that run on the host's cores. There a storage load whose
 /// address differs across the lanes is a scalar loop over the lanes with a stack round trip
 /// per element (Mesa 22.3's gallivm), while a texel load gathers in registers: a 1×4096×4096
 /// GEMV read its matrix 2–4× faster that way, copy included (docs/BENCHMARKS.md). Each
@@ -80,9 +81,50 @@ pub(crate) struct TexRead {
     pub height: u32,
     /// Elements from one row's start to the next's in the input.
     pub row_stride: u64,
-    /// The passes: as [`OpSource::aligned`]'s, with `var tex_<name>: texture_2d<f32>` at the
-    /// binding after the tensors' ([`texture_binding`]).
+    /// The passes: as [`OpSource::aligned`]'s, with `var tex_<name>` (of the WGSL type
+    /// [`texel`] gives) at the binding after the tensors' ([`texture_binding`]).
     pub passes: PassSources,
+}
+
+/// How a [`TexRead`] input of one dtype is held: four values per texel.
+pub(crate) struct Texel {
+    pub format: wgpu::TextureFormat,
+    /// Bytes per texel.
+    pub bytes: u64,
+    /// The WGSL type a kernel declares the texture with, and what `textureLoad` returns.
+    pub texture_type: &'static str,
+    pub load_type: &'static str,
+    /// The expression that turns a loaded texel `t` into four f32 values.
+    pub to_f32: &'static str,
+}
+
+/// The texel of a [`TexRead`] input of dtype `dt`; `None` for dtypes without one.
+pub(crate) fn texel(dt: crate::tensor::DType) -> Option<Texel> {
+    use crate::tensor::DType;
+    let (format, bytes) = match dt {
+        DType::F32 => (wgpu::TextureFormat::Rgba32Float, 16),
+        DType::F16 => (wgpu::TextureFormat::Rgba16Float, 8),
+        DType::BF16 => (wgpu::TextureFormat::Rgba16Uint, 8),
+        _ => return None,
+    };
+    Some(if dt == DType::BF16 {
+        // bf16 is the top half of an f32: its bits shifted up are the value.
+        Texel {
+            format,
+            bytes,
+            texture_type: "texture_2d<u32>",
+            load_type: "vec4<u32>",
+            to_f32: "bitcast<vec4<f32>>(t << vec4<u32>(16u))",
+        }
+    } else {
+        Texel {
+            format,
+            bytes,
+            texture_type: "texture_2d<f32>",
+            load_type: "vec4<f32>",
+            to_f32: "t",
+        }
+    })
 }
 
 /// The binding of a [`TexRead`] texture in a kernel with `tensors` tensors.
@@ -103,10 +145,11 @@ struct MatrixTexture {
     id: u64,
 }
 
-/// The [`TexRead`] textures of a device by (texels per row, rows), and their bytes in all.
+/// The [`TexRead`] textures of a device by (texels per row, rows, format), and their bytes in
+/// all.
 #[derive(Default)]
 struct MatrixTextures {
-    by_size: HashMap<(u32, u32), MatrixTexture>,
+    by_size: HashMap<(u32, u32, wgpu::TextureFormat), MatrixTexture>,
     bytes: u64,
 }
 
@@ -116,6 +159,8 @@ struct Textured {
     width: u32,
     height: u32,
     bytes_per_row: u32,
+    /// Bytes per texel: the copy starts on a multiple of it.
+    texel_bytes: u64,
     passes: Passes,
     bgl: wgpu::BindGroupLayout,
     tex: MatrixTexture,
@@ -134,9 +179,9 @@ type GroupKey = (u64, Vec<(u64, u64, u64)>);
 /// The operator pipelines and bind groups of one device.
 #[derive(Default)]
 pub(crate) struct OpCache {
-    /// Bind group layouts by tensor count (binding 0 is the constants) and whether a texture
-    /// follows the tensors ([`TexRead`]).
-    layouts: Mutex<HashMap<(usize, bool), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    /// Bind group layouts by tensor count (binding 0 is the constants) and the format of the
+    /// texture that follows the tensors, if one does ([`TexRead`]).
+    layouts: Mutex<LayoutMap>,
     /// [`TexRead`] textures.
     textures: Mutex<MatrixTextures>,
     /// Pipelines by source.
@@ -146,6 +191,10 @@ pub(crate) struct OpCache {
     /// Bound in place of an empty tensor (a binding cannot be empty).
     dummy: Mutex<Option<DevBuf>>,
 }
+
+/// [`OpCache`]'s bind group layouts.
+type LayoutMap =
+    HashMap<(usize, Option<wgpu::TextureFormat>), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>;
 
 /// Pipelines kept before the cache is emptied.
 const MAX_CACHED_PIPELINES: usize = 1024;
@@ -158,7 +207,7 @@ impl OpCache {
         &self,
         device: &wgpu::Device,
         tensors: usize,
-        texture: bool,
+        texture: Option<wgpu::TextureFormat>,
     ) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut l = self.layouts.lock();
         l.entry((tensors, texture))
@@ -175,12 +224,16 @@ impl OpCache {
                         count: None,
                     })
                     .collect();
-                if texture {
+                if let Some(format) = texture {
+                    let sample_type = match format {
+                        wgpu::TextureFormat::Rgba16Uint => wgpu::TextureSampleType::Uint,
+                        _ => wgpu::TextureSampleType::Float { filterable: false },
+                    };
                     entries.push(wgpu::BindGroupLayoutEntry {
                         binding: texture_binding(tensors),
                         visibility: wgpu::ShaderStages::COMPUTE,
                         ty: wgpu::BindingType::Texture {
-                            sample_type: wgpu::TextureSampleType::Float { filterable: false },
+                            sample_type,
                             view_dimension: wgpu::TextureViewDimension::D2,
                             multisampled: false,
                         },
@@ -248,14 +301,21 @@ impl OpCache {
         Ok(p)
     }
 
-    /// The shared texture of a `width` × `height` [`TexRead`] input; `None` when keeping
-    /// it would pass [`MAX_TEXTURE_BYTES`] or the device refuses it (the plan runs without).
-    fn texture(&self, device: &wgpu::Device, width: u32, height: u32) -> Option<MatrixTexture> {
+    /// The shared texture of a `width` × `height` [`TexRead`] input in `format`, of
+    /// `texel_bytes` per texel; `None` when keeping it would pass [`MAX_TEXTURE_BYTES`] or the
+    /// device refuses it (the plan runs without).
+    fn texture(
+        &self,
+        device: &wgpu::Device,
+        (width, height): (u32, u32),
+        format: wgpu::TextureFormat,
+        texel_bytes: u64,
+    ) -> Option<MatrixTexture> {
         let mut textures = self.textures.lock();
-        if let Some(t) = textures.by_size.get(&(width, height)) {
+        if let Some(t) = textures.by_size.get(&(width, height, format)) {
             return Some(t.clone());
         }
-        let size = u64::from(width) * u64::from(height) * 16;
+        let size = u64::from(width) * u64::from(height) * texel_bytes;
         if textures.bytes + size > MAX_TEXTURE_BYTES {
             return None;
         }
@@ -271,7 +331,7 @@ impl OpCache {
             mip_level_count: 1,
             sample_count: 1,
             dimension: wgpu::TextureDimension::D2,
-            format: wgpu::TextureFormat::Rgba32Float,
+            format,
             usage: wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::TEXTURE_BINDING,
             view_formats: &[],
         });
@@ -288,7 +348,7 @@ impl OpCache {
             id: crate::handles::fresh_id(),
         };
         textures.bytes += size;
-        textures.by_size.insert((width, height), t.clone());
+        textures.by_size.insert((width, height, format), t.clone());
         Some(t)
     }
 
@@ -415,7 +475,7 @@ fn prepare_unguarded(
     }
     let cache = &gpu.kernels.ops;
     // The fault word is one more read-write binding after the tensors.
-    let (bgl, pl) = cache.layout(device, bindings - 1, false);
+    let (bgl, pl) = cache.layout(device, bindings - 1, None);
     let entry = src.entry.as_deref().unwrap_or("main");
     let compile = |list: &[(String, [u32; 3])], pl: &wgpu::PipelineLayout| -> Result<Passes> {
         list.iter()
@@ -480,8 +540,9 @@ fn prepare_unguarded(
 }
 
 /// Compiles a [`TexRead`] variant with its texture, when the device can hold the texture and
-/// copy into it: the matrix fits the adapter's 2-D texture size, its rows are 256-byte
-/// multiples apart (wgpu's rule for buffer-to-texture copies) and the input is f32.
+/// copy into it: the input's dtype has a texel format ([`texel`]), the matrix fits the
+/// adapter's 2-D texture size, and its rows are 256-byte multiples apart (wgpu's rule for
+/// buffer-to-texture copies).
 fn textured(
     gpu: &super::super::gpu::Gpu,
     spec: &PlanSpec<'_>,
@@ -490,30 +551,38 @@ fn textured(
     compile: impl Fn(&[(String, [u32; 3])], &wgpu::PipelineLayout) -> Result<Passes>,
 ) -> Result<Option<Textured>> {
     let device = &gpu.device;
+    let Some(dt) = spec.inputs.get(t.input).map(|d| d.dtype) else {
+        return Ok(None);
+    };
+    let Some(Texel {
+        format,
+        bytes: texel_bytes,
+        ..
+    }) = texel(dt)
+    else {
+        return Ok(None);
+    };
     let max = device.limits().max_texture_dimension_2d;
-    let bytes_per_row = t.row_stride * 4;
-    let usable = spec
-        .inputs
-        .get(t.input)
-        .is_some_and(|d| d.dtype == crate::tensor::DType::F32)
-        && (1..=max).contains(&t.width)
+    let bytes_per_row = t.row_stride * dt.size() as u64;
+    let usable = (1..=max).contains(&t.width)
         && (1..=max).contains(&t.height)
         && bytes_per_row.is_multiple_of(u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT))
-        && bytes_per_row >= u64::from(t.width) * 16;
+        && bytes_per_row >= u64::from(t.width) * texel_bytes;
     let bytes_per_row = match u32::try_from(bytes_per_row) {
         Ok(b) if usable => b,
         _ => return Ok(None),
     };
     let cache = &gpu.kernels.ops;
-    let Some(tex) = cache.texture(device, t.width, t.height) else {
+    let Some(tex) = cache.texture(device, (t.width, t.height), format, texel_bytes) else {
         return Ok(None);
     };
-    let (bgl, pl) = cache.layout(device, tensors, true);
+    let (bgl, pl) = cache.layout(device, tensors, Some(format));
     Ok(Some(Textured {
         input: t.input,
         width: t.width,
         height: t.height,
         bytes_per_row,
+        texel_bytes,
         passes: compile(&t.passes, &pl)?,
         bgl,
         tex,
@@ -623,13 +692,13 @@ impl WgpuBackend {
         }
         let quads = imm[..tensors].iter().all(|o| o % 4 == 0);
         // The texture variant where the quad variant applies and the copy can start at the
-        // matrix (wgpu copies from offsets that are multiples of the texel's 16 bytes).
+        // matrix (wgpu copies from offsets that are multiples of the texel's bytes).
         let textured = k
             .textured
             .as_ref()
             .filter(|_| quads && k.aligned.is_some())
             .and_then(|t| match starts.get(t.input) {
-                Some(Some((buf, off))) if off % 16 == 0 => Some((t, buf.clone(), *off)),
+                Some(Some((buf, off))) if off % t.texel_bytes == 0 => Some((t, buf.clone(), *off)),
                 _ => None,
             });
         let mut cmds = Vec::with_capacity(4);
