@@ -616,13 +616,15 @@ fn host_quads(
     let textured = if m <= TEXTURE_MAX_M && b_matrices == 1 {
         let brs = b.layout.strides()[b.layout.ndim() - 2];
         match (u32::try_from(n / 4), u32::try_from(k)) {
-            (Ok(width), Ok(height)) => Some(TexRead {
-                input: 1,
-                width,
-                height,
-                row_stride: brs as u64,
-                passes: vec![(host_quad_source(rows, binds, epi, true)?, grid)],
-            }),
+            (Ok(width), Ok(height)) => {
+                host_quad_source(rows, binds, epi, true).map(|source| TexRead {
+                    input: 1,
+                    width,
+                    height,
+                    row_stride: brs as u64,
+                    passes: vec![(source, grid)],
+                })
+            }
             _ => None,
         }
     } else {

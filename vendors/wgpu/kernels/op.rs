@@ -630,8 +630,6 @@ impl WgpuBackend {
         let cache = &fixed.ops;
         let mut imm = [0u32; 8];
         let mut bound = Vec::with_capacity(MAX_TENSORS);
-        // Each tensor's buffer and byte offset there (a texture copy reads from it).
-        let mut starts: Vec<Option<(wgpu::Buffer, u64)>> = Vec::with_capacity(MAX_TENSORS);
         for (i, t) in call.inputs.iter().chain(call.outputs).enumerate() {
             let size = t.dtype.size() as u64;
             let span = t.layout.span_end().unwrap_or(0) as u64 * size;
@@ -653,7 +651,6 @@ impl WgpuBackend {
                     offset: 0,
                     size: 16,
                 });
-                starts.push(None);
                 continue;
             }
             let (buf, off) = {
@@ -675,7 +672,6 @@ impl WgpuBackend {
                 .get_mut(i)
                 .ok_or_else(|| Error::Internal(format!("{}: too many tensors", k.name)))?;
             *slot = u32::try_from(rel / size).map_err(|_| tensor_too_large(len, fixed))?;
-            starts.push(Some((buf.buffer.clone(), off)));
             bound.push(Bound {
                 buf,
                 offset: w_off,
@@ -691,16 +687,15 @@ impl WgpuBackend {
             });
         }
         let quads = imm[..tensors].iter().all(|o| o % 4 == 0);
-        // The texture variant where the quad variant applies and the copy can start at the
-        // matrix (wgpu copies from offsets that are multiples of the texel's bytes).
-        let textured = k
-            .textured
-            .as_ref()
-            .filter(|_| quads && k.aligned.is_some())
-            .and_then(|t| match starts.get(t.input) {
-                Some(Some((buf, off))) if off % t.texel_bytes == 0 => Some((t, buf.clone(), *off)),
-                _ => None,
-            });
+        // The texture variant (compiled only beside the quad variant) where the quad variant
+        // applies and the copy can start at the matrix: its byte offset in the buffer, the
+        // window's start plus the element offset, must be a multiple of the texel's bytes.
+        let textured = k.textured.as_ref().filter(|_| quads).and_then(|t| {
+            let (b, elem) = (bound.get(t.input)?, call.inputs.get(t.input)?.dtype.size());
+            let off = b.offset + u64::from(imm[t.input]) * elem as u64;
+            off.is_multiple_of(t.texel_bytes)
+                .then(|| (t, b.buf.buffer.clone(), off))
+        });
         let mut cmds = Vec::with_capacity(4);
         let (passes, group) = match (textured, &k.aligned) {
             (Some((t, src, src_off)), _) => {
