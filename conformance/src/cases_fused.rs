@@ -29,34 +29,16 @@ pub(super) fn cases() -> Vec<Case> {
 }
 
 fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
-    let n = 5000;
-    let mk = |seed| Tensor::rand_uniform(&[n], -2.0, 2.0, seed, dtype, ctx.device);
-    let (a, b) = (mk(21)?, mk(22)?);
-    // swiglu(a·b + 0.5, sigmoid(b)) - a, step by step and fused.
-    let want = a.mul(&b)?.add_scalar(0.5)?.swiglu(&b.sigmoid()?)?.sub(&a)?;
-    let prog = FusedProgram {
-        steps: vec![
-            FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
-            FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(0), 0.5),
-            FusedStep::Unary(UnaryOp::Sigmoid, FusedSrc::Input(1)),
-            FusedStep::Swiglu(FusedSrc::Step(1), FusedSrc::Step(2)),
-            FusedStep::Binary(BinaryOp::Sub, FusedSrc::Step(3), FusedSrc::Input(0)),
-        ],
-    };
-    let got = fused_elementwise(&[a.desc(), b.desc()], prog)?.run1(&[&a, &b])?;
-    ensure!(
-        got.to_bytes()? == want.to_bytes()?,
-        "the fused chain differs from the unfused operators"
-    );
-    // Every elementwise function, each after a multiply and an add it could be contracted
-    // with, summed: bitwise the operators run one by one.
-    let prog = FusedProgram::every_function();
-    let got = fused_elementwise(&[a.desc(), b.desc()], prog.clone())?.run1(&[&a, &b])?;
-    let want = unfused(&prog, &[&a, &b])?;
-    ensure!(
-        got.to_bytes()? == want.to_bytes()?,
-        "the fused chain of every elementwise function differs from the unfused operators"
-    );
+    // 5000 elements, then 64 Ki with `a` a view four elements into its buffer (the size from
+    // which wgpu's software adapters read the operands through textures).
+    for (n, shift) in [(5000, 0), (1 << 16, 4)] {
+        let mk = |n, seed| Tensor::rand_uniform(&[n], -2.0, 2.0, seed, dtype, ctx.device);
+        let a = mk(n + shift, 21)?.narrow(0, shift, n)?;
+        let b = mk(n, 22)?;
+        fused_matches(&a, &b)?;
+    }
+    let mk = |seed| Tensor::rand_uniform(&[5000], -2.0, 2.0, seed, dtype, ctx.device);
+    let a = mk(21)?;
     // Bad programs and operands are typed errors.
     let bad = FusedProgram {
         steps: vec![FusedStep::Unary(UnaryOp::Neg, FusedSrc::Step(0))],
@@ -80,6 +62,36 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
         &["bad_param"],
         "a strided operand",
     )?;
+    Ok(())
+}
+
+/// Two fused chains over `a` and `b`, bitwise against the unfused operators.
+fn fused_matches(a: &Tensor, b: &Tensor) -> Result<(), Failure> {
+    // swiglu(a·b + 0.5, sigmoid(b)) - a, step by step and fused.
+    let want = a.mul(b)?.add_scalar(0.5)?.swiglu(&b.sigmoid()?)?.sub(a)?;
+    let prog = FusedProgram {
+        steps: vec![
+            FusedStep::Binary(BinaryOp::Mul, FusedSrc::Input(0), FusedSrc::Input(1)),
+            FusedStep::Scalar(BinaryOp::Add, FusedSrc::Step(0), 0.5),
+            FusedStep::Unary(UnaryOp::Sigmoid, FusedSrc::Input(1)),
+            FusedStep::Swiglu(FusedSrc::Step(1), FusedSrc::Step(2)),
+            FusedStep::Binary(BinaryOp::Sub, FusedSrc::Step(3), FusedSrc::Input(0)),
+        ],
+    };
+    let got = fused_elementwise(&[a.desc(), b.desc()], prog)?.run1(&[a, b])?;
+    ensure!(
+        got.to_bytes()? == want.to_bytes()?,
+        "the fused chain differs from the unfused operators"
+    );
+    // Every elementwise function, each after a multiply and an add it could be contracted
+    // with, summed: bitwise the operators run one by one.
+    let prog = FusedProgram::every_function();
+    let got = fused_elementwise(&[a.desc(), b.desc()], prog.clone())?.run1(&[a, b])?;
+    let want = unfused(&prog, &[a, b])?;
+    ensure!(
+        got.to_bytes()? == want.to_bytes()?,
+        "the fused chain of every elementwise function differs from the unfused operators"
+    );
     Ok(())
 }
 

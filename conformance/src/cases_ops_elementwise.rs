@@ -8,9 +8,9 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    add = "add": [f32, f16, bf16] => [sizes, broadcast, strided, bad_input] via binary_case;
+    add = "add": [f32, f16, bf16] => [sizes, broadcast, strided, large, bad_input] via binary_case;
     sub = "sub": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
-    mul = "mul": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
+    mul = "mul": [f32, f16, bf16] => [sizes, broadcast, strided, large] via binary_case;
     div = "div": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
     maximum = "maximum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
     minimum = "minimum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
@@ -18,7 +18,7 @@ crate::op_cases! {
     add_span = "add": [f32] => [span_over_binding] via binary_case;
     add_offsets = "add": [f32, f16, bf16] => [offsets] via binary_case;
     swiglu_offsets = "swiglu": [f32, f16, bf16] => [offsets] via binary_case;
-    swiglu = "swiglu": [f32, f16, bf16] => [sizes, broadcast, strided, bad_input] via binary_case;
+    swiglu = "swiglu": [f32, f16, bf16] => [sizes, broadcast, strided, large, bad_input] via binary_case;
     add_scalar = "add_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
     sub_scalar = "sub_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
     mul_scalar = "mul_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
@@ -39,14 +39,13 @@ crate::op_cases! {
     relu = "relu": [f32, f16, bf16] => [sizes, strided] via unary_case;
     gelu = "gelu": [f32, f16, bf16] => [sizes, strided] via unary_case;
     gelu_tanh = "gelu_tanh": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    silu = "silu": [f32, f16, bf16] => [sizes, strided, offsets] via unary_case;
+    silu = "silu": [f32, f16, bf16] => [sizes, strided, offsets, large] via unary_case;
     where_ = "where": [f32, f16, bf16] => [broadcast, bad_input] via select_case;
     masked_fill = "masked_fill": [f32, f16, bf16] => [broadcast, bad_input] via select_case;
 }
 
-/// The f64 reference and the input domains of a binary operator.
 /// A binary reference and the input ranges of its two operands.
-type BinaryRef = (fn(f64, f64) -> f64, (f64, f64), (f64, f64));
+pub(crate) type BinaryRef = (fn(f64, f64) -> f64, (f64, f64), (f64, f64));
 
 fn binary_ref(op: &str) -> Result<BinaryRef, Failure> {
     if op == "swiglu" {
@@ -199,6 +198,9 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
             }
             Ok(())
         }
+        "large" => super::cases_ops_large::large_binary(ctx, op, dt, binary_ref(op)?, |a, b| {
+            plan_binary(op, a, b)
+        }),
         "span_over_binding" => {
             // A [5, 1] view of a 160 MiB buffer spanning just over 128 MiB (lavapipe's storage
             // binding limit): computed correctly, or refused with a typed error naming the
@@ -358,6 +360,7 @@ fn unary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), 
                 .map_err(err("view"))?;
             check(&a, &host_view(&v, a.layout()), "permuted, sliced input")
         }
+        "large" => super::cases_ops_large::large_unary(ctx, u, dt, r),
         "offsets" => {
             for shift in 0..6usize {
                 let n = 128 - 4 * shift;

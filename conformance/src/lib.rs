@@ -41,6 +41,7 @@ mod cases_lifetime;
 mod cases_memcpy;
 mod cases_ops_data;
 mod cases_ops_elementwise;
+mod cases_ops_large;
 mod cases_ops_linalg;
 mod cases_ops_matmul;
 mod cases_ops_reduce;

@@ -8,7 +8,10 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
+use super::op::{
+    flat_texture, prepare as prepare_op, texel, texture_binding, OpSource, TexInput, TexRead,
+    TEXTURE_MIN_ELEMENTS,
+};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -136,6 +139,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         prelude = wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
     let groups = groups_for(n as u64);
+    let mut textured = None;
     let aligned = quad_reads.and_then(|reads| {
         let mut helpers = String::new();
         let loads: Vec<String> = reads
@@ -143,6 +147,22 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             .enumerate()
             .map(|(k, r)| r.load(k, NAMES[k], host, &mut cfg, &mut helpers))
             .collect();
+        if host {
+            let direct: Vec<bool> = reads.iter().map(|r| *r == QuadRead::Direct).collect();
+            textured = flat_textures(&binds, &direct, n).and_then(|t| {
+                let passes = quads(
+                    &binds,
+                    &body,
+                    n,
+                    &t.loads(&loads),
+                    &(helpers.clone() + &t.decls),
+                )?;
+                Some(TexRead {
+                    inputs: t.inputs,
+                    passes,
+                })
+            });
+        }
         quads(&binds, &body, n, &loads, &helpers)
     });
     prepare_op(
@@ -154,9 +174,77 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned,
-            textured: None,
+            textured,
         },
     )
+}
+
+/// The inputs of a quad kernel that are read through textures on the host's cores (see
+/// [`super::op::TexRead`]): each copied whole into a texture of [`flat_texture`]'s rows, quad
+/// `q` at texel `(q % width, q / width)`.
+pub(super) struct FlatTextures {
+    pub inputs: Vec<TexInput>,
+    /// The textures' declarations and their load functions `tex4_<name>(i)`.
+    pub decls: String,
+    /// Input `k`'s quad at element `i`, for those read through a texture.
+    pub loads: Vec<Option<String>>,
+}
+
+impl FlatTextures {
+    /// `loads` with the inputs read through textures replaced.
+    pub fn loads(&self, loads: &[String]) -> Vec<String> {
+        loads
+            .iter()
+            .zip(&self.loads)
+            .map(|(l, t)| t.clone().unwrap_or_else(|| l.clone()))
+            .collect()
+    }
+}
+
+/// The [`FlatTextures`] of a quad kernel of `n` elements over `binds` (inputs, then the
+/// output) that reads the inputs marked `direct` (contiguous in the output's shape) through
+/// textures, when `n` is at least [`TEXTURE_MIN_ELEMENTS`]; `None` when no input can be read
+/// that way.
+pub(super) fn flat_textures(binds: &[Bind], direct: &[bool], n: usize) -> Option<FlatTextures> {
+    if n < TEXTURE_MIN_ELEMENTS {
+        return None;
+    }
+    let inputs = &binds[..binds.len() - 1];
+    let mut t = FlatTextures {
+        inputs: Vec::new(),
+        decls: String::new(),
+        loads: vec![None; inputs.len()],
+    };
+    for (k, bind) in inputs.iter().enumerate() {
+        if !direct.get(k).copied().unwrap_or(false) {
+            continue;
+        }
+        let Some(texel) = texel(bind.dtype) else {
+            continue;
+        };
+        // The WebGPU default texture size, which every adapter offers; the plan checks the
+        // adapter's own limit.
+        let Some((width, height)) = flat_texture(n / 4, texel.bytes, 8192) else {
+            continue;
+        };
+        let (name, binding) = (bind.name, texture_binding(binds.len(), t.inputs.len()));
+        t.decls += &format!(
+            "@group(0) @binding({binding}) var tex_{name}: {ty};\n\
+             fn tex4_{name}(i: u32) -> vec4<f32> {{ let q = i >> 2u; \
+             let t = textureLoad(tex_{name}, vec2<u32>(q % {width}u, q / {width}u), 0); \
+             return {to_f32}; }}\n",
+            ty = texel.texture_type,
+            to_f32 = texel.to_f32,
+        );
+        t.loads[k] = Some(format!("tex4_{name}(i)"));
+        t.inputs.push(TexInput {
+            input: k,
+            width,
+            height,
+            row_stride: u64::from(width) * 4,
+        });
+    }
+    (!t.inputs.is_empty()).then_some(t)
 }
 
 /// How the quad variant reads one input at the output's element `i` (a multiple of four):
@@ -283,7 +371,11 @@ pub(super) fn quad_lanes(binds: &[Bind], stmt: impl Fn(&str) -> String) -> Strin
 }
 
 /// [`quad_lanes`] with each input's quad read by its expression in `loads`.
-fn quad_lanes_reading(binds: &[Bind], loads: &[String], stmt: impl Fn(&str) -> String) -> String {
+pub(super) fn quad_lanes_reading(
+    binds: &[Bind],
+    loads: &[String],
+    stmt: impl Fn(&str) -> String,
+) -> String {
     let inputs = &binds[..binds.len() - 1];
     let mut s: String = loads
         .iter()

@@ -15,8 +15,8 @@
 
 use std::sync::Arc;
 
-use super::elementwise::{expr, groups_for, quad_lanes, MATH};
-use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
+use super::elementwise::{expr, flat_textures, groups_for, quad_lanes, quad_lanes_reading, MATH};
+use super::op::{prepare as prepare_op, OpSource, TexRead, MAX_TENSORS};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -106,19 +106,38 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
          if (i >= cfg[0]) {{ return; }}\n{loads}{body}    st_out(i, t{last});\n}}\n",
         prelude = wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
-    // The quad variant: four elements per load and store, each run through the same steps.
-    let aligned = match wgsl::prelude_quads(&binds) {
+    // The quad variant: four elements per load and store, each run through the same steps;
+    // on the host's cores, also one that reads the inputs through textures.
+    let quad_source = |prelude: &str, decls: &str, lanes: &str| {
+        vec![(
+            format!(
+                "{prelude}{MATH}\n{keep}{funcs}\n{decls}{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    \
+                 if (i >= cfg[0]) {{ return; }}\n{lanes}    st4_out(i, r);\n}}\n"
+            ),
+            groups_for(n as u64 / 4),
+        )]
+    };
+    let step = |c: &str| format!("\n{body}    r.{c} = t{last};\n    ");
+    let (aligned, textured) = match wgsl::prelude_quads(&binds) {
         Some(prelude) if n % 4 == 0 => {
-            let lanes = quad_lanes(&binds, |c| format!("\n{body}    r.{c} = t{last};\n    "));
-            Some(vec![(
-                format!(
-                    "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = 4u * ({LINEAR_ID});\n    \
-                     if (i >= cfg[0]) {{ return; }}\n{lanes}    st4_out(i, r);\n}}\n"
-                ),
-                groups_for(n as u64 / 4),
-            )])
+            let aligned = quad_source(&prelude, "", &quad_lanes(&binds, step));
+            let direct = vec![true; spec.inputs.len()];
+            let textured = flat_textures(&binds, &direct, n)
+                .filter(|_| super::on_host_cores(spec))
+                .map(|t| {
+                    let plain: Vec<String> = binds[..binds.len() - 1]
+                        .iter()
+                        .map(|b| format!("ld4_{}(i)", b.name))
+                        .collect();
+                    let lanes = quad_lanes_reading(&binds, &t.loads(&plain), step);
+                    TexRead {
+                        passes: quad_source(&prelude, &t.decls, &lanes),
+                        inputs: t.inputs,
+                    }
+                });
+            (Some(aligned), textured)
         }
-        _ => None,
+        _ => (None, None),
     };
     prepare_op(
         spec,
@@ -129,7 +148,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned,
-            textured: None,
+            textured,
         },
     )
 }

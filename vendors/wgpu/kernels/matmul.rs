@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::elementwise::MATH;
 use super::matmul_large as large;
-use super::op::{prepare as prepare_op, OpSource, PassSources, TexRead};
+use super::op::{prepare as prepare_op, OpSource, PassSources, TexInput, TexRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
@@ -271,7 +271,7 @@ fn host_quad_source(
     let c_slot = binds.len() - 1;
     let mut kernel = host_quad_kernel(rows, c_slot, tex);
     if tex {
-        let slot = super::op::texture_binding(binds.len());
+        let slot = super::op::texture_binding(binds.len(), 0);
         let t = super::op::texel(binds[1].dtype)?;
         let (ty, texel_ty, to_f32) = (t.texture_type, t.load_type, t.to_f32);
         kernel = format!(
@@ -618,10 +618,12 @@ fn host_quads(
         match (u32::try_from(n / 4), u32::try_from(k)) {
             (Ok(width), Ok(height)) => {
                 host_quad_source(rows, binds, epi, true).map(|source| TexRead {
-                    input: 1,
-                    width,
-                    height,
-                    row_stride: brs as u64,
+                    inputs: vec![TexInput {
+                        input: 1,
+                        width,
+                        height,
+                        row_stride: brs as u64,
+                    }],
                     passes: vec![(source, grid)],
                 })
             }

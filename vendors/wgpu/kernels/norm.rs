@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
+use super::op::{
+    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, TEXTURE_MIN_ELEMENTS,
+};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -108,12 +110,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let prelude = wgsl::prelude(&binds, dialect);
     let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);
     let quads = host && spec.inputs.iter().chain(spec.outputs).all(wgsl::quad_rows);
-    let aligned = match (quads, wgsl::prelude_quads(&binds)) {
+    let (aligned, textured) = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = format!("{HEAD}{}", if layer { LAYER_QUADS } else { RMS_QUADS });
-            Some(vec![wgsl::row_kernel(&prelude, &body, true, rows, dialect)])
+            let aligned = vec![wgsl::row_kernel(&prelude, &body, true, rows, dialect)];
+            let textured = textured_rows(spec, &binds, &prelude, &body, rows, shape[axis]);
+            (Some(aligned), textured)
         }
-        _ => None,
+        _ => (None, None),
     };
     prepare_op(
         spec,
@@ -124,9 +128,56 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned,
-            textured: None,
+            textured,
         },
     )
+}
+
+/// The host form's quad variant that reads the rows, the weight and the bias (one row each)
+/// through textures (see [`super::op::TexRead`]), when the rows are contiguous and at least
+/// [`TEXTURE_MIN_ELEMENTS`] in all ([`texture_rows`]); `body` is the quad variant's.
+fn textured_rows(
+    spec: &PlanSpec<'_>,
+    binds: &[Bind],
+    prelude: &str,
+    body: &str,
+    rows: usize,
+    d: usize,
+) -> Option<TexRead> {
+    if rows * d < TEXTURE_MIN_ELEMENTS {
+        return None;
+    }
+    let mut body = body.replace("ld4_x(xb + j)", "tx_x(row, j)");
+    let mut decls = String::new();
+    let mut inputs = Vec::new();
+    let names = ["x", "w", "b"];
+    for (k, t) in spec.inputs.iter().enumerate() {
+        let (name, rows) = (names[k], if k == 0 { rows } else { 1 });
+        let binding = texture_binding(binds.len(), inputs.len());
+        let Some((input, decl)) = texture_rows(t, k, name, binding, (rows, d)) else {
+            // The rows must come through a texture; the weight and the bias may stay.
+            if k == 0 {
+                return None;
+            }
+            continue;
+        };
+        if k > 0 {
+            body = body.replace(&format!("ld4_{name}(j)"), &format!("tx_{name}(0u, j)"));
+        }
+        decls += &decl;
+        inputs.push(input);
+    }
+    let prelude = format!("{prelude}{decls}");
+    Some(TexRead {
+        passes: vec![wgsl::row_kernel(
+            &prelude,
+            &body,
+            true,
+            rows,
+            wgsl::Dialect::of(spec),
+        )],
+        inputs,
+    })
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

@@ -9,8 +9,8 @@
 //! and the cache hits; else a window aligned to `min_storage_buffer_offset_alignment`), puts
 //! the tensors' element offsets in the immediates, and enqueues the dispatches as stream
 //! commands — which stream capture records like any other, so op launches can be captured.
-//! A kernel for the host's cores may read one matrix through a texture instead
-//! ([`TexRead`]); its launch puts the copy into the texture before the dispatches.
+//! A kernel for the host's cores may read some inputs through textures instead
+//! ([`TexRead`]); its launch puts the copies into the textures before the dispatches.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -55,8 +55,8 @@ pub(crate) struct OpSource {
     /// plan time that each tensor's extents and strides are multiples of four, so it also
     /// ends on a quad boundary inside its binding.
     pub aligned: Option<PassSources>,
-    /// A variant of `aligned` that reads one f32 input through a texture (see [`TexRead`]),
-    /// taken by launches that `aligned` suits and whose texture input the copy can read.
+    /// A variant of `aligned` that reads some inputs through textures (see [`TexRead`]),
+    /// taken by launches that `aligned` suits and whose texture inputs the copies can read.
     pub textured: Option<TexRead>,
     /// Whether workgroup memory starts zeroed, as WebGPU guarantees: kept for user kernels.
     /// unirt's own kernels write every workgroup element before they read it, and skip the
@@ -65,15 +65,25 @@ pub(crate) struct OpSource {
     pub zero_workgroup_memory: bool,
 }
 
-/// A matrix input read through a texture, one texel per four values of a row ([`texel`]:
+/// Inputs read through textures, one texel per four values of a row ([`texel`]:
 /// `rgba32float` for f32, `rgba16float` for f16, `rgba16uint` for bf16's bits), by kernels
 /// for adapters that run on the host's cores. There a storage load whose
 /// address differs across the lanes is a scalar loop over the lanes with a stack round trip
 /// per element (Mesa 22.3's gallivm), while a texel load gathers in registers: a 1×4096×4096
-/// GEMV read its matrix 2–4× faster that way, copy included (docs/BENCHMARKS.md). Each
-/// launch copies the matrix into the texture first, in the same command list, so the kernel
-/// always reads the tensor's current values.
+/// GEMV read its matrix 2–4× faster that way, and a 16 MiB add its operands 3× faster,
+/// copies included (docs/BENCHMARKS.md). Each launch copies the inputs into their textures
+/// first, in the same command list, so the kernel always reads the tensors' current values.
 pub(crate) struct TexRead {
+    /// The inputs read through textures, in the order of their bindings.
+    pub inputs: Vec<TexInput>,
+    /// The passes: as [`OpSource::aligned`]'s, with `var tex_<name>` (of the WGSL type
+    /// [`texel`] gives) at the bindings after the tensors' ([`texture_binding`]).
+    pub passes: PassSources,
+}
+
+/// One input of a [`TexRead`] variant: rows of its values, `row_stride` elements apart,
+/// copied into a `width` × `height` texture.
+pub(crate) struct TexInput {
     /// Which input (index into the plan's inputs).
     pub input: usize,
     /// Texels per row (a row's values / 4) and rows.
@@ -81,9 +91,27 @@ pub(crate) struct TexRead {
     pub height: u32,
     /// Elements from one row's start to the next's in the input.
     pub row_stride: u64,
-    /// The passes: as [`OpSource::aligned`]'s, with `var tex_<name>` (of the WGSL type
-    /// [`texel`] gives) at the binding after the tensors' ([`texture_binding`]).
-    pub passes: PassSources,
+}
+
+/// The `(texels per row, rows)` of a texture that holds a contiguous input of `quads` quads
+/// (four values each) of `texel_bytes` per texel as whole rows, for adapters whose textures
+/// are at most `max` texels wide and high: rows are a multiple of 256 bytes, as
+/// buffer-to-texture copies require, and the widest such that divides `quads`. `None` when
+/// no width fits.
+pub(crate) fn flat_texture(quads: usize, texel_bytes: u64, max: u32) -> Option<(u32, u32)> {
+    let align = (u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT) / texel_bytes).max(1) as usize;
+    let max = max as usize;
+    let mut width = quads.min(max) / align * align;
+    while width >= align {
+        if quads.is_multiple_of(width) && quads / width <= max {
+            return Some((
+                u32::try_from(width).ok()?,
+                u32::try_from(quads / width).ok()?,
+            ));
+        }
+        width -= align;
+    }
+    None
 }
 
 /// How a [`TexRead`] input of one dtype is held: four values per texel.
@@ -127,14 +155,55 @@ pub(crate) fn texel(dt: crate::tensor::DType) -> Option<Texel> {
     })
 }
 
-/// The binding of a [`TexRead`] texture in a kernel with `tensors` tensors.
-pub(crate) fn texture_binding(tensors: usize) -> u32 {
-    tensors as u32 + 1
+/// Elements from which a kernel on the host's cores reads a contiguous input through a
+/// texture: below it, the copy's fixed cost outweighs the cheaper loads.
+pub(crate) const TEXTURE_MIN_ELEMENTS: usize = 1 << 14;
+
+/// A [`TexRead`] input `input` of `rows` rows of `row_len` values each, read by a row kernel
+/// on the host's cores: the texture's declaration at `binding` with `tx_<name>(r, j)`, the
+/// four values from element `j` (a multiple of four) of row `r`. `None` unless the tensor is
+/// contiguous with rows that are whole quads and 256-byte multiples (the texture copy's row
+/// pitch), or when its dtype has no texel. (Whether the input is large enough to be worth
+/// the copy, [`TEXTURE_MIN_ELEMENTS`], is the kernel's call.)
+pub(crate) fn texture_rows(
+    t: &crate::ops::TensorDesc,
+    input: usize,
+    name: &str,
+    binding: u32,
+    (rows, row_len): (usize, usize),
+) -> Option<(TexInput, String)> {
+    let texel = texel(t.dtype)?;
+    let usable = t.layout.is_contiguous()
+        && t.layout.numel() == rows * row_len
+        && row_len.is_multiple_of(4)
+        && (row_len * t.dtype.size()).is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize);
+    if !usable {
+        return None;
+    }
+    let decl = format!(
+        "@group(0) @binding({binding}) var tex_{name}: {ty};\n\
+         fn tx_{name}(r: u32, j: u32) -> vec4<f32> {{ \
+         let t = textureLoad(tex_{name}, vec2<u32>(j >> 2u, r), 0); return {to_f32}; }}\n",
+        ty = texel.texture_type,
+        to_f32 = texel.to_f32,
+    );
+    let input = TexInput {
+        input,
+        width: u32::try_from(row_len / 4).ok()?,
+        height: u32::try_from(rows).ok()?,
+        row_stride: row_len as u64,
+    };
+    Some((input, decl))
 }
 
-/// Bytes of the textures a device keeps for [`TexRead`] inputs (one per matrix size, shared
-/// by every plan of that size: each launch refills it, and one queue orders the launches);
-/// a plan whose texture would pass this runs without one.
+/// The binding of the `slot`-th [`TexRead`] texture in a kernel with `tensors` tensors.
+pub(crate) fn texture_binding(tensors: usize, slot: usize) -> u32 {
+    (tensors + 1 + slot) as u32
+}
+
+/// Bytes of the textures a device keeps for [`TexRead`] inputs (one per size and binding
+/// slot, shared by every plan of that size: each launch refills it, and one queue orders the
+/// launches); a plan whose textures would pass this runs without them.
 const MAX_TEXTURE_BYTES: u64 = 256 << 20;
 
 /// A texture of a [`TexRead`] input with its view, shared by the plans of one matrix size.
@@ -145,24 +214,29 @@ struct MatrixTexture {
     id: u64,
 }
 
-/// The [`TexRead`] textures of a device by (texels per row, rows, format), and their bytes in
-/// all.
+/// The [`TexRead`] textures of a device by (texels per row, rows, format, binding slot), and
+/// their bytes in all.
 #[derive(Default)]
 struct MatrixTextures {
-    by_size: HashMap<(u32, u32, wgpu::TextureFormat), MatrixTexture>,
+    by_size: HashMap<(u32, u32, wgpu::TextureFormat, usize), MatrixTexture>,
     bytes: u64,
 }
 
 /// A plan's [`TexRead`] variant, compiled.
 struct Textured {
+    inputs: Vec<TexSlot>,
+    passes: Passes,
+    bgl: wgpu::BindGroupLayout,
+}
+
+/// One input of a compiled [`TexRead`] variant with its texture.
+struct TexSlot {
     input: usize,
     width: u32,
     height: u32,
     bytes_per_row: u32,
     /// Bytes per texel: the copy starts on a multiple of it.
     texel_bytes: u64,
-    passes: Passes,
-    bgl: wgpu::BindGroupLayout,
     tex: MatrixTexture,
 }
 
@@ -179,8 +253,8 @@ type GroupKey = (u64, Vec<(u64, u64, u64)>);
 /// The operator pipelines and bind groups of one device.
 #[derive(Default)]
 pub(crate) struct OpCache {
-    /// Bind group layouts by tensor count (binding 0 is the constants) and the format of the
-    /// texture that follows the tensors, if one does ([`TexRead`]).
+    /// Bind group layouts by tensor count (binding 0 is the constants) and the formats of the
+    /// textures that follow the tensors ([`TexRead`]).
     layouts: Mutex<LayoutMap>,
     /// [`TexRead`] textures.
     textures: Mutex<MatrixTextures>,
@@ -194,7 +268,7 @@ pub(crate) struct OpCache {
 
 /// [`OpCache`]'s bind group layouts.
 type LayoutMap =
-    HashMap<(usize, Option<wgpu::TextureFormat>), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>;
+    HashMap<(usize, Vec<wgpu::TextureFormat>), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>;
 
 /// Pipelines kept before the cache is emptied.
 const MAX_CACHED_PIPELINES: usize = 1024;
@@ -207,10 +281,10 @@ impl OpCache {
         &self,
         device: &wgpu::Device,
         tensors: usize,
-        texture: Option<wgpu::TextureFormat>,
+        textures: &[wgpu::TextureFormat],
     ) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
         let mut l = self.layouts.lock();
-        l.entry((tensors, texture))
+        l.entry((tensors, textures.to_vec()))
             .or_insert_with(|| {
                 let mut entries: Vec<wgpu::BindGroupLayoutEntry> = (0..=tensors)
                     .map(|b| wgpu::BindGroupLayoutEntry {
@@ -224,13 +298,13 @@ impl OpCache {
                         count: None,
                     })
                     .collect();
-                if let Some(format) = texture {
+                for (slot, format) in textures.iter().enumerate() {
                     let sample_type = match format {
                         wgpu::TextureFormat::Rgba16Uint => wgpu::TextureSampleType::Uint,
                         _ => wgpu::TextureSampleType::Float { filterable: false },
                     };
                     entries.push(wgpu::BindGroupLayoutEntry {
-                        binding: texture_binding(tensors),
+                        binding: texture_binding(tensors, slot),
                         visibility: wgpu::ShaderStages::COMPUTE,
                         ty: wgpu::BindingType::Texture {
                             sample_type,
@@ -302,7 +376,8 @@ impl OpCache {
     }
 
     /// The shared texture of a `width` × `height` [`TexRead`] input in `format`, of
-    /// `texel_bytes` per texel; `None` when keeping it would pass [`MAX_TEXTURE_BYTES`] or the
+    /// `texel_bytes` per texel, for binding slot `slot` (the inputs of one launch need
+    /// textures of their own); `None` when keeping it would pass [`MAX_TEXTURE_BYTES`] or the
     /// device refuses it (the plan runs without).
     fn texture(
         &self,
@@ -310,9 +385,10 @@ impl OpCache {
         (width, height): (u32, u32),
         format: wgpu::TextureFormat,
         texel_bytes: u64,
+        slot: usize,
     ) -> Option<MatrixTexture> {
         let mut textures = self.textures.lock();
-        if let Some(t) = textures.by_size.get(&(width, height, format)) {
+        if let Some(t) = textures.by_size.get(&(width, height, format, slot)) {
             return Some(t.clone());
         }
         let size = u64::from(width) * u64::from(height) * texel_bytes;
@@ -348,7 +424,9 @@ impl OpCache {
             id: crate::handles::fresh_id(),
         };
         textures.bytes += size;
-        textures.by_size.insert((width, height, format), t.clone());
+        textures
+            .by_size
+            .insert((width, height, format, slot), t.clone());
         Some(t)
     }
 
@@ -475,7 +553,7 @@ fn prepare_unguarded(
     }
     let cache = &gpu.kernels.ops;
     // The fault word is one more read-write binding after the tensors.
-    let (bgl, pl) = cache.layout(device, bindings - 1, None);
+    let (bgl, pl) = cache.layout(device, bindings - 1, &[]);
     let entry = src.entry.as_deref().unwrap_or("main");
     let compile = |list: &[(String, [u32; 3])], pl: &wgpu::PipelineLayout| -> Result<Passes> {
         list.iter()
@@ -539,9 +617,9 @@ fn prepare_unguarded(
     }))
 }
 
-/// Compiles a [`TexRead`] variant with its texture, when the device can hold the texture and
-/// copy into it: the input's dtype has a texel format ([`texel`]), the matrix fits the
-/// adapter's 2-D texture size, and its rows are 256-byte multiples apart (wgpu's rule for
+/// Compiles a [`TexRead`] variant with its textures, when the device can hold the textures
+/// and copy into them: each input's dtype has a texel format ([`texel`]), its texture fits
+/// the adapter's 2-D texture size, and its rows are 256-byte multiples apart (wgpu's rule for
 /// buffer-to-texture copies).
 fn textured(
     gpu: &super::super::gpu::Gpu,
@@ -551,41 +629,53 @@ fn textured(
     compile: impl Fn(&[(String, [u32; 3])], &wgpu::PipelineLayout) -> Result<Passes>,
 ) -> Result<Option<Textured>> {
     let device = &gpu.device;
-    let Some(dt) = spec.inputs.get(t.input).map(|d| d.dtype) else {
-        return Ok(None);
-    };
-    let Some(Texel {
-        format,
-        bytes: texel_bytes,
-        ..
-    }) = texel(dt)
-    else {
-        return Ok(None);
-    };
     let max = device.limits().max_texture_dimension_2d;
-    let bytes_per_row = t.row_stride * dt.size() as u64;
-    let usable = (1..=max).contains(&t.width)
-        && (1..=max).contains(&t.height)
-        && bytes_per_row.is_multiple_of(u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT))
-        && bytes_per_row >= u64::from(t.width) * texel_bytes;
-    let bytes_per_row = match u32::try_from(bytes_per_row) {
-        Ok(b) if usable => b,
-        _ => return Ok(None),
-    };
     let cache = &gpu.kernels.ops;
-    let Some(tex) = cache.texture(device, (t.width, t.height), format, texel_bytes) else {
+    let mut inputs = Vec::with_capacity(t.inputs.len());
+    let mut formats = Vec::with_capacity(t.inputs.len());
+    for (slot, i) in t.inputs.iter().enumerate() {
+        let Some(dt) = spec.inputs.get(i.input).map(|d| d.dtype) else {
+            return Ok(None);
+        };
+        let Some(Texel {
+            format,
+            bytes: texel_bytes,
+            ..
+        }) = texel(dt)
+        else {
+            return Ok(None);
+        };
+        let bytes_per_row = i.row_stride * dt.size() as u64;
+        let usable = (1..=max).contains(&i.width)
+            && (1..=max).contains(&i.height)
+            && bytes_per_row.is_multiple_of(u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT))
+            && bytes_per_row >= u64::from(i.width) * texel_bytes;
+        let bytes_per_row = match u32::try_from(bytes_per_row) {
+            Ok(b) if usable => b,
+            _ => return Ok(None),
+        };
+        let Some(tex) = cache.texture(device, (i.width, i.height), format, texel_bytes, slot)
+        else {
+            return Ok(None);
+        };
+        formats.push(format);
+        inputs.push(TexSlot {
+            input: i.input,
+            width: i.width,
+            height: i.height,
+            bytes_per_row,
+            texel_bytes,
+            tex,
+        });
+    }
+    if inputs.is_empty() {
         return Ok(None);
-    };
-    let (bgl, pl) = cache.layout(device, tensors, Some(format));
+    }
+    let (bgl, pl) = cache.layout(device, tensors, &formats);
     Ok(Some(Textured {
-        input: t.input,
-        width: t.width,
-        height: t.height,
-        bytes_per_row,
-        texel_bytes,
+        inputs,
         passes: compile(&t.passes, &pl)?,
         bgl,
-        tex,
     }))
 }
 
@@ -688,29 +778,34 @@ impl WgpuBackend {
         }
         let quads = imm[..tensors].iter().all(|o| o % 4 == 0);
         // The texture variant (compiled only beside the quad variant) where the quad variant
-        // applies and the copy can start at the matrix: its byte offset in the buffer, the
+        // applies and every copy can start at its input: the byte offset in the buffer, the
         // window's start plus the element offset, must be a multiple of the texel's bytes.
-        let textured = k.textured.as_ref().filter(|_| quads).and_then(|t| {
-            let (b, elem) = (bound.get(t.input)?, call.inputs.get(t.input)?.dtype.size());
-            let off = b.offset + u64::from(imm[t.input]) * elem as u64;
-            off.is_multiple_of(t.texel_bytes)
-                .then(|| (t, b.buf.buffer.clone(), off))
+        let copies: Option<Vec<TexCopy>> = k.textured.as_ref().filter(|_| quads).and_then(|t| {
+            t.inputs
+                .iter()
+                .map(|s| {
+                    let (b, elem) = (bound.get(s.input)?, call.inputs.get(s.input)?.dtype.size());
+                    let off = b.offset + u64::from(imm[s.input]) * elem as u64;
+                    off.is_multiple_of(s.texel_bytes).then(|| TexCopy {
+                        src: b.buf.buffer.clone(),
+                        src_off: off,
+                        bytes_per_row: s.bytes_per_row,
+                        texture: s.tex.texture.clone(),
+                        width: s.width,
+                        height: s.height,
+                    })
+                })
+                .collect()
         });
         let mut cmds = Vec::with_capacity(4);
-        let (passes, group) = match (textured, &k.aligned) {
-            (Some((t, src, src_off)), _) => {
-                cmds.push(Cmd::ToTexture(TexCopy {
-                    src,
-                    src_off,
-                    bytes_per_row: t.bytes_per_row,
-                    texture: t.tex.texture.clone(),
-                    width: t.width,
-                    height: t.height,
-                }));
-                (&t.passes, self.op_group(k, &t.bgl, &bound, Some(&t.tex))?)
+        let (passes, group) = match (k.textured.as_ref().zip(copies), &k.aligned) {
+            (Some((t, copies)), _) => {
+                cmds.extend(copies.into_iter().map(Cmd::ToTexture));
+                let tex: Vec<&MatrixTexture> = t.inputs.iter().map(|s| &s.tex).collect();
+                (&t.passes, self.op_group(k, &t.bgl, &bound, &tex)?)
             }
-            (None, Some(aligned)) if quads => (aligned, self.op_group(k, &k.bgl, &bound, None)?),
-            _ => (&k.passes, self.op_group(k, &k.bgl, &bound, None)?),
+            (None, Some(aligned)) if quads => (aligned, self.op_group(k, &k.bgl, &bound, &[])?),
+            _ => (&k.passes, self.op_group(k, &k.bgl, &bound, &[])?),
         };
         cmds.extend(passes.iter().map(|(p, groups)| Cmd::Dispatch {
             pipeline: p.pipeline.clone(),
@@ -722,24 +817,24 @@ impl WgpuBackend {
         enqueue(gpu, &s, cmds, pins, work, false)
     }
 
-    /// The bind group of `bound` (and `tex` after them) for layout `bgl`, cached.
+    /// The bind group of `bound` (and the textures `tex` after them) for layout `bgl`, cached.
     fn op_group(
         &self,
         k: &OpKernel,
         bgl: &wgpu::BindGroupLayout,
         bound: &[Bound],
-        tex: Option<&MatrixTexture>,
+        tex: &[&MatrixTexture],
     ) -> Result<wgpu::BindGroup> {
         let mut windows: Vec<(u64, u64, u64)> =
             bound.iter().map(|b| (b.buf.id, b.offset, b.size)).collect();
         // Texture ids come from the same counter as buffer ids: no window matches one.
-        windows.extend(tex.map(|t| (t.id, u64::MAX, 0)));
+        windows.extend(tex.iter().map(|t| (t.id, u64::MAX, 0)));
         let key: GroupKey = (k.cfg_id, windows);
         if let Some(g) = k.groups.lock().get(&key) {
             return Ok(g.clone());
         }
         let device = &self.gpu.device;
-        let mut entries = Vec::with_capacity(bound.len() + 1);
+        let mut entries = Vec::with_capacity(bound.len() + 1 + tex.len());
         entries.push(wgpu::BindGroupEntry {
             binding: 0,
             resource: k.cfg.as_entire_binding(),
@@ -754,9 +849,9 @@ impl WgpuBackend {
                 }),
             });
         }
-        if let Some(t) = tex {
+        for (slot, t) in tex.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
-                binding: texture_binding(bound.len()),
+                binding: texture_binding(bound.len(), slot),
                 resource: wgpu::BindingResource::TextureView(&t.view),
             });
         }

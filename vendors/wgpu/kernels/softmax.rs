@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
+use super::op::{
+    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, TEXTURE_MIN_ELEMENTS,
+};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -95,15 +97,28 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         && axis + 1 == shape.len()
         && wgsl::quad_rows(x)
         && wgsl::quad_rows(out);
-    let aligned = match (quads, wgsl::prelude_quads(&binds)) {
-        (true, Some(prelude)) => Some(vec![wgsl::row_kernel(
-            &prelude,
-            &BODY_QUADS.replace("RESULT", result),
-            true,
-            rows,
-            dialect,
-        )]),
-        _ => None,
+    let (aligned, textured) = match (quads, wgsl::prelude_quads(&binds)) {
+        (true, Some(prelude)) => {
+            let body = BODY_QUADS.replace("RESULT", result);
+            let aligned = vec![wgsl::row_kernel(&prelude, &body, true, rows, dialect)];
+            // The rows through a texture (see `TexRead`) when they are contiguous and many.
+            let len = shape[axis];
+            let binding = texture_binding(binds.len(), 0);
+            let textured = texture_rows(x, 0, "x", binding, (rows, len))
+                .filter(|_| rows * len >= TEXTURE_MIN_ELEMENTS)
+                .map(|(input, decl)| TexRead {
+                    passes: vec![wgsl::row_kernel(
+                        &format!("{prelude}{decl}"),
+                        &body.replace("ld4_x(xb + j)", "tx_x(row, j)"),
+                        true,
+                        rows,
+                        dialect,
+                    )],
+                    inputs: vec![input],
+                });
+            (Some(aligned), textured)
+        }
+        _ => (None, None),
     };
     prepare_op(
         spec,
@@ -114,7 +129,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             entry: None,
             zero_workgroup_memory: false,
             aligned,
-            textured: None,
+            textured,
         },
     )
 }
