@@ -8,7 +8,7 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, large_tiles, bad_input] via matmul_case;
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, textured, large_tiles, bad_input] via matmul_case;
 }
 
 /// `A @ B` on host for row-major `[batch.., m, k]` and `[batch.., k, n]` (batch broadcast
@@ -176,6 +176,7 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
             Ok(())
         }
         "few_rows" => few_rows(ctx, dt),
+        "textured" => textured(ctx, dt),
         "large_tiles" => {
             // Enough 128×128 tiles for a GPU's large-tile GEMM (wgpu), edge tiles partial both
             // ways: one product, then a batch of two over one B.
@@ -271,5 +272,70 @@ fn few_rows(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
         &sums,
         dt,
         Some(&sums_scale),
+    )
+}
+
+/// Products of 16 rows or more over one B matrix: the wgpu software adapters read B, and A
+/// when it is contiguous with rows 256-byte multiples apart, through textures, refilled by
+/// every launch. Checks a batch of As over one B, rows of A off that pitch in f32 (B only), A
+/// four elements into its buffer, and one plan launched back to back on one stream without a
+/// wait, over other operands and then over the matrix its first launch wrote.
+fn textured(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    check_mm(ctx, dt, &[40, 128], &[128, 64], 620)?;
+    check_mm(ctx, dt, &[2, 20, 128], &[128, 32], 622)?;
+    check_mm(ctx, dt, &[33, 96], &[96, 48], 624)?;
+    let (m, k) = (32, 128);
+    let (flat, vf) = random(&[4 + m * k], -1.0, 1.0, 626, dt, ctx.device)?;
+    let a = flat
+        .narrow(0, 4, m * k)
+        .and_then(|v| v.reshape(&[m, k]))
+        .map_err(err("offset view"))?;
+    let (b, vb) = random(&[k, k], -1.0, 1.0, 627, dt, ctx.device)?;
+    let c = a.matmul(&b).map_err(err("A (offset) @ B"))?;
+    let (want, scale) = matmul_ref(&vf[4..], &[m, k], &vb, &[k, k], &[], m, k, k);
+    close(
+        "A four elements in",
+        &values(&c, "c")?,
+        &want,
+        dt,
+        Some(&scale),
+    )?;
+    // One plan, three launches, no wait: A1 @ B1, A2 @ B2, then C1 @ B1.
+    let (a2, va2) = random(&[m, k], -1.0, 1.0, 628, dt, ctx.device)?;
+    let (b2, vb2) = random(&[k, k], -1.0, 1.0, 629, dt, ctx.device)?;
+    let zeros = || Tensor::zeros(&[m, k], dt, ctx.device).map_err(err("zeros"));
+    let (c1, c2, c3) = (zeros()?, zeros()?, zeros()?);
+    let p = mm::matmul(&a.desc(), &b.desc(), 1.0).map_err(err("plan"))?;
+    let s = a.stream().map_err(err("stream"))?;
+    // One workspace serves every launch: they run in stream order.
+    let ws = match p.workspace_size() {
+        0 => None,
+        n => Some(Tensor::empty(&[n], DType::U8, ctx.device).map_err(err("workspace"))?),
+    };
+    let launch = |x: &Tensor, y: &Tensor, o: &Tensor, what: &str| {
+        p.launch(&[x, y], &[o], ws.as_ref(), s).map_err(err(what))
+    };
+    launch(&a, &b, &c1, "A1 @ B1")?;
+    launch(&a2, &b2, &c2, "A2 @ B2")?;
+    launch(&c1, &b, &c3, "C1 @ B1")?;
+    let got1 = values(&c1, "c1")?;
+    let mm_ref = |va: &[f64], vb: &[f64]| matmul_ref(va, &[m, k], vb, &[k, k], &[], m, k, k);
+    let (want, scale) = mm_ref(&vf[4..], &vb);
+    close("A1 @ B1", &got1, &want, dt, Some(&scale))?;
+    let (want, scale) = mm_ref(&va2, &vb2);
+    close(
+        "A2 @ B2, launched next",
+        &values(&c2, "c2")?,
+        &want,
+        dt,
+        Some(&scale),
+    )?;
+    let (want, scale) = mm_ref(&got1, &vb);
+    close(
+        "C1 @ B1 after C1 was written",
+        &values(&c3, "c3")?,
+        &want,
+        dt,
+        Some(&scale),
     )
 }

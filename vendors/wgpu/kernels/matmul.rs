@@ -172,10 +172,11 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `HOST_QUAD_WG` invocations
 /// side by side cover 256 columns; `cfg[15]` is the number of such column tiles.
 ///
-/// With `tex`, B is read through the texture `tex_b` (see [`super::op::TexRead`]), which holds
-/// B's single matrix: one texel per quad, `(quad, row of k)`, turned into four f32 values by
-/// `texel_f32` (see [`super::op::texel`]).
-fn host_quad_kernel(rows: usize, c_slot: usize, tex: bool) -> String {
+/// With `tex.b`, B is read through the texture `tex_b` (see [`super::op::TexRead`]), which
+/// holds B's single matrix: one texel per quad, `(quad, row of k)`, turned into four f32
+/// values by `texel_f32` (see [`super::op::texel`]). With `tex.a` too, A is read through
+/// `tex_a`, which holds A's rows (batch after batch): `(quad of k, batch · m + row)`.
+fn host_quad_kernel(rows: usize, c_slot: usize, tex: Textures) -> String {
     const V: usize = 4;
     let w = HOST_QUAD_WG;
     let mut s = format!(
@@ -198,11 +199,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         cols4 = V * w as usize
     );
     for r in 0..rows {
-        s += &format!("    let pa{r} = (imm.o0 + ab + min(row0 + {r}u, last) * ars) >> 2u;\n");
+        s += &if tex.a {
+            format!("    let ta{r} = wid.y * m + min(row0 + {r}u, last);\n")
+        } else {
+            format!("    let pa{r} = (imm.o0 + ab + min(row0 + {r}u, last) * ars) >> 2u;\n")
+        };
     }
     for q in 0..V {
         let off = q * w as usize;
-        s += &if tex {
+        s += &if tex.b {
             format!("    let q{q} = cq + {off}u;\n    let tq{q} = select(0u, q{q}, q{q} < n4);\n")
         } else {
             format!("    let q{q} = cq + {off}u;\n    let pb{q} = ((imm.o1 + bb) >> 2u) + select(0u, q{q}, q{q} < n4);\n")
@@ -215,11 +220,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     s += "    let bstep = brs >> 2u;\n    var ob = 0u;\n    for (var kq = 0u; kq < k4; kq = kq + 1u) {\n";
     for r in 0..rows {
-        s += &format!("        let a{r} = ldq_a(pa{r} + kq);\n");
+        s += &if tex.a {
+            format!("        let a{r} = texel_f32(textureLoad(tex_a, vec2<u32>(kq, ta{r}), 0));\n")
+        } else {
+            format!("        let a{r} = ldq_a(pa{r} + kq);\n")
+        };
     }
     for (kx, comp) in ["x", "y", "z", "w"].iter().enumerate() {
         for q in 0..V {
-            s += &if tex {
+            s += &if tex.b {
                 format!("        let b{kx}_{q} = texel_f32(textureLoad(tex_b, vec2<u32>(tq{q}, kq * 4u + {kx}u), 0));\n")
             } else {
                 format!("        let b{kx}_{q} = ldq_b(pb{q} + ob + {kx}u * bstep);\n")
@@ -257,20 +266,24 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// Invocations per workgroup of the host GEMM's quad variant.
 const HOST_QUAD_WG: u32 = 16;
 
-/// Products of at most this many rows read B through a texture on the host's cores.
-const TEXTURE_MAX_M: usize = 4;
+/// Which operands the host GEMM's quad variant reads through textures (A only beside B).
+#[derive(Clone, Copy, Debug, Default)]
+struct Textures {
+    b: bool,
+    a: bool,
+}
 
-/// The quad variant's complete source for `rows` rows per invocation (reading B through a
-/// texture with `tex`).
+/// The quad variant's complete source for `rows` rows per invocation (reading B, and A,
+/// through textures as `tex` says: B's at the first texture binding, A's at the second).
 fn host_quad_source(
     rows: usize,
     binds: &[Bind],
     epi: Option<&Epilogue>,
-    tex: bool,
+    tex: Textures,
 ) -> Option<String> {
     let c_slot = binds.len() - 1;
     let mut kernel = host_quad_kernel(rows, c_slot, tex);
-    if tex {
+    if tex.b {
         let slot = super::op::texture_binding(binds.len(), 0);
         let t = super::op::texel(binds[1].dtype)?;
         let (ty, texel_ty, to_f32) = (t.texture_type, t.load_type, t.to_f32);
@@ -278,6 +291,11 @@ fn host_quad_source(
             "@group(0) @binding({slot}) var tex_b: {ty};\n\
              fn texel_f32(t: {texel_ty}) -> vec4<f32> {{ return {to_f32}; }}\n{kernel}"
         );
+        if tex.a {
+            // One conversion serves both: A and B share a dtype.
+            let slot = super::op::texture_binding(binds.len(), 1);
+            kernel = format!("@group(0) @binding({slot}) var tex_a: {ty};\n{kernel}");
+        }
     }
     let mut extra = String::new();
     if let Some(e) = epi {
@@ -573,9 +591,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 /// tensor's own start is on one, which the launch checks). An epilogue's extra operands may
 /// have any layout. Sets `cfg[15]`.
 ///
-/// With it, for products of at most [`TEXTURE_MAX_M`] rows whose B is one matrix (no batch
-/// of its own), the variant that reads B through a texture ([`super::op::TexRead`]):
-/// there each B quad feeds that few multiply-adds that loading it is what the product costs.
+/// With it, for products whose B is one matrix (no batch of its own), the variant that reads
+/// B through a texture ([`super::op::TexRead`]): loads, not multiply-adds, are what the
+/// product costs there (512³ f32 ran 1.7× faster, 1×4096×4096 2×). Of 16 rows or more, A is
+/// read through a texture too when it is contiguous with a batch of its own for each of C's
+/// and rows that are 256-byte multiples (a texture copy's pitch).
 #[allow(clippy::too_many_arguments)] // the plan's facts, computed once by `prepare`
 fn host_quads(
     spec: &PlanSpec<'_>,
@@ -613,18 +633,43 @@ fn host_quads(
     let grid = [tiles as u32, batch.max(1) as u32, 1];
     let b = &spec.inputs[1];
     let b_matrices: usize = b.layout.shape()[..b.layout.ndim() - 2].iter().product();
-    let textured = if m <= TEXTURE_MAX_M && b_matrices == 1 {
+    let textured = if b_matrices == 1 {
         let brs = b.layout.strides()[b.layout.ndim() - 2];
-        match (u32::try_from(n / 4), u32::try_from(k)) {
-            (Ok(width), Ok(height)) => {
-                host_quad_source(rows, binds, epi, true).map(|source| TexRead {
-                    inputs: vec![TexInput {
+        let a = &spec.inputs[0];
+        let a_matrices: usize = a.layout.shape()[..a.layout.ndim() - 2].iter().product();
+        let a_rows = a_matrices * m;
+        let tex_a = rows == 16
+            && a.layout.is_contiguous()
+            && a_matrices == batch.max(1)
+            && a.dtype == b.dtype
+            && (k * a.dtype.size()).is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize)
+            && a_rows <= 8192;
+        let tex = Textures { b: true, a: tex_a };
+        match (
+            u32::try_from(n / 4),
+            u32::try_from(k),
+            u32::try_from(a_rows),
+        ) {
+            (Ok(width), Ok(height), Ok(a_height)) => {
+                host_quad_source(rows, binds, epi, tex).map(|source| {
+                    let mut inputs = vec![TexInput {
                         input: 1,
                         width,
                         height,
                         row_stride: brs as u64,
-                    }],
-                    passes: vec![(source, grid)],
+                    }];
+                    if tex_a {
+                        inputs.push(TexInput {
+                            input: 0,
+                            width: height / 4,
+                            height: a_height,
+                            row_stride: k as u64,
+                        });
+                    }
+                    TexRead {
+                        inputs,
+                        passes: vec![(source, grid)],
+                    }
                 })
             }
             _ => None,
@@ -633,7 +678,10 @@ fn host_quads(
         None
     };
     Some((
-        vec![(host_quad_source(rows, binds, epi, false)?, grid)],
+        vec![(
+            host_quad_source(rows, binds, epi, Textures::default())?,
+            grid,
+        )],
         textured,
     ))
 }
