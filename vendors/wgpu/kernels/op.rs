@@ -203,22 +203,24 @@ pub(crate) fn texture_binding(tensors: usize, slot: usize) -> u32 {
 
 /// Bytes of the textures a device keeps for [`TexRead`] inputs (one per size and binding
 /// slot, shared by every plan of that size: each launch refills it, and one queue orders the
-/// launches); a plan whose textures would pass this runs without them.
+/// launches). A new texture that would pass this first evicts those no live plan holds; a
+/// plan whose textures would still pass it runs without them.
 const MAX_TEXTURE_BYTES: u64 = 256 << 20;
 
 /// A texture of a [`TexRead`] input with its view, shared by the plans of one matrix size.
-#[derive(Clone)]
 struct MatrixTexture {
     texture: wgpu::Texture,
     view: wgpu::TextureView,
     id: u64,
+    bytes: u64,
 }
 
 /// The [`TexRead`] textures of a device by (texels per row, rows, format, binding slot), and
-/// their bytes in all.
+/// their bytes in all. The plans that read through a texture hold it too: one held by the
+/// map alone belongs to no live plan.
 #[derive(Default)]
 struct MatrixTextures {
-    by_size: HashMap<(u32, u32, wgpu::TextureFormat, usize), MatrixTexture>,
+    by_size: HashMap<(u32, u32, wgpu::TextureFormat, usize), Arc<MatrixTexture>>,
     bytes: u64,
 }
 
@@ -237,7 +239,7 @@ struct TexSlot {
     bytes_per_row: u32,
     /// Bytes per texel: the copy starts on a multiple of it.
     texel_bytes: u64,
-    tex: MatrixTexture,
+    tex: Arc<MatrixTexture>,
 }
 
 /// One compiled pass.
@@ -386,14 +388,20 @@ impl OpCache {
         format: wgpu::TextureFormat,
         texel_bytes: u64,
         slot: usize,
-    ) -> Option<MatrixTexture> {
+    ) -> Option<Arc<MatrixTexture>> {
         let mut textures = self.textures.lock();
         if let Some(t) = textures.by_size.get(&(width, height, format, slot)) {
             return Some(t.clone());
         }
         let size = u64::from(width) * u64::from(height) * texel_bytes;
         if textures.bytes + size > MAX_TEXTURE_BYTES {
-            return None;
+            // Plans take their clones under this lock, so a texture held by the map alone
+            // stays unheld while it is dropped (a launch in flight keeps its own references).
+            textures.by_size.retain(|_, t| Arc::strong_count(t) > 1);
+            textures.bytes = textures.by_size.values().map(|t| t.bytes).sum();
+            if textures.bytes + size > MAX_TEXTURE_BYTES {
+                return None;
+            }
         }
         let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let inner = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -418,11 +426,12 @@ impl OpCache {
             return None;
         }
         let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-        let t = MatrixTexture {
+        let t = Arc::new(MatrixTexture {
             texture,
             view,
             id: crate::handles::fresh_id(),
-        };
+            bytes: size,
+        });
         textures.bytes += size;
         textures
             .by_size
@@ -801,7 +810,7 @@ impl WgpuBackend {
         let (passes, group) = match (k.textured.as_ref().zip(copies), &k.aligned) {
             (Some((t, copies)), _) => {
                 cmds.extend(copies.into_iter().map(Cmd::ToTexture));
-                let tex: Vec<&MatrixTexture> = t.inputs.iter().map(|s| &s.tex).collect();
+                let tex: Vec<&MatrixTexture> = t.inputs.iter().map(|s| &*s.tex).collect();
                 (&t.passes, self.op_group(k, &t.bgl, &bound, &tex)?)
             }
             (None, Some(aligned)) if quads => (aligned, self.op_group(k, &k.bgl, &bound, &[])?),
