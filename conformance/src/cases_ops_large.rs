@@ -188,40 +188,48 @@ pub(crate) fn large_norm(
         let want = reference(&vx, &vw, layer.then_some(&vb[..]), eps);
         close(&what, &values(&out, &what)?, &want, dt, None)?;
     }
-    // One plan, four launches, no wait: x1, x2, x1 in place, then the first launch's output.
-    let (x1, v1) = random(&[128, 256], -2.0, 2.0, 780, dt, dev)?;
-    let (x2, v2) = random(&[128, 256], -2.0, 2.0, 781, dt, dev)?;
     let (w, vw, b, vb) = params(256, 782)?;
-    let zeros = || Tensor::zeros(&[128, 256], dt, dev).map_err(err("zeros"));
+    let t = Tensor::zeros(&[128, 256], dt, dev).map_err(err("zeros"))?;
+    let p = plan(&t, &w, &b).map_err(err("plan"))?;
+    let s = t.stream().map_err(err("stream"))?;
+    refill_rows(
+        ctx,
+        ([128, 256], (-2.0, 2.0), 780),
+        dt,
+        |x, o, what| {
+            let ins: Vec<&Tensor> = [x, &w, &b][..2 + usize::from(layer)].to_vec();
+            p.launch(&ins, &[o], None, s).map_err(err(what))
+        },
+        |v| reference(v, &vw, layer.then_some(&vb[..]), eps),
+    )
+}
+
+/// One plan launched four times on one stream without a wait, over `[rows, len]` tensors of
+/// seeded values in `range` — over `x1`, over `x2`, over `x1` in place, then over the first
+/// launch's output — and each result checked against `want` of its input's values.
+fn refill_rows(
+    ctx: &Ctx,
+    (shape, range, seed): ([usize; 2], (f64, f64), u64),
+    dt: DType,
+    launch: impl Fn(&Tensor, &Tensor, &str) -> Result<(), Failure>,
+    want: impl Fn(&[f64]) -> Vec<f64>,
+) -> Result<(), Failure> {
+    let dev = ctx.device;
+    let (x1, v1) = random(&shape, range.0, range.1, seed, dt, dev)?;
+    let (x2, v2) = random(&shape, range.0, range.1, seed + 1, dt, dev)?;
+    let zeros = || Tensor::zeros(&shape, dt, dev).map_err(err("zeros"));
     let (o1, o2, o3) = (zeros()?, zeros()?, zeros()?);
-    let p = plan(&x1, &w, &b).map_err(err("plan"))?;
-    let s = x1.stream().map_err(err("stream"))?;
-    let launch = |x: &Tensor, o: &Tensor, what: &str| {
-        let ins: Vec<&Tensor> = [x, &w, &b][..2 + usize::from(layer)].to_vec();
-        p.launch(&ins, &[o], None, s).map_err(err(what))
-    };
     launch(&x1, &o1, "x1")?;
     launch(&x2, &o2, "x2")?;
     launch(&x1, &x1, "x1 in place")?;
     launch(&o1, &o3, "the first output")?;
-    let want = |v: &[f64]| reference(v, &vw, layer.then_some(&vb[..]), eps);
     let got1 = values(&o1, "o1")?;
     close("x1", &got1, &want(&v1), dt, None)?;
-    close(
-        "x2, launched next",
-        &values(&o2, "o2")?,
-        &want(&v2),
-        dt,
-        None,
-    )?;
+    let got2 = values(&o2, "o2")?;
+    close("x2, launched next", &got2, &want(&v2), dt, None)?;
     close("x1 in place", &values(&x1, "x1")?, &want(&v1), dt, None)?;
-    close(
-        "the first output, normalised again",
-        &values(&o3, "o3")?,
-        &want(&got1),
-        dt,
-        None,
-    )
+    let got3 = values(&o3, "o3")?;
+    close("the first output, again", &got3, &want(&got1), dt, None)
 }
 
 /// The large case of softmax (`log` false) or log_softmax along the last axis, against
@@ -242,36 +250,15 @@ pub(crate) fn large_softmax(
         let want = reference(&vx, &[shape.0, shape.1], 1, log);
         close(&what, &values(&out, &what)?, &want, dt, None)?;
     }
-    // One plan, four launches, no wait: x1, x2, x1 in place, then the first launch's output.
     let shape = [64, 1024];
-    let (x1, v1) = random(&shape, -4.0, 4.0, 800, dt, dev)?;
-    let (x2, v2) = random(&shape, -4.0, 4.0, 801, dt, dev)?;
-    let zeros = || Tensor::zeros(&shape, dt, dev).map_err(err("zeros"));
-    let (o1, o2, o3) = (zeros()?, zeros()?, zeros()?);
-    let p = sm::softmax(&x1.desc(), -1, log).map_err(err("plan"))?;
-    let s = x1.stream().map_err(err("stream"))?;
-    let launch =
-        |x: &Tensor, o: &Tensor, what: &str| p.launch(&[x], &[o], None, s).map_err(err(what));
-    launch(&x1, &o1, "x1")?;
-    launch(&x2, &o2, "x2")?;
-    launch(&x1, &x1, "x1 in place")?;
-    launch(&o1, &o3, "the first output")?;
-    let want = |v: &[f64]| reference(v, &shape, 1, log);
-    let got1 = values(&o1, "o1")?;
-    close("x1", &got1, &want(&v1), dt, None)?;
-    close(
-        "x2, launched next",
-        &values(&o2, "o2")?,
-        &want(&v2),
+    let t = Tensor::zeros(&shape, dt, dev).map_err(err("zeros"))?;
+    let p = sm::softmax(&t.desc(), -1, log).map_err(err("plan"))?;
+    let s = t.stream().map_err(err("stream"))?;
+    refill_rows(
+        ctx,
+        (shape, (-4.0, 4.0), 800),
         dt,
-        None,
-    )?;
-    close("x1 in place", &values(&x1, "x1")?, &want(&v1), dt, None)?;
-    close(
-        "softmax of the first output",
-        &values(&o3, "o3")?,
-        &want(&got1),
-        dt,
-        None,
+        |x, o, what| p.launch(&[x], &[o], None, s).map_err(err(what)),
+        |v| reference(v, &shape, 1, log),
     )
 }
