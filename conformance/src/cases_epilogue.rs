@@ -128,6 +128,22 @@ fn epilogue_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
     // alpha·x is exact in binary floating point for 0.5: both spellings agree.
     same(&got, &want, "alpha as a separate multiply")?;
 
+    // Quad shapes with a bias row and a residual of C's shape (the host adapters read both
+    // through textures, beside A and B): relu(a·b + bias) + res.
+    let (a2, b2) = (r(&[40, 64], 21)?, r(&[64, 128], 22)?);
+    let (bias2, res2) = (r(&[128], 23)?, r(&[40, 128], 24)?);
+    let prog2 = FusedProgram {
+        steps: vec![
+            FusedStep::Binary(BinaryOp::Add, Input(0), Input(1)),
+            FusedStep::Unary(UnaryOp::Relu, Step(0)),
+            FusedStep::Binary(BinaryOp::Add, Step(1), Input(2)),
+        ],
+    };
+    let want2 = a2.matmul(&b2)?.add(&bias2)?.relu()?.add(&res2)?;
+    let got2 = Tensor::empty(&[40, 128], dtype, ctx.device)?;
+    run_into(&a2, &b2, &[&bias2, &res2], 1.0, prog2, &got2)?;
+    same(&got2, &want2, "quad shapes, bias row and residual")?;
+
     // Tensors starting 1 and 2 elements into their buffers (the scalar variant there).
     let a_off = r(&[33 * 64 + 1], 9)?
         .narrow(0, 1, 33 * 64)?

@@ -176,7 +176,7 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// holds B's single matrix: one texel per quad, `(quad, row of k)`, turned into four f32
 /// values by `texel_f32` (see [`super::op::texel`]). With `tex.a` too, A is read through
 /// `tex_a`, which holds A's rows (batch after batch): `(quad of k, batch · m + row)`.
-fn host_quad_kernel(rows: usize, c_slot: usize, tex: Textures) -> String {
+fn host_quad_kernel(rows: usize, c_slot: usize, tex: &Textures) -> String {
     const V: usize = 4;
     let w = HOST_QUAD_WG;
     let mut s = format!(
@@ -266,11 +266,15 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// Invocations per workgroup of the host GEMM's quad variant.
 const HOST_QUAD_WG: u32 = 16;
 
-/// Which operands the host GEMM's quad variant reads through textures (A only beside B).
-#[derive(Clone, Copy, Debug, Default)]
+/// Which operands the host GEMM's quad variant reads through textures (A and the epilogue's
+/// extra operands only beside B): B's texture is bound first, then A's, then the extras'.
+#[derive(Clone, Debug, Default)]
 struct Textures {
     b: bool,
     a: bool,
+    /// The epilogue's extra operands read through textures: (index among the extras, whether
+    /// the texture holds one row per row of C; else one row broadcast over them).
+    extras: Vec<(usize, bool)>,
 }
 
 /// The quad variant's complete source for `rows` rows per invocation (reading B, and A,
@@ -279,7 +283,7 @@ fn host_quad_source(
     rows: usize,
     binds: &[Bind],
     epi: Option<&Epilogue>,
-    tex: Textures,
+    tex: &Textures,
 ) -> Option<String> {
     let c_slot = binds.len() - 1;
     let mut kernel = host_quad_kernel(rows, c_slot, tex);
@@ -291,10 +295,17 @@ fn host_quad_source(
             "@group(0) @binding({slot}) var tex_b: {ty};\n\
              fn texel_f32(t: {texel_ty}) -> vec4<f32> {{ return {to_f32}; }}\n{kernel}"
         );
+        // One conversion serves all: A, B and the extras read so share a dtype.
+        let mut slot = 1;
         if tex.a {
-            // One conversion serves both: A and B share a dtype.
-            let slot = super::op::texture_binding(binds.len(), 1);
-            kernel = format!("@group(0) @binding({slot}) var tex_a: {ty};\n{kernel}");
+            let binding = super::op::texture_binding(binds.len(), slot);
+            kernel = format!("@group(0) @binding({binding}) var tex_a: {ty};\n{kernel}");
+            slot += 1;
+        }
+        for (q, _) in &tex.extras {
+            let binding = super::op::texture_binding(binds.len(), slot);
+            kernel = format!("@group(0) @binding({binding}) var tex_e{q}: {ty};\n{kernel}");
+            slot += 1;
         }
     }
     let mut extra = String::new();
@@ -314,6 +325,20 @@ fn host_quad_source(
         );
         kernel = with_epilogue(&kernel, &tile);
         extra = e.quad.clone();
+        // Each extra read through a texture: its quad load at (r, c) becomes a texel load.
+        for (q, per_row) in &tex.extras {
+            let name = EXTRAS[*q];
+            let line = format!("    let v{q} = ld4_{name}(");
+            let start = extra.find(&line)?;
+            let end = start + extra[start..].find('\n')? + 1;
+            let row = if *per_row { "r" } else { "0u" };
+            extra.replace_range(
+                start..end,
+                &format!(
+                    "    let v{q} = texel_f32(textureLoad(tex_e{q}, vec2<u32>(c >> 2u, {row}), 0));\n"
+                ),
+            );
+        }
     }
     Some(format!("{}{kernel}{extra}", wgsl::prelude_quads(binds)?))
 }
@@ -644,14 +669,22 @@ fn host_quads(
             && a.dtype == b.dtype
             && (k * a.dtype.size()).is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize)
             && a_rows <= 8192;
-        let tex = Textures { b: true, a: tex_a };
+        let tex = Textures {
+            b: true,
+            a: tex_a,
+            extras: if batch.max(1) == 1 {
+                textured_extras(spec, m, n)
+            } else {
+                Vec::new()
+            },
+        };
         match (
             u32::try_from(n / 4),
             u32::try_from(k),
             u32::try_from(a_rows),
         ) {
             (Ok(width), Ok(height), Ok(a_height)) => {
-                host_quad_source(rows, binds, epi, tex).map(|source| {
+                host_quad_source(rows, binds, epi, &tex).map(|source| {
                     let mut inputs = vec![TexInput {
                         input: 1,
                         width,
@@ -664,6 +697,14 @@ fn host_quads(
                             width: height / 4,
                             height: a_height,
                             row_stride: k as u64,
+                        });
+                    }
+                    for &(q, per_row) in &tex.extras {
+                        inputs.push(TexInput {
+                            input: 2 + q,
+                            width,
+                            height: if per_row { m as u32 } else { 1 },
+                            row_stride: n as u64,
                         });
                     }
                     TexRead {
@@ -679,11 +720,44 @@ fn host_quads(
     };
     Some((
         vec![(
-            host_quad_source(rows, binds, epi, Textures::default())?,
+            host_quad_source(rows, binds, epi, &Textures::default())?,
             grid,
         )],
         textured,
     ))
+}
+
+/// The extra operands of a `matmul_epilogue` of one `m` × `n` product (no batch) that its
+/// textured variant reads through textures: those of B's dtype whose rows are 256-byte
+/// multiples and either contiguous `[m, n]` (a residual) or one row broadcast over C's (a
+/// bias), as `(index among the extras, one row per row of C)`.
+fn textured_extras(spec: &PlanSpec<'_>, m: usize, n: usize) -> Vec<(usize, bool)> {
+    let (b, out) = (&spec.inputs[1], &spec.outputs[0]);
+    let shape = out.layout.shape();
+    let nd = shape.len();
+    let pitch = n * b.dtype.size();
+    if nd < 2 || m > 8192 || !pitch.is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize) {
+        return Vec::new();
+    }
+    let extras = spec.inputs.get(2..).unwrap_or_default();
+    extras
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.dtype == b.dtype)
+        .filter_map(|(q, e)| {
+            let l = e.layout.broadcast_to(shape).ok()?;
+            let st = l.strides();
+            if st[nd - 1] != 1 {
+                None
+            } else if st[..nd - 1].iter().all(|&s| s == 0) {
+                Some((q, false))
+            } else if e.layout.is_contiguous() && e.layout.numel() == m * n {
+                Some((q, true))
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
