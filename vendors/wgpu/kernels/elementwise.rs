@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::op::{
     flat_texture, prepare as prepare_op, texel, texture_binding, OpSource, TexInput, TexRead,
-    TEXTURE_MIN_ELEMENTS,
+    PLANNED_TEXTURE_DIM, TEXTURE_MIN_ELEMENTS,
 };
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
@@ -222,9 +222,7 @@ pub(super) fn flat_textures(binds: &[Bind], direct: &[bool], n: usize) -> Option
         let Some(texel) = texel(bind.dtype) else {
             continue;
         };
-        // The WebGPU default texture size, which every adapter offers; the plan checks the
-        // adapter's own limit.
-        let Some((width, height)) = flat_texture(n / 4, texel.bytes, 8192) else {
+        let Some((width, height)) = flat_texture(n / 4, texel.bytes, PLANNED_TEXTURE_DIM) else {
             continue;
         };
         let (name, binding) = (bind.name, texture_binding(binds.len(), t.inputs.len()));

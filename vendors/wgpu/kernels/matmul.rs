@@ -668,7 +668,7 @@ fn host_quads(
             && a_matrices == batch.max(1)
             && a.dtype == b.dtype
             && (k * a.dtype.size()).is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize)
-            && a_rows <= 8192;
+            && a_rows <= super::op::PLANNED_TEXTURE_DIM as usize;
         let tex = Textures {
             b: true,
             a: tex_a,
@@ -736,7 +736,10 @@ fn textured_extras(spec: &PlanSpec<'_>, m: usize, n: usize) -> Vec<(usize, bool)
     let shape = out.layout.shape();
     let nd = shape.len();
     let pitch = n * b.dtype.size();
-    if nd < 2 || m > 8192 || !pitch.is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize) {
+    if nd < 2
+        || m > super::op::PLANNED_TEXTURE_DIM as usize
+        || !pitch.is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize)
+    {
         return Vec::new();
     }
     let extras = spec.inputs.get(2..).unwrap_or_default();

@@ -155,6 +155,10 @@ pub(crate) fn texel(dt: crate::tensor::DType) -> Option<Texel> {
     })
 }
 
+/// The texture size (texels per row and rows) kernels may plan for: WebGPU's default
+/// `max_texture_dimension_2d`, which every adapter offers; a plan checks its adapter's own.
+pub(crate) const PLANNED_TEXTURE_DIM: u32 = 8192;
+
 /// Elements from which a kernel on the host's cores reads a contiguous input through a
 /// texture: below it, the copy's fixed cost outweighs the cheaper loads.
 pub(crate) const TEXTURE_MIN_ELEMENTS: usize = 1 << 14;
