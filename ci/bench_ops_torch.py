@@ -5,6 +5,7 @@ synchronize per sample, median of samples), printed in the same table and writte
 ci/gpu.sh runs both in one job so the two tables come from the same machine and run.
 
     python3 ci/bench_ops_torch.py [--device cuda:0] [--json FILE] [--quick] [--tf32]
+    python3 ci/bench_ops_torch.py --attention 512,2048,4096   # beside `unirt bench attention`
 
 PyTorch exists only on the GPU machine; without it (or without a GPU) this prints why and
 exits 2. TF32 is off unless --tf32 (unirt's f32 GEMM computes in f32).
@@ -22,6 +23,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--attention", help="only the attention rows: prefill over these lengths")
     args = ap.parse_args()
     try:
         import torch
@@ -56,6 +58,17 @@ def main():
         first = sample()
         reps = max(3, min(50, int(600 / max(first * inner, 1e-3))))
         return statistics.median(sample() for _ in range(reps))
+
+    def decode(h=32, d=128, kv=4096):
+        q, k, v = rand((1, h, 1, d), "bf16"), rand((1, h, kv, d), "bf16"), rand((1, h, kv, d), "bf16")
+        ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
+        bw("attention_decode", "bf16", f"1x{h}x{kv}x{d}", ms, 2 * h * kv * d * 2)
+
+    def prefill(seq, h=32, d=128):
+        q, k, v = (rand((1, h, seq, d), "bf16") for _ in range(3))
+        ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        rows.append(dict(op="attention_prefill", dtype="bf16", shape=f"{seq}x{h}x{seq}x{d}", ms=ms,
+                         gflops=2 * h * seq * seq * d / (ms * 1e6)))
 
     def gemm(dt, m, n, k):
         a, b = rand((m, k), dt), rand((k, n), dt)
@@ -97,6 +110,11 @@ def main():
         bw("rope", dt, f"{seq}x32x128", time_ms(rope), 2 * nbytes)
 
     big = 1024 if args.quick else 4096
+    if args.attention:
+        decode()
+        for seq in args.attention.split(","):
+            prefill(int(seq))
+        return finish(args, torch, dev, rows)
     for dt in ("f32", "f16", "bf16"):
         gemm(dt, big, big, big)
     if not args.quick:
@@ -109,18 +127,15 @@ def main():
     bw("cast", "f32", str(mib << 18), time_ms(lambda: src.to(torch.bfloat16)), 6 * (mib << 18))
     t = rand((mib << 16, 4), "f32").t()
     bw("rearrange", "f32", f"4x{mib << 16}", time_ms(lambda: t.contiguous()), 8 * (mib << 18))
-    h, d, kv = 32, 128, 4096
-    q, k, v = rand((1, h, 1, d), "bf16"), rand((1, h, kv, d), "bf16"), rand((1, h, kv, d), "bf16")
-    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
-    bw("attention_decode", "bf16", f"1x{h}x{kv}x{d}", ms, 2 * h * kv * d * 2)
-    seq = 256 if args.quick else 2048
-    q, k, v = (rand((1, h, seq, d), "bf16") for _ in range(3))
-    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    rows.append(dict(op="attention_prefill", dtype="bf16", shape=f"{seq}x{h}x{seq}x{d}", ms=ms,
-                     gflops=2 * h * seq * seq * d / (ms * 1e6)))
+    decode()
+    prefill(256 if args.quick else 2048)
     a, b = rand((16,), "f32"), rand((16,), "f32")
     bw("add_tiny_per_launch", "f32", "16", time_ms(lambda: torch.add(a, b), inner=2000), 3 * 16 * 4)
 
+    return finish(args, torch, dev, rows)
+
+
+def finish(args, torch, dev, rows):
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name(dev)} (TF32 {'on' if args.tf32 else 'off'})")
     print(f"{'op':<20} {'dtype':<5} {'shape':>16} {'ms':>10} {'GFLOP/s':>10} {'GB/s':>10}")
     for r in rows:

@@ -161,6 +161,13 @@ if [ -n "$first_cuda" ]; then
     || fail "bench ops with TF32 on $first_cuda"
   python3 ci/bench_ops_torch.py --device "$first_cuda" --tf32 --quick \
     --json "$out/bench-ops-torch-tf32-quick.json" >"$out/bench-ops-torch-tf32-quick.txt" 2>&1 || true
+  # Attention over several lengths (prefill 512 … 8k tokens, decode over a 4k cache), both sides.
+  step "bench attention on $first_cuda beside PyTorch's SDPA"
+  seqs=512,1024,2048,4096,8192
+  "$bin" bench attention --device "$first_cuda" --seq "$seqs" --json "$out/bench-attention-cuda.json" \
+    | tee "$out/bench-attention-cuda.txt" || fail "bench attention on $first_cuda"
+  python3 ci/bench_ops_torch.py --device "$first_cuda" --attention "$seqs" \
+    --json "$out/bench-attention-torch.json" >"$out/bench-attention-torch.txt" 2>&1 || true
 fi
 for dev in $wgpu_devs; do
   tag=${dev/:/-}

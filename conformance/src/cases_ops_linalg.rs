@@ -9,7 +9,7 @@ use crate::{Ctx, Failure};
 
 crate::op_cases! {
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
-    attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, bad_input] via attention_case;
+    attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, wide, bad_input] via attention_case;
     random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, bad_input] via sample_case;
 }
 
@@ -212,6 +212,14 @@ fn attention_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
             run(1, 2, 130, 1, 150, 64, true, 740)?;
             run(1, 2, 70, 1, 70, 128, true, 741)?;
             run(1, 2, 65, 1, 129, 40, false, 742)
+        }
+        // The d = 128 tensor-core kernels over several query blocks (64 and 128 queries on the
+        // GPU) and key tiles (32 and 64), causal with the queries at the end of a longer
+        // cache, and a head dimension padded to 128.
+        "wide" => {
+            run(1, 4, 300, 2, 300, 128, true, 750)?;
+            run(1, 2, 150, 1, 290, 128, true, 751)?;
+            run(1, 2, 200, 1, 333, 96, false, 752)
         }
         "bad_input" => {
             let z = |s: &[usize]| Tensor::zeros(s, dt, ctx.device).map_err(err("zeros"));

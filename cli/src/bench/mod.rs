@@ -73,6 +73,17 @@ pub enum BenchCommand {
         #[arg(long)]
         quick: bool,
     },
+    /// bf16 attention alone (32 heads × 128): decode over a 4k cache and causal prefill over
+    /// each `--seq` (PyTorch's SDPA beside it: `ci/bench_ops_torch.py --attention`).
+    Attention {
+        #[arg(long, default_value = "cuda:0")]
+        device: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Prefill lengths in tokens.
+        #[arg(long, value_delimiter = ',', default_values_t = [512, 2048, 4096])]
+        seq: Vec<usize>,
+    },
     /// Operator graphs: 100 tiny operators, a Llama decode step and a 4-operator elementwise
     /// chain over 16 MiB, eager vs replayed (fused vs unfused; planned vs naive memory).
     Graph {
@@ -118,6 +129,9 @@ pub fn run(which: BenchCommand) -> CliResult<ExitCode> {
             json,
             quick,
         } => graph::run(&device, json.as_deref(), quick),
+        BenchCommand::Attention { device, json, seq } => {
+            ops::attention(&device, json.as_deref(), &seq)
+        }
         BenchCommand::Latency { device, json } => memcpy::latency(&device, json.as_deref()),
         BenchCommand::Ops {
             device,

@@ -505,11 +505,16 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             gbps: None,
         });
     }
+    report(dev, threads, &rows, json)
+}
+
+/// Prints `rows` as a table and writes them to `json` where asked.
+fn report(dev: Device, threads: usize, rows: &[Row], json: Option<&Path>) -> CliResult<ExitCode> {
     println!(
         "{:<20} {:<5} {:>16} {:>10} {:>10} {:>10}",
         "op", "dtype", "shape", "ms", "GFLOP/s", "GB/s"
     );
-    for r in &rows {
+    for r in rows {
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
         println!(
             "{:<20} {:<5} {:>16} {:>10.4} {:>10} {:>10}",
@@ -525,9 +530,27 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         let report = Report {
             device: dev.to_string(),
             threads,
-            rows: &rows,
+            rows,
         };
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `unirt bench attention`: bf16 attention alone (32 heads × 128) — causal prefill over
+/// `seqs` tokens, decode over a 4k cache — the rows `ci/bench_ops_torch.py --attention`
+/// times with PyTorch's SDPA.
+pub fn attention(device: &str, json: Option<&Path>, seqs: &[usize]) -> CliResult<ExitCode> {
+    let dev: Device = device.parse()?;
+    let rt = Runtime::get(dev)?;
+    let threads = rayon::current_num_threads();
+    println!(
+        "unirt bench attention on {dev} ({}), {threads} threads",
+        rt.backend().info().name
+    );
+    let mut rows = vec![attention_row(dev, DType::BF16, 4096)?];
+    for &seq in seqs {
+        rows.push(prefill_row(dev, DType::BF16, seq)?);
+    }
+    report(dev, threads, &rows, json)
 }

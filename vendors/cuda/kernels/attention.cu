@@ -35,7 +35,8 @@ struct At {
 #define UNIRT_FLASH 1
 #endif
 
-#define FLASH_QUERIES 64 // per block (the planner's grid: lq / 64 blocks per head)
+#define FLASH_WARPS 4 // per block, 16 query rows each (the planner's grid: lq / 64 blocks per head)
+#define FLASH_QUERIES (16 * FLASH_WARPS)
 #define FLASH_KEYS 64 // keys per tile
 #define FLASH_D 128   // the largest head dimension of the tensor-core path
 // Shared memory of either path of `op_attention_flash`: K and V tiles [64][128 + 8] as 16-bit
@@ -63,32 +64,52 @@ __device__ __forceinline__ u32 q_pair(const T *q, const At &p, i64 r, int c)
     return pack2(lo, hi);
 }
 
-// Two f32 values rounded to T, as one fragment register.
-__device__ __forceinline__ u32 packed(float lo, float hi) { return pack2(from_f32<T>(lo).bits, from_f32<T>(hi).bits); }
+// Two f32 values rounded to T, as one fragment register: one conversion instruction (sm_80+).
+__device__ __forceinline__ u32 packed(float lo, float hi)
+{
+    u32 r;
+#ifdef UNIRT_DTYPE_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
 
 #define FLASH_ROW (FLASH_D + 8) // 16-bit values per shared row: 272 bytes, so the 8 rows an
                                 // ldmatrix phase reads start 4 banks apart (no conflicts)
-typedef u16 FlashTile[FLASH_KEYS][FLASH_ROW];
+typedef u16 FlashRow[FLASH_ROW];
 
-// Keys j0 .. j0 + 63 of K or V (rows of `st[2]`, elements of `st[3]`) into `tile` as
+// Keys j0 .. j0 + KT − 1 of K or V (rows of `st[2]`, elements of `st[3]`) into `tile` as
 // [key][dim], zeros past the keys (and, on the strided path, past d). The direct path — unit
-// element stride, rows 16-byte aligned, d a multiple of 16 — issues 16-byte asynchronous
-// copies as one commit group; the strided path stores through registers.
-__device__ __forceinline__ void flash_load(FlashTile &tile, const T *base, const i64 *st, i64 j0, const At &p, bool direct)
+// element stride, rows 16-byte aligned, d = D — issues 16-byte asynchronous copies (the caller
+// commits them as a group), each thread's pieces fixed at compile time (at first their
+// address arithmetic took ~100 instructions a tile beside 4 copies); the strided path stores
+// through registers.
+template <int KT, int D, int THREADS>
+__device__ __forceinline__ void flash_load(FlashRow *tile, const T *base, const i64 *st, i64 j0, const At &p, bool direct)
 {
-    int d = (int)p.d;
     if (direct) {
-        int chunks = d / 8; // 16-byte pieces per row
-        for (int e = threadIdx.x; e < FLASH_KEYS * chunks; e += blockDim.x) {
-            int j = e / chunks, c = (e - j * chunks) * 8;
-            i64 key = j0 + j;
-            bool in = key < p.lkv;
-            cp_async16(&tile[j][c], in ? base + key * st[2] + c : base, in);
+        // A pass of all threads covers ROWS whole rows; thread i's pieces lie in one column c,
+        // rows j, j + ROWS, …: one source pointer stepped by ROWS rows, one shared address
+        // with constant offsets, one comparison per piece.
+        const int CHUNKS = D / 8, ROWS = THREADS / CHUNKS; // 16-byte pieces per row
+        static_assert(THREADS % CHUNKS == 0 && KT % ROWS == 0, "whole rows per pass");
+        int j = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
+        i64 row = st[2];
+        const T *src = base + (j0 + j) * row + c;
+        i64 left = p.lkv - j0 - j; // this thread's pieces that exist: ROWS · i < left
+        u32 dst = shared_address(&tile[j][c]);
+#pragma unroll
+        for (int i = 0; i < KT / ROWS; ++i) {
+            bool in = ROWS * i < left;
+            cp_async16_to(dst + i * ROWS * FLASH_ROW * 2, in ? src : base, in);
+            src += ROWS * row;
         }
-        cp_async_commit();
         return;
     }
-    for (int e = threadIdx.x; e < FLASH_KEYS * FLASH_D / 2; e += blockDim.x) {
+    int d = (int)p.d;
+    for (int e = threadIdx.x; e < KT * FLASH_D / 2; e += blockDim.x) {
         int j = e / (FLASH_D / 2), c = (e % (FLASH_D / 2)) * 2;
         i64 key = j0 + j;
         u16 lo = 0, hi = 0;
@@ -110,30 +131,152 @@ __device__ __forceinline__ float fast_exp2(float x)
     return y;
 }
 
-// The prefill of one block of 64 queries with the head dimension padded to `D` (64 or 128):
-// fixed at compile time, every fragment loop unrolls into straight-line ldmatrix / mma code
-// that ptxas can schedule (with the loops bounded at run time, each ldmatrix waited on its own
-// and the kernel ran at 0.15× PyTorch on an H100). A smaller d is zero-padded to D on the
-// strided load path.
+// S = Q·Kᵀ for a warp's 16 rows × KT keys: KT / 8 n-tiles of 8 keys, each B fragment pair
+// (16 dims × 2) from one ldmatrix of the [key][dim] tile.
+template <int D, int KT>
+__device__ __forceinline__ void flash_scores(float (&s)[KT / 8][4], const u32 (&qf)[D / 16][4], const FlashRow *ks, int lane)
+{
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kp = 0; kp < D / 32; ++kp) {
+            u32 bf[4];
+            ldmatrix_x4(bf, &ks[n * 8 + (lane & 7)][kp * 32 + (lane >> 3) * 8]);
+            mma_m16n8k16(T{}, s[n], qf[2 * kp], bf);
+            mma_m16n8k16(T{}, s[n], qf[2 * kp + 1], bf + 2);
+        }
+    }
+}
+
+// The running softmax of a warp's two fragment rows over one tile of keys j0 .. j0 + KT − 1,
+// the maxima `m` in log2 units: new maxima, rescale of the accumulators and sums, and the
+// scores turned into the numerators P. A tile that needs no mask, with a positive scale
+// (every real one), takes the maxima of the raw scores and one FMA per exponent; the others
+// scale first, with −inf where the tile reaches past a row's visible keys.
+template <int D, int KT>
+__device__ __forceinline__ void flash_softmax(float (&s)[KT / 8][4], float (&o)[D / 8][4], float (&m)[2], float (&l)[2], i64 j0,
+                                              bool masked, i64 vis0, i64 vis1, int t, float sl2)
+{
+    bool raw = !masked && sl2 > 0.0f; // the same for the whole block
+    float mx0 = UNIRT_NEG_INF, mx1 = UNIRT_NEG_INF;
+    if (!raw) {
+#pragma unroll
+        for (int n = 0; n < KT / 8; ++n) {
+            i64 key = j0 + n * 8 + 2 * t;
+            s[n][0] = key < vis0 ? s[n][0] * sl2 : UNIRT_NEG_INF;
+            s[n][1] = key + 1 < vis0 ? s[n][1] * sl2 : UNIRT_NEG_INF;
+            s[n][2] = key < vis1 ? s[n][2] * sl2 : UNIRT_NEG_INF;
+            s[n][3] = key + 1 < vis1 ? s[n][3] * sl2 : UNIRT_NEG_INF;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) {
+        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+    if (raw) {
+        // A positive scale keeps the order: the scaled maximum is the scaled raw one.
+        mx0 *= sl2;
+        mx1 *= sl2;
+    }
+    // A row's 4 threads hold its KT scores.
+    mx0 = fmaxf(m[0], fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(m[1], fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // A row that has seen no key yet keeps max −inf: subtract 0 instead (every term is 0).
+    float base0 = mx0 == UNIRT_NEG_INF ? 0.0f : mx0;
+    float base1 = mx1 == UNIRT_NEG_INF ? 0.0f : mx1;
+    // Where no row of the warp has a new maximum every correction is 1: skip the rescale.
+    if (!__all_sync(0xffffffffu, mx0 == m[0] && mx1 == m[1])) {
+        float c0 = fast_exp2(m[0] - base0), c1 = fast_exp2(m[1] - base1);
+        // l: this thread's share of the row sums (its columns); the 4 shares add up at the end.
+        l[0] *= c0;
+        l[1] *= c1;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+    }
+    m[0] = mx0;
+    m[1] = mx1;
+    if (raw) {
+#pragma unroll
+        for (int n = 0; n < KT / 8; ++n) {
+            s[n][0] = fast_exp2(fmaf(s[n][0], sl2, -base0));
+            s[n][1] = fast_exp2(fmaf(s[n][1], sl2, -base0));
+            s[n][2] = fast_exp2(fmaf(s[n][2], sl2, -base1));
+            s[n][3] = fast_exp2(fmaf(s[n][3], sl2, -base1));
+        }
+    } else {
+#pragma unroll
+        for (int n = 0; n < KT / 8; ++n) {
+            s[n][0] = fast_exp2(s[n][0] - base0);
+            s[n][1] = fast_exp2(s[n][1] - base0);
+            s[n][2] = fast_exp2(s[n][2] - base1);
+            s[n][3] = fast_exp2(s[n][3] - base1);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) {
+        l[0] += s[n][0] + s[n][1];
+        l[1] += s[n][2] + s[n][3];
+    }
+}
+
+// O += P·V: P's accumulator layout is the A fragment of this product (keys 16kk .. 16kk + 15
+// are n-tiles 2kk and 2kk + 1); V's B fragments for two 8-dim n-tiles come from one
+// transposing ldmatrix of the [key][dim] tile.
+template <int D, int KT>
+__device__ __forceinline__ void flash_pv(float (&o)[D / 8][4], const float (&s)[KT / 8][4], const FlashRow *vs, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+        u32 pa[4] = {packed(s[2 * kk][0], s[2 * kk][1]), packed(s[2 * kk][2], s[2 * kk][3]),
+                     packed(s[2 * kk + 1][0], s[2 * kk + 1][1]), packed(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+            u32 bf[4];
+            ldmatrix_x4_trans(bf, &vs[kk * 16 + (lane & 15)][np * 16 + (lane >> 4) * 8]);
+            mma_m16n8k16(T{}, o[2 * np], pa, bf);
+            mma_m16n8k16(T{}, o[2 * np + 1], pa, bf + 2);
+        }
+    }
+}
+
+// The prefill of one block of 64 queries with the head dimension padded to `D` (64 or 128).
+// K and V stream through shared memory 64 keys at a time, one tile of each: tile j's V copies
+// while S = Q·Kⱼᵀ and its softmax run, and tile j + 1's K copies while O += P·Vⱼ runs. (Tried
+// on an H100 beside it: 128 queries over 8 warps, and two stages of 32-key tiles with one
+// barrier a tile, for 4 and 8 warps — each slower, docs/BENCHMARKS.md.) D is fixed at compile
+// time, so every fragment loop unrolls into straight-line ldmatrix / mma code that ptxas can
+// schedule (with the loops bounded at run time, each ldmatrix waited on its own and the kernel
+// ran at 0.15× PyTorch on an H100). A smaller d is zero-padded to D on the strided load path.
 template <int D>
 __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
 {
-    FlashTile &ks = *(FlashTile *)smem;
-    FlashTile &vs = *(FlashTile *)(smem + sizeof(FlashTile));
+    const int QUERIES = FLASH_QUERIES, KT = FLASH_KEYS, THREADS = 32 * FLASH_WARPS;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
-    // Causal blocks late in the sequence see the most keys: they start first, so the short
-    // ones fill the tail of the grid.
-    i64 qblock = p.causal ? (i64)gridDim.x - 1 - blockIdx.x : (i64)blockIdx.x;
-    i64 q0 = qblock * FLASH_QUERIES;
+    // The grid is (batch × head, query block), launched x first: every head's block of a
+    // given length runs before any shorter one. Causal blocks late in the sequence see the
+    // most keys, so they start first and the short ones fill the tail of the grid (ordered by
+    // query block alone, 0.76 of the ideal balance at 2k tokens on 132 multiprocessors;
+    // longest first over the whole grid, 0.97).
+    i64 bh = blockIdx.x, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
+    i64 qblock = p.causal ? (i64)gridDim.y - 1 - blockIdx.y : (i64)blockIdx.y;
+    i64 q0 = qblock * QUERIES;
     const int d = (int)p.d;
     // This thread's two rows of the warp's 16 (fragment rows g and g + 8).
     i64 r0 = q0 + warp * 16 + g, r1 = r0 + 8;
     i64 vis0 = keys_visible(p, r0), vis1 = keys_visible(p, r1);
-    i64 last = q0 + FLASH_QUERIES - 1 < p.lq ? q0 + FLASH_QUERIES - 1 : p.lq - 1;
+    i64 last = q0 + QUERIES - 1 < p.lq ? q0 + QUERIES - 1 : p.lq - 1;
     i64 block_visible = keys_visible(p, last);
     // Tiles wholly below every row's limit need no mask (the first row sees the fewest keys).
-    i64 unmasked = q0 + FLASH_QUERIES <= p.lq ? keys_visible(p, q0) : 0;
+    i64 unmasked = q0 + QUERIES <= p.lq ? keys_visible(p, q0) : 0;
     const T *qb = Q + bi * p.q_st[0] + h * p.q_st[1];
     const T *kb = K + bi * p.k_st[0] + kh * p.k_st[1];
     const T *vb = V + bi * p.v_st[0] + kh * p.v_st[1];
@@ -150,102 +293,33 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
     }
     // Scores in log2 units: exp2 of (s − max) is the softmax numerator.
     float sl2 = (float)p.scale * 1.4426950408889634f;
-    float m0 = UNIRT_NEG_INF, m1 = UNIRT_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float m[2] = {UNIRT_NEG_INF, UNIRT_NEG_INF}, l[2] = {0.0f, 0.0f};
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    // The pipeline: tile j's V copies while S = Q·Kⱼᵀ and its softmax run, and tile j + 1's
-    // K copies while O += P·Vⱼ runs. One buffer each: the barriers order reuse.
-    if (block_visible > 0) flash_load(ks, kb, p.k_st, 0, p, direct);
-    for (i64 j0 = 0; j0 < block_visible; j0 += FLASH_KEYS) {
-        flash_load(vs, vb, p.v_st, j0, p, direct);
+    float s[KT / 8][4];
+    FlashRow *ks = (FlashRow *)smem, *vs = (FlashRow *)(smem + KT * sizeof(FlashRow));
+    if (block_visible > 0) {
+        flash_load<KT, D, THREADS>(ks, kb, p.k_st, 0, p, direct);
+        cp_async_commit();
+    }
+    for (i64 j0 = 0; j0 < block_visible; j0 += KT) {
+        flash_load<KT, D, THREADS>(vs, vb, p.v_st, j0, p, direct);
+        cp_async_commit();
         cp_async_wait<1>(); // Kⱼ (every group but Vⱼ's) has landed
         __syncthreads();
-        // S = Q·Kᵀ for the warp's 16 rows × 64 keys: 8 n-tiles of 8 keys, each B fragment pair
-        // (16 dims × 2) from one ldmatrix.
-        float s[FLASH_KEYS / 8][4];
-#pragma unroll
-        for (int n = 0; n < FLASH_KEYS / 8; ++n) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kp = 0; kp < D / 32; ++kp) {
-                u32 bf[4];
-                ldmatrix_x4(bf, &ks[n * 8 + (lane & 7)][kp * 32 + (lane >> 3) * 8]);
-                mma_m16n8k16(T{}, s[n], qf[2 * kp], bf);
-                mma_m16n8k16(T{}, s[n], qf[2 * kp + 1], bf + 2);
-            }
-        }
-        // Scale, mask, and the rows' new maxima (a row's 4 threads hold its 64 scores).
-        float mx0 = m0, mx1 = m1;
-        if (j0 + FLASH_KEYS <= unmasked) {
-#pragma unroll
-            for (int n = 0; n < FLASH_KEYS / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[n][e] *= sl2;
-        } else {
-#pragma unroll
-            for (int n = 0; n < FLASH_KEYS / 8; ++n) {
-                i64 key = j0 + n * 8 + 2 * t;
-                s[n][0] = key < vis0 ? s[n][0] * sl2 : UNIRT_NEG_INF;
-                s[n][1] = key + 1 < vis0 ? s[n][1] * sl2 : UNIRT_NEG_INF;
-                s[n][2] = key < vis1 ? s[n][2] * sl2 : UNIRT_NEG_INF;
-                s[n][3] = key + 1 < vis1 ? s[n][3] * sl2 : UNIRT_NEG_INF;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < FLASH_KEYS / 8; ++n) {
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // A row that has seen no key yet keeps max −inf: subtract 0 instead (every term is 0).
-        float base0 = mx0 == UNIRT_NEG_INF ? 0.0f : mx0;
-        float base1 = mx1 == UNIRT_NEG_INF ? 0.0f : mx1;
-        float c0 = fast_exp2(m0 - base0), c1 = fast_exp2(m1 - base1);
-        m0 = mx0;
-        m1 = mx1;
-        // l: this thread's share of the row sums (its columns); the 4 shares add up at the end.
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= c0;
-            o[n][1] *= c0;
-            o[n][2] *= c1;
-            o[n][3] *= c1;
-        }
-#pragma unroll
-        for (int n = 0; n < FLASH_KEYS / 8; ++n) {
-            s[n][0] = fast_exp2(s[n][0] - base0);
-            s[n][1] = fast_exp2(s[n][1] - base0);
-            s[n][2] = fast_exp2(s[n][2] - base1);
-            s[n][3] = fast_exp2(s[n][3] - base1);
-            l0 += s[n][0] + s[n][1];
-            l1 += s[n][2] + s[n][3];
-        }
+        flash_scores<D, KT>(s, qf, ks, lane);
+        flash_softmax<D, KT>(s, o, m, l, j0, j0 + KT > unmasked, vis0, vis1, t, sl2);
         cp_async_wait<0>(); // Vⱼ has landed
         __syncthreads();    // every warp is done with Kⱼ and sees Vⱼ
-        if (j0 + FLASH_KEYS < block_visible) flash_load(ks, kb, p.k_st, j0 + FLASH_KEYS, p, direct);
-        // O += P·V: P's accumulator layout is the A fragment of the next product (keys
-        // 16kk .. 16kk + 15 are n-tiles 2kk and 2kk + 1); V's B fragments for two 8-dim
-        // n-tiles come from one transposing ldmatrix of the [key][dim] tile.
-#pragma unroll
-        for (int kk = 0; kk < FLASH_KEYS / 16; ++kk) {
-            u32 pa[4] = {packed(s[2 * kk][0], s[2 * kk][1]), packed(s[2 * kk][2], s[2 * kk][3]),
-                         packed(s[2 * kk + 1][0], s[2 * kk + 1][1]), packed(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                u32 bf[4];
-                ldmatrix_x4_trans(bf, &vs[kk * 16 + (lane & 15)][np * 16 + (lane >> 4) * 8]);
-                mma_m16n8k16(T{}, o[2 * np], pa, bf);
-                mma_m16n8k16(T{}, o[2 * np + 1], pa, bf + 2);
-            }
+        if (j0 + KT < block_visible) {
+            flash_load<KT, D, THREADS>(ks, kb, p.k_st, j0 + KT, p, direct);
+            cp_async_commit();
         }
+        flash_pv<D, KT>(o, s, vs, lane);
         __syncthreads(); // every warp is done with Vⱼ before the next tile's copies
     }
+    float l0 = l[0], l1 = l[1];
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -295,13 +369,14 @@ __device__ __forceinline__ void simt_key_step(const float (&q)[MAX_PER_LANE], fl
     m = mn;
 }
 
-// The SIMT prefill of queries first .. first + 3 (a warp each).
-__device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, i64 first, unsigned char *smem)
+// The SIMT prefill of queries first .. first + warps − 1 (a warp each, as many as the block has).
+__device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, i64 bh, i64 first,
+                                             unsigned char *smem)
 {
     float (*ks)[256] = (float (*)[256])smem;
     float (*vs)[256] = (float (*)[256])(smem + KEYS * 256 * sizeof(float));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    i64 bh = blockIdx.y, bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
+    i64 bi = bh / p.hq, h = bh % p.hq, kh = h / (p.hq / p.hkv);
     i64 qi = first + warp;
     bool active = qi < p.lq;
     float scale = (float)p.scale;
@@ -314,7 +389,8 @@ __device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, con
     }
     // Keys this query sees, and the most any query of the four sees.
     i64 visible = keys_visible(p, qi);
-    i64 last_q = first + PREFILL_WARPS - 1 < p.lq ? first + PREFILL_WARPS - 1 : p.lq - 1;
+    i64 warps = blockDim.x >> 5;
+    i64 last_q = first + warps - 1 < p.lq ? first + warps - 1 : p.lq - 1;
     i64 block_visible = keys_visible(p, last_q);
     float m = UNIRT_NEG_INF, l = 0.0f;
     const T *kbase = K + bi * p.k_st[0] + kh * p.k_st[1];
@@ -343,19 +419,20 @@ __device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, con
 extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, const T *Q, const T *K, const T *V, At p)
 {
     __shared__ __align__(16) unsigned char smem[2 * KEYS * 256 * sizeof(float)];
-    simt_prefill(out, Q, K, V, p, (i64)blockIdx.x * PREFILL_WARPS, smem);
+    simt_prefill(out, Q, K, V, p, blockIdx.y, (i64)blockIdx.x * PREFILL_WARPS, smem);
 }
 
-// 64 queries a block on SIMT cores, 4 at a time: the flash entries' path where a build has no
-// tensor cores (f32, sm_70).
-__device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
+// `queries` queries a block on SIMT cores, a warp each: the flash entries' path where a
+// build has no tensor cores (f32, sm_70). The grid is the flash one: (batch × head, block).
+__device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem, int queries)
 {
-    for (int i = 0; i < FLASH_QUERIES / PREFILL_WARPS; ++i) {
-        i64 first = (i64)blockIdx.x * FLASH_QUERIES + i * PREFILL_WARPS;
+    int warps = blockDim.x >> 5;
+    for (int i = 0; i < queries / warps; ++i) {
+        i64 first = (i64)blockIdx.y * queries + i * warps;
         if (first >= p.lq) break; // the same for the whole block
         // The previous group's last reads of the shared tiles are done before this one loads.
         __syncthreads();
-        simt_prefill(out, Q, K, V, p, first, smem);
+        simt_prefill(out, Q, K, V, p, blockIdx.x, first, smem);
     }
 }
 
@@ -366,19 +443,19 @@ __device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, co
 // kept arrays in local memory): the planner launches it for d ≤ 64 in tensor-core builds only
 // (a larger d would read and write only its first 64 dimensions — never out of bounds).
 #ifdef UNIRT_FLASH
-#define FLASH_ENTRY(name, D, fits)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) name(T *out, const T *Q, const T *K, const T *V, At p) \
-    {                                                                                                         \
-        __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                              \
-        if (fits) flash_prefill<D>(out, Q, K, V, p, smem);                                                    \
-        else flash_on_simt(out, Q, K, V, p, smem);                                                            \
+#define FLASH_ENTRY(name, D, fits)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * FLASH_WARPS) name(T *out, const T *Q, const T *K, const T *V, At p) \
+    {                                                                                                                     \
+        __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                                          \
+        if (fits) flash_prefill<D>(out, Q, K, V, p, smem);                                                                \
+        else flash_on_simt(out, Q, K, V, p, smem, FLASH_QUERIES);                                                         \
     }
 #else
-#define FLASH_ENTRY(name, D, fits)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) name(T *out, const T *Q, const T *K, const T *V, At p) \
-    {                                                                                                         \
-        __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                              \
-        flash_on_simt(out, Q, K, V, p, smem);                                                                 \
+#define FLASH_ENTRY(name, D, fits)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * FLASH_WARPS) name(T *out, const T *Q, const T *K, const T *V, At p) \
+    {                                                                                                                     \
+        __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                                          \
+        flash_on_simt(out, Q, K, V, p, smem, FLASH_QUERIES);                                                              \
     }
 #endif
 FLASH_ENTRY(op_attention_flash, 128, p.d <= FLASH_D)

@@ -254,6 +254,12 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
                  "r"(valid ? 16 : 0)
                  : "memory");
 }
+// The same with the destination as a shared-window address (`shared_address`), for loops
+// that compute it once.
+__device__ __forceinline__ void cp_async16_to(u32 dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N committed groups are still in flight (N a constant).
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
