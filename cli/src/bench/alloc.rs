@@ -1,14 +1,17 @@
 //! `unirt bench alloc`: alloc + free pairs through the caching allocator, beside the backend's
 //! raw allocation and the system malloc, per size, in one run. On a CUDA device a fourth
 //! column is the driver's own `cuMemAlloc` + `cuMemFree` (through cudarc, in the same process),
-//! the floor the raw column is held to (issue 11: ≤ 1.2×).
+//! the floor the raw column is held to (issue 11: ≤ 1.2×). Where `libinfinirt.so` lies beside
+//! the executable (or at `UNIRT_CAPI_LIB`), a C ABI column times `infinirtMalloc` +
+//! `infinirtFree` through it on the same device, held to the same floor.
 //!
 //! Each figure is the median over batches of the time per pair, with the batch long enough
 //! (≥ 20 µs) that the clock's own cost does not count. The cached figure is a cache hit: one
 //! warm-up pair reserves the segment first. A second column alternates two sizes so that
 //! every request takes the slow cached path (quick-list flush, best-fit search, split, merge).
 
-use std::path::Path;
+use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -30,6 +33,9 @@ struct Row {
     /// CUDA only: plain `cuMemAlloc` + `cuMemFree` through cudarc.
     #[serde(skip_serializing_if = "Option::is_none")]
     cuda_driver_ns: Option<f64>,
+    /// `infinirtMalloc` + `infinirtFree` through libinfinirt.so, where it was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    c_abi_ns: Option<f64>,
     system_malloc_ns: f64,
 }
 
@@ -56,6 +62,95 @@ fn cuda_driver_pair_ns(base: &super::cuda::Baseline, n: usize) -> CliResult<f64>
     match err {
         Some(e) => Err(e.into()),
         None => Ok(ns),
+    }
+}
+
+type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+type FreeFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+/// libinfinirt.so loaded into this process with the bench's device current on this thread:
+/// the C ABI's raw allocation pair, as C code ported from InfiniCore calls it.
+struct CAbi {
+    malloc: MallocFn,
+    free: FreeFn,
+    path: PathBuf,
+    // Last: the functions above point into it.
+    _lib: libloading::Library,
+}
+
+impl CAbi {
+    fn load(device: Device) -> Result<CAbi, String> {
+        let path = match std::env::var_os("UNIRT_CAPI_LIB") {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()
+                .map_err(|e| format!("no executable path ({e})"))?
+                .with_file_name("libinfinirt.so"),
+        };
+        if !path.exists() {
+            return Err(format!("{} not found", path.display()));
+        }
+        // SAFETY: libinfinirt.so is unirt's own C ABI library: loading it runs no code beyond
+        // the Rust runtime's static initialisation.
+        let lib = unsafe { libloading::Library::new(&path) }
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // The ABI's device types: CPU 0, NVIDIA 1, unirt's wgpu extension 100.
+        let ty: c_int = match device.kind {
+            DeviceKind::Cpu => 0,
+            DeviceKind::Cuda => 1,
+            _ => 100,
+        };
+        // SAFETY: each symbol is looked up with the C signature libinfinirt exports
+        // (capi/include/infinirt.h); the copies do not outlive `lib`, which the struct holds.
+        let (set, malloc, free) = unsafe {
+            let set = *lib
+                .get::<unsafe extern "C" fn(c_int, c_int) -> c_int>(b"infinirtSetDevice\0")
+                .map_err(|e| e.to_string())?;
+            let malloc = *lib
+                .get::<MallocFn>(b"infinirtMalloc\0")
+                .map_err(|e| e.to_string())?;
+            let free = *lib
+                .get::<FreeFn>(b"infinirtFree\0")
+                .map_err(|e| e.to_string())?;
+            (set, malloc, free)
+        };
+        // SAFETY: plain integers in; the current device is the library's thread-local.
+        let status = unsafe { set(ty, device.index as c_int) };
+        if status != 0 {
+            return Err(format!(
+                "infinirtSetDevice({ty}, {}) returned {status}",
+                device.index
+            ));
+        }
+        Ok(CAbi {
+            malloc,
+            free,
+            path,
+            _lib: lib,
+        })
+    }
+
+    /// Nanoseconds per `infinirtMalloc` + `infinirtFree` pair of `n` bytes.
+    fn pair_ns(&self, n: usize) -> Result<f64, String> {
+        let mut err = None;
+        let ns = per_call_ns(Duration::from_millis(300), || {
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `p` is a valid out-pointer; the allocation is freed once, right away,
+            // and never used.
+            let status = unsafe { (self.malloc)(&mut p, n) };
+            if status != 0 {
+                err.get_or_insert(format!("infinirtMalloc({n}) returned {status}"));
+                return;
+            }
+            // SAFETY: `p` came from infinirtMalloc on this thread's current device.
+            let status = unsafe { (self.free)(std::hint::black_box(p)) };
+            if status != 0 {
+                err.get_or_insert(format!("infinirtFree returned {status}"));
+            }
+        });
+        match err {
+            Some(e) => Err(e),
+            None => Ok(ns),
+        }
     }
 }
 
@@ -94,13 +189,23 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         None
     };
     let stream = dev.default_stream();
+    let c_abi = match CAbi::load(device) {
+        Ok(c) => {
+            println!("C ABI column: {}", c.path.display());
+            Some(c)
+        }
+        Err(e) => {
+            println!("C ABI column: not measured ({e})");
+            None
+        }
+    };
     println!(
         "alloc + free pairs on {device} ({}): caching allocator (cache hit), raw backend \
          allocation, system malloc",
         dev.info().name
     );
     println!(
-        "{:>11} {:>11} {:>13} {:>13} {:>13} {:>10}{}",
+        "{:>11} {:>11} {:>13} {:>13} {:>13} {:>10}{}{}",
         "bytes",
         "cached ns",
         "best-fit ns",
@@ -111,6 +216,11 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
             "  cuMemAlloc+Free ns  raw/driver"
         } else {
             ""
+        },
+        match (&c_abi, &cuda) {
+            (Some(_), Some(_)) => "    C ABI ns  C ABI/driver",
+            (Some(_), None) => "    C ABI ns",
+            _ => "",
         }
     );
     let max = max_mib.max(1) << 20;
@@ -172,6 +282,10 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
             ),
             None => None,
         };
+        let c_abi_ns = match &c_abi {
+            Some(c) => Some(c.pair_ns(n)?),
+            None => None,
+        };
         // `Vec::with_capacity` + drop is one malloc and one free through the global
         // allocator (the system malloc); black_box keeps the pair from being optimised out.
         let system_malloc_ns = per_call_ns(Duration::from_millis(100), || {
@@ -180,10 +294,16 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
         });
         println!(
             "{n:>11} {cached_ns:>11.1} {cached_best_fit_ns:>13.1} {raw_ns:>13.1} \
-             {system_malloc_ns:>13.1} {:>10.1}{}",
+             {system_malloc_ns:>13.1} {:>10.1}{}{}",
             raw_ns / cached_ns,
             cuda_driver_ns
                 .map(|d| format!(" {d:>19.1} {:>11.2}", raw_ns / d))
+                .unwrap_or_default(),
+            c_abi_ns
+                .map(|c| match cuda_driver_ns {
+                    Some(d) => format!(" {c:>12.1} {:>13.2}", c / d),
+                    None => format!(" {c:>12.1}"),
+                })
                 .unwrap_or_default()
         );
         rows.push(Row {
@@ -192,6 +312,7 @@ pub fn run(device: &str, json: Option<&Path>, max_mib: usize) -> CliResult<ExitC
             cached_best_fit_ns,
             raw_ns,
             cuda_driver_ns,
+            c_abi_ns,
             system_malloc_ns,
         });
         // Give each size's segments back so the next size starts from the backend.
