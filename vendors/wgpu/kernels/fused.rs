@@ -10,8 +10,12 @@
 //! round differently; behind `keep` the compiler cannot see through a step. The fused chain is
 //! therefore bitwise the unfused one (conformance `ops::fused_elementwise::*` checks it).
 //!
-//! Constants: `cfg[0]` the element count, `cfg[1]` zero (the opaque mask), `cfg[2 + s]` step
-//! `s`'s scalar (f32 bits).
+//! Constants: `cfg[0]` the element count, `cfg[1]` zero (the opaque mask). A step's scalar is
+//! written into the source as its f32 bits XORed with that mask: opaque to the compiler like a
+//! value read at run time, so the step rounds as the unfused operator does, but it costs no
+//! load of its own — on Mesa's software adapters every distinct storage load of a work item is
+//! a loop over the SIMD lanes, and the four scalars of a 4-step chain read from `cfg` made the
+//! fused chain 1.4× slower (docs/BENCHMARKS.md, tenth session).
 
 use std::sync::Arc;
 
@@ -53,9 +57,10 @@ pub(super) fn keep(dtype: DType, mask: usize) -> Result<String> {
 }
 
 /// The WGSL of a program's steps: one function per step (the unfused operator's expression)
-/// and the body lines `let t<s> = keep(step<s>(…));`, each step's scalar pushed to `cfg`.
-/// Input `k` is read from `x<k>`, step `s`'s result is `t<s>`. Returns (functions, body).
-pub(super) fn steps_wgsl(prog: &FusedProgram, cfg: &mut Vec<u32>) -> Result<(String, String)> {
+/// and the body lines `let t<s> = keep(step<s>(…));`, each step's scalar its f32 bits XORed
+/// with `cfg[mask]` (the opaque zero `keep` uses). Input `k` is read from `x<k>`, step `s`'s
+/// result is `t<s>`. Returns (functions, body).
+pub(super) fn steps_wgsl(prog: &FusedProgram, mask: usize) -> Result<(String, String)> {
     let operand = |src: FusedSrc| match src {
         FusedSrc::Input(k) => format!("x{k}"),
         FusedSrc::Step(k) => format!("t{k}"),
@@ -73,13 +78,12 @@ pub(super) fn steps_wgsl(prog: &FusedProgram, cfg: &mut Vec<u32>) -> Result<(Str
                 "{FUSED_ELEMENTWISE}: no wgpu expression for {name}"
             ))
         })?;
-        let slot = cfg.len();
-        cfg.push(wgsl::f(scalar));
         funcs += &format!("fn step{s}(x0: f32, x1: f32, s: f32) -> f32 {{ return {e}; }}\n");
         let b = b.map_or_else(|| "0.0".to_string(), &operand);
         body += &format!(
-            "    let t{s} = keep(step{s}({}, {b}, cfg_f({slot}u)));\n",
-            operand(a)
+            "    let t{s} = keep(step{s}({}, {b}, bitcast<f32>({:#x}u ^ cfg[{mask}u])));\n",
+            operand(a),
+            wgsl::f(scalar)
         );
     }
     Ok((funcs, body))
@@ -88,7 +92,7 @@ pub(super) fn steps_wgsl(prog: &FusedProgram, cfg: &mut Vec<u32>) -> Result<(Str
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (prog, out) = planned(spec)?;
     let n = out.layout.numel();
-    let mut cfg = vec![n as u32, 0];
+    let cfg = vec![n as u32, 0];
     let mut binds = Vec::new();
     let mut loads = String::new();
     for (k, d) in spec.inputs.iter().enumerate() {
@@ -97,8 +101,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         loads += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
     }
     binds.push(Bind::write("out", out.dtype));
-    // Step s's scalar lands in cfg[2 + s].
-    let (funcs, body) = steps_wgsl(prog, &mut cfg)?;
+    let (funcs, body) = steps_wgsl(prog, 1)?;
     let last = prog.steps.len() - 1;
     let keep = keep(out.dtype, 1)?;
     let source = format!(

@@ -391,7 +391,7 @@ fn epilogue(
         cfg.extend([st[nd - 2] as u32, st[nd - 1] as u32, 0]);
         layouts.push(l);
     }
-    let (funcs, body) = super::fused::steps_wgsl(prog, cfg)?;
+    let (funcs, body) = super::fused::steps_wgsl(prog, mask)?;
     // The batch views last: they have no fixed slots.
     let mut offs = Vec::new();
     for (q, l) in layouts.iter().enumerate() {
