@@ -7,6 +7,7 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -365,14 +366,20 @@ fn gpu_rows(dev: Device, quick: bool) -> CliResult<Vec<Row>> {
     Ok(rows)
 }
 
-pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode> {
+/// The device of a bench command, its runtime and the host threads, after the header line.
+fn open(bench: &str, device: &str) -> CliResult<(Device, Arc<Runtime>, usize)> {
     let dev: Device = device.parse()?;
     let rt = Runtime::get(dev)?;
     let threads = rayon::current_num_threads();
     println!(
-        "unirt bench ops on {dev} ({}), {threads} threads",
+        "unirt bench {bench} on {dev} ({}), {threads} threads",
         rt.backend().info().name
     );
+    Ok((dev, rt, threads))
+}
+
+pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode> {
+    let (dev, rt, threads) = open("ops", device)?;
     let gpu = dev.kind == unirt::DeviceKind::Cuda;
     let mut rows = if gpu {
         gpu_rows(dev, quick)?
@@ -541,13 +548,7 @@ fn report(dev: Device, threads: usize, rows: &[Row], json: Option<&Path>) -> Cli
 /// `seqs` tokens, decode over a 4k cache — the rows `ci/bench_ops_torch.py --attention`
 /// times with PyTorch's SDPA.
 pub fn attention(device: &str, json: Option<&Path>, seqs: &[usize]) -> CliResult<ExitCode> {
-    let dev: Device = device.parse()?;
-    let rt = Runtime::get(dev)?;
-    let threads = rayon::current_num_threads();
-    println!(
-        "unirt bench attention on {dev} ({}), {threads} threads",
-        rt.backend().info().name
-    );
+    let (dev, _, threads) = open("attention", device)?;
     let mut rows = vec![attention_row(dev, DType::BF16, 4096)?];
     for &seq in seqs {
         rows.push(prefill_row(dev, DType::BF16, seq)?);

@@ -37,6 +37,7 @@ struct At {
 
 #define FLASH_WARPS 4 // per block, 16 query rows each (the planner's grid: lq / 64 blocks per head)
 #define FLASH_QUERIES (16 * FLASH_WARPS)
+#define FLASH_THREADS (32 * FLASH_WARPS)
 #define FLASH_KEYS 64 // keys per tile
 #define FLASH_D 128   // the largest head dimension of the tensor-core path
 // Shared memory of either path of `op_attention_flash`: K and V tiles [64][128 + 8] as 16-bit
@@ -86,15 +87,15 @@ typedef u16 FlashRow[FLASH_ROW];
 // commits them as a group), each thread's pieces fixed at compile time (at first their
 // address arithmetic took ~100 instructions a tile beside 4 copies); the strided path stores
 // through registers.
-template <int KT, int D, int THREADS>
+template <int KT, int D>
 __device__ __forceinline__ void flash_load(FlashRow *tile, const T *base, const i64 *st, i64 j0, const At &p, bool direct)
 {
     if (direct) {
         // A pass of all threads covers ROWS whole rows; thread i's pieces lie in one column c,
         // rows j, j + ROWS, …: one source pointer stepped by ROWS rows, one shared address
         // with constant offsets, one comparison per piece.
-        const int CHUNKS = D / 8, ROWS = THREADS / CHUNKS; // 16-byte pieces per row
-        static_assert(THREADS % CHUNKS == 0 && KT % ROWS == 0, "whole rows per pass");
+        const int CHUNKS = D / 8, ROWS = FLASH_THREADS / CHUNKS; // 16-byte pieces per row
+        static_assert(FLASH_THREADS % CHUNKS == 0 && KT % ROWS == 0, "whole rows per pass");
         int j = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
         i64 row = st[2];
         const T *src = base + (j0 + j) * row + c;
@@ -259,7 +260,7 @@ __device__ __forceinline__ void flash_pv(float (&o)[D / 8][4], const float (&s)[
 template <int D>
 __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
 {
-    const int QUERIES = FLASH_QUERIES, KT = FLASH_KEYS, THREADS = 32 * FLASH_WARPS;
+    const int QUERIES = FLASH_QUERIES, KT = FLASH_KEYS;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // The grid is (batch × head, query block), launched x first: every head's block of a
     // given length runs before any shorter one. Causal blocks late in the sequence see the
@@ -300,11 +301,11 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
     float s[KT / 8][4];
     FlashRow *ks = (FlashRow *)smem, *vs = (FlashRow *)(smem + KT * sizeof(FlashRow));
     if (block_visible > 0) {
-        flash_load<KT, D, THREADS>(ks, kb, p.k_st, 0, p, direct);
+        flash_load<KT, D>(ks, kb, p.k_st, 0, p, direct);
         cp_async_commit();
     }
     for (i64 j0 = 0; j0 < block_visible; j0 += KT) {
-        flash_load<KT, D, THREADS>(vs, vb, p.v_st, j0, p, direct);
+        flash_load<KT, D>(vs, vb, p.v_st, j0, p, direct);
         cp_async_commit();
         cp_async_wait<1>(); // Kⱼ (every group but Vⱼ's) has landed
         __syncthreads();
@@ -313,7 +314,7 @@ __device__ __forceinline__ void flash_prefill(T *out, const T *Q, const T *K, co
         cp_async_wait<0>(); // Vⱼ has landed
         __syncthreads();    // every warp is done with Kⱼ and sees Vⱼ
         if (j0 + KT < block_visible) {
-            flash_load<KT, D, THREADS>(ks, kb, p.k_st, j0 + KT, p, direct);
+            flash_load<KT, D>(ks, kb, p.k_st, j0 + KT, p, direct);
             cp_async_commit();
         }
         flash_pv<D, KT>(o, s, vs, lane);
@@ -369,7 +370,7 @@ __device__ __forceinline__ void simt_key_step(const float (&q)[MAX_PER_LANE], fl
     m = mn;
 }
 
-// The SIMT prefill of queries first .. first + warps − 1 (a warp each, as many as the block has).
+// The SIMT prefill of queries first .. first + 3 (a warp each) of (batch, head) `bh`.
 __device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, const T *V, const At &p, i64 bh, i64 first,
                                              unsigned char *smem)
 {
@@ -389,8 +390,7 @@ __device__ __forceinline__ void simt_prefill(T *out, const T *Q, const T *K, con
     }
     // Keys this query sees, and the most any query of the four sees.
     i64 visible = keys_visible(p, qi);
-    i64 warps = blockDim.x >> 5;
-    i64 last_q = first + warps - 1 < p.lq ? first + warps - 1 : p.lq - 1;
+    i64 last_q = first + PREFILL_WARPS - 1 < p.lq ? first + PREFILL_WARPS - 1 : p.lq - 1;
     i64 block_visible = keys_visible(p, last_q);
     float m = UNIRT_NEG_INF, l = 0.0f;
     const T *kbase = K + bi * p.k_st[0] + kh * p.k_st[1];
@@ -422,13 +422,12 @@ extern "C" __global__ void __launch_bounds__(128) op_attention_prefill(T *out, c
     simt_prefill(out, Q, K, V, p, blockIdx.y, (i64)blockIdx.x * PREFILL_WARPS, smem);
 }
 
-// `queries` queries a block on SIMT cores, a warp each: the flash entries' path where a
-// build has no tensor cores (f32, sm_70). The grid is the flash one: (batch × head, block).
-__device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem, int queries)
+// 64 queries a block on SIMT cores, 4 at a time: the flash entries' path where a build has no
+// tensor cores (f32, sm_70). The grid is the flash one: (batch × head, query block).
+__device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, const T *V, const At &p, unsigned char *smem)
 {
-    int warps = blockDim.x >> 5;
-    for (int i = 0; i < queries / warps; ++i) {
-        i64 first = (i64)blockIdx.y * queries + i * warps;
+    for (int i = 0; i < FLASH_QUERIES / PREFILL_WARPS; ++i) {
+        i64 first = (i64)blockIdx.y * FLASH_QUERIES + i * PREFILL_WARPS;
         if (first >= p.lq) break; // the same for the whole block
         // The previous group's last reads of the shared tiles are done before this one loads.
         __syncthreads();
@@ -444,18 +443,18 @@ __device__ __forceinline__ void flash_on_simt(T *out, const T *Q, const T *K, co
 // (a larger d would read and write only its first 64 dimensions — never out of bounds).
 #ifdef UNIRT_FLASH
 #define FLASH_ENTRY(name, D, fits)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * FLASH_WARPS) name(T *out, const T *Q, const T *K, const T *V, At p) \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS) name(T *out, const T *Q, const T *K, const T *V, At p) \
     {                                                                                                                     \
         __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                                          \
         if (fits) flash_prefill<D>(out, Q, K, V, p, smem);                                                                \
-        else flash_on_simt(out, Q, K, V, p, smem, FLASH_QUERIES);                                                         \
+        else flash_on_simt(out, Q, K, V, p, smem);                                                         \
     }
 #else
 #define FLASH_ENTRY(name, D, fits)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * FLASH_WARPS) name(T *out, const T *Q, const T *K, const T *V, At p) \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS) name(T *out, const T *Q, const T *K, const T *V, At p) \
     {                                                                                                                     \
         __shared__ __align__(16) unsigned char smem[FLASH_SMEM];                                                          \
-        flash_on_simt(out, Q, K, V, p, smem, FLASH_QUERIES);                                                              \
+        flash_on_simt(out, Q, K, V, p, smem);                                                              \
     }
 #endif
 FLASH_ENTRY(op_attention_flash, 128, p.d <= FLASH_D)

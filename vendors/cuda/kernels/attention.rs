@@ -120,21 +120,22 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         vec![split, combine]
     } else {
         args.int(1);
-        let (entry, per_block, threads) = if flash(spec, d)? {
+        let on_tensor_cores = flash(spec, d)?;
+        let (entry, per_block) = if on_tensor_cores {
             // d ≤ 64 is padded to 64 (its own entry, half the work), any other d ≤ 128 to 128.
             let entry = if d <= 64 {
                 "op_attention_flash_d64"
             } else {
                 "op_attention_flash"
             };
-            (entry, FLASH_QUERIES, 128)
+            (entry, FLASH_QUERIES)
         } else {
-            ("op_attention_prefill", 4, 128)
+            ("op_attention_prefill", 4)
         };
         let blocks = lq.div_ceil(per_block).max(1);
         // The flash kernels' grid is (batch × head, query block): longest blocks first over
         // all heads (`attention.cu`); the SIMT one's is (query group, batch × head).
-        let grid = if entry == "op_attention_prefill" {
+        let grid = if !on_tensor_cores {
             [blocks as u32, bh.max(1) as u32, 1]
         } else if blocks > 65535 {
             return Err(Error::unsupported(
@@ -147,7 +148,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         } else {
             [bh.max(1) as u32, blocks as u32, 1]
         };
-        let mut step = Step::new(entry, grid, [threads, 1, 1]);
+        let mut step = Step::new(entry, grid, [128, 1, 1]);
         step.ptrs = vec![
             Operand::Out(0, 0),
             Operand::In(0),

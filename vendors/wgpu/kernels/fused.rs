@@ -28,6 +28,9 @@ use crate::ops::fused::{planned, FusedProgram, FusedSrc, FusedStep, FUSED_ELEMEN
 use crate::ops::{PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 
+/// The `cfg` word of a fused chain that holds the opaque zero (`keep`, the steps' scalars).
+const MASK: usize = 1;
+
 const NAMES: [&str; MAX_TENSORS - 1] = ["in0", "in1", "in2", "in3", "in4", "in5", "in6"];
 // Every input a planned program may have gets a name (`planned` checks the count).
 const _: () = assert!(NAMES.len() >= crate::ops::fused::MAX_FUSED_INPUTS);
@@ -92,7 +95,7 @@ pub(super) fn steps_wgsl(prog: &FusedProgram, mask: usize) -> Result<(String, St
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (prog, out) = planned(spec)?;
     let n = out.layout.numel();
-    let cfg = vec![n as u32, 0];
+    let cfg = vec![n as u32, 0]; // cfg[MASK] = 0
     let mut binds = Vec::new();
     let mut loads = String::new();
     for (k, d) in spec.inputs.iter().enumerate() {
@@ -101,9 +104,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         loads += &format!("    let x{k} = ld_{}(i);\n", NAMES[k]);
     }
     binds.push(Bind::write("out", out.dtype));
-    let (funcs, body) = steps_wgsl(prog, 1)?;
+    let (funcs, body) = steps_wgsl(prog, MASK)?;
     let last = prog.steps.len() - 1;
-    let keep = keep(out.dtype, 1)?;
+    let keep = keep(out.dtype, MASK)?;
     let source = format!(
         "{prelude}{MATH}\n{keep}{funcs}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    \
          if (i >= cfg[0]) {{ return; }}\n{loads}{body}    st_out(i, t{last});\n}}\n",
