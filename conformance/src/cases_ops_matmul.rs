@@ -3,12 +3,13 @@
 
 use unirt::ops::matmul as mm;
 use unirt::tensor::{DType, Tensor};
+use unirt::Backend;
 
 use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, textured, large_tiles, bad_input] via matmul_case;
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, textured, weight_writes, large_tiles, bad_input] via matmul_case;
 }
 
 /// `A @ B` on host for row-major `[batch.., m, k]` and `[batch.., k, n]` (batch broadcast
@@ -177,6 +178,7 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
         }
         "few_rows" => few_rows(ctx, dt),
         "textured" => textured(ctx, dt),
+        "weight_writes" => weight_writes(ctx, dt),
         "large_tiles" => {
             // Enough 128×128 tiles for a GPU's large-tile GEMM (wgpu), edge tiles partial both
             // ways: one product, then a batch of two over one B.
@@ -338,4 +340,158 @@ fn textured(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
         dt,
         Some(&scale),
     )
+}
+
+/// One B (a weight) multiplied again after each way of writing it: on the wgpu software
+/// adapters B is read through a texture of its own whose copy is skipped while nothing has
+/// written B's bytes (vendors/wgpu/contents.rs), so every write path must make the next
+/// product see the new values. Each step writes B (or, once, a neighbour of B in the same
+/// allocation), checks that the write landed, then checks `A @ B` against B's values as read
+/// back. Paths: a host copy of the whole matrix, a host copy of one row, a write next to B,
+/// an operator writing B, a device-to-device copy, a memset, a raw kernel (f32), a captured
+/// graph writing B replayed twice with new sources, an operator graph reading B replayed after
+/// new values, and B's allocation freed and reused.
+fn weight_writes(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    let (m, k, n) = (2, 16, 128);
+    let device = ctx.device;
+    let (a, va) = random(&[m, k], -1.0, 1.0, 640, dt, device)?;
+    // B is the first k rows of a [k + 1, n] tensor: the last row is B's neighbour.
+    let (whole, _) = random(&[k + 1, n], -1.0, 1.0, 641, dt, device)?;
+    let b = whole.narrow(0, 0, k).map_err(err("B"))?;
+    let next = whole.narrow(0, k, 1).map_err(err("neighbour"))?;
+    let check = |what: &str| -> Result<(), Failure> {
+        let vb = values(&b, what)?;
+        let c = a.matmul(&b).map_err(err(what))?;
+        let (want, scale) = matmul_ref(&va, &[m, k], &vb, &[k, n], &[], m, k, n);
+        close(what, &values(&c, what)?, &want, dt, Some(&scale))
+    };
+    let landed = |what: &str, t: &Tensor, want: &[f64]| -> Result<(), Failure> {
+        let got = values(t, what)?;
+        if got.iter().zip(want).all(|(g, w)| g == w) && got.len() == want.len() {
+            Ok(())
+        } else {
+            Err(fail(format!("{what}: the write did not land")))
+        }
+    };
+    // Values exact in every dtype: small multiples of 1/8.
+    let grid = |len: usize, seed: usize| -> Vec<f64> {
+        (0..len)
+            .map(|i| ((i * 7 + seed * 3) % 17) as f64 / 8.0 - 1.0)
+            .collect()
+    };
+    let upload = |t: &Tensor, v: &[f64], what: &str| -> Result<(), Failure> {
+        let staged = Tensor::from_f64(v, t.shape(), dt, device).map_err(err(what))?;
+        t.copy_from(&staged).map_err(err(what))
+    };
+    check("B as made")?;
+    check("B again, unchanged")?;
+
+    let v = grid(k * n, 1);
+    let host = match dt {
+        DType::F32 => b.copy_from_slice(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
+        DType::F16 => b.copy_from_slice(
+            &v.iter()
+                .map(|&x| half::f16::from_f64(x))
+                .collect::<Vec<_>>(),
+        ),
+        _ => b.copy_from_slice(
+            &v.iter()
+                .map(|&x| half::bf16::from_f64(x))
+                .collect::<Vec<_>>(),
+        ),
+    };
+    host.map_err(err("host copy"))?;
+    landed("B from the host", &b, &v)?;
+    check("after a host copy of B")?;
+
+    let row = grid(n, 2);
+    upload(&b.narrow(0, 5, 1).map_err(err("row"))?, &row, "one row")?;
+    landed("row 5 of B", &b.narrow(0, 5, 1).map_err(err("row"))?, &row)?;
+    check("after one row of B was written")?;
+
+    upload(&next, &grid(n, 3), "neighbour")?;
+    check("after B's neighbour was written")?;
+
+    let doubled = b.mul_scalar(2.0).map_err(err("2B"))?;
+    let want = values(&doubled, "2B")?;
+    b.copy_from(&doubled).map_err(err("B = 2B"))?;
+    landed("B = 2B by an operator", &b, &want)?;
+    check("after an operator wrote B")?;
+
+    let v = grid(k * n, 4);
+    let src = Tensor::from_f64(&v, &[k, n], dt, device).map_err(err("source"))?;
+    let rt = b.runtime().clone();
+    let nbytes = k * n * dt.size();
+    let b_ptr = unirt::DevicePtr(b.base_addr());
+    rt.memcpy_d2d(b_ptr, unirt::DevicePtr(src.base_addr()), nbytes, true)
+        .map_err(err("memcpy D2D"))?;
+    landed("B by a device copy", &b, &v)?;
+    check("after a device-to-device copy into B")?;
+
+    let s = rt.stream().map_err(err("stream"))?;
+    rt.backend()
+        .memset_async(b_ptr, 0, nbytes, s)
+        .map_err(err("memset"))?;
+    landed("B by a memset", &b, &vec![0.0; k * n])?;
+    check("after a memset of B")?;
+
+    if dt == DType::F32 {
+        let one = 1.5f32.to_bits();
+        let args = [b_ptr.into(), one.into(), ((k * n) as u32).into()];
+        rt.backend().launch("fill", &args, s).map_err(err("fill"))?;
+        landed("B by a raw kernel", &b, &vec![1.5; k * n])?;
+        check("after a raw kernel wrote B")?;
+    }
+
+    // A captured copy into B, replayed with a new source each time.
+    let src = Tensor::zeros(&[k, n], dt, device).map_err(err("source"))?;
+    rt.begin_capture(s, unirt::CaptureMode::Global)
+        .map_err(err("begin capture"))?;
+    let captured = b.copy_from(&src);
+    let graph = rt.end_capture().map_err(err("end capture"))?;
+    captured.map_err(err("captured copy"))?;
+    let exec = graph.instantiate().map_err(err("instantiate"))?;
+    for round in 0..2 {
+        let v = grid(k * n, 5 + round);
+        upload(&src, &v, "new source")?;
+        exec.launch(s).map_err(err("replay"))?;
+        landed("B by a replay", &b, &v)?;
+        check(&format!("after replay {round} wrote B"))?;
+    }
+
+    // An operator graph reading B, replayed after each new B.
+    let (mut g, out) = unirt::graph::record(device, || a.matmul(&b)).map_err(err("record"))?;
+    g.mark_output("out", &out).map_err(err("mark output"))?;
+    let gx = g
+        .plan()
+        .and_then(|p| p.instantiate())
+        .map_err(err("plan"))?;
+    for round in 0..3 {
+        let what = format!("operator graph replay {round}");
+        if round > 0 {
+            upload(&b, &grid(k * n, 20 + round), "B before a replay")?;
+        }
+        gx.replay().map_err(err(&what))?;
+        let vb = values(&b, &what)?;
+        let (want, scale) = matmul_ref(&va, &[m, k], &vb, &[k, n], &[], m, k, n);
+        let got = values(gx.output("out").map_err(err(&what))?, &what)?;
+        close(&what, &got, &want, dt, Some(&scale))?;
+    }
+    drop((gx, g, out));
+
+    // B's memory freed and handed to a new matrix of the same shape.
+    let (a_ptr, shape) = (b.base_addr(), [k + 1, n]);
+    drop((b, next, whole, exec, graph));
+    let reused = Tensor::zeros(&shape, dt, device).map_err(err("reuse"))?;
+    let b = reused.narrow(0, 0, k).map_err(err("B'"))?;
+    let v = grid(k * n, 9);
+    upload(&b, &v, "B'")?;
+    let c = a.matmul(&b).map_err(err("A @ B'"))?;
+    let (want, scale) = matmul_ref(&va, &[m, k], &v, &[k, n], &[], m, k, n);
+    let what = if reused.base_addr() == a_ptr {
+        "a new B in B's memory"
+    } else {
+        "a new B"
+    };
+    close(what, &values(&c, what)?, &want, dt, Some(&scale))
 }

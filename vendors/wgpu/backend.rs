@@ -260,7 +260,15 @@ impl WgpuBackend {
 
     fn raw_event_record(&self, event: EventId, stream: StreamId) -> Result<()> {
         let (s, e) = (self.stream(stream)?, self.event(event)?);
-        enqueue(&self.gpu, &s, vec![Cmd::Record(e)], Pins::new(), 0, true)
+        enqueue(
+            &self.gpu,
+            &s,
+            vec![Cmd::Record(e)],
+            &[],
+            Pins::new(),
+            0,
+            true,
+        )
     }
 
     fn raw_event_query(&self, event: EventId) -> Result<EventStatus> {
@@ -406,7 +414,12 @@ impl WgpuBackend {
                 Some(self.resolve(src, n, &mut pins)?),
             ),
         };
-        stream::enqueue_built(&self.gpu, &s, pins, |capturing, cmds| {
+        // The destination's bytes, when it is on the device.
+        let writes: Vec<(u64, u64, u64)> = dst_buf
+            .iter()
+            .map(|(buf, off)| (buf.id, *off, off + n))
+            .collect();
+        stream::enqueue_built(&self.gpu, &s, &writes, pins, |capturing, cmds| {
             match (dst_buf, src_buf) {
                 (Some((buf, off)), None) => {
                     // SAFETY: the caller promised the host source is readable (now, and at
@@ -451,7 +464,8 @@ impl WgpuBackend {
         let (buf, off) = (a.payload.clone(), dst.0 - a.base);
         let mut cmds = Vec::new();
         copy::device_set(&self.gpu, &mut cmds, &buf, off, value, n)?;
-        enqueue(&self.gpu, &s, cmds, pins, n, false)
+        let writes = [(buf.id, off, off + n)];
+        enqueue(&self.gpu, &s, cmds, &writes, pins, n, false)
     }
 
     fn raw_begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {

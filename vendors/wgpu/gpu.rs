@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::contents::TexContents;
 use super::event::Slot;
 use super::kernels::Kernels;
 use super::memory::{create_buffer, wgpu_error, DevBuf, StagingPool};
@@ -75,6 +76,8 @@ pub(crate) struct Gpu {
     jobs: crossbeam_channel::Sender<Job>,
     /// Reusable staging buffers for host copies.
     pub staging: Arc<StagingPool>,
+    /// What the operator textures hold (see `contents.rs`); decided under `submitted`.
+    pub contents: Arc<TexContents>,
     /// The first error wgpu reported outside an error scope, reported once by a wait.
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost, if it was.
@@ -148,6 +151,7 @@ impl Gpu {
         let staging = Arc::new(StagingPool::default());
         let handed = Arc::new(Progress::new());
         let (jobs, rx) = crossbeam_channel::unbounded();
+        let contents = Arc::new(TexContents::default());
         let submitter = Submitter {
             device: device.clone(),
             queue: queue.clone(),
@@ -155,6 +159,7 @@ impl Gpu {
             handed: handed.clone(),
             errors: uncaptured.clone(),
             staging: staging.clone(),
+            contents: contents.clone(),
         };
         std::thread::Builder::new()
             .name("unirt-wgpu-submit".into())
@@ -171,6 +176,7 @@ impl Gpu {
             handed,
             jobs,
             staging,
+            contents,
             uncaptured,
             lost,
             born: Epoch::now(),
@@ -202,18 +208,24 @@ impl Gpu {
     /// Encodes `plan` into one command buffer (on this thread, inside an error scope) and
     /// hands it to the submitter thread; returns the submission's ticket. `keep` — the memory
     /// the commands use — is held until the submission has completed, read-backs included.
+    /// The plan's texture decisions ([`Plan::decide`]) are taken first, under the lock that
+    /// orders submissions, which is held until the submission has its ticket.
     pub fn submit(&self, plan: &Plan, keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
+        let last = self.submitted.lock();
+        let skips = plan.decide(&self.contents);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let records = plan.encode(&mut enc, || self.timestamp_buffer());
+        let records = plan.encode(&mut enc, || self.timestamp_buffer(), &skips);
         let cb = enc.finish();
         if let Some(e) = pollster::block_on(scope.pop()) {
+            // Its copies were counted as done: no texture's contents are known now.
+            self.contents.forget_all();
             return Err(wgpu_error("command encoding", e));
         }
-        self.hand_over(Work::Encoded(cb), records, plan.io.clone(), keep)
+        self.hand_over(last, Work::Encoded(cb), records, plan.io.clone(), keep)
     }
 
     /// Hands a graph's plan — validated at instantiate ([`Gpu::validate`]) — to the submitter
@@ -235,23 +247,25 @@ impl Gpu {
             };
             records.push((e.clone(), read));
         }
+        let last = self.submitted.lock();
         let work = Work::Plan {
+            skips: plan.decide(&self.contents),
             plan: plan.clone(),
             stamps,
         };
-        self.hand_over(work, records, plan.io.clone(), keep)
+        self.hand_over(last, work, records, plan.io.clone(), keep)
     }
 
     /// Gives the submission its ticket, ties its event records to it, and sends it to the
     /// submitter thread.
     fn hand_over(
         &self,
+        mut last: parking_lot::MutexGuard<'_, Ticket>,
         work: Work,
         records: Vec<(Arc<super::event::WEvent>, Option<wgpu::Buffer>)>,
         io: Option<Arc<super::plan::Io>>,
         keep: Pins<DevBuf>,
     ) -> Result<Ticket> {
-        let mut last = self.submitted.lock();
         let ticket = Ticket { seq: last.seq + 1 };
         let slots: Vec<Arc<Slot>> = records
             .into_iter()
@@ -269,6 +283,7 @@ impl Gpu {
             keep,
         };
         self.jobs.send(job).map_err(|_| {
+            self.contents.forget_all();
             Error::Internal(format!("{}: the submitter thread has exited", self.name))
         })?;
         *last = ticket.clone();
@@ -284,7 +299,7 @@ impl Gpu {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         // Timestamps need no buffer to be validated.
-        drop(plan.encode(&mut enc, || None));
+        drop(plan.encode(&mut enc, || None, &[]));
         drop(enc.finish());
         match pollster::block_on(scope.pop()) {
             Some(e) => Err(wgpu_error("command encoding", e)),
@@ -490,6 +505,8 @@ enum Work {
     Plan {
         plan: Arc<Plan>,
         stamps: Vec<Option<wgpu::Buffer>>,
+        /// Its texture decisions, taken when it was handed over ([`Plan::decide`]).
+        skips: Vec<bool>,
     },
 }
 
@@ -505,6 +522,7 @@ struct Submitter {
     handed: Arc<Progress>,
     errors: Arc<Mutex<Option<String>>>,
     staging: Arc<StagingPool>,
+    contents: Arc<TexContents>,
 }
 
 impl Submitter {
@@ -515,7 +533,9 @@ impl Submitter {
                 self.errors
                     .lock()
                     .get_or_insert_with(|| format!("submission {seq} panicked in wgpu"));
-                // Nobody waits forever on a submission that never happened.
+                // Nobody waits forever on a submission that never happened, and its copies
+                // into textures did not happen either.
+                self.contents.forget_all();
                 self.completed.finish(seq);
             }
             self.handed.advance(seq);
@@ -541,14 +561,18 @@ impl Submitter {
         }
         let cb = match job.work {
             Work::Encoded(cb) => cb,
-            Work::Plan { plan, stamps } => {
+            Work::Plan {
+                plan,
+                stamps,
+                skips,
+            } => {
                 let mut enc = self
                     .device
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
                 let mut stamps = stamps.into_iter();
                 // Validated at instantiate: anything wgpu still reports reaches the
                 // uncaptured-error sink, which the next wait reports.
-                drop(plan.encode(&mut enc, || stamps.next().flatten()));
+                drop(plan.encode(&mut enc, || stamps.next().flatten(), &skips));
                 enc.finish()
             }
         };

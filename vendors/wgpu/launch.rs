@@ -2,6 +2,7 @@
 //! against the allocation table, each buffer argument resolved to its allocation once, and one
 //! prepared dispatch enqueued.
 
+use super::contents;
 use super::memory::DevBuf;
 use super::stream::{enqueue, Cmd};
 use super::{kernels, memory, stream, WgpuBackend};
@@ -130,6 +131,12 @@ impl WgpuBackend {
             groups: k.groups_for(u64::from(checked.n)),
         };
         let work = checked.buffers.iter().map(|(_, l)| *l).sum();
-        enqueue(&self.gpu, &s, [cmd], pins, work, false)
+        // Which arguments a kernel writes is its own business: every buffer it binds counts as
+        // written, whole (see `contents.rs`).
+        let writes: Vec<(u64, u64, u64)> = pins
+            .device()
+            .map(|a| (a.payload.id, 0, contents::WHOLE))
+            .collect();
+        enqueue(&self.gpu, &s, [cmd], &writes, pins, work, false)
     }
 }

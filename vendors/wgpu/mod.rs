@@ -25,7 +25,10 @@
 //!   kernels and rope take barrier-free forms chosen at plan time, and GEMM, elementwise,
 //!   fused chains, norms and softmax have a *quad* variant that loads and stores four
 //!   elements at once, which a launch takes when its tensors start on a multiple of four
-//!   elements (`kernels/op.rs`, `OpSource::aligned`).
+//!   elements (`kernels/op.rs`, `OpSource::aligned`). Some of those variants read inputs
+//!   through textures, copied in before the kernel; a weight's copy is skipped while the
+//!   texture still holds its unchanged bytes, which every command list's stated writes
+//!   decide, in submission order (`contents.rs`).
 //!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses
@@ -39,6 +42,7 @@
 
 mod adapter;
 mod backend;
+mod contents;
 mod copy;
 mod event;
 mod fault;

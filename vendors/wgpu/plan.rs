@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use super::contents::{TexContents, Writes};
 use super::event::WEvent;
 use super::stream::{BufClear, BufCopy, Cmd, Imm, TexCopy};
 
@@ -25,6 +26,9 @@ pub(crate) enum Step {
     Copy(BufCopy),
     Clear(BufClear),
     ToTexture(TexCopy),
+    /// No encoder call: what the steps before it wrote, for the texture contents
+    /// ([`Plan::decide`]).
+    Wrote(Writes),
     /// An event record (a timestamp where the event has a query set).
     Record(Arc<WEvent>),
 }
@@ -113,6 +117,11 @@ impl Plan {
                 steps.push(Step::Dispatch(groups));
                 continue;
             }
+            // Bookkeeping only: it neither ends a compute pass nor needs one.
+            if let Cmd::Wrote(w) = c {
+                steps.push(Step::Wrote(w));
+                continue;
+            }
             // Everything else is host work or encoder work outside a compute pass.
             let step = match c {
                 Cmd::Copy(c) => Some(Step::Copy(c)),
@@ -156,7 +165,7 @@ impl Plan {
                     io.recycle.push(b);
                     None
                 }
-                Cmd::Wait | Cmd::Check(_) | Cmd::Dispatch { .. } => None,
+                Cmd::Wait | Cmd::Check(_) | Cmd::Dispatch { .. } | Cmd::Wrote(_) => None,
             };
             if let Some(step) = step {
                 if in_pass {
@@ -177,6 +186,22 @@ impl Plan {
         }
     }
 
+    /// Takes this submission's texture decisions, in submission order (the caller holds the
+    /// lock that orders submissions): which copies into textures are skipped because the
+    /// texture already holds their unchanged source, and which textures the writes make
+    /// strangers. One flag per `ToTexture` step, in order; empty when the plan has none.
+    pub fn decide(&self, contents: &TexContents) -> Vec<bool> {
+        let mut skips = Vec::new();
+        for s in &self.steps {
+            match s {
+                Step::ToTexture(c) => skips.push(contents.copy(&c.held, c.source(), c.reusable)),
+                Step::Wrote(w) => contents.wrote(w),
+                _ => {}
+            }
+        }
+        skips
+    }
+
     /// Whether submitting this plan does nothing.
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty() && self.io.is_none()
@@ -184,14 +209,16 @@ impl Plan {
 
     /// Records the steps into `enc`; `timestamp` gives, for each event record with a query
     /// set in turn, the buffer its timestamp is copied into (None: that record has host
-    /// timing). Returns the event records with
-    /// their timestamp buffers, to be tied to the submission.
+    /// timing); `skips` are [`Plan::decide`]'s flags (copies past their end are encoded).
+    /// Returns the event records with their timestamp buffers, to be tied to the submission.
     pub fn encode(
         &self,
         enc: &mut wgpu::CommandEncoder,
         mut timestamp: impl FnMut() -> Option<wgpu::Buffer>,
+        skips: &[bool],
     ) -> Vec<(Arc<WEvent>, Option<wgpu::Buffer>)> {
         let mut records = Vec::new();
+        let mut skips = skips.iter();
         let mut pass: Option<wgpu::ComputePass<'static>> = None;
         for s in &self.steps {
             match s {
@@ -224,7 +251,12 @@ impl Plan {
                 }
                 Step::Copy(c) => c.encode(enc),
                 Step::Clear(c) => c.encode(enc),
-                Step::ToTexture(c) => c.encode(enc),
+                Step::ToTexture(c) => {
+                    if skips.next() != Some(&true) {
+                        c.encode(enc)
+                    }
+                }
+                Step::Wrote(_) => {}
                 Step::Record(e) => {
                     let read = match &e.query {
                         Some((qs, resolve)) => timestamp().inspect(|read| {

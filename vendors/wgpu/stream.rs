@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::contents::{TexHeld, TexSource, Writes};
 use super::event::WEvent;
 use super::fault::FaultWord;
 use super::gpu::{Gpu, Ticket};
@@ -56,19 +57,31 @@ impl BufClear {
 /// A copy of a matrix's rows from a buffer into a texture (one texel per four values), before
 /// a kernel that reads the matrix through the texture: a recorded command and, unchanged, a
 /// plan step. The buffer offset is a multiple of the texel's size and `bytes_per_row` of 256,
-/// as wgpu requires (the launch checks both).
+/// as wgpu requires (the launch checks both). A `reusable` copy is skipped while the texture
+/// still holds this source unchanged (see `contents.rs`).
 #[derive(Clone)]
 pub(crate) struct TexCopy {
     pub src: wgpu::Buffer,
+    /// The source buffer's id (`DevBuf::id`).
+    pub src_id: u64,
     pub src_off: u64,
     pub bytes_per_row: u32,
     pub texture: wgpu::Texture,
+    /// What the texture holds.
+    pub held: Arc<TexHeld>,
+    pub reusable: bool,
     /// Texels per row and rows.
     pub width: u32,
     pub height: u32,
 }
 
 impl TexCopy {
+    /// The source range this copy reads, as `contents.rs` names it.
+    pub fn source(&self) -> TexSource {
+        let end = self.src_off + u64::from(self.bytes_per_row) * u64::from(self.height);
+        (self.src_id, self.src_off, end, self.bytes_per_row)
+    }
+
     pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
         enc.copy_buffer_to_texture(
             wgpu::TexelCopyBufferInfo {
@@ -127,6 +140,8 @@ pub(crate) enum Cmd {
     Clear(BufClear),
     /// A matrix copied into a texture for the kernel after it.
     ToTexture(TexCopy),
+    /// No device work: the device memory the commands before it wrote (see `contents.rs`).
+    Wrote(Writes),
     Dispatch {
         pipeline: wgpu::ComputePipeline,
         group: wgpu::BindGroup,
@@ -258,17 +273,28 @@ pub(crate) fn flush_locked(gpu: &Gpu, st: &mut StreamState) -> Result<Ticket> {
 }
 
 /// Adds commands, and the memory they use, to a stream (or its capture); flushes at the
-/// thresholds or when `flush`.
+/// thresholds or when `flush`. `writes` are the device byte ranges the commands write
+/// (`(buffer id, start, end)`; see `contents.rs`): every caller states them.
 pub(crate) fn enqueue(
     gpu: &Gpu,
     stream: &WStream,
     cmds: impl IntoIterator<Item = Cmd>,
+    writes: &[(u64, u64, u64)],
     pins: Pins<DevBuf>,
     work: u64,
     flush: bool,
 ) -> Result<()> {
     let mut st = stream.lock();
-    push_locked(gpu, &mut st, cmds, pins, work, flush)
+    push_locked(gpu, &mut st, with_writes(cmds, writes), pins, work, flush)
+}
+
+/// The commands followed by the record of what they write (when they write anything).
+fn with_writes(
+    cmds: impl IntoIterator<Item = Cmd>,
+    writes: &[(u64, u64, u64)],
+) -> impl Iterator<Item = Cmd> {
+    let wrote = (!writes.is_empty()).then(|| Cmd::Wrote(writes.into()));
+    cmds.into_iter().chain(wrote)
 }
 
 /// As [`enqueue`], for commands whose form depends on whether the stream is capturing (the
@@ -280,13 +306,14 @@ pub(crate) fn enqueue(
 pub(crate) fn enqueue_built(
     gpu: &Gpu,
     stream: &WStream,
+    writes: &[(u64, u64, u64)],
     pins: Pins<DevBuf>,
     build: impl FnOnce(bool, &mut Vec<Cmd>) -> Result<(u64, bool)>,
 ) -> Result<()> {
     let mut st = stream.lock();
     let mut cmds = Vec::new();
     let (work, flush) = build(st.capture.is_some(), &mut cmds)?;
-    push_locked(gpu, &mut st, cmds, pins, work, flush)
+    push_locked(gpu, &mut st, with_writes(cmds, writes), pins, work, flush)
 }
 
 fn push_locked(

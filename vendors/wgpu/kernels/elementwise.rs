@@ -240,6 +240,7 @@ pub(super) fn flat_textures(binds: &[Bind], direct: &[bool], n: usize) -> Option
             width,
             height,
             row_stride: u64::from(width) * 4,
+            reusable: false,
         });
     }
     (!t.inputs.is_empty()).then_some(t)

@@ -690,6 +690,8 @@ fn host_quads(
                         width,
                         height,
                         row_stride: brs as u64,
+                        // B is most often a weight: the same matrix launch after launch.
+                        reusable: true,
                     }];
                     if tex_a {
                         inputs.push(TexInput {
@@ -697,6 +699,7 @@ fn host_quads(
                             width: height / 4,
                             height: a_height,
                             row_stride: k as u64,
+                            reusable: false,
                         });
                     }
                     for &(q, per_row) in &tex.extras {
@@ -705,6 +708,8 @@ fn host_quads(
                             width,
                             height: if per_row { m as u32 } else { 1 },
                             row_stride: n as u64,
+                            // A bias row is a weight; a residual is an activation.
+                            reusable: !per_row,
                         });
                     }
                     TexRead {

@@ -20,6 +20,7 @@ mod reduce;
 mod rope;
 mod sample;
 mod softmax;
+mod textures;
 mod user;
 mod wgsl;
 

@@ -10,7 +10,8 @@
 //! the tensors' element offsets in the immediates, and enqueues the dispatches as stream
 //! commands — which stream capture records like any other, so op launches can be captured.
 //! A kernel for the host's cores may read some inputs through textures instead
-//! ([`TexRead`]); its launch puts the copies into the textures before the dispatches.
+//! ([`TexRead`], `textures.rs`); its launch puts the copies into the textures before the
+//! dispatches, and states the bytes it writes (its outputs') for `contents.rs`.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -29,6 +30,12 @@ use crate::error::{Error, Result};
 use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::vendors::AnyBackend;
+
+pub(crate) use super::textures::{
+    flat_texture, texel, texture_binding, texture_rows, TexInput, TexRead, Texel,
+    PLANNED_TEXTURE_DIM, TEXTURE_MIN_ELEMENTS,
+};
+use super::textures::{MatrixTexture, MatrixTextures, TexSlot};
 
 /// Bytes of immediates an operator kernel takes: one element offset per tensor.
 pub(crate) const OP_IMMEDIATE_BYTES: u32 = 32;
@@ -65,185 +72,11 @@ pub(crate) struct OpSource {
     pub zero_workgroup_memory: bool,
 }
 
-/// Inputs read through textures, one texel per four values of a row ([`texel`]:
-/// `rgba32float` for f32, `rgba16float` for f16, `rgba16uint` for bf16's bits), by kernels
-/// for adapters that run on the host's cores. There a storage load whose
-/// address differs across the lanes is a scalar loop over the lanes with a stack round trip
-/// per element (Mesa 22.3's gallivm), while a texel load gathers in registers: a 1×4096×4096
-/// GEMV read its matrix 2–4× faster that way, and a 16 MiB add its operands 3× faster,
-/// copies included (docs/BENCHMARKS.md). Each launch copies the inputs into their textures
-/// first, in the same command list, so the kernel always reads the tensors' current values.
-pub(crate) struct TexRead {
-    /// The inputs read through textures, in the order of their bindings.
-    pub inputs: Vec<TexInput>,
-    /// The passes: as [`OpSource::aligned`]'s, with `var tex_<name>` (of the WGSL type
-    /// [`texel`] gives) at the bindings after the tensors' ([`texture_binding`]).
-    pub passes: PassSources,
-}
-
-/// One input of a [`TexRead`] variant: rows of its values, `row_stride` elements apart,
-/// copied into a `width` × `height` texture.
-pub(crate) struct TexInput {
-    /// Which input (index into the plan's inputs).
-    pub input: usize,
-    /// Texels per row (a row's values / 4) and rows.
-    pub width: u32,
-    pub height: u32,
-    /// Elements from one row's start to the next's in the input.
-    pub row_stride: u64,
-}
-
-/// The `(texels per row, rows)` of a texture that holds a contiguous input of `quads` quads
-/// (four values each) of `texel_bytes` per texel as whole rows, for adapters whose textures
-/// are at most `max` texels wide and high: rows are a multiple of 256 bytes, as
-/// buffer-to-texture copies require, and the widest such that divides `quads`. `None` when
-/// no width fits.
-pub(crate) fn flat_texture(quads: usize, texel_bytes: u64, max: u32) -> Option<(u32, u32)> {
-    let align = (u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT) / texel_bytes).max(1) as usize;
-    let max = max as usize;
-    let mut width = quads.min(max) / align * align;
-    while width >= align {
-        if quads.is_multiple_of(width) && quads / width <= max {
-            return Some((
-                u32::try_from(width).ok()?,
-                u32::try_from(quads / width).ok()?,
-            ));
-        }
-        width -= align;
-    }
-    None
-}
-
-/// How a [`TexRead`] input of one dtype is held: four values per texel.
-pub(crate) struct Texel {
-    pub format: wgpu::TextureFormat,
-    /// Bytes per texel.
-    pub bytes: u64,
-    /// The WGSL type a kernel declares the texture with, and what `textureLoad` returns.
-    pub texture_type: &'static str,
-    pub load_type: &'static str,
-    /// The expression that turns a loaded texel `t` into four f32 values.
-    pub to_f32: &'static str,
-}
-
-/// The texel of a [`TexRead`] input of dtype `dt`; `None` for dtypes without one.
-pub(crate) fn texel(dt: crate::tensor::DType) -> Option<Texel> {
-    use crate::tensor::DType;
-    let (format, bytes) = match dt {
-        DType::F32 => (wgpu::TextureFormat::Rgba32Float, 16),
-        DType::F16 => (wgpu::TextureFormat::Rgba16Float, 8),
-        DType::BF16 => (wgpu::TextureFormat::Rgba16Uint, 8),
-        _ => return None,
-    };
-    Some(if dt == DType::BF16 {
-        // bf16 is the top half of an f32: its bits shifted up are the value.
-        Texel {
-            format,
-            bytes,
-            texture_type: "texture_2d<u32>",
-            load_type: "vec4<u32>",
-            to_f32: "bitcast<vec4<f32>>(t << vec4<u32>(16u))",
-        }
-    } else {
-        Texel {
-            format,
-            bytes,
-            texture_type: "texture_2d<f32>",
-            load_type: "vec4<f32>",
-            to_f32: "t",
-        }
-    })
-}
-
-/// The texture size (texels per row and rows) kernels may plan for: WebGPU's default
-/// `max_texture_dimension_2d`, which every adapter offers; a plan checks its adapter's own.
-pub(crate) const PLANNED_TEXTURE_DIM: u32 = 8192;
-
-/// Elements from which a kernel on the host's cores reads a contiguous input through a
-/// texture: below it, the copy's fixed cost outweighs the cheaper loads.
-pub(crate) const TEXTURE_MIN_ELEMENTS: usize = 1 << 14;
-
-/// A [`TexRead`] input `input` of `rows` rows of `row_len` values each, read by a row kernel
-/// on the host's cores: the texture's declaration at `binding` with `tx_<name>(r, j)`, the
-/// four values from element `j` (a multiple of four) of row `r`. `None` unless the tensor is
-/// contiguous with rows that are whole quads and 256-byte multiples (the texture copy's row
-/// pitch), or when its dtype has no texel. (Whether the input is large enough to be worth
-/// the copy, [`TEXTURE_MIN_ELEMENTS`], is the kernel's call.)
-pub(crate) fn texture_rows(
-    t: &crate::ops::TensorDesc,
-    input: usize,
-    name: &str,
-    binding: u32,
-    (rows, row_len): (usize, usize),
-) -> Option<(TexInput, String)> {
-    let texel = texel(t.dtype)?;
-    let usable = t.layout.is_contiguous()
-        && t.layout.numel() == rows * row_len
-        && row_len.is_multiple_of(4)
-        && (row_len * t.dtype.size()).is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize);
-    if !usable {
-        return None;
-    }
-    let decl = format!(
-        "@group(0) @binding({binding}) var tex_{name}: {ty};\n\
-         fn tx_{name}(r: u32, j: u32) -> vec4<f32> {{ \
-         let t = textureLoad(tex_{name}, vec2<u32>(j >> 2u, r), 0); return {to_f32}; }}\n",
-        ty = texel.texture_type,
-        to_f32 = texel.to_f32,
-    );
-    let input = TexInput {
-        input,
-        width: u32::try_from(row_len / 4).ok()?,
-        height: u32::try_from(rows).ok()?,
-        row_stride: row_len as u64,
-    };
-    Some((input, decl))
-}
-
-/// The binding of the `slot`-th [`TexRead`] texture in a kernel with `tensors` tensors.
-pub(crate) fn texture_binding(tensors: usize, slot: usize) -> u32 {
-    (tensors + 1 + slot) as u32
-}
-
-/// Bytes of the textures a device keeps for [`TexRead`] inputs (one per size and binding
-/// slot, shared by every plan of that size: each launch refills it, and one queue orders the
-/// launches). A new texture that would pass this first evicts those no live plan holds; a
-/// plan whose textures would still pass it runs without them.
-const MAX_TEXTURE_BYTES: u64 = 256 << 20;
-
-/// A texture of a [`TexRead`] input with its view, shared by the plans of one matrix size.
-struct MatrixTexture {
-    texture: wgpu::Texture,
-    view: wgpu::TextureView,
-    id: u64,
-    bytes: u64,
-}
-
-/// The [`TexRead`] textures of a device by (texels per row, rows, format, binding slot), and
-/// their bytes in all. The plans that read through a texture hold it too: one held by the
-/// map alone belongs to no live plan.
-#[derive(Default)]
-struct MatrixTextures {
-    by_size: HashMap<(u32, u32, wgpu::TextureFormat, usize), Arc<MatrixTexture>>,
-    bytes: u64,
-}
-
 /// A plan's [`TexRead`] variant, compiled.
 struct Textured {
     inputs: Vec<TexSlot>,
     passes: Passes,
     bgl: wgpu::BindGroupLayout,
-}
-
-/// One input of a compiled [`TexRead`] variant with its texture.
-struct TexSlot {
-    input: usize,
-    width: u32,
-    height: u32,
-    bytes_per_row: u32,
-    /// Bytes per texel: the copy starts on a multiple of it.
-    texel_bytes: u64,
-    tex: Arc<MatrixTexture>,
 }
 
 /// One compiled pass.
@@ -263,7 +96,7 @@ pub(crate) struct OpCache {
     /// textures that follow the tensors ([`TexRead`]).
     layouts: Mutex<LayoutMap>,
     /// [`TexRead`] textures.
-    textures: Mutex<MatrixTextures>,
+    pub(super) textures: Mutex<MatrixTextures>,
     /// Pipelines by source.
     pipes: Mutex<HashMap<String, Arc<Pipe>>>,
     /// Bind groups by (constants buffer, tensor windows).
@@ -380,71 +213,13 @@ impl OpCache {
         pipes.insert(key, p.clone());
         Ok(p)
     }
+}
 
-    /// The shared texture of a `width` × `height` [`TexRead`] input in `format`, of
-    /// `texel_bytes` per texel, for binding slot `slot` (the inputs of one launch need
-    /// textures of their own); `None` when keeping it would pass [`MAX_TEXTURE_BYTES`] or the
-    /// device refuses it (the plan runs without).
-    fn texture(
-        &self,
-        device: &wgpu::Device,
-        (width, height): (u32, u32),
-        format: wgpu::TextureFormat,
-        texel_bytes: u64,
-        slot: usize,
-    ) -> Option<Arc<MatrixTexture>> {
-        let mut textures = self.textures.lock();
-        if let Some(t) = textures.by_size.get(&(width, height, format, slot)) {
-            return Some(t.clone());
-        }
-        let size = u64::from(width) * u64::from(height) * texel_bytes;
-        if textures.bytes + size > MAX_TEXTURE_BYTES {
-            // Plans take their clones under this lock, so a texture held by the map alone
-            // stays unheld while it is dropped (a launch in flight keeps its own references).
-            textures.by_size.retain(|_, t| Arc::strong_count(t) > 1);
-            textures.bytes = textures.by_size.values().map(|t| t.bytes).sum();
-            if textures.bytes + size > MAX_TEXTURE_BYTES {
-                return None;
-            }
-        }
-        let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let inner = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let texture = device.create_texture(&wgpu::TextureDescriptor {
-            label: Some("unirt matrix texture"),
-            size: wgpu::Extent3d {
-                width,
-                height,
-                depth_or_array_layers: 1,
-            },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format,
-            usage: wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::TEXTURE_BINDING,
-            view_formats: &[],
-        });
-        let invalid = pollster::block_on(inner.pop());
-        let oom = pollster::block_on(scope.pop());
-        if let Some(e) = invalid.or(oom) {
-            tracing::debug!("no {width}×{height} matrix texture: {e}");
-            return None;
-        }
-        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-        let t = Arc::new(MatrixTexture {
-            texture,
-            view,
-            id: crate::handles::fresh_id(),
-            bytes: size,
-        });
-        textures.bytes += size;
-        textures
-            .by_size
-            .insert((width, height, format, slot), t.clone());
-        Some(t)
-    }
-
-    /// Drops the cached bind groups that use buffer `id` (it is being freed).
+impl OpCache {
+    /// Drops the cached bind groups that use buffer `id` (it is being freed), and the
+    /// textures of reusable inputs read from it.
     pub fn forget_buffer(&self, id: u64) {
+        self.textures.lock().forget_source(id);
         self.groups
             .lock()
             .retain(|k, _| k.0 != id && !k.1.iter().any(|(b, _, _)| *b == id));
@@ -465,6 +240,8 @@ pub(crate) struct OpKernel {
     groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
     /// The plan's fault word, for a kernel that can fault (see `fault.rs`).
     fault: Option<Arc<FaultWord>>,
+    /// A user kernel: its source may write any tensor it binds, inputs included.
+    writes_inputs: bool,
 }
 
 impl Drop for OpKernel {
@@ -531,6 +308,7 @@ fn prepare_unguarded(
     src: OpSource,
     fault: Option<FaultSpec>,
 ) -> Result<Arc<dyn PreparedKernel>> {
+    let writes_inputs = src.entry.is_some();
     let backend = backend_of(spec)?;
     let AnyBackend::Wgpu(b) = &*backend else {
         return Err(Error::Internal(format!(
@@ -619,6 +397,7 @@ fn prepare_unguarded(
         .transpose()?;
     Ok(Arc::new(OpKernel {
         fault,
+        writes_inputs,
         name: src.name,
         passes,
         aligned,
@@ -667,8 +446,7 @@ fn textured(
             Ok(b) if usable => b,
             _ => return Ok(None),
         };
-        let Some(tex) = cache.texture(device, (i.width, i.height), format, texel_bytes, slot)
-        else {
+        let Some(tex) = cache.texture(gpu, (i.width, i.height), format, texel_bytes, slot) else {
             return Ok(None);
         };
         formats.push(format);
@@ -678,7 +456,10 @@ fn textured(
             height: i.height,
             bytes_per_row,
             texel_bytes,
+            format,
             tex,
+            slot,
+            reusable: i.reusable,
         });
     }
     if inputs.is_empty() {
@@ -733,6 +514,14 @@ impl WgpuBackend {
         let cache = &fixed.ops;
         let mut imm = [0u32; 8];
         let mut bound = Vec::with_capacity(MAX_TENSORS);
+        // The bytes the launch writes: its outputs' (every tensor's for a user kernel, whose
+        // source may write what it binds), for the textures' contents (`contents.rs`).
+        let mut writes = Vec::with_capacity(MAX_TENSORS);
+        let first_written = if k.writes_inputs {
+            0
+        } else {
+            call.inputs.len()
+        };
         for (i, t) in call.inputs.iter().chain(call.outputs).enumerate() {
             let size = t.dtype.size() as u64;
             let span = t.layout.span_end().unwrap_or(0) as u64 * size;
@@ -763,6 +552,9 @@ impl WgpuBackend {
                     .ok_or_else(|| Error::Internal("an empty tensor range".into()))?;
                 (a.payload.clone(), start - a.base)
             };
+            if i >= first_written {
+                writes.push((buf.id, off, off + len));
+            }
             let (w_off, w_size) = window(fixed.max_binding, fixed.binding_align, &buf, off, len)?;
             let rel = off - w_off;
             if rel % size != 0 {
@@ -793,29 +585,43 @@ impl WgpuBackend {
         // The texture variant (compiled only beside the quad variant) where the quad variant
         // applies and every copy can start at its input: the byte offset in the buffer, the
         // window's start plus the element offset, must be a multiple of the texel's bytes.
-        let copies: Option<Vec<TexCopy>> = k.textured.as_ref().filter(|_| quads).and_then(|t| {
-            t.inputs
-                .iter()
-                .map(|s| {
-                    let (b, elem) = (bound.get(s.input)?, call.inputs.get(s.input)?.dtype.size());
-                    let off = b.offset + u64::from(imm[s.input]) * elem as u64;
-                    off.is_multiple_of(s.texel_bytes).then(|| TexCopy {
-                        src: b.buf.buffer.clone(),
-                        src_off: off,
-                        bytes_per_row: s.bytes_per_row,
-                        texture: s.tex.texture.clone(),
-                        width: s.width,
-                        height: s.height,
+        let copies: Option<Vec<(Arc<MatrixTexture>, TexCopy)>> =
+            k.textured.as_ref().filter(|_| quads).and_then(|t| {
+                t.inputs
+                    .iter()
+                    .map(|s| {
+                        let (b, elem) =
+                            (bound.get(s.input)?, call.inputs.get(s.input)?.dtype.size());
+                        let off = b.offset + u64::from(imm[s.input]) * elem as u64;
+                        off.is_multiple_of(s.texel_bytes).then(|| {
+                            let tex = if s.reusable {
+                                cache.source_texture(gpu, s, b.buf.id, off)
+                            } else {
+                                s.tex.clone()
+                            };
+                            let copy = TexCopy {
+                                src: b.buf.buffer.clone(),
+                                src_id: b.buf.id,
+                                src_off: off,
+                                bytes_per_row: s.bytes_per_row,
+                                texture: tex.texture.clone(),
+                                held: tex.held.clone(),
+                                reusable: s.reusable,
+                                width: s.width,
+                                height: s.height,
+                            };
+                            (tex, copy)
+                        })
                     })
-                })
-                .collect()
-        });
+                    .collect()
+            });
         let mut cmds = Vec::with_capacity(4);
         let (passes, group) = match (k.textured.as_ref().zip(copies), &k.aligned) {
             (Some((t, copies)), _) => {
-                cmds.extend(copies.into_iter().map(Cmd::ToTexture));
-                let tex: Vec<&MatrixTexture> = t.inputs.iter().map(|s| &*s.tex).collect();
-                (&t.passes, self.op_group(k, &t.bgl, &bound, &tex)?)
+                let tex: Vec<&MatrixTexture> = copies.iter().map(|(t, _)| &**t).collect();
+                let group = self.op_group(k, &t.bgl, &bound, &tex)?;
+                cmds.extend(copies.into_iter().map(|(_, c)| Cmd::ToTexture(c)));
+                (&t.passes, group)
             }
             (None, Some(aligned)) if quads => (aligned, self.op_group(k, &k.bgl, &bound, &[])?),
             _ => (&k.passes, self.op_group(k, &k.bgl, &bound, &[])?),
@@ -827,7 +633,7 @@ impl WgpuBackend {
             groups: *groups,
         }));
         cmds.extend(k.fault.clone().map(Cmd::Check));
-        enqueue(gpu, &s, cmds, pins, work, false)
+        enqueue(gpu, &s, cmds, &writes, pins, work, false)
     }
 
     /// The bind group of `bound` (and the textures `tex` after them) for layout `bgl`, cached.
