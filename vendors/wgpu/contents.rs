@@ -41,6 +41,20 @@ pub(crate) type TexSource = (u64, u64, u64, u32);
 #[derive(Default)]
 pub(crate) struct TexHeld(Mutex<Option<TexSource>>);
 
+impl TexHeld {
+    /// Whether the copy of `source` into this texture may be skipped; records that the
+    /// texture holds it afterwards (when `reusable`) or holds something unknown (when not).
+    /// Called in submission order.
+    pub fn fill(&self, source: TexSource, reusable: bool) -> bool {
+        let mut h = self.0.lock();
+        if reusable && *h == Some(source) {
+            return true;
+        }
+        *h = reusable.then_some(source);
+        false
+    }
+}
+
 /// The textures of one device whose contents are known, for [`TexContents::wrote`] to forget.
 #[derive(Default)]
 pub(crate) struct TexContents {
@@ -48,18 +62,6 @@ pub(crate) struct TexContents {
 }
 
 impl TexContents {
-    /// Whether the copy of `source` into `held` may be skipped; records that the texture holds
-    /// it afterwards (when `reusable`) or holds something unknown (when not). Called in
-    /// submission order.
-    pub fn copy(&self, held: &TexHeld, source: TexSource, reusable: bool) -> bool {
-        let mut h = held.0.lock();
-        if reusable && *h == Some(source) {
-            return true;
-        }
-        *h = reusable.then_some(source);
-        false
-    }
-
     /// The contents record of a new texture, known to this device's writes.
     pub fn new_texture(&self) -> Arc<TexHeld> {
         let held = Arc::new(TexHeld::default());
@@ -102,26 +104,26 @@ mod tests {
         let c = TexContents::default();
         let t = c.new_texture();
         let src = (7, 256, 1280, 256);
-        assert!(!c.copy(&t, src, true), "the first copy runs");
-        assert!(c.copy(&t, src, true), "the same source again is skipped");
+        assert!(!t.fill(src, true), "the first copy runs");
+        assert!(t.fill(src, true), "the same source again is skipped");
         c.wrote(&[(7, 0, 256)]);
-        assert!(c.copy(&t, src, true), "a write before the range leaves it");
+        assert!(t.fill(src, true), "a write before the range leaves it");
         c.wrote(&[(8, 0, WHOLE)]);
-        assert!(c.copy(&t, src, true), "a write to another buffer leaves it");
+        assert!(t.fill(src, true), "a write to another buffer leaves it");
         c.wrote(&[(7, 1279, 1280)]);
-        assert!(!c.copy(&t, src, true), "an overlapping write forgets it");
-        assert!(c.copy(&t, src, true));
+        assert!(!t.fill(src, true), "an overlapping write forgets it");
+        assert!(t.fill(src, true));
         assert!(
-            !c.copy(&t, (7, 0, 1024, 256), true),
+            !t.fill((7, 0, 1024, 256), true),
             "another source refills it"
         );
-        assert!(!c.copy(&t, src, true));
+        assert!(!t.fill(src, true));
         assert!(
-            !c.copy(&t, src, false),
+            !t.fill(src, false),
             "a copy that is not reusable always runs"
         );
-        assert!(!c.copy(&t, src, true), "and leaves the contents unknown");
+        assert!(!t.fill(src, true), "and leaves the contents unknown");
         c.forget_all();
-        assert!(!c.copy(&t, src, true));
+        assert!(!t.fill(src, true));
     }
 }

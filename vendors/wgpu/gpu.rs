@@ -208,12 +208,17 @@ impl Gpu {
     /// Encodes `plan` into one command buffer (on this thread, inside an error scope) and
     /// hands it to the submitter thread; returns the submission's ticket. `keep` — the memory
     /// the commands use — is held until the submission has completed, read-backs included.
-    /// The plan's texture decisions ([`Plan::decide`]) are taken first, under the lock that
-    /// orders submissions, which is held until the submission has its ticket.
+    /// The plan's texture decisions ([`Plan::decide`]) are taken under the lock that orders
+    /// submissions: before encoding when the plan copies into textures (the lock is then held
+    /// until the submission has its ticket), else when it is handed over, so that other
+    /// streams' encoding does not wait for this one.
     pub fn submit(&self, plan: &Plan, keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
-        let last = self.submitted.lock();
-        let skips = plan.decide(&self.contents);
+        let early = plan.copies_to_textures.then(|| self.submitted.lock());
+        let skips = match early {
+            Some(_) => plan.decide(&self.contents),
+            None => Vec::new(),
+        };
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self
             .device
@@ -225,6 +230,11 @@ impl Gpu {
             self.contents.forget_all();
             return Err(wgpu_error("command encoding", e));
         }
+        let last = early.unwrap_or_else(|| {
+            let last = self.submitted.lock();
+            plan.decide(&self.contents);
+            last
+        });
         self.hand_over(last, Work::Encoded(cb), records, plan.io.clone(), keep)
     }
 

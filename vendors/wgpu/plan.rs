@@ -74,6 +74,8 @@ pub(crate) struct Plan {
     pub records: Vec<Arc<WEvent>>,
     /// None when there is nothing to do around the submit (the usual kernel batch).
     pub io: Option<Arc<Io>>,
+    /// Whether a step copies into a texture: then its encoding depends on [`Plan::decide`].
+    pub copies_to_textures: bool,
 }
 
 impl Plan {
@@ -180,6 +182,7 @@ impl Plan {
             steps.push(Step::EndPass);
         }
         Plan {
+            copies_to_textures: steps.iter().any(|s| matches!(s, Step::ToTexture(_))),
             steps,
             records,
             io: (!io.is_empty()).then(|| Arc::new(io)),
@@ -194,7 +197,7 @@ impl Plan {
         let mut skips = Vec::new();
         for s in &self.steps {
             match s {
-                Step::ToTexture(c) => skips.push(contents.copy(&c.held, c.source(), c.reusable)),
+                Step::ToTexture(c) => skips.push(c.held.fill(c.source(), c.reusable)),
                 Step::Wrote(w) => contents.wrote(w),
                 _ => {}
             }
