@@ -150,8 +150,17 @@ fn rows_at(
 
 /// The row shapes `(rows, len, shift)` of the row cases: rows of 256 and 1024 (pitches a
 /// texture takes, 256-byte multiples), of 96 (not one in f32), rows four elements (a texel)
-/// and one element into their buffers.
-const ROWS: [(usize, usize, usize); 4] = [(128, 256, 0), (256, 96, 0), (32, 1024, 4), (64, 256, 1)];
+/// and one element into their buffers; and rows too long for one invocation to walk under
+/// llvmpipe's loop limiter (there a row kernel spreads them over a workgroup: see
+/// `ops::loop_limits`), one of them a single row.
+const ROWS: [(usize, usize, usize); 6] = [
+    (128, 256, 0),
+    (256, 96, 0),
+    (32, 1024, 4),
+    (64, 256, 1),
+    (2, 40_000, 0),
+    (1, 70_000, 1),
+];
 
 /// A norm's reference: rows, weight, bias (layer_norm), eps.
 pub(crate) type NormRef = fn(&[f64], &[f64], Option<&[f64]>, f64) -> Vec<f64>;

@@ -42,6 +42,7 @@ mod cases_memcpy;
 mod cases_ops_data;
 mod cases_ops_elementwise;
 mod cases_ops_large;
+mod cases_ops_limits;
 mod cases_ops_linalg;
 mod cases_ops_matmul;
 mod cases_ops_reduce;
@@ -197,6 +198,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_graph::cases());
     all.extend(cases_graph_random::cases());
     all.extend(cases_ops_threads::cases());
+    all.extend(cases_ops_limits::cases());
     all.extend(cases_fused::cases());
     all.extend(cases_epilogue::cases());
     all.extend(cases_ops_views::cases());

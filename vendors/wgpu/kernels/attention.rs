@@ -4,8 +4,8 @@
 //! workgroup memory, and every invocation rescales and accumulates its own output dimensions —
 //! so no score matrix is ever stored. A decode step (query length 1) is one workgroup per
 //! head; grouped-query heads share their kv head; causal rows see keys `j ≤ i + lkv - lq`.
-//! On adapters on the host's cores, with 8 rows or more, one invocation per query row and no
-//! barrier ([`host_body`]).
+//! On adapters on the host's cores (head dims a multiple of 4, up to [`HOST_MAX_DIM`]), one
+//! invocation per query row and no barrier ([`host_body`]), however few the rows.
 //!
 //! Constants: `cfg[0]` rows, `cfg[1..5]` hq, lq, hkv, lkv, `cfg[5]` d, `cfg[6]` causal,
 //! `cfg[7]` scale (f32 bits), `cfg[8..24]` the strides of q, k, v and out (4 each).
@@ -204,11 +204,21 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("v", v.dtype),
         Bind::write("out", o.dtype),
     ];
+    // The host form loops once per key; the GPU form, per block of 256 keys, over the head
+    // dim, its reductions and the block's values for each of its 4 output dims.
     let host = super::on_host_cores(spec)
-        && rows >= wgsl::HOST_ROWS_MIN
+        && super::loops_fit(spec, lkv as u64)
         && d % 4 == 0
         && (4..=HOST_MAX_DIM).contains(&d);
     let dialect = wgsl::Dialect::of(spec);
+    if !host {
+        let blocks = (lkv as u64).div_ceil(256);
+        super::check_loops(
+            spec,
+            d as u64 + blocks * (d as u64 + 4 * 256 + wgsl::WG_REDUCE_LOOPS),
+            || format!("attention over {lkv} keys of dim {d}"),
+        )?;
+    }
     let (source, grid) = if host {
         let body = format!("{HEAD}{}", host_body(d));
         let prelude = wgsl::prelude(&binds, dialect);

@@ -169,16 +169,15 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// computes `rows` rows × 16 columns of C, reading A four values of k at a time and B and C
 /// four columns at a time, so the driver issues one wide load where the scalar variant
 /// issues four (on lavapipe a load costs far more than a multiply-add: this is what the
-/// GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `HOST_QUAD_WG` invocations
-/// side by side cover 256 columns; `cfg[15]` is the number of such column tiles.
+/// GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `w` invocations side by side
+/// ([`host_quad_width`]) cover `64·w` columns; `cfg[15]` is the number of such column tiles.
 ///
 /// With `tex.b`, B is read through the texture `tex_b` (see [`super::op::TexRead`]), which
 /// holds B's single matrix: one texel per quad, `(quad, row of k)`, turned into four f32
 /// values by `texel_f32` (see [`super::op::texel`]). With `tex.a` too, A is read through
 /// `tex_a`, which holds A's rows (batch after batch): `(quad of k, batch · m + row)`.
-fn host_quad_kernel(rows: usize, c_slot: usize, tex: &Textures) -> String {
+fn host_quad_kernel(rows: usize, w: u32, c_slot: usize, tex: &Textures) -> String {
     const V: usize = 4;
-    let w = HOST_QUAD_WG;
     let mut s = format!(
         "
 @compute @workgroup_size({w})
@@ -263,8 +262,21 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
     s
 }
 
-/// Invocations per workgroup of the host GEMM's quad variant.
-const HOST_QUAD_WG: u32 = 16;
+/// Invocations per workgroup of the host GEMM's quad variant: 16, or 8 (one SIMD batch on
+/// lavapipe) when workgroups of 16 would be fewer than twice the host's cores. A workgroup
+/// runs on one core, so a product of few column tiles — a decode step's 1 × 256 × 256 GEMV
+/// is one workgroup of 16 — leaves cores idle. On lavapipe (Intel Xeon, 2 cores, four
+/// alternated runs) the tiny model's GEMVs (n of 256–1024) ran 1.05–1.4× faster by the
+/// median and 1.1–1.7× by the fastest run, and a batched 4 × 64 × 32 product 2.4×; products
+/// of many tiles keep 16 (the last session found 8 flat on them).
+fn host_quad_width(tiles_16: usize) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if tiles_16 < 2 * cores {
+        8
+    } else {
+        16
+    }
+}
 
 /// Which operands the host GEMM's quad variant reads through textures (A and the epilogue's
 /// extra operands only beside B): B's texture is bound first, then A's, then the extras'.
@@ -281,12 +293,13 @@ struct Textures {
 /// through textures as `tex` says: B's at the first texture binding, A's at the second).
 fn host_quad_source(
     rows: usize,
+    w: u32,
     binds: &[Bind],
     epi: Option<&Epilogue>,
     tex: &Textures,
 ) -> Option<String> {
     let c_slot = binds.len() - 1;
-    let mut kernel = host_quad_kernel(rows, c_slot, tex);
+    let mut kernel = host_quad_kernel(rows, w, c_slot, tex);
     if tex.b {
         let slot = super::op::texture_binding(binds.len(), 0);
         let t = super::op::texel(binds[1].dtype)?;
@@ -310,7 +323,6 @@ fn host_quad_source(
     }
     let mut extra = String::new();
     if let Some(e) = epi {
-        let w = HOST_QUAD_WG;
         let tile = format!(
             "    for (var t = 0u; t < {n}u; t = t + 1u) {{
         let r = row0 + t / 4u;
@@ -488,6 +500,16 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         (TILE, TILE)
     };
+    // Loop iterations per invocation: along k (one step per element on the host's cores,
+    // a block of 16 or 8 with its inner loops on a GPU), then the stores and the epilogue.
+    let k_loops = if host {
+        k as u64
+    } else if large {
+        (k as u64).div_ceil(8) * 9
+    } else {
+        (k as u64).div_ceil(16) * 21
+    };
+    super::check_loops(spec, k_loops + 128, || format!("a product over k = {k}"))?;
     let tiles_n = n.div_ceil(tile_n).max(1);
     let tiles = m.div_ceil(tile_m).max(1) * tiles_n;
     if tiles > 65535 || batch > 65535 {
@@ -648,9 +670,11 @@ fn host_quads(
     } else {
         m.max(1).next_power_of_two()
     };
-    let cols = 16 * HOST_QUAD_WG as usize;
+    let row_tiles = m.div_ceil(rows).max(1);
+    let w = host_quad_width(row_tiles * n.div_ceil(256).max(1) * batch.max(1));
+    let cols = 16 * w as usize;
     let tiles_n = n.div_ceil(cols).max(1);
-    let tiles = m.div_ceil(rows).max(1) * tiles_n;
+    let tiles = row_tiles * tiles_n;
     if tiles > 65535 {
         return None;
     }
@@ -684,7 +708,7 @@ fn host_quads(
             u32::try_from(a_rows),
         ) {
             (Ok(width), Ok(height), Ok(a_height)) => {
-                host_quad_source(rows, binds, epi, &tex).map(|source| {
+                host_quad_source(rows, w, binds, epi, &tex).map(|source| {
                     let mut inputs = vec![TexInput {
                         input: 1,
                         width,
@@ -725,7 +749,7 @@ fn host_quads(
     };
     Some((
         vec![(
-            host_quad_source(rows, binds, epi, &Textures::default())?,
+            host_quad_source(rows, w, binds, epi, &Textures::default())?,
             grid,
         )],
         textured,

@@ -28,6 +28,7 @@ pub(crate) use fixed::*;
 pub(crate) use user::prepare as prepare_user;
 
 use crate::device::DeviceKind;
+use crate::error::Result;
 use crate::ops::{KernelImpl, KernelRegistry, PrepareKernel};
 use crate::tensor::DType;
 
@@ -59,6 +60,58 @@ fn on_host_cores(spec: &crate::ops::PlanSpec<'_>) -> bool {
             crate::hal::Backend::info(&**rt.backend()).class == crate::device::DeviceClass::Software
         })
         .unwrap_or(false)
+}
+
+/// Loop iterations one shader invocation may run in all on an adapter with a loop limiter
+/// ([`loop_limited`]), with a margin below its 65535.
+pub(crate) const LOOP_BUDGET: u64 = 65_000;
+
+/// Whether the plan's adapter is Mesa's llvmpipe (lavapipe on Vulkan, llvmpipe on GL), whose
+/// shader compiler (gallivm) guards against hangs with a *loop limiter*: every invocation
+/// (each SIMD batch of invocations) gets 65535 loop iterations in all, counted over every
+/// loop it runs, and past them each loop exits early — the kernel then returns, silently, a
+/// result computed on part of its data (seen on Mesa 22.3: a softmax over rows of 30 000
+/// strided elements — three sweeps — was wrong, one of 20 000 right; a sum over 2^18
+/// elements in one invocation stopped at 262 141). Every kernel whose loops grow with the
+/// data therefore checks its per-invocation count against [`LOOP_BUDGET`] at plan time
+/// ([`check_loops`]), taking another form or failing with a typed error instead.
+fn loop_limited(spec: &crate::ops::PlanSpec<'_>) -> bool {
+    crate::Runtime::get(spec.device)
+        .map(|rt| {
+            crate::hal::Backend::info(&**rt.backend())
+                .name
+                .contains("llvmpipe")
+        })
+        .unwrap_or(false)
+}
+
+/// Whether a kernel whose invocations each run `iterations` loop iterations computes all of
+/// them on the plan's adapter (see [`loop_limited`]).
+pub(crate) fn loops_fit(spec: &crate::ops::PlanSpec<'_>, iterations: u64) -> bool {
+    iterations <= LOOP_BUDGET || !loop_limited(spec)
+}
+
+/// `Ok` when [`loops_fit`], else `Error::Unsupported` naming the limit; `what` says which
+/// loop it is.
+pub(crate) fn check_loops(
+    spec: &crate::ops::PlanSpec<'_>,
+    iterations: u64,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    if loops_fit(spec, iterations) {
+        return Ok(());
+    }
+    Err(crate::error::Error::Unsupported {
+        what: format!(
+            "{} on {}: {} takes {iterations} loop iterations in one shader invocation, and \
+             Mesa's llvmpipe ends every invocation's loops after 65535 (gallivm's loop \
+             limiter), which would give a wrong result",
+            spec.op,
+            spec.device,
+            what()
+        ),
+        backend: crate::device::DeviceKind::Wgpu,
+    })
 }
 
 /// The float dtypes (f16 and bf16 stored 16-bit, computed in f32).

@@ -1,7 +1,8 @@
 //! Reductions in WGSL (sum, mean, max, min, argmax over any set of axes): one workgroup per
 //! output element, its 256 invocations striding over the reduced elements (read in place
-//! through the reduced axes' strides), then a tree in workgroup memory. max / min propagate
-//! NaN; argmax returns the first maximum (the first NaN if any), as the CPU kernel does.
+//! through the reduced axes' strides), then a tree in workgroup memory; on adapters on the
+//! host's cores one invocation per output element instead ([`host_source`]). max / min
+//! propagate NaN; argmax returns the first maximum (the first NaN if any), as the CPU kernel does.
 //!
 //! Constants: `cfg[0]` the output elements, `cfg[1]` the reduced elements, `cfg[2]` /
 //! `cfg[3]` where the kept and the reduced axes' views of the input start.
@@ -14,10 +15,14 @@ use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
-/// Combines (value, index) pairs: NaN first, then the larger, then the earlier index.
-const ARGMAX: &str = "
+/// The argmax tree's workgroup memory (the GPU form's).
+const ARGMAX_SHARED: &str = "
 var<workgroup> wg_idx: array<u32, 256>;
 var<workgroup> wg_val: array<f32, 256>;
+";
+
+/// Combines (value, index) pairs: NaN first, then the larger, then the earlier index.
+const ARGMAX: &str = "
 fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
     // Whether (w, j) beats (v, i).
     let vn = v != v;
@@ -85,17 +90,36 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
     };
     let d = wgsl::Dialect::of(spec);
-    let source = format!(
-        "{}{}{ARGMAX}\n{}{head}{body}}}\n",
-        wgsl::prelude(&binds, d),
-        wgsl::wg_reduce(d),
-        wgsl::main_rows_open(d)
-    );
+    // One lane walks the reduced elements on the host's cores (a sum four at a time), each
+    // of 256 a 256th of them otherwise.
+    let n = red as u64;
+    let host_loops = if matches!(spec.op, "sum" | "mean") {
+        n / 4 + 3
+    } else {
+        n
+    };
+    let host = super::on_host_cores(spec) && super::loops_fit(spec, host_loops);
+    if !host {
+        super::check_loops(spec, n.div_ceil(256) + wgsl::WG_REDUCE_LOOPS, || {
+            format!("a reduction of {n} elements")
+        })?;
+    }
+    let (source, grid) = if host {
+        host_source(spec.op, &binds, d, &cfg, (&ks, &kst), (&rs, &rst), lanes)?
+    } else {
+        let source = format!(
+            "{}{}{ARGMAX_SHARED}{ARGMAX}\n{}{head}{body}}}\n",
+            wgsl::prelude(&binds, d),
+            wgsl::wg_reduce(d),
+            wgsl::main_rows_open(d)
+        );
+        (source, wgsl::rows_grid(lanes))
+    };
     prepare_op(
         spec,
         OpSource {
             name: spec.op.to_string(),
-            passes: vec![(source, wgsl::rows_grid(lanes))],
+            passes: vec![(source, grid)],
             cfg,
             entry: None,
             zero_workgroup_memory: false,
@@ -103,6 +127,76 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             textured: None,
         },
     )
+}
+
+/// The host form ([`wgsl::row_kernel`]'s): one invocation per output element walks its
+/// reduced elements alone, no barrier, both views' offsets computed with their extents in
+/// the code ([`wgsl::view_index`]). On lavapipe the 256-invocation workgroup ran on one core
+/// all the same, behind nine barriers: argmax over one row of 512 floats took 84 µs, 30 µs
+/// so (Intel Xeon). A sum keeps four partial sums (every fourth element each), added
+/// pairwise at the end, so its rounding error grows like a quarter of a sequential sum's.
+/// Taken only for reductions one lane may loop over (`super::loops_fit`).
+fn host_source(
+    op: &str,
+    binds: &[Bind],
+    d: wgsl::Dialect,
+    cfg: &[u32],
+    (ks, kst): (&[usize], &[usize]),
+    (rs, rst): (&[usize], &[usize]),
+    lanes: usize,
+) -> Result<(String, [u32; 3])> {
+    let mut funcs = String::new();
+    let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], ks, kst, true);
+    let at = wgsl::view_index(&mut funcs, "red_off", "j", cfg[3], rs, rst, true);
+    let ld = format!("ld_x(base + {at})");
+    let body = match op {
+        "sum" | "mean" => {
+            let total = if op == "mean" {
+                "select(total / f32(n), bitcast<f32>(0x7fc00000u), n == 0u)"
+            } else {
+                "total"
+            };
+            let step = |k: u32| ld.replace("(j)", &format!("(j + {k}u)"));
+            format!(
+                "    var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;\n    var j = 0u;\n    \
+                 for (; j + 4u <= n; j = j + 4u) {{ a0 = a0 + {}; a1 = a1 + {}; a2 = a2 + {}; a3 = a3 + {}; }}\n    \
+                 for (; j < n; j = j + 1u) {{ a0 = a0 + {ld}; }}\n    \
+                 let total = (a0 + a1) + (a2 + a3);\n    st_out(row, {total});\n",
+                step(0),
+                step(1),
+                step(2),
+                step(3)
+            )
+        }
+        "max" | "min" => {
+            let (cmp, init) = if op == "max" {
+                (">", "neg_inf()")
+            } else {
+                ("<", "-neg_inf()")
+            };
+            format!(
+                "    var acc = {init};\n    var nan = false;\n    \
+                 for (var j = 0u; j < n; j = j + 1u) {{ let v = {ld}; nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }} }}\n    \
+                 st_out(row, select(acc, bitcast<f32>(0x7fc00000u), nan));\n"
+            )
+        }
+        "argmax" => format!(
+            "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    \
+             for (var j = 0u; j < n; j = j + 1u) {{ let v = {ld}; \
+             if (bi == 0xffffffffu || better(bv, bi, v, j)) {{ bv = v; bi = j; }} }}\n    \
+             sti_out(row, i32(bi));\n"
+        ),
+        op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
+    };
+    let head = "    if (row >= cfg[0]) { return; }\n    let n = cfg[1];\n";
+    let prelude = format!("{}{ARGMAX}{funcs}", wgsl::prelude(binds, d));
+    Ok(wgsl::row_kernel(
+        &prelude,
+        &format!("{head}    let base = {base};\n{body}"),
+        true,
+        lanes,
+        d,
+    ))
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

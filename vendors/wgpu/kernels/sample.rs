@@ -4,7 +4,9 @@
 //! weight exceeds `random ·` the kept weight is picked. One workgroup per row; instead of a
 //! sort, each invocation finds its elements' ranks and the weight of everything ranked before
 //! them by a sweep of the row (O(n²/256) per row: fine for the vocabularies of sampling
-//! tests and small models, slow for 100k-entry vocabularies).
+//! tests and small models, slow for 100k-entry vocabularies; on Mesa's llvmpipe, whose loop
+//! limiter caps each invocation's loop iterations, rows of more than about 1800 candidates
+//! are `Unsupported` unless the pick is greedy: see `super::loops_fit`).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` where the rows' view starts,
 //! `cfg[3]` the last axis's stride, `cfg[4]` 1 for the greedy pick, `cfg[5]` top-k (clamped
@@ -147,12 +149,22 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (ks, kst) = wgsl::kept(shape, x.layout.strides(), &[nd - 1]);
     let rows: usize = ks.iter().product();
     let k = if top_k == 0 { n } else { top_k.min(n) };
+    // Each lane sweeps its n / 256 candidates once for the greedy pick; otherwise it ranks
+    // each of them by a sweep of the whole row, in up to five passes.
+    let greedy = temperature == 0.0 || top_k == 1;
+    let per_lane = (n as u64).div_ceil(256);
+    let loops = if greedy {
+        per_lane + 16
+    } else {
+        5 * per_lane * (n as u64 + 1) + 64
+    };
+    super::check_loops(spec, loops, || format!("sampling from {n} candidates"))?;
     let mut cfg = vec![
         rows as u32,
         n as u32,
         0,
         x.layout.strides()[nd - 1] as u32,
-        u32::from(temperature == 0.0 || top_k == 1),
+        u32::from(greedy),
         k as u32,
         wgsl::f(temperature),
         wgsl::f(top_p),

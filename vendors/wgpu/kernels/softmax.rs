@@ -88,7 +88,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         ("0.0", "exp(v) / s")
     };
     let body = BODY.replace("MASKED", masked).replace("RESULT", result);
-    let host = super::on_host_cores(spec) && rows >= wgsl::HOST_ROWS_MIN;
+    // Three sweeps of the row (max, sum, write): one lane walks it on the host's cores, 256
+    // share it otherwise.
+    let len = shape[axis] as u64;
+    let host = super::on_host_cores(spec) && super::loops_fit(spec, 3 * len);
+    if !host {
+        super::check_loops(spec, 3 * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS, || {
+            format!("a row of {len}")
+        })?;
+    }
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
     let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);

@@ -1,0 +1,69 @@
+//! `ops::loop_limits`: operators whose kernels would loop past what an adapter lets one
+//! shader invocation run. Mesa's llvmpipe (lavapipe on Vulkan, llvmpipe on GL) ends every
+//! loop of an invocation once the invocation has run 65535 iterations in all, and the kernel
+//! then returns a result computed on part of its data; unirt plans such an operator as a
+//! typed `Unsupported` error naming the limit, never a launch. Planned here from layouts
+//! alone (nothing is allocated): on llvmpipe each plan must fail so, on every other device it
+//! must succeed. (The largest sizes that do run there — a reduction over 2^20 elements, rows
+//! of 40 000 and 70 000 — are checked for values by the reduce and row cases.)
+
+use unirt::ops::reduce::ReduceOp;
+use unirt::ops::{matmul, reduce, sample, softmax, TensorDesc};
+use unirt::tensor::{DType, Layout};
+use unirt::Backend;
+
+use crate::ops_check::{expect_kind, fail};
+use crate::{Case, Ctx, Failure};
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![Case {
+        name: "ops::loop_limits",
+        needs: &[],
+        run: loop_limits,
+    }]
+}
+
+fn loop_limits(ctx: &Ctx) -> Result<(), Failure> {
+    let desc = |shape: &[usize]| TensorDesc::new(ctx.device, DType::F32, Layout::contiguous(shape));
+    let limited = ctx.backend.info().name.contains("llvmpipe");
+    let plans: [(&str, unirt::Result<unirt::ops::Plan>); 5] = [
+        (
+            "a sum over 2^25 elements",
+            reduce::reduce(ReduceOp::Sum, &desc(&[1 << 25]), &[0], false),
+        ),
+        (
+            "an argmax over 2^25 elements",
+            reduce::reduce(ReduceOp::Argmax, &desc(&[1 << 25]), &[0], false),
+        ),
+        (
+            "a softmax over a row of 2^24 elements",
+            softmax::softmax(&desc(&[1, 1 << 24]), -1, false),
+        ),
+        (
+            "sampling (top-p) from 4096 candidates",
+            sample::random_sample(&desc(&[1, 4096]), 0.5, 1.0, 0, 0.9),
+        ),
+        (
+            "a product over k = 100 000",
+            matmul::matmul(&desc(&[1, 100_000]), &desc(&[100_000, 4]), 1.0),
+        ),
+    ];
+    for (what, plan) in plans {
+        if limited {
+            let msg = plan
+                .as_ref()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            expect_kind(plan, &["unsupported"], what)?;
+            if !msg.contains("loop limiter") {
+                return Err(fail(format!(
+                    "{what}: the error does not name the limit: {msg}"
+                )));
+            }
+        } else if let Err(e) = plan {
+            return Err(fail(format!("{what}: {e}")));
+        }
+    }
+    Ok(())
+}
