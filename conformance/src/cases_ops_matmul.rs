@@ -58,6 +58,40 @@ fn check_mm(ctx: &Ctx, dt: DType, sa: &[usize], sb: &[usize], seed: u64) -> Resu
     close(&w, &values(&out, &w)?, &want, dt, Some(&scale))
 }
 
+/// B with contiguous columns (a `[n, k]` weight used transposed, attention's `q · kᵀ`) and
+/// k, n multiples of four: the dot-product quad path of adapters on the host's cores. Rows
+/// 1, 3 and 6 (a partial tile of 4), 12 columns (a partial column tile), a batch of two, and
+/// alpha / beta into a C that holds values.
+fn transposed_quads(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    let dev = ctx.device;
+    let (wb, vwb) = random(&[2, 12, 16], -1.0, 1.0, 545, dt, dev)?;
+    let w = wb.transpose(1, 2).map_err(err("transpose"))?; // [2, 16, 12]
+    let hw = host_view(&vwb, w.layout());
+    for (i, m) in [1usize, 3, 6].into_iter().enumerate() {
+        let (a, va) = random(&[2, m, 16], -1.0, 1.0, 546 + i as u64, dt, dev)?;
+        let what = format!("[2, {m}, 16] @ [2, 12, 16]^T");
+        let out = a.matmul(&w).map_err(err(&what))?;
+        let (want, scale) = matmul_ref(&va, &[2, m, 16], &hw, &[2, 16, 12], &[2], m, 16, 12);
+        close(&what, &values(&out, &what)?, &want, dt, Some(&scale))?;
+    }
+    let (w2b, vw2b) = random(&[12, 16], -1.0, 1.0, 549, dt, dev)?;
+    let w2 = w2b.transpose(0, 1).map_err(err("transpose"))?; // [16, 12]
+    let hw2 = host_view(&vw2b, w2.layout());
+    let (a, va) = random(&[3, 16], -1.0, 1.0, 550, dt, dev)?;
+    let (c, vc) = random(&[3, 12], -1.0, 1.0, 551, dt, dev)?;
+    a.gemm_into(&w2, &c, 0.5, 2.0)
+        .map_err(err("gemm alpha 0.5 beta 2, transposed weight"))?;
+    let (ab, scale) = matmul_ref(&va, &[3, 16], &hw2, &[16, 12], &[], 3, 16, 12);
+    let want: Vec<f64> = ab.iter().zip(&vc).map(|(x, c)| 0.5 * x + 2.0 * c).collect();
+    close(
+        "gemm alpha/beta, transposed weight",
+        &values(&c, "gemm")?,
+        &want,
+        dt,
+        Some(&scale),
+    )
+}
+
 fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
     match what {
         "shapes" => {
@@ -106,7 +140,8 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 &want[15..20],
                 dt,
                 Some(&scale[15..20]),
-            )
+            )?;
+            transposed_quads(ctx, dt)
         }
         "alpha_beta" => {
             let (a, va) = random(&[6, 10], -1.0, 1.0, 550, dt, ctx.device)?;

@@ -104,7 +104,10 @@ pub enum KernelImpl {
     /// WGSL source for the wgpu backend: `entry` with the given workgroup size, launched over
     /// the plan's grid. It is compiled after a prelude that gives it its tensors (`ld_t0(i)`,
     /// `st_t1(i, v)`, `shape_t0(d)`, `stride_t0(d)`, inputs then outputs), `grid()` and its
-    /// scalars (`arg0()`, …); see the wgpu vendor's `kernels/user.rs`.
+    /// scalars (`arg0()`, …); see the wgpu vendor's `kernels/user.rs`. On Mesa's llvmpipe
+    /// (lavapipe, and llvmpipe through GL) one invocation may run at most 65535 loop
+    /// iterations in all, over all its loops: past that its loops end early and it computes
+    /// on part of its data, so give each invocation less work than that there.
     Wgsl {
         source: Arc<str>,
         entry: Arc<str>,
