@@ -613,7 +613,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     }
     let source = format!("{}{kernel}", wgsl::prelude(&binds, wgsl::Dialect::of(spec)));
     let quads = if host {
-        host_quads(spec, &mut cfg, batch, m, n, k, &binds, epi.as_ref())
+        host_quads(
+            spec,
+            &mut cfg,
+            Product { batch, m, n, k },
+            &binds,
+            epi.as_ref(),
+        )
     } else {
         None
     };
@@ -632,6 +638,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )
 }
 
+/// A product's sizes: `batch` products of `m` × `k` by `k` × `n`.
+#[derive(Clone, Copy)]
+struct Product {
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
 /// The host GEMM's quad variant for this plan, when its layouts allow one (f32, f16 or
 /// bf16): A, B and C with unit column strides, and row strides, batch strides, k and n all
 /// multiples of four (so every row of A, B and C starts and ends on a quad boundary once the
@@ -643,14 +658,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 /// product costs there (512³ f32 ran 1.7× faster, 1×4096×4096 2×). Of 16 rows or more, A is
 /// read through a texture too when it is contiguous with a batch of its own for each of C's
 /// and rows that are 256-byte multiples (a texture copy's pitch).
-#[allow(clippy::too_many_arguments)] // the plan's facts, computed once by `prepare`
 fn host_quads(
     spec: &PlanSpec<'_>,
     cfg: &mut [u32],
-    batch: usize,
-    m: usize,
-    n: usize,
-    k: usize,
+    Product { batch, m, n, k }: Product,
     binds: &[Bind],
     epi: Option<&Epilogue>,
 ) -> Option<(PassSources, Option<TexRead>)> {
@@ -663,7 +674,7 @@ fn host_quads(
             *last == 1 && rest.iter().all(|s| s.is_multiple_of(4))
         });
     if !fits {
-        return host_nt(spec, cfg, batch, m, n, k, binds, epi);
+        return host_nt(spec, cfg, Product { batch, m, n, k }, binds, epi);
     }
     let rows = if m >= 16 {
         16
@@ -766,14 +777,10 @@ fn host_quads(
 /// B with a unit row stride, every other stride, k and n multiples of four; an epilogue is
 /// applied to each stored quad as the row-major variant does (read back, then `epi4`), so
 /// fused and unfused stay bitwise equal. `cfg[15]` is the number of column tiles.
-#[allow(clippy::too_many_arguments)] // the plan's facts, computed once by `prepare`
 fn host_nt(
     spec: &PlanSpec<'_>,
     cfg: &mut [u32],
-    batch: usize,
-    m: usize,
-    n: usize,
-    k: usize,
+    Product { batch, m, n, k }: Product,
     binds: &[Bind],
     epi: Option<&Epilogue>,
 ) -> Option<(PassSources, Option<TexRead>)> {
