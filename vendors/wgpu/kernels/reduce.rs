@@ -90,8 +90,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
     };
     let d = wgsl::Dialect::of(spec);
-    // One lane walks the reduced elements on the host's cores (a sum four at a time), each
-    // of 256 a 256th of them otherwise.
+    // One lane walks the reduced elements on the host's cores (a sum four at a time, the
+    // offsets in straight-line code), each of 256 a 256th of them otherwise — each element's
+    // offset there a loop over the reduced axes (`view_off`).
     let n = red as u64;
     let host_loops = if matches!(spec.op, "sum" | "mean") {
         n / 4 + 3
@@ -100,9 +101,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     let host = super::on_host_cores(spec) && super::loops_fit(spec, host_loops);
     if !host {
-        super::check_loops(spec, n.div_ceil(256) + wgsl::WG_REDUCE_LOOPS, || {
-            format!("a reduction of {n} elements")
-        })?;
+        let per_element = 1 + rs.len() as u64;
+        super::check_loops(
+            spec,
+            n.div_ceil(256) * per_element + wgsl::WG_REDUCE_LOOPS,
+            || format!("a reduction of {n} elements"),
+        )?;
     }
     let (source, grid) = if host {
         host_source(spec.op, &binds, d, &cfg, (&ks, &kst), (&rs, &rst), lanes)?
