@@ -206,19 +206,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     ];
     // The host form loops once per key; the GPU form, per block of 256 keys, over the head
     // dim, its reductions and the block's values for each of its 4 output dims.
-    let host = super::on_host_cores(spec)
-        && super::loops_fit(spec, lkv as u64)
-        && d % 4 == 0
-        && (4..=HOST_MAX_DIM).contains(&d);
+    let host_dims = d % 4 == 0 && (4..=HOST_MAX_DIM).contains(&d);
+    let blocks = (lkv as u64).div_ceil(256);
+    let host = super::host_form(
+        spec,
+        host_dims.then_some(lkv as u64),
+        d as u64 + blocks * (d as u64 + 4 * 256 + wgsl::WG_REDUCE_LOOPS),
+        || format!("attention over {lkv} keys of dim {d}"),
+    )?;
     let dialect = wgsl::Dialect::of(spec);
-    if !host {
-        let blocks = (lkv as u64).div_ceil(256);
-        super::check_loops(
-            spec,
-            d as u64 + blocks * (d as u64 + 4 * 256 + wgsl::WG_REDUCE_LOOPS),
-            || format!("attention over {lkv} keys of dim {d}"),
-        )?;
-    }
     let (source, grid) = if host {
         let body = format!("{HEAD}{}", host_body(d));
         let prelude = wgsl::prelude(&binds, dialect);

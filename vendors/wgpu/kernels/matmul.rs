@@ -270,7 +270,9 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// median and 1.1–1.7× by the fastest run, and a batched 4 × 64 × 32 product 2.4×; products
 /// of many tiles keep 16 (the last session found 8 flat on them).
 fn host_quad_width(tiles_16: usize) -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Read once: the standard library asks the OS (and the cgroup's CPU quota) each time.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if tiles_16 < 2 * cores {
         8
     } else {
@@ -638,6 +640,17 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )
 }
 
+/// Whether `d` can be read a quad at a time along axis `unit` (unit stride there, every other
+/// stride a multiple of four; `None`: no such axis).
+fn quad_strides(d: &crate::ops::TensorDesc, unit: Option<usize>) -> bool {
+    let st = d.layout.strides();
+    unit.is_some_and(|u| {
+        st.iter()
+            .enumerate()
+            .all(|(i, s)| if i == u { *s == 1 } else { s.is_multiple_of(4) })
+    })
+}
+
 /// A product's sizes: `batch` products of `m` × `k` by `k` × `n`.
 #[derive(Clone, Copy)]
 struct Product {
@@ -667,12 +680,10 @@ fn host_quads(
 ) -> Option<(PassSources, Option<TexRead>)> {
     let fits = k.is_multiple_of(4)
         && n.is_multiple_of(4)
-        && spec.inputs[..2].iter().chain(spec.outputs).all(|d| {
-            let Some((last, rest)) = d.layout.strides().split_last() else {
-                return false;
-            };
-            *last == 1 && rest.iter().all(|s| s.is_multiple_of(4))
-        });
+        && spec.inputs[..2]
+            .iter()
+            .chain(spec.outputs)
+            .all(|d| quad_strides(d, d.layout.ndim().checked_sub(1)));
     if !fits {
         return host_nt(spec, cfg, Product { batch, m, n, k }, binds, epi);
     }
@@ -784,22 +795,13 @@ fn host_nt(
     binds: &[Bind],
     epi: Option<&Epilogue>,
 ) -> Option<(PassSources, Option<TexRead>)> {
-    let quads = |d: &crate::ops::TensorDesc, unit: usize| {
-        let st = d.layout.strides();
-        let r = st.len();
-        r >= 2
-            && st[unit] == 1
-            && st
-                .iter()
-                .enumerate()
-                .all(|(i, s)| i == unit || s.is_multiple_of(4))
-    };
     let (a, b, c) = (&spec.inputs[0], &spec.inputs[1], &spec.outputs[0]);
+    let last = |d: &crate::ops::TensorDesc| d.layout.ndim().checked_sub(1);
     let fits = k.is_multiple_of(4)
         && n.is_multiple_of(4)
-        && quads(a, a.layout.ndim() - 1)
-        && quads(b, b.layout.ndim() - 2)
-        && quads(c, c.layout.ndim() - 1);
+        && quad_strides(a, last(a))
+        && quad_strides(b, b.layout.ndim().checked_sub(2))
+        && quad_strides(c, last(c));
     if !fits {
         return None;
     }

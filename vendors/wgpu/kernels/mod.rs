@@ -74,7 +74,7 @@ pub(crate) const LOOP_BUDGET: u64 = 65_000;
 /// strided elements — three sweeps — was wrong, one of 20 000 right; a sum over 2^18
 /// elements in one invocation stopped at 262 141). Every kernel whose loops grow with the
 /// data therefore checks its per-invocation count against [`LOOP_BUDGET`] at plan time
-/// ([`check_loops`]), taking another form or failing with a typed error instead.
+/// ([`check_loops`], [`host_form`]), taking another form or failing with a typed error.
 fn loop_limited(spec: &crate::ops::PlanSpec<'_>) -> bool {
     crate::Runtime::get(spec.device)
         .map(|rt| {
@@ -85,30 +85,51 @@ fn loop_limited(spec: &crate::ops::PlanSpec<'_>) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether a kernel whose invocations each run `iterations` loop iterations computes all of
-/// them on the plan's adapter (see [`loop_limited`]).
-pub(crate) fn loops_fit(spec: &crate::ops::PlanSpec<'_>, iterations: u64) -> bool {
-    iterations <= LOOP_BUDGET || !loop_limited(spec)
-}
-
-/// `Ok` when [`loops_fit`], else `Error::Unsupported` naming the limit; `what` says which
-/// loop it is.
+/// `Ok` when a kernel whose invocations each run `iterations` loop iterations computes all of
+/// them on the plan's adapter (see [`loop_limited`]), else `Error::Unsupported` naming the
+/// limit; `what` says which loop it is.
 pub(crate) fn check_loops(
     spec: &crate::ops::PlanSpec<'_>,
     iterations: u64,
     what: impl FnOnce() -> String,
 ) -> Result<()> {
-    if loops_fit(spec, iterations) {
+    if iterations <= LOOP_BUDGET || !loop_limited(spec) {
         return Ok(());
     }
+    unsupported_loops(spec, iterations, what())
+}
+
+/// Whether a family with a host form takes it: on the host's cores when the layout allows it
+/// (`host_loops` is its per-invocation loop count, `None` where it does not apply) and its
+/// loops fit; otherwise the GPU form runs, whose `gpu_loops` must fit ([`check_loops`]).
+pub(crate) fn host_form(
+    spec: &crate::ops::PlanSpec<'_>,
+    host_loops: Option<u64>,
+    gpu_loops: u64,
+    what: impl FnOnce() -> String,
+) -> Result<bool> {
+    let limited = loop_limited(spec);
+    let fits = |n: u64| n <= LOOP_BUDGET || !limited;
+    if on_host_cores(spec) && host_loops.is_some_and(fits) {
+        return Ok(true);
+    }
+    if fits(gpu_loops) {
+        return Ok(false);
+    }
+    unsupported_loops(spec, gpu_loops, what())
+}
+
+fn unsupported_loops<T>(
+    spec: &crate::ops::PlanSpec<'_>,
+    iterations: u64,
+    what: String,
+) -> Result<T> {
     Err(crate::error::Error::Unsupported {
         what: format!(
             "{} on {}: {} takes {iterations} loop iterations in one shader invocation, and \
              Mesa's llvmpipe ends every invocation's loops after 65535 (gallivm's loop \
              limiter), which would give a wrong result",
-            spec.op,
-            spec.device,
-            what()
+            spec.op, spec.device, what
         ),
         backend: crate::device::DeviceKind::Wgpu,
     })

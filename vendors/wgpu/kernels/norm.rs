@@ -109,14 +109,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     // write. One lane walks the whole row on the host's cores; 256 share it otherwise.
     let sweeps = if layer { 3 } else { 2 };
     let len = shape[axis] as u64;
-    let host = super::on_host_cores(spec) && super::loops_fit(spec, sweeps * len);
-    if !host {
-        super::check_loops(
-            spec,
-            sweeps * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS,
-            || format!("a row of {len}"),
-        )?;
-    }
+    let host = super::host_form(
+        spec,
+        Some(sweeps * len),
+        sweeps * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS,
+        || format!("a row of {len}"),
+    )?;
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
     let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);

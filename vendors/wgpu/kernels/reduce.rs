@@ -99,15 +99,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         n
     };
-    let host = super::on_host_cores(spec) && super::loops_fit(spec, host_loops);
-    if !host {
-        let per_element = 1 + rs.len() as u64;
-        super::check_loops(
-            spec,
-            n.div_ceil(256) * per_element + wgsl::WG_REDUCE_LOOPS,
-            || format!("a reduction of {n} elements"),
-        )?;
-    }
+    let per_element = 1 + rs.len() as u64;
+    let host = super::host_form(
+        spec,
+        Some(host_loops),
+        n.div_ceil(256) * per_element + wgsl::WG_REDUCE_LOOPS,
+        || format!("a reduction of {n} elements"),
+    )?;
     let (source, grid) = if host {
         host_source(spec.op, &binds, d, &cfg, (&ks, &kst), (&rs, &rst), lanes)?
     } else {
@@ -139,7 +137,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 /// all the same, behind nine barriers: argmax over one row of 512 floats took 84 µs, 30 µs
 /// so (Intel Xeon). A sum keeps four partial sums (every fourth element each), added
 /// pairwise at the end, so its rounding error grows like a quarter of a sequential sum's.
-/// Taken only for reductions one lane may loop over (`super::loops_fit`).
+/// Taken only for reductions one lane may loop over (`super::host_form`).
 fn host_source(
     op: &str,
     binds: &[Bind],

@@ -6,7 +6,7 @@
 //! them by a sweep of the row (O(n²/256) per row: fine for the vocabularies of sampling
 //! tests and small models, slow for 100k-entry vocabularies; on Mesa's llvmpipe, whose loop
 //! limiter caps each invocation's loop iterations, rows of more than about 1800 candidates
-//! are `Unsupported` unless the pick is greedy: see `super::loops_fit`).
+//! are `Unsupported` unless the pick is greedy: see `super::check_loops`).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` where the rows' view starts,
 //! `cfg[3]` the last axis's stride, `cfg[4]` 1 for the greedy pick, `cfg[5]` top-k (clamped

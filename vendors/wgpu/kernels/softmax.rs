@@ -91,12 +91,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     // Three sweeps of the row (max, sum, write): one lane walks it on the host's cores, 256
     // share it otherwise.
     let len = shape[axis] as u64;
-    let host = super::on_host_cores(spec) && super::loops_fit(spec, 3 * len);
-    if !host {
-        super::check_loops(spec, 3 * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS, || {
-            format!("a row of {len}")
-        })?;
-    }
+    let host = super::host_form(
+        spec,
+        Some(3 * len),
+        3 * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS,
+        || format!("a row of {len}"),
+    )?;
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
     let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);

@@ -440,7 +440,7 @@ const HOST_ROWS_WG: u32 = 8;
 /// over it buys no parallelism, only barriers (on lavapipe, Intel Xeon: rms_norm of 1 × 256
 /// 77 → 29 µs, 2-head decode attention over 4096 keys 10.3 → 6.8 ms; an earlier rule kept
 /// the workgroup form below 8 rows). Callers take the host form only for rows one lane may
-/// loop over (`super::loops_fit`: llvmpipe's loop limiter).
+/// loop over (`super::host_form`: llvmpipe's loop limiter).
 pub(crate) fn row_kernel(
     prelude: &str,
     body: &str,
@@ -543,7 +543,7 @@ fn wg_max(v: f32, lid: u32) -> f32 {
 ";
 
 /// Loop iterations a row kernel's GPU form spends on its workgroup reductions, at most
-/// (three reductions of eight halvings each, with room; see `super::loops_fit`).
+/// (three reductions of eight halvings each, with room; see `super::host_form`).
 pub(crate) const WG_REDUCE_LOOPS: u64 = 64;
 
 /// Workgroup-wide sum and max over [`MAIN_ROWS`] kernels' 256 invocations (call from uniform
