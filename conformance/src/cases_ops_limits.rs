@@ -40,8 +40,8 @@ fn loop_limits(ctx: &Ctx) -> Result<(), Failure> {
             softmax::softmax(&desc(&[1, 1 << 24]), -1, false),
         ),
         (
-            "sampling (top-p) from 4096 candidates",
-            sample::random_sample(&desc(&[1, 4096]), 0.5, 1.0, 0, 0.9),
+            "sampling (top-p) from 2^20 candidates",
+            sample::random_sample(&desc(&[1, 1 << 20]), 0.5, 1.0, 0, 0.9),
         ),
         (
             "a product over k = 100 000",

@@ -10,7 +10,7 @@ use crate::{Ctx, Failure};
 crate::op_cases! {
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
     attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, wide, bad_input] via attention_case;
-    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, bad_input] via sample_case;
+    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, vocabulary, bad_input] via sample_case;
 }
 
 fn rope_ref(vx: &[f64], shape: &[usize], pos: &[f64], theta: f64, interleaved: bool) -> Vec<f64> {
@@ -349,6 +349,57 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 }
             }
             if checked < 20 {
+                return Err(fail(format!(
+                    "only {checked} draws were away from a boundary"
+                )));
+            }
+            Ok(())
+        }
+        "vocabulary" => {
+            // An LLM-sized vocabulary, two rows read through a transposed view, logits on a
+            // grid of 1/8 so that most values are shared by several entries (ties go to the
+            // lower index) — the kernels that cut the order without sorting it must agree.
+            let (n, rows) = (32_000, 2);
+            let mut r = SplitMix64::new(820);
+            let grid: Vec<f32> = (0..n * rows)
+                .map(|_| ((r.next_f64() * 12.0 - 6.0) * 8.0).round() as f32 / 8.0)
+                .collect();
+            let stored = Tensor::from_slice(&grid, &[n, rows], ctx.device)
+                .and_then(|t| t.to_dtype(dt))
+                .map_err(err("logits"))?;
+            let sv = values(&stored, "logits")?;
+            let x = stored.transpose(0, 1).map_err(err("transpose"))?;
+            let row = |i: usize| (0..n).map(|j| sv[j * rows + i]).collect::<Vec<f64>>();
+            let mut checked = 0;
+            for (t, k, p) in [
+                (1.0, 0, 0.9),
+                (0.8, 40, 1.0),
+                (1.0, 1000, 0.6),
+                (0.5, 0, 1.0),
+            ] {
+                for _ in 0..3 {
+                    let random = r.next_f64();
+                    let want: Vec<(usize, f64)> = (0..rows)
+                        .map(|i| sample_ref(&row(i), random, t, k, p))
+                        .collect();
+                    if want.iter().any(|&(_, margin)| margin < 1e-4) {
+                        continue;
+                    }
+                    let w = format!(
+                        "random_sample over {rows} × {n} random {random:.4} T {t} top_k {k} top_p {p}"
+                    );
+                    let got = x
+                        .random_sample(random, t, k, p)
+                        .and_then(|t| t.to_vec::<i64>())
+                        .map_err(err(&w))?;
+                    let want: Vec<i64> = want.iter().map(|&(i, _)| i as i64).collect();
+                    if got != want {
+                        return Err(fail(format!("{w}: picked {got:?}, expected {want:?}")));
+                    }
+                    checked += 1;
+                }
+            }
+            if checked < 6 {
                 return Err(fail(format!(
                     "only {checked} draws were away from a boundary"
                 )));

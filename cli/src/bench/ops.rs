@@ -302,6 +302,25 @@ fn attention_row(dev: Device, dt: DType, kv: usize) -> CliResult<Row> {
     ))
 }
 
+/// `random_sample` over one row of `vocab` logits at temperature 0.8 (time only: a sampler
+/// reads its row several times, however it cuts the order).
+fn sample_row(dev: Device, vocab: usize, top_k: usize, top_p: f64) -> CliResult<Row> {
+    let x = rand(&[1, vocab], DType::F32, dev, 17)?;
+    let plan = ops::sample::random_sample(&x.desc(), 0.37, 0.8, top_k, top_p)?;
+    Ok(Row {
+        op: if top_k == 0 {
+            format!("sample_top_p{top_p}")
+        } else {
+            format!("sample_top_k{top_k}")
+        },
+        dtype: "f32".into(),
+        shape: format!("1x{vocab}"),
+        ms: run_plan(&plan, &[&x], 1)?,
+        gflops: None,
+        gbps: None,
+    })
+}
+
 /// Causal prefill attention over `seq` tokens (32 heads × 128), in GFLOP/s of the causal half
 /// of the two matrix products (`2 · 2 · h · seq² · d / 2`).
 fn prefill_row(dev: Device, dt: DType, seq: usize) -> CliResult<Row> {
@@ -473,6 +492,10 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             rows.push(machine_read_row(*kv / 32));
         }
         rows.push(attention_row(dev, DType::F32, *kv)?);
+    }
+    // Sampling one token from an LLM-sized vocabulary: nucleus (top-p) and top-k.
+    for (top_k, top_p) in [(0, 0.9), (50, 1.0)] {
+        rows.push(sample_row(dev, 32_000, top_k, top_p)?);
     }
     // Per-launch cost of a tiny op (16 elements), launches back to back.
     let (a, b) = (

@@ -1,16 +1,20 @@
 //! `random_sample` in WGSL with the CPU kernel's rule: temperature 0 or top-k 1 takes the
 //! first maximum; otherwise the candidates sorted by logit (ties by index), cut to top-k and
 //! then to the shortest prefix whose weight reaches top-p, and the first whose cumulative
-//! weight exceeds `random ·` the kept weight is picked. One workgroup per row; instead of a
-//! sort, each invocation finds its elements' ranks and the weight of everything ranked before
-//! them by a sweep of the row (O(n²/256) per row: fine for the vocabularies of sampling
-//! tests and small models, slow for 100k-entry vocabularies; on Mesa's llvmpipe, whose loop
-//! limiter caps each invocation's loop iterations, rows of more than about 1800 candidates
-//! are `Unsupported` unless the pick is greedy: see `super::check_loops`).
+//! weight exceeds `random ·` the kept weight is picked. One workgroup per row, no sort and no
+//! workspace: every cut is the first place in the order where a prefix's count or weight
+//! passes a target, and a prefix's count and weight grow with its last element, so each cut
+//! is found by bisection over the order — over a 32-bit key that orders the logits, then over
+//! the index among equal logits — each step one sweep of the row and one workgroup sum. Three
+//! cuts at most (top-k, top-p, the draw): O((32 + log2 n) · n / 256) per lane, so a 32 000-entry
+//! vocabulary costs about 140 sweeps (the first version ranked every candidate against the
+//! whole row, O(n² / 256), and Mesa's loop limiter capped it at ~1800 candidates; now at
+//! about 108 000 with both cuts, 160 000 with top-p alone: see `super::check_loops`).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` where the rows' view starts,
 //! `cfg[3]` the last axis's stride, `cfg[4]` 1 for the greedy pick, `cfg[5]` top-k (clamped
-//! to the row), `cfg[6..9]` temperature, top-p and random (f32 bits).
+//! to the row), `cfg[6..9]` temperature, top-p and random (f32 bits), `cfg[9]` the bits of
+//! the largest index (the index bisection's steps).
 
 use std::sync::Arc;
 
@@ -23,32 +27,68 @@ use crate::ops::{Params, PlanSpec, PreparedKernel};
 const BODY: &str = "
 var<workgroup> wg_u: array<u32, 256>;
 var<workgroup> wg_v: array<f32, 256>;
-var<workgroup> cut: f32;
-fn wg_min_u(v: u32, lid: u32) -> u32 {
-    wg_u[lid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) { wg_u[lid] = min(wg_u[lid], wg_u[lid + s]); }
-        workgroupBarrier();
-    }
-    let r = wg_u[0];
-    workgroupBarrier();
-    return r;
-}
 // Whether element (w, j) comes before (v, i) in the order: larger logit, then smaller index.
 fn before(w: f32, j: u32, v: f32, i: u32) -> bool {
     return w > v || (w == v && j < i);
 }
-// Element (v, e)'s rank in that order, and the weight (exp((x - mx) / t)) of it and of every
-// element ranked before it, from a sweep of the row at `xb` (stride `xs`, length `n`).
-struct Ranked { rank: u32, cum: f32 }
-fn ranked(xb: u32, xs: u32, n: u32, v: f32, e: u32, mx: f32, t: f32) -> Ranked {
-    var r = Ranked(0u, exp((v - mx) / t));
-    for (var j = 0u; j < n; j = j + 1u) {
-        let w = ld_x(xb + j * xs);
-        if (before(w, j, v, e)) { r.rank = r.rank + 1u; r.cum = r.cum + exp((w - mx) / t); }
+// A logit's place in the order as one u32, ties left to the index: a larger logit gives a
+// smaller key; -0 and +0 the same key, NaN the last.
+fn order_key(v: f32) -> u32 {
+    if (v != v) { return 0xffffffffu; }
+    let b = bitcast<u32>(select(v, 0.0, v == 0.0));
+    return ~select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+// One row: where it starts, its stride and length, its maximum and the temperature.
+struct Row { xb: u32, xs: u32, n: u32, mx: f32, t: f32 }
+// The count and the weight (exp((x - max) / T); NaN weighs nothing) of the row's elements at
+// or before key (ku, ki) in the order, summed over the workgroup: every lane gets the same.
+// Both grow with the key whatever the rounding (each lane adds its elements in index order,
+// the lanes are combined in a fixed order, and the terms are not negative), which the
+// bisections below rely on.
+fn prefix(p: Row, ku: u32, ki: u32, lid: u32) -> vec2<f32> {
+    var s = vec2<f32>(0.0, 0.0);
+    for (var e = lid; e < p.n; e = e + 256u) {
+        let v = ld_x(p.xb + e * p.xs);
+        let u = order_key(v);
+        if (u < ku || (u == ku && e <= ki)) {
+            s = s + vec2<f32>(1.0, select(exp((v - p.mx) / p.t), 0.0, v != v));
+        }
     }
-    return r;
+    return wg_sum2(s, lid);
+}
+// Whether a prefix's (count, weight) passes `mode`'s test: 0 count >= goal, 1 weight >=
+// goal, 2 weight > goal.
+fn passes(mode: u32, s: vec2<f32>, goal: f32) -> bool {
+    if (mode == 0u) { return s.x >= goal; }
+    if (mode == 1u) { return s.y >= goal; }
+    return s.y > goal;
+}
+// The first key in the order whose prefix passes (the whole row must): a bisection over the
+// order key (32 steps), then over the indices of the elements with that key (cfg[9] steps).
+fn search(p: Row, mode: u32, goal: f32, lid: u32) -> vec2<u32> {
+    var lo = 0u;
+    var hi = 0xffffffffu;
+    for (var s = 0u; s < 32u; s = s + 1u) {
+        let mid = lo + ((hi - lo) >> 1u);
+        let ok = passes(mode, prefix(p, mid, 0xffffffffu, lid), goal);
+        let open = lo < hi;
+        hi = select(hi, mid, open && ok);
+        lo = select(lo, mid + 1u, open && !ok);
+    }
+    var ilo = 0u;
+    var ihi = p.n - 1u;
+    for (var s = 0u; s < cfg[9]; s = s + 1u) {
+        let mid = ilo + ((ihi - ilo) >> 1u);
+        let ok = passes(mode, prefix(p, lo, mid, lid), goal);
+        let open = ilo < ihi;
+        ihi = select(ihi, mid, open && ok);
+        ilo = select(ilo, mid + 1u, open && !ok);
+    }
+    return vec2<u32>(lo, ilo);
+}
+// The earlier of two keys in the order.
+fn first_key(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    return select(b, a, a.x < b.x || (a.x == b.x && a.y <= b.y));
 }
 MAIN {
     let row = wid.x + wid.y * nwg.x;
@@ -80,54 +120,58 @@ MAIN {
         if (lid == 0u) { sti_out(row, i32(first)); }
         return;
     }
+    let p = Row(xb, xs, n, mx, cfg_f(6u));
     let k = cfg[5];
-    let t = cfg_f(6u);
     let top_p = cfg_f(7u);
     let random = cfg_f(8u);
-    // Pass 1: the weight of the top-k.
-    var part = 0.0;
-    for (var e = lid; e < n; e = e + 256u) {
-        let v = ld_x(xb + e * xs);
-        var rank = 0u;
-        for (var j = 0u; j < n; j = j + 1u) { if (before(ld_x(xb + j * xs), j, v, e)) { rank = rank + 1u; } }
-        if (rank < k) { part = part + exp((v - mx) / t); }
-    }
-    let total = wg_sum(part, lid);
-    // Pass 2: ranks and cumulative weights; the top-p cut.
-    var kp = 0xffffffffu;
-    for (var e = lid; e < n; e = e + 256u) {
-        let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
-        if (r.rank < k && r.cum >= top_p * total) { kp = min(kp, r.rank); }
-    }
-    // `cut` is written below by the lane holding rank keep - 1; zero it first all the same
-    // (workgroup memory is not zeroed for unirt's kernels). wg_min_u's barriers order this.
-    if (lid == 0u) { cut = 0.0; }
-    var keep = min(wg_min_u(kp, lid), k - 1u) + 1u;
-    // Pass 3: the kept weight, then the first rank whose cumulative weight passes the draw.
-    for (var e = lid; e < n; e = e + 256u) {
-        let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
-        if (r.rank == keep - 1u) { cut = random * r.cum; }
-    }
-    workgroupBarrier();
-    let threshold = cut;
-    var best = 0xffffffffu;
-    var pick = 0u;
-    for (var e = lid; e < n; e = e + 256u) {
-        let r = ranked(xb, xs, n, ld_x(xb + e * xs), e, mx, t);
-        if (r.rank < keep && r.cum > threshold && r.rank < best) { best = r.rank; pick = e; }
-    }
-    let win = wg_min_u(best, lid);
-    if (best == win && win != 0xffffffffu) { sti_out(row, i32(pick)); }
-    if (win == 0xffffffffu && keep - 1u < n) {
-        for (var e = lid; e < n; e = e + 256u) {
-            let x = ld_x(xb + e * xs);
-            var rank = 0u;
-            for (var j = 0u; j < n; j = j + 1u) { if (before(ld_x(xb + j * xs), j, x, e)) { rank = rank + 1u; } }
-            if (rank == keep - 1u) { sti_out(row, i32(e)); }
-        }
-    }
+    // The last of the top k, and their weight.
+    var last_k = vec2<u32>(0xffffffffu, 0xffffffffu);
+    if (k < n) { last_k = search(p, 0u, f32(k), lid); }
+    let total = prefix(p, last_k.x, last_k.y, lid).y;
+    // The last of the shortest prefix whose weight reaches top-p of theirs, and its weight.
+    var last = last_k;
+    if (top_p < 1.0) { last = first_key(search(p, 1u, top_p * total, lid), last_k); }
+    let kept = prefix(p, last.x, last.y, lid).y;
+    // The first whose cumulative weight passes the draw (the prefix's last if none does).
+    let pick = first_key(search(p, 2u, random * kept, lid), last);
+    if (lid == 0u) { sti_out(row, i32(min(pick.y, n - 1u))); }
 }
 ";
+
+/// [`BODY`]'s workgroup sum of (count, weight) pairs, with subgroup operations where the
+/// adapter has them (as [`wgsl::wg_reduce`]'s sums: every lane combines the subgroups'
+/// results in the same order).
+fn wg_sum2(d: wgsl::Dialect) -> &'static str {
+    if d.subgroups {
+        "
+var<workgroup> wg_s: array<vec2<f32>, 256>;
+fn wg_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) { wg_s[sg_id] = s; }
+    workgroupBarrier();
+    var r = wg_s[0];
+    for (var k = 1u; k < sg_count; k = k + 1u) { r = r + wg_s[k]; }
+    workgroupBarrier();
+    return r;
+}
+"
+    } else {
+        "
+var<workgroup> wg_s: array<vec2<f32>, 256>;
+fn wg_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    wg_s[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { wg_s[lid] = wg_s[lid] + wg_s[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = wg_s[0];
+    workgroupBarrier();
+    return r;
+}
+"
+    }
+}
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let Params::Sample {
@@ -149,16 +193,31 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (ks, kst) = wgsl::kept(shape, x.layout.strides(), &[nd - 1]);
     let rows: usize = ks.iter().product();
     let k = if top_k == 0 { n } else { top_k.min(n) };
-    // Each lane sweeps its n / 256 candidates once for the greedy pick; otherwise it ranks
-    // each of them by a sweep of the whole row, in up to five passes.
+    // Each lane sweeps its n / 256 candidates once for the greedy pick; otherwise once per
+    // step of up to three bisections (32 + index-bits steps each) and twice more, each sweep
+    // followed by a workgroup sum.
     let greedy = temperature == 0.0 || top_k == 1;
-    let per_lane = (n as u64).div_ceil(256);
-    let loops = if greedy {
-        per_lane + 16
+    let index_bits = usize::BITS - n.saturating_sub(1).leading_zeros();
+    let searches = 1 + u64::from(k < n) + u64::from(top_p < 1.0);
+    let sweeps = if greedy {
+        1
     } else {
-        5 * per_lane * (n as u64 + 1) + 64
+        3 + searches * (32 + u64::from(index_bits))
     };
+    let sum_loops = if wgsl::Dialect::of(spec).subgroups {
+        32
+    } else {
+        9
+    };
+    let loops = sweeps * ((n as u64).div_ceil(256) + sum_loops + 1) + 16;
     super::check_loops(spec, loops, || format!("sampling from {n} candidates"))?;
+    if !greedy && n > 1 << 24 {
+        // The bisections count candidates in f32, exact to 2^24.
+        return Err(Error::Unsupported {
+            what: format!("random_sample on {}: {n} candidates in a row (at most 2^24 unless the pick is greedy)", spec.device),
+            backend: crate::device::DeviceKind::Wgpu,
+        });
+    }
     let mut cfg = vec![
         rows as u32,
         n as u32,
@@ -169,6 +228,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         wgsl::f(temperature),
         wgsl::f(top_p),
         wgsl::f(random),
+        index_bits,
     ];
     cfg[2] = wgsl::push_view(&mut cfg, &ks, &kst);
     let binds = [
@@ -177,7 +237,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     ];
     let d = wgsl::Dialect::of(spec);
     let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open(d));
-    let source = format!("{}{}{body}", wgsl::prelude(&binds, d), wgsl::wg_reduce(d));
+    let source = format!(
+        "{}{}{}{body}",
+        wgsl::prelude(&binds, d),
+        wgsl::wg_reduce(d),
+        wg_sum2(d)
+    );
     prepare_op(
         spec,
         OpSource {
