@@ -4,15 +4,16 @@
 //! then returns a result computed on part of its data; unirt plans such an operator as a
 //! typed `Unsupported` error naming the limit, never a launch. Planned here from layouts
 //! alone (nothing is allocated): on llvmpipe each plan must fail so, on every other device it
-//! must succeed. (The largest sizes that do run there — a reduction over 2^20 elements, rows
-//! of 40 000 and 70 000 — are checked for values by the reduce and row cases.)
+//! must succeed. (The largest sizes that do run there — rows of 40 000 and 70 000 — are
+//! checked for values by the row cases; a sum and an argmax past the limit of reductions
+//! whose offsets are computed in loops, ~8.3 M elements, here.)
 
 use unirt::ops::reduce::ReduceOp;
 use unirt::ops::{matmul, reduce, sample, softmax, TensorDesc};
-use unirt::tensor::{DType, Layout};
+use unirt::tensor::{DType, Layout, Tensor};
 use unirt::Backend;
 
-use crate::ops_check::{expect_kind, fail};
+use crate::ops_check::{err, expect_kind, fail};
 use crate::{Case, Ctx, Failure};
 
 pub(super) fn cases() -> Vec<Case> {
@@ -28,12 +29,12 @@ fn loop_limits(ctx: &Ctx) -> Result<(), Failure> {
     let limited = ctx.backend.info().name.contains("llvmpipe");
     let plans: [(&str, unirt::Result<unirt::ops::Plan>); 5] = [
         (
-            "a sum over 2^25 elements",
-            reduce::reduce(ReduceOp::Sum, &desc(&[1 << 25]), &[0], false),
+            "a sum over 2^26 elements",
+            reduce::reduce(ReduceOp::Sum, &desc(&[1 << 26]), &[0], false),
         ),
         (
-            "an argmax over 2^25 elements",
-            reduce::reduce(ReduceOp::Argmax, &desc(&[1 << 25]), &[0], false),
+            "an argmax over 2^26 elements",
+            reduce::reduce(ReduceOp::Argmax, &desc(&[1 << 26]), &[0], false),
         ),
         (
             "a softmax over a row of 2^24 elements",
@@ -64,6 +65,35 @@ fn loop_limits(ctx: &Ctx) -> Result<(), Failure> {
         } else if let Err(e) = plan {
             return Err(fail(format!("{what}: {e}")));
         }
+    }
+    whole_reductions(ctx)
+}
+
+/// A sum and an argmax over 9 Mi elements — more than a loop limiter lets one invocation
+/// walk when each offset costs a loop — computed whole: the sum of ones is exact in f32,
+/// and the maximum sits near the end, where a cut-short loop would never look.
+fn whole_reductions(ctx: &Ctx) -> Result<(), Failure> {
+    let n = 9 << 20;
+    let ones = Tensor::ones(&[n], DType::F32, ctx.device).map_err(err("ones"))?;
+    let sum = ones
+        .sum(&[0], false)
+        .and_then(|t| t.to_vec::<f32>())
+        .map_err(err("a sum over 9 Mi ones"))?;
+    if sum != [n as f32] {
+        return Err(fail(format!("a sum over {n} ones gave {sum:?}")));
+    }
+    let mut v = vec![0f32; n];
+    v[n - 3] = 1.0;
+    let x = Tensor::from_slice(&v, &[n], ctx.device).map_err(err("from_slice"))?;
+    let at = x
+        .argmax(0, false)
+        .and_then(|t| t.to_vec::<i64>())
+        .map_err(err("an argmax over 9 Mi elements"))?;
+    if at != [n as i64 - 3] {
+        return Err(fail(format!(
+            "an argmax over {n} elements, the maximum at {}, gave {at:?}",
+            n - 3
+        )));
     }
     Ok(())
 }

@@ -52,65 +52,37 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     cfg[2] = wgsl::push_view(&mut cfg, &ks, &kst);
     cfg[3] = wgsl::push_view(&mut cfg, &rs, &rst);
     let binds = [Bind::read("x", x.dtype), Bind::write("out", out.dtype)];
-    let head = "    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) { return; }\n    \
-                let n = cfg[1];\n    let base = view_off(row, cfg[2]);\n";
-    let body = match spec.op {
-        "sum" | "mean" => format!(
-            "    var acc = 0.0;\n    for (var j = lid; j < n; j = j + 256u) {{ acc = acc + ld_x(base + view_off(j, cfg[3])); }}\n    \
-             let total = wg_sum(acc, lid);\n    if (lid == 0u) {{ st_out(row, {}); }}\n",
-            // The mean of nothing is NaN, written as such: some drivers' 0.0 / 0.0 is not
-            // NaN (NVIDIA's Vulkan gave −0).
-            if spec.op == "mean" {
-                "select(total / f32(n), bitcast<f32>(0x7fc00000u), n == 0u)"
-            } else {
-                "total"
-            }
-        ),
-        "max" | "min" => {
-            let (cmp, init) = if spec.op == "max" { (">", "neg_inf()") } else { ("<", "-neg_inf()") };
-            format!(
-                "    var acc = {init};\n    var nan = false;\n    \
-                 for (var j = lid; j < n; j = j + 256u) {{ let v = ld_x(base + view_off(j, cfg[3])); \
-                 nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }} }}\n    \
-                 wg_red[lid] = select(acc, bitcast<f32>(0x7fc00000u), nan);\n    workgroupBarrier();\n    \
-                 for (var s = 128u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ let a = wg_red[lid]; let b = wg_red[lid + s]; \
-                 if (a == a && (b != b || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n    \
-                 if (lid == 0u) {{ st_out(row, wg_red[0]); }}\n"
-            )
-        }
-        "argmax" => "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    \
-             for (var j = lid; j < n; j = j + 256u) { let v = ld_x(base + view_off(j, cfg[3])); \
-             if (bi == 0xffffffffu || better(bv, bi, v, j)) { bv = v; bi = j; } }\n    \
-             wg_val[lid] = bv;\n    wg_idx[lid] = bi;\n    workgroupBarrier();\n    \
-             for (var s = 128u; s > 0u; s = s >> 1u) {\n        if (lid < s) { let j = wg_idx[lid + s]; \
-             if (j != 0xffffffffu && (wg_idx[lid] == 0xffffffffu || better(wg_val[lid], wg_idx[lid], wg_val[lid + s], j))) \
-             { wg_val[lid] = wg_val[lid + s]; wg_idx[lid] = j; } }\n        workgroupBarrier();\n    }\n    \
-             if (lid == 0u) { sti_out(row, i32(wg_idx[0])); }\n"
-            .to_string(),
-        op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
-    };
     let d = wgsl::Dialect::of(spec);
     // One lane walks the reduced elements on the host's cores (a sum four at a time, the
-    // offsets in straight-line code), each of 256 a 256th of them otherwise — each element's
-    // offset there a loop over the reduced axes (`view_off`).
+    // offsets in straight-line code), each of 256 a 256th of them otherwise (four per loop
+    // iteration). On an adapter with a loop limiter the GPU form's offsets are straight-line
+    // code too (elsewhere a loop over the reduced axes, `view_off`, which the limiter would
+    // count): one loop iteration per 1024 elements lets it reach past a 128 MiB binding.
     let n = red as u64;
     let host_loops = if matches!(spec.op, "sum" | "mean") {
         n / 4 + 3
     } else {
         n
     };
-    let per_element = 1 + rs.len() as u64;
-    let host = super::host_form(
-        spec,
-        Some(host_loops),
-        n.div_ceil(256) * per_element + wgsl::WG_REDUCE_LOOPS,
-        || format!("a reduction of {n} elements"),
-    )?;
+    let literal = super::loop_limited(spec);
+    let gpu_loops = if literal {
+        n.div_ceil(1024) + 4
+    } else {
+        n.div_ceil(256) * (1 + rs.len() as u64)
+    } + wgsl::WG_REDUCE_LOOPS;
+    let host = super::host_form(spec, Some(host_loops), gpu_loops, || {
+        format!("a reduction of {n} elements")
+    })?;
     let (source, grid) = if host {
         host_source(spec.op, &binds, d, &cfg, (&ks, &kst), (&rs, &rst), lanes)?
     } else {
+        let mut funcs = String::new();
+        let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], &ks, &kst, literal);
+        let at = wgsl::view_index(&mut funcs, "red_off", "jj", cfg[3], &rs, &rst, literal);
+        let body = gpu_body(spec.op, &format!("ld_x(base + {at})"))?;
         let source = format!(
-            "{}{}{ARGMAX_SHARED}{ARGMAX}\n{}{head}{body}}}\n",
+            "{}{}{ARGMAX_SHARED}{ARGMAX}{funcs}\n{}    let row = wid.x + wid.y * nwg.x;\n    \
+             if (row >= cfg[0]) {{ return; }}\n    let n = cfg[1];\n    let base = {base};\n{body}}}\n",
             wgsl::prelude(&binds, d),
             wgsl::wg_reduce(d),
             wgsl::main_rows_open(d)
@@ -129,6 +101,68 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             textured: None,
         },
     )
+}
+
+/// The GPU form's body after `row`, `n` and `base`: each of 256 lanes takes every 256th
+/// reduced element from its own (element `jj` read by `ld`), four per loop iteration in the
+/// order a one-at-a-time loop would take them (the same result, bitwise, in a quarter of the
+/// iterations), then a tree in workgroup memory.
+fn gpu_body(op: &str, ld: &str) -> Result<String> {
+    let (init, step, combine) = match op {
+        "sum" | "mean" => (
+            "    var acc = 0.0;\n".to_string(),
+            format!("acc = acc + {ld};"),
+            format!(
+                "    let total = wg_sum(acc, lid);\n    if (lid == 0u) {{ st_out(row, {}); }}\n",
+                // The mean of nothing is NaN, written as such: some drivers' 0.0 / 0.0 is
+                // not NaN (NVIDIA's Vulkan gave −0).
+                if op == "mean" {
+                    "select(total / f32(n), bitcast<f32>(0x7fc00000u), n == 0u)"
+                } else {
+                    "total"
+                }
+            ),
+        ),
+        "max" | "min" => {
+            let (cmp, init) = if op == "max" {
+                (">", "neg_inf()")
+            } else {
+                ("<", "-neg_inf()")
+            };
+            (
+                format!("    var acc = {init};\n    var nan = false;\n"),
+                format!("let v = {ld}; nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }}"),
+                format!(
+                    "    wg_red[lid] = select(acc, bitcast<f32>(0x7fc00000u), nan);\n    workgroupBarrier();\n    \
+                     for (var s = 128u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ let a = wg_red[lid]; let b = wg_red[lid + s]; \
+                     if (a == a && (b != b || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n    \
+                     if (lid == 0u) {{ st_out(row, wg_red[0]); }}\n"
+                ),
+            )
+        }
+        "argmax" => (
+            "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n".to_string(),
+            format!("let v = {ld}; if (bi == 0xffffffffu || better(bv, bi, v, jj)) {{ bv = v; bi = jj; }}"),
+            "    wg_val[lid] = bv;\n    wg_idx[lid] = bi;\n    workgroupBarrier();\n    \
+             for (var s = 128u; s > 0u; s = s >> 1u) {\n        if (lid < s) { let j = wg_idx[lid + s]; \
+             if (j != 0xffffffffu && (wg_idx[lid] == 0xffffffffu || better(wg_val[lid], wg_idx[lid], wg_val[lid + s], j))) \
+             { wg_val[lid] = wg_val[lid + s]; wg_idx[lid] = j; } }\n        workgroupBarrier();\n    }\n    \
+             if (lid == 0u) { sti_out(row, i32(wg_idx[0])); }\n"
+                .to_string(),
+        ),
+        op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
+    };
+    let at = |j: &str| format!("{{ let jj = {j}; {step} }}");
+    Ok(format!(
+        "{init}    var j = lid;\n    \
+         for (; j + 768u < n; j = j + 1024u) {{ {} {} {} {} }}\n    \
+         for (; j < n; j = j + 256u) {} \n{combine}",
+        at("j"),
+        at("j + 256u"),
+        at("j + 512u"),
+        at("j + 768u"),
+        at("j")
+    ))
 }
 
 /// The host form ([`wgsl::row_kernel`]'s): one invocation per output element walks its
