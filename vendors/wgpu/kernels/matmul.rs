@@ -270,10 +270,7 @@ fn store4(e: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 /// median and 1.1–1.7× by the fastest run, and a batched 4 × 64 × 32 product 2.4×; products
 /// of many tiles keep 16 (the last session found 8 flat on them).
 fn host_quad_width(tiles_16: usize) -> u32 {
-    // Read once: the standard library asks the OS (and the cgroup's CPU quota) each time.
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if tiles_16 < 2 * cores {
+    if tiles_16 < 2 * super::host_cores() {
         8
     } else {
         16

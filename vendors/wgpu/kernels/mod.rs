@@ -62,6 +62,13 @@ fn on_host_cores(spec: &crate::ops::PlanSpec<'_>) -> bool {
         .unwrap_or(false)
 }
 
+/// The host's cores, read once (the standard library asks the OS, and the cgroup's CPU
+/// quota, each time).
+fn host_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Loop iterations one shader invocation may run in all on an adapter with a loop limiter
 /// ([`loop_limited`]), with a margin below its 65535.
 pub(crate) const LOOP_BUDGET: u64 = 65_000;

@@ -240,6 +240,8 @@ pub(crate) struct OpKernel {
     groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
     /// The plan's fault word, for a kernel that can fault (see `fault.rs`).
     fault: Option<Arc<FaultWord>>,
+    /// The plan's scratch buffer and its size (see [`prepare_scratch`]).
+    scratch: Option<(DevBuf, u64)>,
     /// A user kernel: its source may write any tensor it binds, inputs included.
     writes_inputs: bool,
 }
@@ -279,7 +281,22 @@ fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
 /// is an error, see `guard.rs`).
 pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
     guarded("prepare an operator kernel", || {
-        prepare_unguarded(spec, src, None)
+        prepare_unguarded(spec, src, None, 0)
+    })
+}
+
+/// [`prepare`] for a kernel whose passes hand each other `scratch_bytes` of results through a
+/// buffer the plan owns, bound after its tensors (binding `tensors + 1`, declared by the
+/// passes). Launches of one plan on several streams share it safely: a wgpu device has one
+/// queue, which runs them one after another, and wgpu orders every dispatch that writes a
+/// buffer after the dispatches before it that read or wrote it.
+pub(crate) fn prepare_scratch(
+    spec: &PlanSpec<'_>,
+    src: OpSource,
+    scratch_bytes: u64,
+) -> Result<Arc<dyn PreparedKernel>> {
+    guarded("prepare an operator kernel", || {
+        prepare_unguarded(spec, src, None, scratch_bytes.max(4))
     })
 }
 
@@ -299,7 +316,7 @@ pub(crate) fn prepare_checked(
     fault: FaultSpec,
 ) -> Result<Arc<dyn PreparedKernel>> {
     guarded("prepare an operator kernel", || {
-        prepare_unguarded(spec, src, Some(fault))
+        prepare_unguarded(spec, src, Some(fault), 0)
     })
 }
 
@@ -307,8 +324,15 @@ fn prepare_unguarded(
     spec: &PlanSpec<'_>,
     src: OpSource,
     fault: Option<FaultSpec>,
+    scratch_bytes: u64,
 ) -> Result<Arc<dyn PreparedKernel>> {
     let writes_inputs = src.entry.is_some();
+    if fault.is_some() && scratch_bytes > 0 {
+        return Err(Error::Internal(format!(
+            "{}: a kernel with both a fault word and a scratch buffer",
+            src.name
+        )));
+    }
     let backend = backend_of(spec)?;
     let AnyBackend::Wgpu(b) = &*backend else {
         return Err(Error::Internal(format!(
@@ -332,7 +356,7 @@ fn prepare_unguarded(
         ));
     }
     let tensors = spec.inputs.len() + spec.outputs.len();
-    let bindings = tensors + 1 + usize::from(fault.is_some());
+    let bindings = tensors + 1 + usize::from(fault.is_some() || scratch_bytes > 0);
     if tensors > MAX_TENSORS || bindings as u32 > limits.max_storage_buffers_per_shader_stage {
         return Err(Error::unsupported(
             format!(
@@ -343,7 +367,7 @@ fn prepare_unguarded(
         ));
     }
     let cache = &gpu.kernels.ops;
-    // The fault word is one more read-write binding after the tensors.
+    // The fault word or the scratch buffer is one more read-write binding after the tensors.
     let (bgl, pl) = cache.layout(device, bindings - 1, &[]);
     let entry = src.entry.as_deref().unwrap_or("main");
     let compile = |list: &[(String, [u32; 3])], pl: &wgpu::PipelineLayout| -> Result<Passes> {
@@ -370,7 +394,7 @@ fn prepare_unguarded(
         .map(|a| compile(a, &pl))
         .transpose()?;
     let textured = match src.textured {
-        Some(t) if fault.is_none() && aligned.is_some() => {
+        Some(t) if bindings == tensors + 1 && aligned.is_some() => {
             textured(gpu, spec, t, bindings - 1, |list, pl| compile(list, pl))?
         }
         _ => None,
@@ -395,8 +419,16 @@ fn prepare_unguarded(
     let fault = fault
         .map(|f| FaultWord::new(gpu, &src.name, f.limit, f.wide))
         .transpose()?;
+    let scratch = (scratch_bytes > 0)
+        .then(|| {
+            let size = ceil4(scratch_bytes);
+            let b = create_buffer(device, size, wgpu::BufferUsages::STORAGE, false, &gpu.name)?;
+            Ok::<_, Error>((DevBuf::new(b, false), size))
+        })
+        .transpose()?;
     Ok(Arc::new(OpKernel {
         fault,
+        scratch,
         writes_inputs,
         name: src.name,
         passes,
@@ -574,6 +606,13 @@ impl WgpuBackend {
             });
         }
         let tensors = bound.len();
+        if let Some((buf, size)) = &k.scratch {
+            bound.push(Bound {
+                buf: buf.clone(),
+                offset: 0,
+                size: *size,
+            });
+        }
         if let Some(f) = &k.fault {
             bound.push(Bound {
                 buf: f.buf.clone(),

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
+use super::op::{prepare as prepare_op, prepare_scratch, OpSource};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -48,17 +48,19 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (rs, rst): (Vec<usize>, Vec<usize>) = axes.iter().map(|&a| (shape[a], strides[a])).unzip();
     let lanes: usize = ks.iter().product();
     let red: usize = rs.iter().product();
-    let mut cfg = vec![lanes as u32, red as u32, 0, 0];
+    let n = red as u64;
+    let chunks = chunks(spec, lanes as u64, n);
+    let chunk = n.div_ceil(chunks);
+    let mut cfg = vec![lanes as u32, red as u32, 0, 0, chunks as u32, chunk as u32];
     cfg[2] = wgsl::push_view(&mut cfg, &ks, &kst);
     cfg[3] = wgsl::push_view(&mut cfg, &rs, &rst);
     let binds = [Bind::read("x", x.dtype), Bind::write("out", out.dtype)];
     let d = wgsl::Dialect::of(spec);
     // One lane walks the reduced elements on the host's cores (a sum four at a time, the
-    // offsets in straight-line code), each of 256 a 256th of them otherwise (four per loop
-    // iteration). On an adapter with a loop limiter the GPU form's offsets are straight-line
-    // code too (elsewhere a loop over the reduced axes, `view_off`, which the limiter would
-    // count): one loop iteration per 1024 elements lets it reach past a 128 MiB binding.
-    let n = red as u64;
+    // offsets in straight-line code), each of 256 a 256th of them (or of their chunk)
+    // otherwise, four per loop iteration. On an adapter with a loop limiter the GPU form's
+    // offsets are straight-line code too (elsewhere a loop over the reduced axes,
+    // `view_off`, which the limiter would count): one loop iteration per 1024 elements.
     let host_loops = if matches!(spec.op, "sum" | "mean") {
         n / 4 + 3
     } else {
@@ -66,54 +68,156 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     let literal = super::loop_limited(spec);
     let gpu_loops = if literal {
-        n.div_ceil(1024) + 4
+        chunk.div_ceil(1024) + 4
     } else {
-        n.div_ceil(256) * (1 + rs.len() as u64)
+        chunk.div_ceil(256) * (1 + rs.len() as u64)
     } + wgsl::WG_REDUCE_LOOPS;
     let host = super::host_form(spec, Some(host_loops), gpu_loops, || {
         format!("a reduction of {n} elements")
     })?;
-    let (source, grid) = if host {
-        host_source(spec.op, &binds, d, &cfg, (&ks, &kst), (&rs, &rst), lanes)?
+    let passes = if host {
+        vec![host_source(
+            spec.op,
+            &binds,
+            d,
+            &cfg,
+            (&ks, &kst),
+            (&rs, &rst),
+            lanes,
+        )?]
     } else {
         let mut funcs = String::new();
         let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], &ks, &kst, literal);
         let at = wgsl::view_index(&mut funcs, "red_off", "jj", cfg[3], &rs, &rst, literal);
-        let body = gpu_body(spec.op, &format!("ld_x(base + {at})"))?;
-        let source = format!(
-            "{}{}{ARGMAX_SHARED}{ARGMAX}{funcs}\n{}    let row = wid.x + wid.y * nwg.x;\n    \
-             if (row >= cfg[0]) {{ return; }}\n    let n = cfg[1];\n    let base = {base};\n{body}}}\n",
+        let ld = format!("ld_x(base + {at})");
+        // The chunks' results, in the plan's scratch buffer (bound after the tensors).
+        let part = if chunks > 1 {
+            format!(
+                "@group(0) @binding({}) var<storage, read_write> part: array<u32>;\n",
+                binds.len() + 1
+            )
+        } else {
+            String::new()
+        };
+        let head = format!(
+            "{}{}{ARGMAX_SHARED}{ARGMAX}{funcs}{part}\n{}",
             wgsl::prelude(&binds, d),
             wgsl::wg_reduce(d),
             wgsl::main_rows_open(d)
         );
-        (source, wgsl::rows_grid(lanes))
+        let parts = gpu_parts(spec.op, &ld)?;
+        if chunks == 1 {
+            let src = format!(
+                "{head}    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) {{ return; }}\n    \
+                 let n = cfg[1];\n    let base = {base};\n{}{}{}    {}\n}}\n",
+                parts.init,
+                walk("lid", &parts.step),
+                parts.tree,
+                parts.to_out
+            );
+            vec![(src, wgsl::rows_grid(lanes))]
+        } else {
+            // Pass 1: workgroup w reduces chunk w % chunks of output w / chunks into part[w];
+            // pass 2: one workgroup per output combines its chunks' results (in the order of
+            // the chunks: the earlier chunk's index wins a tie).
+            let first = format!(
+                "{head}    let w = wid.x + wid.y * nwg.x;\n    if (w >= cfg[0] * cfg[4]) {{ return; }}\n    \
+                 let row = w / cfg[4];\n    let begin = (w % cfg[4]) * cfg[5];\n    \
+                 let n = min(cfg[1], begin + cfg[5]);\n    let base = {base};\n{}{}{}    {}\n}}\n",
+                parts.init,
+                walk("begin + lid", &parts.step),
+                parts.tree,
+                parts.to_part
+            );
+            let second = format!(
+                "{head}    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) {{ return; }}\n    \
+                 let n = cfg[1];\n    let at = row * cfg[4] + lid;\n    let here = lid < cfg[4];\n{}{}    {}\n}}\n",
+                parts.from_part,
+                parts.tree,
+                parts.to_out
+            );
+            vec![
+                (first, wgsl::rows_grid((lanes as u64 * chunks) as usize)),
+                (second, wgsl::rows_grid(lanes)),
+            ]
+        }
     };
-    prepare_op(
-        spec,
-        OpSource {
-            name: spec.op.to_string(),
-            passes: vec![(source, grid)],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
+    let src = OpSource {
+        name: spec.op.to_string(),
+        passes,
+        cfg,
+        entry: None,
+        zero_workgroup_memory: false,
+        aligned: None,
+        textured: None,
+    };
+    if chunks > 1 && !host {
+        let words = if spec.op == "argmax" { 2 } else { 1 };
+        prepare_scratch(spec, src, 4 * words * lanes as u64 * chunks)
+    } else {
+        prepare_op(spec, src)
+    }
+}
+
+/// How many workgroups share each output's reduced elements in the GPU form: enough that
+/// the outputs' workgroups fill the device (twice the host's cores on a software adapter,
+/// 512 workgroups elsewhere), at most 256 and at least 16 Ki elements each. A sum of 2^24
+/// elements into one output ran on one of an H100's 132 multiprocessors before.
+fn chunks(spec: &PlanSpec<'_>, lanes: u64, n: u64) -> u64 {
+    let fill = if super::on_host_cores(spec) {
+        2 * super::host_cores() as u64
+    } else {
+        512
+    };
+    if lanes == 0 || lanes >= fill {
+        return 1;
+    }
+    fill.div_ceil(lanes).min(n >> 14).clamp(1, 256)
+}
+
+/// The loop of the GPU form's lanes over their elements: from `start`, every 256th below `n`,
+/// four per loop iteration in the order a one-at-a-time loop would take them (the same
+/// result, bitwise, in a quarter of the iterations); `step` handles element `jj`.
+fn walk(start: &str, step: &str) -> String {
+    let at = |j: &str| format!("{{ let jj = {j}; {step} }}");
+    format!(
+        "    var j = {start};\n    \
+         for (; j + 768u < n; j = j + 1024u) {{ {} {} {} {} }}\n    \
+         for (; j < n; j = j + 256u) {}\n",
+        at("j"),
+        at("j + 256u"),
+        at("j + 512u"),
+        at("j + 768u"),
+        at("j")
     )
 }
 
-/// The GPU form's body after `row`, `n` and `base`: each of 256 lanes takes every 256th
-/// reduced element from its own (element `jj` read by `ld`), four per loop iteration in the
-/// order a one-at-a-time loop would take them (the same result, bitwise, in a quarter of the
-/// iterations), then a tree in workgroup memory.
-fn gpu_body(op: &str, ld: &str) -> Result<String> {
-    let (init, step, combine) = match op {
+/// The pieces of an operator's GPU form.
+struct GpuParts {
+    /// The lane's accumulator.
+    init: String,
+    /// What [`walk`] does with element `jj`.
+    step: String,
+    /// Pass 2's accumulator: the result of chunk `at`, where `here`.
+    from_part: String,
+    /// The workgroup's tree over its lanes' accumulators.
+    tree: String,
+    /// The first lane stores the result to `out`, or (pass 1) to `part` at `w`.
+    to_out: String,
+    to_part: String,
+}
+
+/// The GPU form of `op` (element `jj` read by `ld`): each lane accumulates its elements, a
+/// tree in workgroup memory combines the lanes.
+fn gpu_parts(op: &str, ld: &str) -> Result<GpuParts> {
+    let (init, step, from_part, tree, to_out, to_part) = match op {
         "sum" | "mean" => (
             "    var acc = 0.0;\n".to_string(),
             format!("acc = acc + {ld};"),
+            "    var acc = 0.0;\n    if (here) { acc = bitcast<f32>(part[at]); }\n".to_string(),
+            "    let total = wg_sum(acc, lid);\n".to_string(),
             format!(
-                "    let total = wg_sum(acc, lid);\n    if (lid == 0u) {{ st_out(row, {}); }}\n",
+                "if (lid == 0u) {{ st_out(row, {}); }}",
                 // The mean of nothing is NaN, written as such: some drivers' 0.0 / 0.0 is
                 // not NaN (NVIDIA's Vulkan gave −0).
                 if op == "mean" {
@@ -122,6 +226,7 @@ fn gpu_body(op: &str, ld: &str) -> Result<String> {
                     "total"
                 }
             ),
+            "if (lid == 0u) { part[w] = bitcast<u32>(total); }".to_string(),
         ),
         "max" | "min" => {
             let (cmp, init) = if op == "max" {
@@ -133,36 +238,42 @@ fn gpu_body(op: &str, ld: &str) -> Result<String> {
                 format!("    var acc = {init};\n    var nan = false;\n"),
                 format!("let v = {ld}; nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }}"),
                 format!(
+                    "    var acc = {init};\n    if (here) {{ acc = bitcast<f32>(part[at]); }}\n    let nan = acc != acc;\n"
+                ),
+                format!(
                     "    wg_red[lid] = select(acc, bitcast<f32>(0x7fc00000u), nan);\n    workgroupBarrier();\n    \
                      for (var s = 128u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ let a = wg_red[lid]; let b = wg_red[lid + s]; \
-                     if (a == a && (b != b || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n    \
-                     if (lid == 0u) {{ st_out(row, wg_red[0]); }}\n"
+                     if (a == a && (b != b || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n"
                 ),
+                "if (lid == 0u) { st_out(row, wg_red[0]); }".to_string(),
+                "if (lid == 0u) { part[w] = bitcast<u32>(wg_red[0]); }".to_string(),
             )
         }
         "argmax" => (
             "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n".to_string(),
             format!("let v = {ld}; if (bi == 0xffffffffu || better(bv, bi, v, jj)) {{ bv = v; bi = jj; }}"),
+            "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    \
+             if (here) { bv = bitcast<f32>(part[2u * at]); bi = part[2u * at + 1u]; }\n"
+                .to_string(),
             "    wg_val[lid] = bv;\n    wg_idx[lid] = bi;\n    workgroupBarrier();\n    \
              for (var s = 128u; s > 0u; s = s >> 1u) {\n        if (lid < s) { let j = wg_idx[lid + s]; \
              if (j != 0xffffffffu && (wg_idx[lid] == 0xffffffffu || better(wg_val[lid], wg_idx[lid], wg_val[lid + s], j))) \
-             { wg_val[lid] = wg_val[lid + s]; wg_idx[lid] = j; } }\n        workgroupBarrier();\n    }\n    \
-             if (lid == 0u) { sti_out(row, i32(wg_idx[0])); }\n"
+             { wg_val[lid] = wg_val[lid + s]; wg_idx[lid] = j; } }\n        workgroupBarrier();\n    }\n"
+                .to_string(),
+            "if (lid == 0u) { sti_out(row, i32(wg_idx[0])); }".to_string(),
+            "if (lid == 0u) { part[2u * w] = bitcast<u32>(wg_val[0]); part[2u * w + 1u] = wg_idx[0]; }"
                 .to_string(),
         ),
         op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
     };
-    let at = |j: &str| format!("{{ let jj = {j}; {step} }}");
-    Ok(format!(
-        "{init}    var j = lid;\n    \
-         for (; j + 768u < n; j = j + 1024u) {{ {} {} {} {} }}\n    \
-         for (; j < n; j = j + 256u) {} \n{combine}",
-        at("j"),
-        at("j + 256u"),
-        at("j + 512u"),
-        at("j + 768u"),
-        at("j")
-    ))
+    Ok(GpuParts {
+        init,
+        step,
+        from_part,
+        tree,
+        to_out,
+        to_part,
+    })
 }
 
 /// The host form ([`wgsl::row_kernel`]'s): one invocation per output element walks its
