@@ -4,9 +4,16 @@
 // f64, cut at the first cumulative weight ≥ top_p · total, and the first cumulative weight
 // above random · (the kept total) wins.
 //
-// Without a workspace the sorted order is walked rank by rank (each rank one block-wide
-// search for the next element in the order): O(k · vocab / threads) per row. Correct for
-// every k; fast for the small top_k of LLM decoding, slow for top_k = 0 over a large vocabulary.
+// No sort and no workspace. For a small top_k (≤ SAMPLE_WALK) the sorted order is walked rank
+// by rank (each rank one block-wide search for the next element in the order): O(k · vocab /
+// threads) per row. For a larger one (top_k = 0: nucleus sampling over the whole vocabulary,
+// where the walk took O(vocab² / threads)) every cut of the rule — the top k, the top-p
+// prefix, the draw — is the first place in the order where a prefix's count or weight passes
+// a target; both grow with the prefix's last element (each thread adds its elements in index
+// order, the block combines threads in a fixed tree, and no term is negative), so each cut is
+// found by bisection: over a 32-bit key that orders the logits, then over the index among
+// equal logits, one sweep of the row and one block sum per step — O((32 + log2 vocab) ·
+// vocab / threads), as the WGSL sampler does.
 
 struct Smp {
     Space rows;
@@ -17,6 +24,8 @@ struct Smp {
 };
 
 #define SAMPLE_THREADS 256
+// The largest top_k whose order is walked rank by rank; above it, bisection.
+#define SAMPLE_WALK 48
 
 // Whether (v, i) comes before (bv, bi) in the order: larger value first, then smaller index.
 __device__ __forceinline__ bool before(float v, i64 i, float bv, i64 bi)
@@ -54,6 +63,92 @@ __device__ void next_in_order(const T *x, const Smp &p, bool first, float pv, i6
     *out_i = bi;
 }
 
+// A logit's place in the order as one u32, ties left to the index: a larger logit gives a
+// smaller key; -0 and +0 the same key, NaN the last.
+__device__ __forceinline__ unsigned order_key(float v)
+{
+    if (v != v) return 0xffffffffu;
+    if (v == 0.0f) v = 0.0f;
+    unsigned b = __float_as_uint(v);
+    return ~((b & 0x80000000u) ? ~b : (b | 0x80000000u));
+}
+
+// The count and the weight (exp((x − max) / T); NaN weighs nothing) of the row's elements at
+// or before key (ku, ki) in the order; every thread gets the same values (the block sums
+// combine in one fixed tree, the same for every thread).
+__device__ void order_prefix(const T *x, const Smp &p, double max, unsigned ku, i64 ki,
+                             double *sd, double *count, double *weight)
+{
+    double c = 0.0, w = 0.0;
+    for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
+        float v = to_f32(x[j * p.st]);
+        unsigned u = order_key(v);
+        if (u < ku || (u == ku && j <= ki)) {
+            c += 1.0;
+            if (v == v) w += exp(((double)v - max) / p.temperature);
+        }
+    }
+    *count = block_sum_f64(c, sd);
+    *weight = block_sum_f64(w, sd);
+}
+
+// The first key in the order whose prefix passes `mode`'s test (0 count ≥ goal, 1 weight ≥
+// goal, 2 weight > goal; the whole row must pass), by bisection over the order key, then over
+// the index among elements with that key. The loops' conditions are the same in every thread.
+__device__ void order_search(const T *x, const Smp &p, double max, int mode, double goal,
+                             double *sd, unsigned *key, i64 *index)
+{
+    unsigned lo = 0, hi = 0xffffffffu;
+    while (lo < hi) {
+        unsigned mid = lo + ((hi - lo) >> 1);
+        double c, w;
+        order_prefix(x, p, max, mid, 0x7fffffffffffffffLL, sd, &c, &w);
+        bool ok = mode == 0 ? c >= goal : (mode == 1 ? w >= goal : w > goal);
+        if (ok) hi = mid; else lo = mid + 1;
+    }
+    i64 ilo = 0, ihi = p.n - 1;
+    while (ilo < ihi) {
+        i64 mid = ilo + ((ihi - ilo) >> 1);
+        double c, w;
+        order_prefix(x, p, max, lo, mid, sd, &c, &w);
+        bool ok = mode == 0 ? c >= goal : (mode == 1 ? w >= goal : w > goal);
+        if (ok) ihi = mid; else ilo = mid + 1;
+    }
+    *key = lo;
+    *index = ilo;
+}
+
+// Whether key (au, ai) comes after (bu, bi) in the order.
+__device__ __forceinline__ bool key_after(unsigned au, i64 ai, unsigned bu, i64 bi)
+{
+    return au > bu || (au == bu && ai > bi);
+}
+
+// The pick of one row for k > SAMPLE_WALK (see the top of the file).
+__device__ i64 pick_by_bisection(const T *x, const Smp &p, i64 k, double max, double *sd)
+{
+    unsigned ku = 0xffffffffu;
+    i64 ki = 0x7fffffffffffffffLL;
+    if (k < p.n) order_search(x, p, max, 0, (double)k, sd, &ku, &ki);
+    double c, total;
+    order_prefix(x, p, max, ku, ki, sd, &c, &total);
+    unsigned lu = ku;
+    i64 li = ki;
+    if (p.top_p < 1.0) {
+        unsigned u;
+        i64 i;
+        order_search(x, p, max, 1, p.top_p * total, sd, &u, &i);
+        if (!key_after(u, i, lu, li)) { lu = u; li = i; }
+    }
+    double kept;
+    order_prefix(x, p, max, lu, li, sd, &c, &kept);
+    unsigned u;
+    i64 i;
+    order_search(x, p, max, 2, p.random * kept, sd, &u, &i);
+    if (key_after(u, i, lu, li)) i = li;
+    return i;
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i64 *out, const T *in, Smp p)
 {
     __shared__ float sv[32];
@@ -72,6 +167,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i6
         }
         i64 k = (p.top_k == 0 || p.top_k > p.n) ? p.n : p.top_k;
         double max = (double)mv;
+        if (k > SAMPLE_WALK) {
+            i64 pick = pick_by_bisection(x, p, k, max, sd);
+            if (threadIdx.x == 0) out[r] = pick < p.n ? pick : mi;
+            __syncthreads();
+            continue;
+        }
         // Pass 1: the total weight of the top k.
         double total = 0.0;
         if (k == p.n) {
