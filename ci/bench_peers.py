@@ -65,6 +65,9 @@ def rows_numpy(rows):
             ms = median_ms(lambda: np.matmul(a, b, out=c))
             out.append(dict(r, peer="numpy", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
             continue
+        if op.startswith("sample_"):
+            out.append(dict(r, peer="numpy", ms=median_ms(numpy_sampler(r, rng))))
+            continue
         if op in ("add", "mul", "silu", "swiglu", "softmax", "rms_norm"):
             rows_, cols = map(int, shape.split("x"))
             a = rng.standard_normal((rows_, cols), dtype=np.float32)
@@ -82,6 +85,31 @@ def rows_numpy(rows):
             ms = median_ms(fn)
             out.append(dict(r, peer="numpy", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
     return out, info
+
+
+def numpy_sampler(r, rng):
+    """What a Python LLM sampler does for unirt's `sample_top_p…` / `sample_top_k…` rows
+    (random 0.37, temperature 0.8, unirt's rule): sort (argpartition first for top-k), f64
+    weights, cumulative sums, two searches."""
+    n = int(r["shape"].split("x")[1])
+    x = rng.uniform(-1, 1, n).astype(np.float32)
+    if r["op"].startswith("sample_top_p"):
+        k, top_p = n, float(r["op"][len("sample_top_p"):])
+    else:
+        k, top_p = int(r["op"][len("sample_top_k"):]), 1.0
+
+    def pick():
+        if k < n:
+            idx = np.argpartition(-x, k - 1)[:k]
+            idx = idx[np.argsort(-x[idx], kind="stable")]
+        else:
+            idx = np.argsort(-x, kind="stable")
+        cum = np.cumsum(np.exp((x[idx].astype(np.float64) - x[idx[0]]) / 0.8))
+        keep = min(int(np.searchsorted(cum, top_p * cum[-1])) + 1, k)
+        at = min(int(np.searchsorted(cum[:keep], 0.37 * cum[keep - 1], side="right")), keep - 1)
+        return idx[at]
+
+    return pick
 
 
 def gemv_gbps(r, ms):

@@ -23,6 +23,13 @@ pub fn random_sample(
             logits.shape()
         )));
     }
+    if logits.shape()[nd - 1] as u64 > u64::from(u32::MAX) {
+        // The kernels rank a candidate by its index in 32 bits.
+        return Err(Error::BadTensorShape(format!(
+            "random_sample takes at most 2^32 - 1 logits in a row, got {}",
+            logits.shape()[nd - 1]
+        )));
+    }
     let valid = (0.0..1.0).contains(&random) && temperature >= 0.0 && top_p > 0.0 && top_p <= 1.0;
     if !valid {
         return Err(Error::BadParam(format!(
