@@ -138,6 +138,9 @@ fn reduce_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
                 let (x, vx) = random(&[2, n], -2.0, 2.0, 210 + i as u64, dt, ctx.device)?;
                 check_reduce(rop, &x, &vx, &[1], false)?;
             }
+            // Three outputs whose elements lie 3 apart (wgpu splits each among workgroups).
+            let (x, vx) = random(&[70_000, 3], -2.0, 2.0, 218, dt, ctx.device)?;
+            check_reduce(rop, &x, &vx, &[0], false)?;
             let (x, vx) = random(&[1 << 20], -2.0, 2.0, 219, dt, ctx.device)?;
             check_reduce(rop, &x, &vx, &[0], true)
         }
