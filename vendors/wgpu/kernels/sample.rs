@@ -4,17 +4,18 @@
 //! weight exceeds `random ·` the kept weight is picked. One workgroup per row, no sort and no
 //! workspace: every cut is the first place in the order where a prefix's count or weight
 //! passes a target, and a prefix's count and weight grow with its last element, so each cut
-//! is found by bisection over the order — over a 32-bit key that orders the logits, then over
-//! the index among equal logits — each step one sweep of the row and one workgroup sum. Three
-//! cuts at most (top-k, top-p, the draw): O((32 + log2 n) · n / 256) per lane, so a 32 000-entry
-//! vocabulary costs about 140 sweeps (the first version ranked every candidate against the
-//! whole row, O(n² / 256), and Mesa's loop limiter capped it at ~1800 candidates; now at
-//! about 108 000 with both cuts, 160 000 with top-p alone: see `super::check_loops`).
+//! is found by a four-way search over the order — over a 32-bit key that orders the logits,
+//! then over the index among equal logits — each step one sweep of the row testing three
+//! pivots and one workgroup sum. Three cuts at most (top-k, top-p, the draw): O((17 + log4 n)
+//! · n / 256) per lane, so a 32 000-entry vocabulary costs about 80 sweeps (the first version
+//! ranked every candidate against the whole row, O(n² / 256), and Mesa's loop limiter capped
+//! it at ~1800 candidates; a binary search took ~140 sweeps; the limiter now allows about
+//! 180 000 candidates with every cut, 270 000 with two: see `super::check_loops`).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` where the rows' view starts,
 //! `cfg[3]` the last axis's stride, `cfg[4]` 1 for the greedy pick, `cfg[5]` top-k (clamped
-//! to the row), `cfg[6..9]` temperature, top-p and random (f32 bits), `cfg[9]` the bits of
-//! the largest index (the index bisection's steps).
+//! to the row), `cfg[6..9]` temperature, top-p and random (f32 bits), `cfg[9]` the index
+//! search's steps.
 
 use std::sync::Arc;
 
@@ -40,51 +41,65 @@ fn order_key(v: f32) -> u32 {
 }
 // One row: where it starts, its stride and length, its maximum and the temperature.
 struct Row { xb: u32, xs: u32, n: u32, mx: f32, t: f32 }
-// The count and the weight (exp((x - max) / T); NaN weighs nothing) of the row's elements at
-// or before key (ku, ki) in the order, summed over the workgroup: every lane gets the same.
-// Both grow with the key whatever the rounding (each lane adds its elements in index order,
-// the lanes are combined in a fixed order, and the terms are not negative), which the
-// bisections below rely on.
-fn prefix(p: Row, ku: u32, ki: u32, lid: u32) -> vec2<f32> {
-    var s = vec2<f32>(0.0, 0.0);
+// A prefix of the order for each of three keys (x, y, z): the count and the weight (exp((x -
+// max) / T); NaN weighs nothing) of the row's elements at or before key (ku[i], ki[i]),
+// summed over the workgroup: every lane gets the same. Each grows with its key whatever the
+// rounding (each lane adds its elements in index order, the lanes are combined in a fixed
+// order, and the terms are not negative), which the searches below rely on.
+struct Prefix { count: vec3<f32>, weight: vec3<f32> }
+fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, lid: u32) -> Prefix {
+    var c = vec3<f32>(0.0);
+    var w = vec3<f32>(0.0);
     for (var e = lid; e < p.n; e = e + 256u) {
         let v = ld_x(p.xb + e * p.xs);
-        let u = order_key(v);
-        if (u < ku || (u == ku && e <= ki)) {
-            s = s + vec2<f32>(1.0, select(exp((v - p.mx) / p.t), 0.0, v != v));
-        }
+        let u = vec3<u32>(order_key(v));
+        let inc = select(vec3<f32>(0.0), vec3<f32>(1.0), (u < ku) | ((u == ku) & (vec3<u32>(e) <= ki)));
+        c = c + inc;
+        w = w + inc * select(exp((v - p.mx) / p.t), 0.0, v != v);
     }
-    return wg_sum2(s, lid);
+    return wg_sum_prefix(Prefix(c, w), lid);
 }
-// Whether a prefix's (count, weight) passes `mode`'s test: 0 count >= goal, 1 weight >=
-// goal, 2 weight > goal.
-fn passes(mode: u32, s: vec2<f32>, goal: f32) -> bool {
-    if (mode == 0u) { return s.x >= goal; }
-    if (mode == 1u) { return s.y >= goal; }
-    return s.y > goal;
+// The count and weight of the prefix that ends at one key.
+fn prefix_at(p: Row, k: vec2<u32>, lid: u32) -> vec2<f32> {
+    let s = prefix(p, vec3<u32>(k.x), vec3<u32>(k.y), lid);
+    return vec2<f32>(s.count.x, s.weight.x);
 }
-// The first key in the order whose prefix passes (the whole row must): a bisection over the
-// order key (32 steps), then over the indices of the elements with that key (cfg[9] steps).
+// Whether each of three prefixes passes `mode`'s test: 0 count >= goal, 1 weight >= goal,
+// 2 weight > goal.
+fn passes(mode: u32, s: Prefix, goal: f32) -> vec3<bool> {
+    if (mode == 0u) { return s.count >= vec3<f32>(goal); }
+    if (mode == 1u) { return s.weight >= vec3<f32>(goal); }
+    return s.weight > vec3<f32>(goal);
+}
+// One step of a four-way search of [lo, hi] (hi passes): three pivots split it, one sweep
+// tests them, and the part that holds the first passing key is kept.
+fn narrow(lo: u32, hi: u32, m: vec3<u32>, ok: vec3<bool>) -> vec2<u32> {
+    if (lo >= hi) { return vec2<u32>(lo, hi); }
+    if (ok.x) { return vec2<u32>(lo, m.x); }
+    if (ok.y) { return vec2<u32>(m.x + 1u, m.y); }
+    if (ok.z) { return vec2<u32>(m.y + 1u, m.z); }
+    return vec2<u32>(m.z + 1u, hi);
+}
+fn pivots(lo: u32, hi: u32) -> vec3<u32> {
+    let d = hi - lo;
+    return vec3<u32>(lo + (d >> 2u), lo + (d >> 1u), lo + (d >> 1u) + (d >> 2u));
+}
+// The first key in the order whose prefix passes (the whole row must): a four-way search
+// over the order key (17 steps, one spare), then over the indices of the elements with that key
+// (cfg[9] steps).
 fn search(p: Row, mode: u32, goal: f32, lid: u32) -> vec2<u32> {
-    var lo = 0u;
-    var hi = 0xffffffffu;
-    for (var s = 0u; s < 32u; s = s + 1u) {
-        let mid = lo + ((hi - lo) >> 1u);
-        let ok = passes(mode, prefix(p, mid, 0xffffffffu, lid), goal);
-        let open = lo < hi;
-        hi = select(hi, mid, open && ok);
-        lo = select(lo, mid + 1u, open && !ok);
+    var r = vec2<u32>(0u, 0xffffffffu);
+    for (var s = 0u; s < 18u; s = s + 1u) {
+        let m = pivots(r.x, r.y);
+        r = narrow(r.x, r.y, m, passes(mode, prefix(p, m, vec3<u32>(0xffffffffu), lid), goal));
     }
-    var ilo = 0u;
-    var ihi = p.n - 1u;
+    let key = r.x;
+    r = vec2<u32>(0u, p.n - 1u);
     for (var s = 0u; s < cfg[9]; s = s + 1u) {
-        let mid = ilo + ((ihi - ilo) >> 1u);
-        let ok = passes(mode, prefix(p, lo, mid, lid), goal);
-        let open = ilo < ihi;
-        ihi = select(ihi, mid, open && ok);
-        ilo = select(ilo, mid + 1u, open && !ok);
+        let m = pivots(r.x, r.y);
+        r = narrow(r.x, r.y, m, passes(mode, prefix(p, vec3<u32>(key), m, lid), goal));
     }
-    return vec2<u32>(lo, ilo);
+    return vec2<u32>(key, r.x);
 }
 // The earlier of two keys in the order.
 fn first_key(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
@@ -127,45 +142,49 @@ MAIN {
     // The last of the top k, and their weight.
     var last_k = vec2<u32>(0xffffffffu, 0xffffffffu);
     if (k < n) { last_k = search(p, 0u, f32(k), lid); }
-    let total = prefix(p, last_k.x, last_k.y, lid).y;
+    let total = prefix_at(p, last_k, lid).y;
     // The last of the shortest prefix whose weight reaches top-p of theirs, and its weight.
     var last = last_k;
     if (top_p < 1.0) { last = first_key(search(p, 1u, top_p * total, lid), last_k); }
-    let kept = prefix(p, last.x, last.y, lid).y;
+    let kept = prefix_at(p, last, lid).y;
     // The first whose cumulative weight passes the draw (the prefix's last if none does).
     let pick = first_key(search(p, 2u, random * kept, lid), last);
     if (lid == 0u) { sti_out(row, i32(min(pick.y, n - 1u))); }
 }
 ";
 
-/// [`BODY`]'s workgroup sum of (count, weight) pairs, with subgroup operations where the
-/// adapter has them (as [`wgsl::wg_reduce`]'s sums: every lane combines the subgroups'
+/// [`BODY`]'s workgroup sum of three (count, weight) pairs, with subgroup operations where
+/// the adapter has them (as [`wgsl::wg_reduce`]'s sums: every lane combines the subgroups'
 /// results in the same order).
-fn wg_sum2(d: wgsl::Dialect) -> &'static str {
+fn wg_sum_prefix(d: wgsl::Dialect) -> &'static str {
     if d.subgroups {
         "
-var<workgroup> wg_s: array<vec2<f32>, 256>;
-fn wg_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    let s = subgroupAdd(v);
-    if (sg_lane == 0u) { wg_s[sg_id] = s; }
+var<workgroup> wg_c: array<vec3<f32>, 256>;
+var<workgroup> wg_w: array<vec3<f32>, 256>;
+fn wg_sum_prefix(v: Prefix, lid: u32) -> Prefix {
+    let c = subgroupAdd(v.count);
+    let w = subgroupAdd(v.weight);
+    if (sg_lane == 0u) { wg_c[sg_id] = c; wg_w[sg_id] = w; }
     workgroupBarrier();
-    var r = wg_s[0];
-    for (var k = 1u; k < sg_count; k = k + 1u) { r = r + wg_s[k]; }
+    var r = Prefix(wg_c[0], wg_w[0]);
+    for (var k = 1u; k < sg_count; k = k + 1u) { r.count = r.count + wg_c[k]; r.weight = r.weight + wg_w[k]; }
     workgroupBarrier();
     return r;
 }
 "
     } else {
         "
-var<workgroup> wg_s: array<vec2<f32>, 256>;
-fn wg_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    wg_s[lid] = v;
+var<workgroup> wg_c: array<vec3<f32>, 256>;
+var<workgroup> wg_w: array<vec3<f32>, 256>;
+fn wg_sum_prefix(v: Prefix, lid: u32) -> Prefix {
+    wg_c[lid] = v.count;
+    wg_w[lid] = v.weight;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) { wg_s[lid] = wg_s[lid] + wg_s[lid + s]; }
+        if (lid < s) { wg_c[lid] = wg_c[lid] + wg_c[lid + s]; wg_w[lid] = wg_w[lid] + wg_w[lid + s]; }
         workgroupBarrier();
     }
-    let r = wg_s[0];
+    let r = Prefix(wg_c[0], wg_w[0]);
     workgroupBarrier();
     return r;
 }
@@ -194,15 +213,22 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let rows: usize = ks.iter().product();
     let k = if top_k == 0 { n } else { top_k.min(n) };
     // Each lane sweeps its n / 256 candidates once for the greedy pick; otherwise once per
-    // step of up to three bisections (32 + index-bits steps each) and twice more, each sweep
-    // followed by a workgroup sum.
+    // step of up to three four-way searches (18 + index steps each) and twice more, each
+    // sweep followed by a workgroup sum.
     let greedy = temperature == 0.0 || top_k == 1;
-    let index_bits = usize::BITS - n.saturating_sub(1).leading_zeros();
+    // Four-way steps that narrow n indices to one: a step leaves at most (d + 1) / 4 of a
+    // range of d + 1 beyond its first (see `narrow`); the order key's 2^32 take 17.
+    let mut index_steps = 0u32;
+    let mut d = (n as u64).saturating_sub(1);
+    while d > 0 {
+        d = (d + 1) / 4;
+        index_steps += 1;
+    }
     let searches = 1 + u64::from(k < n) + u64::from(top_p < 1.0);
     let sweeps = if greedy {
         1
     } else {
-        3 + searches * (32 + u64::from(index_bits))
+        3 + searches * (18 + u64::from(index_steps))
     };
     let sum_loops = if wgsl::Dialect::of(spec).subgroups {
         32
@@ -228,7 +254,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         wgsl::f(temperature),
         wgsl::f(top_p),
         wgsl::f(random),
-        index_bits,
+        index_steps,
     ];
     cfg[2] = wgsl::push_view(&mut cfg, &ks, &kst);
     let binds = [
@@ -241,7 +267,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         "{}{}{}{body}",
         wgsl::prelude(&binds, d),
         wgsl::wg_reduce(d),
-        wg_sum2(d)
+        wg_sum_prefix(d)
     );
     prepare_op(
         spec,
