@@ -161,6 +161,15 @@ fn memory_rows(dev: Device, dt: DType, mib: usize, rows: &mut Vec<Row>) -> CliRe
         run_plan(&bin(ops::BinaryOp::Mul)?, &[&a, &b], 1)?,
         3 * bytes,
     ));
+    // A reduction into one output (wgpu splits it among workgroups).
+    let sum = ops::reduce::reduce(ops::reduce::ReduceOp::Sum, &a.desc(), &[], false)?;
+    rows.push(bw_row(
+        "sum_all",
+        dt,
+        s.clone(),
+        run_plan(&sum, &[&a], 1)?,
+        bytes,
+    ));
     // Strided reads: a bias broadcast along rows, and a transposed input made contiguous.
     let bias = rand(&[width], dt, dev, 7)?;
     rows.push(bw_row(
