@@ -87,6 +87,7 @@ def main():
         nbytes = n * size[dt]
         bw("add", dt, s, time_ms(lambda: torch.add(a, b)), 3 * nbytes)
         bw("mul", dt, s, time_ms(lambda: torch.mul(a, b)), 3 * nbytes)
+        bw("sum_all", dt, s, time_ms(lambda: torch.sum(a)), nbytes)
         bw("silu", dt, s, time_ms(lambda: F.silu(a)), 2 * nbytes)
         bw("swiglu", dt, s, time_ms(lambda: a * F.silu(b)), 3 * nbytes)
         w = rand((width,), dt)
@@ -130,6 +131,26 @@ def main():
     decode()
     prefill(256 if args.quick else 2048)
     a, b = rand((16,), "f32"), rand((16,), "f32")
+    # Sampling one token from 32 000 logits (temperature 0.8, random 0.37, unirt's rule):
+    # sort (topk for top-k), softmax weights, cumulative sums, two searches, on the GPU.
+    logits = rand((1, 32000), "f32")
+
+    def sample(top_k, top_p):
+        if top_k:
+            vals, idx = torch.topk(logits, top_k, dim=-1)
+        else:
+            vals, idx = torch.sort(logits, dim=-1, descending=True, stable=True)
+        cum = torch.cumsum(torch.exp((vals.double() - vals[:, :1]) / 0.8), -1)
+        keep = torch.clamp(torch.searchsorted(cum, top_p * cum[:, -1:]) + 1, max=cum.shape[-1])
+        kept = torch.gather(cum, -1, keep - 1)
+        at = torch.clamp(torch.searchsorted(cum, 0.37 * kept, right=True), max=keep - 1)
+        return torch.gather(idx, -1, at)
+
+    for top_k, top_p, name in ((0, 0.9, "sample_top_p0.9"), (50, 1.0, "sample_top_k50")):
+        try:  # untried on a GPU when written: a failure leaves the rest of the table
+            rows.append(dict(op=name, dtype="f32", shape="1x32000", ms=time_ms(lambda: sample(top_k, top_p))))
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: not run ({e})")
     bw("add_tiny_per_launch", "f32", "16", time_ms(lambda: torch.add(a, b), inner=2000), 3 * 16 * 4)
 
     return finish(args, torch, dev, rows)
