@@ -1,11 +1,14 @@
 //! Reductions in WGSL (sum, mean, max, min, argmax over any set of axes): one workgroup per
 //! output element, its 256 invocations striding over the reduced elements (read in place
-//! through the reduced axes' strides), then a tree in workgroup memory; on adapters on the
-//! host's cores one invocation per output element instead ([`host_source`]). max / min
-//! propagate NaN; argmax returns the first maximum (the first NaN if any), as the CPU kernel does.
+//! through the reduced axes' strides), then a tree in workgroup memory; a long reduction into
+//! few outputs is split into chunks, one workgroup each, whose results a second pass
+//! combines ([`chunks`]); on adapters on the host's cores one invocation per output element
+//! instead where its loops fit ([`host_source`]). max / min propagate NaN; argmax returns the
+//! first maximum (the first NaN if any), as the CPU kernel does.
 //!
 //! Constants: `cfg[0]` the output elements, `cfg[1]` the reduced elements, `cfg[2]` /
-//! `cfg[3]` where the kept and the reduced axes' views of the input start.
+//! `cfg[3]` where the kept and the reduced axes' views of the input start, `cfg[4]` the
+//! chunks per output and `cfg[5]` the elements per chunk.
 
 use std::sync::Arc;
 
