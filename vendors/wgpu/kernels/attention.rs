@@ -226,15 +226,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     prepare_op(
         spec,
-        OpSource {
-            name: "attention".into(),
-            passes: vec![(source, grid)],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
+        OpSource::plain("attention", vec![(source, grid)], cfg),
     )
 }
 

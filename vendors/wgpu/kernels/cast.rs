@@ -99,15 +99,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     );
     prepare_op(
         spec,
-        OpSource {
-            name: format!("cast {} to {to}", src.dtype),
-            passes: vec![(source, groups_for(n as u64))],
+        OpSource::plain(
+            format!("cast {} to {to}", src.dtype),
+            vec![(source, groups_for(n as u64))],
             cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
+        ),
     )
 }
 

@@ -47,15 +47,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     );
     prepare_checked(
         spec,
-        OpSource {
-            name: "embedding".into(),
-            passes: vec![(source, groups_for(n as u64))],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
+        OpSource::plain("embedding", vec![(source, groups_for(n as u64))], cfg),
         FaultSpec {
             limit: vocab as u64,
             wide: ids.dtype == crate::tensor::DType::I64,

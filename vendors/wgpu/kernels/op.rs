@@ -72,6 +72,22 @@ pub(crate) struct OpSource {
     pub zero_workgroup_memory: bool,
 }
 
+impl OpSource {
+    /// A kernel of `passes` over constants `cfg` with no variant: entry `main`, no quad or
+    /// texture passes, workgroup memory not zeroed.
+    pub fn plain(name: impl Into<String>, passes: PassSources, cfg: Vec<u32>) -> OpSource {
+        OpSource {
+            name: name.into(),
+            passes,
+            cfg,
+            entry: None,
+            aligned: None,
+            textured: None,
+            zero_workgroup_memory: false,
+        }
+    }
+}
+
 /// A plan's [`TexRead`] variant, compiled.
 struct Textured {
     inputs: Vec<TexSlot>,

@@ -188,15 +188,7 @@ impl Transpose {
 
 /// A rearrange of one pass without a quad variant.
 fn one_pass(source: String, groups: [u32; 3], cfg: Vec<u32>) -> OpSource {
-    OpSource {
-        name: "rearrange".into(),
-        passes: vec![(source, groups)],
-        cfg,
-        entry: None,
-        zero_workgroup_memory: false,
-        aligned: None,
-        textured: None,
-    }
+    OpSource::plain("rearrange", vec![(source, groups)], cfg)
 }
 
 fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
@@ -267,18 +259,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         );
         passes.push((source, groups_for(numel as u64)));
     }
-    prepare_op(
-        spec,
-        OpSource {
-            name: "concat".into(),
-            passes,
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
-    )
+    prepare_op(spec, OpSource::plain("concat", passes, cfg))
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

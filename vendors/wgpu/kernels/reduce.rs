@@ -145,15 +145,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             ]
         }
     };
-    let src = OpSource {
-        name: spec.op.to_string(),
-        passes,
-        cfg,
-        entry: None,
-        zero_workgroup_memory: false,
-        aligned: None,
-        textured: None,
-    };
+    let src = OpSource::plain(spec.op.to_string(), passes, cfg);
     if chunks > 1 && !host {
         let words = if spec.op == "argmax" { 2 } else { 1 };
         prepare_scratch(spec, src, 4 * words * lanes as u64 * chunks)

@@ -153,15 +153,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let items = if host { pairs / heads.max(1) } else { pairs };
     prepare_op(
         spec,
-        OpSource {
-            name: "rope".into(),
-            passes: vec![(source, groups_for(items as u64))],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
+        OpSource::plain("rope", vec![(source, groups_for(items as u64))], cfg),
     )
 }
 

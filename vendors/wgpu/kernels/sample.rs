@@ -271,15 +271,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     );
     prepare_op(
         spec,
-        OpSource {
-            name: "random_sample".into(),
-            passes: vec![(source, wgsl::rows_grid(rows))],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned: None,
-            textured: None,
-        },
+        OpSource::plain("random_sample", vec![(source, wgsl::rows_grid(rows))], cfg),
     )
 }
 
