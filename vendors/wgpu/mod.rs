@@ -29,6 +29,14 @@
 //!   through textures, copied in before the kernel; a weight's copy is skipped while the
 //!   texture still holds its unchanged bytes, which every command list's stated writes
 //!   decide, in submission order (`contents.rs`).
+//! - **Mesa's loop limiter**: gallivm (lavapipe, llvmpipe) ends every loop of an invocation
+//!   once it has run 65535 iterations in all, and the kernel returns a partial result
+//!   silently. Every kernel whose loops grow with the data states its per-invocation count
+//!   at plan time and takes a wider form, or fails with `Unsupported` naming the limit
+//!   (`kernels/mod.rs`: `check_loops`, `host_form`); reductions split a long row among
+//!   workgroups (pass 1 into a scratch buffer the plan owns, `OpSource` through
+//!   `op::prepare_scratch`), and sampling cuts the order by four-way searches instead of
+//!   ranking candidates against each other, so neither is limited at a vocabulary's size.
 //!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses
