@@ -230,11 +230,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         3 + searches * (18 + u64::from(index_steps))
     };
-    let sum_loops = if wgsl::Dialect::of(spec).subgroups {
-        32
-    } else {
-        9
-    };
+    let d = wgsl::Dialect::of(spec);
+    let sum_loops = if d.subgroups { 32 } else { 9 };
     let loops = sweeps * ((n as u64).div_ceil(256) + sum_loops + 1) + 16;
     super::check_loops(spec, loops, || format!("sampling from {n} candidates"))?;
     if !greedy && n > 1 << 24 {
@@ -261,7 +258,6 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("x", x.dtype),
         Bind::write("out", spec.outputs[0].dtype),
     ];
-    let d = wgsl::Dialect::of(spec);
     let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open(d));
     let source = format!(
         "{}{}{}{body}",
