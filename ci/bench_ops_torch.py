@@ -75,6 +75,13 @@ def main():
         ms = time_ms(lambda: torch.matmul(a, b))
         rows.append(dict(op="matmul", dtype=dt, shape=f"{m}x{n}x{k}", ms=ms, gflops=2 * m * n * k / (ms * 1e6)))
 
+    def gemm_bt(dt, m, n, k):
+        # B as the transpose of a weight stored [n, k] (x @ W^T, a linear layer's layout).
+        a, w = rand((m, k), dt), rand((n, k), dt)
+        b = w.t()
+        ms = time_ms(lambda: torch.matmul(a, b))
+        rows.append(dict(op="matmul_bt", dtype=dt, shape=f"{m}x{n}x{k}", ms=ms, gflops=2 * m * n * k / (ms * 1e6)))
+
     def bw(op, dt, shape, ms, nbytes):
         rows.append(dict(op=op, dtype=dt, shape=shape, ms=ms, gbps=nbytes / (ms * 1e6)))
 
@@ -121,6 +128,7 @@ def main():
     if not args.quick:
         for m, n, k in ((1, 4096, 4096), (64, 11008, 4096), (2048, 4096, 4096)):
             gemm("bf16", m, n, k)
+        gemm_bt("bf16", 4096, 4096, 4096)
     mib = 16 if args.quick else 256
     memory("f32", mib)
     memory("bf16", mib)

@@ -86,6 +86,17 @@ for dev in $cuda_devs $wgpu_devs; do
   tail -n 4 "$out/conformance-$tag.txt"
 done
 
+# The GEMMs unirt compiles itself (what runs where cuBLAS is absent: op_matmul_mma on tensor
+# cores for f16 / bf16, the 64×64 SIMT tiles otherwise): the matmul cases with cuBLAS off.
+for dev in $cuda_devs; do
+  tag=${dev/:/-}
+  step "matmul conformance on $dev without cuBLAS (unirt's own GEMMs)"
+  UNIRT_CUDA_BLAS=0 "$bin" conformance --device "$dev" --filter matmul \
+    --json "$out/conformance-$tag-noblas.json" >"$out/conformance-$tag-noblas.txt" 2>&1 \
+    || fail "matmul conformance on $dev without cuBLAS (see $out/conformance-$tag-noblas.txt)"
+  tail -n 2 "$out/conformance-$tag-noblas.txt"
+done
+
 # The whole suite again on each CUDA device, UNIRT_GPU_CONFORMANCE_REPEATS times (default 0):
 # the SIGSEGV inside cuGraphInstantiateWithFlags came in 4 of 9 whole-suite runs on an H200,
 # never with a filter, so a crash fix is checked by repeating the suite in one process each.
@@ -155,6 +166,11 @@ if [ -n "$first_cuda" ]; then
     2) echo "gpu.sh: PyTorch peer not run (see above)" ;;
     *) fail "ci/bench_ops_torch.py" ;;
   esac
+  # unirt's own GEMMs (cuBLAS off) beside the same run's cuBLAS rows: issue 15 asks ≥ 0.5×
+  # cuBLAS in f16 / bf16 from the NVRTC fallback.
+  UNIRT_CUDA_BLAS=0 "$bin" bench ops --device "$first_cuda" --json "$out/bench-ops-cuda-noblas.json" \
+    >"$out/bench-ops-cuda-noblas.txt" 2>&1 || fail "bench ops without cuBLAS on $first_cuda"
+  grep matmul "$out/bench-ops-cuda-noblas.txt"
   # TF32 on, both sides (unirt: through cuBLAS when found).
   UNIRT_CUDA_TF32=1 "$bin" bench ops --device "$first_cuda" --quick \
     --json "$out/bench-ops-cuda-tf32-quick.json" >"$out/bench-ops-cuda-tf32-quick.txt" 2>&1 \

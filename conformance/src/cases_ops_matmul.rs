@@ -9,7 +9,7 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, textured, weight_writes, large_tiles, bad_input] via matmul_case;
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, textured, weight_writes, large_tiles, tensor_core_tiles, bad_input] via matmul_case;
 }
 
 /// `A @ B` on host for row-major `[batch.., m, k]` and `[batch.., k, n]` (batch broadcast
@@ -56,6 +56,51 @@ fn check_mm(ctx: &Ctx, dt: DType, sa: &[usize], sb: &[usize], seed: u64) -> Resu
     let batch = &out.shape()[..out.ndim() - 2];
     let (want, scale) = matmul_ref(&va, sa, &vb, sb, batch, m, k, n);
     close(&w, &values(&out, &w)?, &want, dt, Some(&scale))
+}
+
+/// The layouts a GEMM reads in 16-byte copies (CUDA's `op_matmul_mma`: 128×128 tiles, 32 deep,
+/// on tensor cores, chosen for f16 / bf16 when every stride but the unit ones is a multiple of
+/// 8), at its tile edges: k = 264 (a multiple of 8, not of 32), partial row and column tiles,
+/// B stored `[k, n]` and `[n, k]`, a batch over one B, k = 20 in rows of 24 (the last copy of a
+/// row reads 8 of its 16 bytes), and alpha / beta into a C that holds values. Every backend
+/// computes the same products.
+fn tensor_core_tiles(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    let dev = ctx.device;
+    check_mm(ctx, dt, &[130, 264], &[264, 136], 640)?;
+    check_mm(ctx, dt, &[2, 129, 40], &[40, 256], 642)?;
+    // B = Wᵀ for a weight W stored [200, 72].
+    let (a, va) = random(&[131, 72], -1.0, 1.0, 644, dt, dev)?;
+    let (w, vw) = random(&[200, 72], -1.0, 1.0, 645, dt, dev)?;
+    let b = w.transpose(0, 1).map_err(err("transpose"))?;
+    let what = "matmul [131, 72] @ [200, 72]^T";
+    let out = a.matmul(&b).map_err(err(what))?;
+    let hb = host_view(&vw, b.layout());
+    let (want, scale) = matmul_ref(&va, &[131, 72], &hb, &[72, 200], &[], 131, 72, 200);
+    close(what, &values(&out, what)?, &want, dt, Some(&scale))?;
+    // A = the first 20 columns of rows of 24.
+    let (ab, vab) = random(&[140, 24], -1.0, 1.0, 646, dt, dev)?;
+    let a = ab.narrow(1, 0, 20).map_err(err("narrow"))?;
+    let (b, vb) = random(&[20, 144], -1.0, 1.0, 647, dt, dev)?;
+    let what = "matmul [140, 24][:, :20] @ [20, 144]";
+    let out = a.matmul(&b).map_err(err(what))?;
+    let ha = host_view(&vab, a.layout());
+    let (want, scale) = matmul_ref(&ha, &[140, 20], &vb, &[20, 144], &[], 140, 20, 144);
+    close(what, &values(&out, what)?, &want, dt, Some(&scale))?;
+    // C = 0.5·A·B − 1.5·C.
+    let (a, va) = random(&[136, 32], -1.0, 1.0, 648, dt, dev)?;
+    let (b, vb) = random(&[32, 136], -1.0, 1.0, 649, dt, dev)?;
+    let (c, vc) = random(&[136, 136], -1.0, 1.0, 650, dt, dev)?;
+    a.gemm_into(&b, &c, 0.5, -1.5)
+        .map_err(err("gemm [136, 32] @ [32, 136] alpha 0.5 beta -1.5"))?;
+    let (ab, scale) = matmul_ref(&va, &[136, 32], &vb, &[32, 136], &[], 136, 32, 136);
+    let want: Vec<f64> = ab.iter().zip(&vc).map(|(x, c)| 0.5 * x - 1.5 * c).collect();
+    close(
+        "gemm [136, 32] @ [32, 136] alpha 0.5 beta -1.5",
+        &values(&c, "gemm")?,
+        &want,
+        dt,
+        Some(&scale),
+    )
 }
 
 /// B with contiguous columns (a `[n, k]` weight used transposed, attention's `q · kᵀ`) and
@@ -220,6 +265,7 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
             check_mm(ctx, dt, &[1030, 19], &[19, 2051], 590)?;
             check_mm(ctx, dt, &[2, 1030, 11], &[11, 1030], 592)
         }
+        "tensor_core_tiles" => tensor_core_tiles(ctx, dt),
         "bad_input" => {
             let z = |s: &[usize], d: DType| Tensor::zeros(s, d, ctx.device).map_err(err("zeros"));
             let (a, b) = (z(&[3, 4], dt)?, z(&[5, 2], dt)?);

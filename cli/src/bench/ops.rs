@@ -127,6 +127,23 @@ fn gemm_row(dev: Device, dt: DType, m: usize, n: usize, k: usize) -> CliResult<R
     })
 }
 
+/// `gemm_row` with B the transpose of a weight stored `[n, k]` (`x · Wᵀ`, a linear layer's
+/// layout: B has unit stride along k).
+fn gemm_bt_row(dev: Device, dt: DType, m: usize, n: usize, k: usize) -> CliResult<Row> {
+    let (a, w) = (rand(&[m, k], dt, dev, 1)?, rand(&[n, k], dt, dev, 2)?);
+    let b = w.transpose(0, 1)?;
+    let plan = ops::matmul::matmul(&a.desc(), &b.desc(), 1.0)?;
+    let ms = run_plan(&plan, &[&a, &b], 1)?;
+    Ok(Row {
+        op: "matmul_bt".into(),
+        dtype: dt.name().into(),
+        shape: format!("{m}x{n}x{k}"),
+        ms,
+        gflops: Some(2.0 * (m * n * k) as f64 / (ms * 1e6)),
+        gbps: None,
+    })
+}
+
 fn bw_row(op: &str, dt: DType, shape: String, ms: f64, bytes: usize) -> Row {
     Row {
         op: op.into(),
@@ -363,6 +380,7 @@ fn gpu_rows(dev: Device, quick: bool) -> CliResult<Vec<Row>> {
         for (m, n, k) in [(1, 4096, 4096), (64, 11008, 4096), (2048, 4096, 4096)] {
             rows.push(gemm_row(dev, DType::BF16, m, n, k)?);
         }
+        rows.push(gemm_bt_row(dev, DType::BF16, 4096, 4096, 4096)?);
     }
     let mib = if quick { 16 } else { 256 };
     memory_rows(dev, DType::F32, mib, &mut rows)?;

@@ -260,6 +260,25 @@ __device__ __forceinline__ void cp_async16_to(u32 dst, const void *src, bool val
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+// 16 bytes global → shared, of which the first `bytes` (0 … 16) are read and the rest are
+// zero: a row's last, partial chunk.
+__device__ __forceinline__ void cp_async_bytes_to(u32 dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+// ldmatrix with the row address as a shared-window address.
+__device__ __forceinline__ void ldmatrix_x4_to(u32 r[4], u32 row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_to(u32 r[4], u32 row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N committed groups are still in flight (N a constant).
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }

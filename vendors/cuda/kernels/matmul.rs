@@ -1,7 +1,8 @@
-//! Plans the matmul kernels (`matmul.cu`): 64×64 output tiles (grid x over columns, y over
-//! rows, z over the broadcast batch), any strides — or cuBLAS, when it is loaded and takes
-//! the layouts. The family registers `matmul_epilogue` too; its plans are in
-//! `matmul_epilogue.rs`.
+//! Plans the matmul kernels (`matmul.cu`): cuBLAS when it is loaded and takes the layouts;
+//! else, for f16 / bf16 on sm_80+ with strides that allow 16-byte copies, `op_matmul_mma`
+//! (128×128 tiles on tensor cores, a three-stage cp.async pipeline); else `op_matmul`, 64×64
+//! output tiles over any strides. Grids: x over columns, y over rows, z over the broadcast
+//! batch. The family registers `matmul_epilogue` too; its plans are in `matmul_epilogue.rs`.
 
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ pub(super) const FAMILY: Family = Family {
     text: include_str!("matmul.cu"),
     ops: &["matmul", MATMUL_EPILOGUE],
     dtypes: FLOATS,
-    entries: &["op_matmul"],
+    entries: &["op_matmul", "op_matmul_mma"],
     prepare,
     params: (3, 45),
     source_dtype: super::own_source,
@@ -95,24 +96,36 @@ impl Geometry {
         })
     }
 
-    /// The tile kernel `entry` over this GEMM: grid, the pointers A, B, C and `struct Mm`.
+    /// The 64×64 tile kernel `entry` over this GEMM: grid, the pointers A, B, C and `struct Mm`.
     pub(super) fn tiles(&self, entry: &str, alpha: f64, beta: f64) -> Result<Step> {
+        self.tiles_of(entry, TILE, 256, alpha, beta)
+    }
+
+    /// [`Geometry::tiles`] for a kernel of `tile`×`tile` output tiles and `threads` a block.
+    fn tiles_of(
+        &self,
+        entry: &str,
+        tile: usize,
+        threads: u32,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<Step> {
         let (m, n) = (self.m, self.n);
-        if m.div_ceil(TILE) > 65535 {
+        if m.div_ceil(tile) > 65535 {
             return Err(Error::unsupported(
                 format!(
                     "matmul with {m} rows (the CUDA kernel takes up to {} rows)",
-                    65535 * TILE
+                    65535 * tile
                 ),
                 DeviceKind::Cuda,
             ));
         }
         let grid = [
-            n.div_ceil(TILE).clamp(1, i32::MAX as usize) as u32,
-            m.div_ceil(TILE).clamp(1, 65535) as u32,
+            n.div_ceil(tile).clamp(1, i32::MAX as usize) as u32,
+            m.div_ceil(tile).clamp(1, 65535) as u32,
             self.space.count().clamp(1, 65535) as u32,
         ];
-        let mut step = Step::new(entry, grid, [256, 1, 1]);
+        let mut step = Step::new(entry, grid, [threads, 1, 1]);
         step.ptrs = vec![Operand::In(0), Operand::In(1), Operand::Out(0, 0)];
         let s = &self.space;
         step.args.space(s).strides(s, 0).strides(s, 1).strides(s, 2);
@@ -240,6 +253,41 @@ fn matmul(
         let step = Step::blas(gemm, [Operand::In(1), Operand::In(0), Operand::Out(0, 0)]);
         return prepare_family(spec, &FAMILY, spec.dtype, vec![step]);
     }
-    let step = g.tiles("op_matmul", alpha, beta)?;
+    let step = match tensor_core_tiles(spec, &g, (a, b))? {
+        true => g.tiles_of("op_matmul_mma", MMA_TILE, MMA_THREADS, alpha, beta)?,
+        false => g.tiles("op_matmul", alpha, beta)?,
+    };
     prepare_family(spec, &FAMILY, spec.dtype, vec![step])
+}
+
+/// The tile edge and block size of `op_matmul_mma` (`MMA_BM`, `MMA_THREADS` in matmul.cu).
+const MMA_TILE: usize = 128;
+const MMA_THREADS: u32 = 128;
+
+/// Whether `op_matmul_mma` (128×128 tiles on tensor cores through a cp.async pipeline) takes
+/// this matmul: f16 / bf16 on sm_80 or later, unless `UNIRT_CUDA_MMA=0`; A with unit column
+/// stride, B with a unit stride in either dimension, and every other stride of A and B (batch
+/// strides too) and both offsets multiples of 8 elements, so that each tile row arrives in
+/// 16-byte copies. (The kernel checks the same on the device and computes element by element
+/// what it cannot read; the planner never sends it such a layout.)
+fn tensor_core_tiles(
+    spec: &PlanSpec<'_>,
+    g: &Geometry,
+    (a, b): (&TensorDesc, &TensorDesc),
+) -> Result<bool> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("UNIRT_CUDA_MMA").is_some_and(|v| v == "0"));
+    if off || !matches!(spec.dtype, DType::F16 | DType::BF16) {
+        return Ok(false);
+    }
+    let eighth = |v: i64| v % 8 == 0;
+    let b_rows = g.b.1 == 1 && eighth(g.b.0);
+    let b_cols = g.b.0 == 1 && eighth(g.b.1);
+    let layouts = g.a.1 == 1
+        && eighth(g.a.0)
+        && (b_rows || b_cols)
+        && a.layout.offset() % 8 == 0
+        && b.layout.offset() % 8 == 0
+        && g.space.strides[..2].iter().flatten().all(|&s| eighth(s));
+    Ok(layouts && with_backend(spec, |bk| bk.cc)? >= 80)
 }

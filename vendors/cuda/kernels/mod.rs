@@ -523,6 +523,48 @@ mod tests {
         }
     }
 
+    /// The tensor-core GEMM (the NVRTC fallback when cuBLAS is absent) keeps its 64
+    /// accumulators and fragments in registers and reads its tiles by ldmatrix after cp.async
+    /// copies, in both B layouts.
+    #[test]
+    fn tensor_core_gemm_stays_in_registers() {
+        let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
+            eprintln!("skipped: NVRTC not found");
+            return;
+        };
+        for dtype in [DType::F16, DType::BF16] {
+            for arch in [80, 90] {
+                let (ptx, _) = nv
+                    .compile(
+                        matmul::FAMILY.name,
+                        &op_source(&matmul::FAMILY, dtype),
+                        Target::Ptx(arch),
+                    )
+                    .unwrap();
+                let ptx = String::from_utf8_lossy(&ptx);
+                let body = ptx
+                    .split(".entry ")
+                    .find(|b| b.starts_with("op_matmul_mma("))
+                    .expect("op_matmul_mma in the PTX");
+                for needle in [
+                    "mma.sync.aligned.m16n8k16",
+                    "ldmatrix.sync.aligned.m8n8.x4.trans",
+                    "ldmatrix.sync.aligned.m8n8.x4.shared",
+                    "cp.async.cg.shared.global",
+                ] {
+                    assert!(
+                        body.contains(needle),
+                        "op_matmul_mma {dtype} sm_{arch}: no {needle}"
+                    );
+                }
+                assert!(
+                    !body.contains("__local_depot"),
+                    "op_matmul_mma {dtype} sm_{arch}: an array in local memory"
+                );
+            }
+        }
+    }
+
     /// Occupancy without a GPU: the row kernels fit in 64 registers with nothing spilled (at 159
     /// registers `op_rms_norm` held one block per multiprocessor and ran at 0.17× PyTorch on an
     /// H200), and the attention kernels spill nothing. Read from the CUBIN's attributes.
@@ -539,7 +581,10 @@ mod tests {
             &[DType::F32, DType::BF16][..],
             &[DType::F16, DType::BF16][..],
         );
-        let cases: [(&Family, &[DType], &[Bound]); 4] = [
+        let cases: [(&Family, &[DType], &[Bound]); 5] = [
+            // 128 accumulators a thread; two blocks of 128 threads fit a multiprocessor at
+            // any count up to 255, but a spill would sit in the inner loop.
+            (&matmul::FAMILY, halves, &[("op_matmul_mma", 255)]),
             (
                 &norm::FAMILY,
                 f32_bf16,
