@@ -3,8 +3,12 @@
 //! through the reduced axes' strides), then a tree in workgroup memory; a long reduction into
 //! few outputs is split into chunks, one workgroup each, whose results a second pass
 //! combines ([`chunks`]); on adapters on the host's cores one invocation per output element
-//! instead where its loops fit ([`host_source`]). max / min propagate NaN; argmax returns the
-//! first maximum (the first NaN if any), as the CPU kernel does.
+//! instead where its loops fit ([`host_source`]). Either form takes its elements four
+//! consecutive at a time, and has a quad variant that reads the four as one load where the
+//! reduced axis is contiguous and the rows start on multiples of four (1.4–1.7× on lavapipe
+//! and llvmpipe for a whole-tensor sum or argmax); the two variants give the same result,
+//! bitwise, wherever the tensor starts. max / min propagate NaN; argmax returns the first
+//! maximum (the first NaN if any), as the CPU kernel does.
 //!
 //! Constants: `cfg[0]` the output elements, `cfg[1]` the reduced elements, `cfg[2]` /
 //! `cfg[3]` where the kept and the reduced axes' views of the input start, `cfg[4]` the
@@ -12,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, prepare_scratch, OpSource};
+use super::op::{prepare as prepare_op, prepare_scratch, OpSource, PassSources};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -53,7 +57,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let red: usize = rs.iter().product();
     let n = red as u64;
     let chunks = chunks(spec, lanes as u64, n);
-    let chunk = n.div_ceil(chunks);
+    // Chunks start on multiples of four elements: each lane of the GPU form takes its
+    // elements four consecutive at a time ([`walk`]). A last chunk may be empty.
+    let chunk = n.div_ceil(chunks).next_multiple_of(4);
     let mut cfg = vec![lanes as u32, red as u32, 0, 0, chunks as u32, chunk as u32];
     cfg[2] = wgsl::push_view(&mut cfg, &ks, &kst);
     cfg[3] = wgsl::push_view(&mut cfg, &rs, &rst);
@@ -78,75 +84,70 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let host = super::host_form(spec, Some(host_loops), gpu_loops, || {
         format!("a reduction of {n} elements")
     })?;
-    let passes = if host {
-        vec![host_source(
-            spec.op,
-            &binds,
-            d,
-            &cfg,
-            (&ks, &kst),
-            (&rs, &rst),
-            lanes,
-        )?]
-    } else {
-        let mut funcs = String::new();
-        let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], &ks, &kst, literal);
-        let at = wgsl::view_index(&mut funcs, "red_off", "jj", cfg[3], &rs, &rst, literal);
-        let ld = format!("ld_x(base + {at})");
-        // The chunks' results, in the plan's scratch buffer (bound after the tensors).
-        let part = if chunks > 1 {
-            format!(
-                "@group(0) @binding({}) var<storage, read_write> part: array<u32>;\n",
-                binds.len() + 1
+    // Element by element through the reduced axes' view; or, in the quad variant (a
+    // contiguous reduced axis of a multiple of four elements, every row starting on a
+    // multiple of four), four at once: the same elements into the same accumulators in the
+    // same order, so both variants give the same result, bitwise.
+    let quad =
+        rs.len() == 1 && rst[0] == 1 && n.is_multiple_of(4) && kst.iter().all(|s| s % 4 == 0);
+    if host {
+        let form = |quads: bool| {
+            host_source(
+                spec.op,
+                &binds,
+                d,
+                &cfg,
+                (&ks, &kst),
+                (&rs, &rst),
+                lanes,
+                quads,
             )
-        } else {
-            String::new()
         };
-        let head = format!(
-            "{}{}{ARGMAX_SHARED}{ARGMAX}{funcs}{part}\n{}",
-            wgsl::prelude(&binds, d),
+        let scalar =
+            form(false)?.ok_or_else(|| Error::Internal("wgpu reduce: no host form".into()))?;
+        let aligned = if quad {
+            form(true)?.map(|pass| vec![pass])
+        } else {
+            None
+        };
+        let mut src = OpSource::plain(spec.op.to_string(), vec![scalar], cfg);
+        src.aligned = aligned;
+        return prepare_op(spec, src);
+    }
+    let mut funcs = String::new();
+    let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], &ks, &kst, literal);
+    let at = wgsl::view_index(&mut funcs, "red_off", "jj", cfg[3], &rs, &rst, literal);
+    // The chunks' results, in the plan's scratch buffer (bound after the tensors).
+    let part = if chunks > 1 {
+        format!(
+            "@group(0) @binding({}) var<storage, read_write> part: array<u32>;\n",
+            binds.len() + 1
+        )
+    } else {
+        String::new()
+    };
+    let head = |prelude: &str| {
+        format!(
+            "{prelude}{}{ARGMAX_SHARED}{ARGMAX}{funcs}{part}\n{}",
             wgsl::wg_reduce(d),
             wgsl::main_rows_open(d)
-        );
-        let parts = gpu_parts(spec.op, &ld)?;
-        if chunks == 1 {
-            let src = format!(
-                "{head}    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) {{ return; }}\n    \
-                 let n = cfg[1];\n    let base = {base};\n{}{}{}    {}\n}}\n",
-                parts.init,
-                walk("lid", &parts.step),
-                parts.tree,
-                parts.to_out
-            );
-            vec![(src, wgsl::rows_grid(lanes))]
-        } else {
-            // Pass 1: workgroup w reduces chunk w % chunks of output w / chunks into part[w];
-            // pass 2: one workgroup per output combines its chunks' results (in the order of
-            // the chunks: the earlier chunk's index wins a tie).
-            let first = format!(
-                "{head}    let w = wid.x + wid.y * nwg.x;\n    if (w >= cfg[0] * cfg[4]) {{ return; }}\n    \
-                 let row = w / cfg[4];\n    let begin = (w % cfg[4]) * cfg[5];\n    \
-                 let n = min(cfg[1], begin + cfg[5]);\n    let base = {base};\n{}{}{}    {}\n}}\n",
-                parts.init,
-                walk("begin + lid", &parts.step),
-                parts.tree,
-                parts.to_part
-            );
-            let second = format!(
-                "{head}    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) {{ return; }}\n    \
-                 let n = cfg[1];\n    let at = row * cfg[4] + lid;\n    let here = lid < cfg[4];\n{}{}    {}\n}}\n",
-                parts.from_part,
-                parts.tree,
-                parts.to_out
-            );
-            vec![
-                (first, wgsl::rows_grid((lanes as u64 * chunks) as usize)),
-                (second, wgsl::rows_grid(lanes)),
-            ]
-        }
+        )
     };
-    let src = OpSource::plain(spec.op.to_string(), passes, cfg);
-    if chunks > 1 && !host {
+    let parts = gpu_parts(spec.op)?;
+    let passes_of =
+        |prelude: &str, how: &Walk| gpu_passes(&head(prelude), &parts, how, &base, chunks, lanes);
+    let aligned = quad
+        .then(|| wgsl::prelude_mixed(&binds, &[true, false], d))
+        .flatten()
+        .map(|prelude| passes_of(&prelude, &Walk::Quads));
+    let scalar = Walk::Scalar(format!("ld_x(base + {at})"));
+    let mut src = OpSource::plain(
+        spec.op.to_string(),
+        passes_of(&wgsl::prelude(&binds, d), &scalar),
+        cfg,
+    );
+    src.aligned = aligned;
+    if chunks > 1 {
         let words = if spec.op == "argmax" { 2 } else { 1 };
         prepare_scratch(spec, src, 4 * words * lanes as u64 * chunks)
     } else {
@@ -154,6 +155,59 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     }
 }
 
+/// How the GPU form's lanes read their elements (see [`walk`]).
+enum Walk {
+    /// One element at a time: this load of element `jj`.
+    Scalar(String),
+    /// Four at a time, `ld4_x(base + j)`.
+    Quads,
+}
+
+/// The GPU form's passes: one workgroup per output, or (`chunks` > 1) pass 1 over each
+/// output's chunks into `part`, pass 2 combining them.
+fn gpu_passes(
+    head: &str,
+    parts: &GpuParts,
+    how: &Walk,
+    base: &str,
+    chunks: u64,
+    lanes: usize,
+) -> PassSources {
+    if chunks == 1 {
+        let src = format!(
+            "{head}    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) {{ return; }}\n    \
+             let n = cfg[1];\n    let base = {base};\n{}{}{}{}    {}\n}}\n",
+            parts.init,
+            walk("4u * lid", &parts.step, how),
+            parts.lane,
+            parts.tree,
+            parts.to_out
+        );
+        return vec![(src, wgsl::rows_grid(lanes))];
+    }
+    // Pass 1: workgroup w reduces chunk w % chunks of output w / chunks into part[w]; pass 2:
+    // one workgroup per output combines its chunks' results (in the order of the chunks: the
+    // earlier chunk's index wins a tie).
+    let first = format!(
+        "{head}    let w = wid.x + wid.y * nwg.x;\n    if (w >= cfg[0] * cfg[4]) {{ return; }}\n    \
+         let row = w / cfg[4];\n    let begin = (w % cfg[4]) * cfg[5];\n    \
+         let n = min(cfg[1], begin + cfg[5]);\n    let base = {base};\n{}{}{}{}    {}\n}}\n",
+        parts.init,
+        walk("begin + 4u * lid", &parts.step, how),
+        parts.lane,
+        parts.tree,
+        parts.to_part
+    );
+    let second = format!(
+        "{head}    let row = wid.x + wid.y * nwg.x;\n    if (row >= cfg[0]) {{ return; }}\n    \
+         let n = cfg[1];\n    let at = row * cfg[4] + lid;\n    let here = lid < cfg[4];\n{}{}    {}\n}}\n",
+        parts.from_part, parts.tree, parts.to_out
+    );
+    vec![
+        (first, wgsl::rows_grid((lanes as u64 * chunks) as usize)),
+        (second, wgsl::rows_grid(lanes)),
+    ]
+}
 /// How many workgroups share each output's reduced elements in the GPU form: enough that
 /// the outputs' workgroups fill the device (twice the host's cores on a software adapter,
 /// 512 workgroups elsewhere), at most 256 and at least 16 Ki elements each. A sum of 2^24
@@ -170,29 +224,58 @@ fn chunks(spec: &PlanSpec<'_>, lanes: u64, n: u64) -> u64 {
     fill.div_ceil(lanes).min(n >> 14).clamp(1, 256)
 }
 
-/// The loop of the GPU form's lanes over their elements: from `start`, every 256th below `n`,
-/// four per loop iteration in the order a one-at-a-time loop would take them (the same
-/// result, bitwise, in a quarter of the iterations); `step` handles element `jj`.
-fn walk(start: &str, step: &str) -> String {
-    let at = |j: &str| format!("{{ let jj = {j}; {step} }}");
-    format!(
-        "    var j = {start};\n    \
-         for (; j + 768u < n; j = j + 1024u) {{ {} {} {} {} }}\n    \
-         for (; j < n; j = j + 256u) {}\n",
-        at("j"),
-        at("j + 256u"),
-        at("j + 512u"),
-        at("j + 768u"),
-        at("j")
-    )
+/// The loop of the GPU form's lanes over their elements: from `start` (a multiple of four),
+/// four consecutive elements, then the four 1024 further on, and so on below `n`; `step`
+/// handles one element (`{V}` its value, `{J}` its index, `{C}` its place in the four).
+/// Scalar walks load each element through the view and finish a partial last four; quad
+/// walks load the four at once (`n` is then a multiple of four). Both take the same elements
+/// in the same order into the same accumulators.
+fn walk(start: &str, step: &str, how: &Walk) -> String {
+    let one = |c: u32, value: &str, index: &str| {
+        step.replace("{V}", value)
+            .replace("{J}", index)
+            .replace("{C}", &c.to_string())
+    };
+    match how {
+        Walk::Scalar(ld) => {
+            let at = |c: u32| {
+                format!(
+                    "{{ let jj = j + {c}u; let x{c} = {ld}; {} }}",
+                    one(c, &format!("x{c}"), "jj")
+                )
+            };
+            format!(
+                "    var j = {start};\n    \
+                 for (; j + 3u < n; j = j + 1024u) {{ {} {} {} {} }}\n    \
+                 if (j < n) {} if (j + 1u < n) {} if (j + 2u < n) {}\n",
+                at(0),
+                at(1),
+                at(2),
+                at(3),
+                at(0),
+                at(1),
+                at(2)
+            )
+        }
+        Walk::Quads => format!(
+            "    var j = {start};\n    \
+             for (; j < n; j = j + 1024u) {{ let q = ld4_x(base + j); {} {} {} {} }}\n",
+            one(0, "q.x", "j"),
+            one(1, "q.y", "(j + 1u)"),
+            one(2, "q.z", "(j + 2u)"),
+            one(3, "q.w", "(j + 3u)")
+        ),
+    }
 }
 
 /// The pieces of an operator's GPU form.
 struct GpuParts {
-    /// The lane's accumulator.
+    /// The lane's accumulators.
     init: String,
-    /// What [`walk`] does with element `jj`.
+    /// What [`walk`] does with one element.
     step: String,
+    /// The lane's accumulators as one value, `acc`, for the tree.
+    lane: String,
     /// Pass 2's accumulator: the result of chunk `at`, where `here`.
     from_part: String,
     /// The workgroup's tree over its lanes' accumulators.
@@ -202,13 +285,14 @@ struct GpuParts {
     to_part: String,
 }
 
-/// The GPU form of `op` (element `jj` read by `ld`): each lane accumulates its elements, a
-/// tree in workgroup memory combines the lanes.
-fn gpu_parts(op: &str, ld: &str) -> Result<GpuParts> {
-    let (init, step, from_part, tree, to_out, to_part) = match op {
+/// The GPU form of `op`: each lane accumulates its elements (a sum in four partial sums, one
+/// per place in each four, added pairwise), a tree in workgroup memory combines the lanes.
+fn gpu_parts(op: &str) -> Result<GpuParts> {
+    let (init, step, lane, from_part, tree, to_out, to_part) = match op {
         "sum" | "mean" => (
-            "    var acc = 0.0;\n".to_string(),
-            format!("acc = acc + {ld};"),
+            "    var a0 = 0.0;\n    var a1 = 0.0;\n    var a2 = 0.0;\n    var a3 = 0.0;\n".to_string(),
+            "a{C} = a{C} + {V};".to_string(),
+            "    let acc = (a0 + a1) + (a2 + a3);\n".to_string(),
             "    var acc = 0.0;\n    if (here) { acc = bitcast<f32>(part[at]); }\n".to_string(),
             "    let total = wg_sum(acc, lid);\n".to_string(),
             format!(
@@ -231,7 +315,8 @@ fn gpu_parts(op: &str, ld: &str) -> Result<GpuParts> {
             };
             (
                 format!("    var acc = {init};\n    var nan = false;\n"),
-                format!("let v = {ld}; nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }}"),
+                format!("nan = nan || {{V}} != {{V}}; if ({{V}} {cmp} acc) {{ acc = {{V}}; }}"),
+                String::new(),
                 format!(
                     "    var acc = {init};\n    if (here) {{ acc = bitcast<f32>(part[at]); }}\n    let nan = acc != acc;\n"
                 ),
@@ -246,7 +331,8 @@ fn gpu_parts(op: &str, ld: &str) -> Result<GpuParts> {
         }
         "argmax" => (
             "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n".to_string(),
-            format!("let v = {ld}; if (bi == 0xffffffffu || better(bv, bi, v, jj)) {{ bv = v; bi = jj; }}"),
+            "if (bi == 0xffffffffu || better(bv, bi, {V}, {J})) { bv = {V}; bi = {J}; }".to_string(),
+            String::new(),
             "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    \
              if (here) { bv = bitcast<f32>(part[2u * at]); bi = part[2u * at + 1u]; }\n"
                 .to_string(),
@@ -264,6 +350,7 @@ fn gpu_parts(op: &str, ld: &str) -> Result<GpuParts> {
     Ok(GpuParts {
         init,
         step,
+        lane,
         from_part,
         tree,
         to_out,
@@ -278,6 +365,7 @@ fn gpu_parts(op: &str, ld: &str) -> Result<GpuParts> {
 /// so (Intel Xeon). A sum keeps four partial sums (every fourth element each), added
 /// pairwise at the end, so its rounding error grows like a quarter of a sequential sum's.
 /// Taken only for reductions one lane may loop over (`super::host_form`).
+#[allow(clippy::too_many_arguments)]
 fn host_source(
     op: &str,
     binds: &[Bind],
@@ -286,11 +374,30 @@ fn host_source(
     (ks, kst): (&[usize], &[usize]),
     (rs, rst): (&[usize], &[usize]),
     lanes: usize,
-) -> Result<(String, [u32; 3])> {
+    quads: bool,
+) -> Result<Option<(String, [u32; 3])>> {
     let mut funcs = String::new();
     let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], ks, kst, true);
     let at = wgsl::view_index(&mut funcs, "red_off", "j", cfg[3], rs, rst, true);
     let ld = format!("ld_x(base + {at})");
+    // Elements j … j + 3 as `x0` … `x3`: read one at a time, or (quads) as one quad.
+    let four = if quads {
+        "let q = ld4_x(base + j); let x0 = q.x; let x1 = q.y; let x2 = q.z; let x3 = q.w;"
+            .to_string()
+    } else {
+        (0..4)
+            .map(|k| format!("let x{k} = {};", ld.replace("(j)", &format!("(j + {k}u)"))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // What is left after the fours (nothing in the quad variant: n is a multiple of four).
+    let rest = |step: &str| {
+        if quads {
+            String::new()
+        } else {
+            format!("    for (; j < n; j = j + 1u) {{ let x0 = {ld}; {step} }}\n")
+        }
+    };
     let body = match op {
         "sum" | "mean" => {
             let total = if op == "mean" {
@@ -298,16 +405,11 @@ fn host_source(
             } else {
                 "total"
             };
-            let step = |k: u32| ld.replace("(j)", &format!("(j + {k}u)"));
             format!(
                 "    var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;\n    var j = 0u;\n    \
-                 for (; j + 4u <= n; j = j + 4u) {{ a0 = a0 + {}; a1 = a1 + {}; a2 = a2 + {}; a3 = a3 + {}; }}\n    \
-                 for (; j < n; j = j + 1u) {{ a0 = a0 + {ld}; }}\n    \
-                 let total = (a0 + a1) + (a2 + a3);\n    st_out(row, {total});\n",
-                step(0),
-                step(1),
-                step(2),
-                step(3)
+                 for (; j + 4u <= n; j = j + 4u) {{ {four} a0 = a0 + x0; a1 = a1 + x1; a2 = a2 + x2; a3 = a3 + x3; }}\n\
+                 {}    let total = (a0 + a1) + (a2 + a3);\n    st_out(row, {total});\n",
+                rest("a0 = a0 + x0;")
             )
         }
         "max" | "min" => {
@@ -316,29 +418,56 @@ fn host_source(
             } else {
                 ("<", "-neg_inf()")
             };
+            let step = |k: u32| {
+                format!("nan = nan || x{k} != x{k}; if (x{k} {cmp} acc) {{ acc = x{k}; }}")
+            };
             format!(
-                "    var acc = {init};\n    var nan = false;\n    \
-                 for (var j = 0u; j < n; j = j + 1u) {{ let v = {ld}; nan = nan || v != v; if (v {cmp} acc) {{ acc = v; }} }}\n    \
-                 st_out(row, select(acc, bitcast<f32>(0x7fc00000u), nan));\n"
+                "    var acc = {init};\n    var nan = false;\n    var j = 0u;\n    \
+                 for (; j + 4u <= n; j = j + 4u) {{ {four} {} {} {} {} }}\n\
+                 {}    st_out(row, select(acc, bitcast<f32>(0x7fc00000u), nan));\n",
+                step(0),
+                step(1),
+                step(2),
+                step(3),
+                rest(&step(0))
             )
         }
-        "argmax" => format!(
-            "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    \
-             for (var j = 0u; j < n; j = j + 1u) {{ let v = {ld}; \
-             if (bi == 0xffffffffu || better(bv, bi, v, j)) {{ bv = v; bi = j; }} }}\n    \
-             sti_out(row, i32(bi));\n"
-        ),
+        "argmax" => {
+            let step = |k: u32| {
+                format!(
+                    "if (bi == 0xffffffffu || better(bv, bi, x{k}, j + {k}u)) {{ bv = x{k}; bi = j + {k}u; }}"
+                )
+            };
+            format!(
+                "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    var j = 0u;\n    \
+                 for (; j + 4u <= n; j = j + 4u) {{ {four} {} {} {} {} }}\n\
+                 {}    sti_out(row, i32(bi));\n",
+                step(0),
+                step(1),
+                step(2),
+                step(3),
+                rest(&step(0))
+            )
+        }
         op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
     };
     let head = "    if (row >= cfg[0]) { return; }\n    let n = cfg[1];\n";
-    let prelude = format!("{}{ARGMAX}{funcs}", wgsl::prelude(binds, d));
-    Ok(wgsl::row_kernel(
+    let prelude = if quads {
+        match wgsl::prelude_mixed(binds, &[true, false], d) {
+            Some(p) => p,
+            None => return Ok(None),
+        }
+    } else {
+        wgsl::prelude(binds, d)
+    };
+    let prelude = format!("{prelude}{ARGMAX}{funcs}");
+    Ok(Some(wgsl::row_kernel(
         &prelude,
         &format!("{head}    let base = {base};\n{body}"),
         true,
         lanes,
         d,
-    ))
+    )))
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

@@ -126,47 +126,89 @@ fn native_f16_accessors(s: &mut String, k: usize, b: &Bind) {
 pub(crate) fn prelude_quads(binds: &[Bind]) -> Option<String> {
     let mut s = String::from(HEADER);
     for (k, b) in binds.iter().enumerate() {
-        let (n, slot) = (b.name, k + 1);
-        let (ty, load, store) = match b.dtype {
-            DType::F32 => ("vec4<f32>", "return {n}[q];", "{n}[q] = v;"),
-            DType::F16 => (
-                "vec2<u32>",
-                "let w = {n}[q]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));",
-                "{n}[q] = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));",
-            ),
-            DType::BF16 => (
-                "vec2<u32>",
-                "let w = {n}[q]; return vec4<f32>(bitcast<f32>(w.x << 16u), \
-                 bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), \
-                 bitcast<f32>(w.y & 0xffff0000u));",
-                "let h = bf16_round4(v); {n}[q] = vec2<u32>(h.x | (h.y << 16u), h.z | (h.w << 16u));",
-            ),
-            _ => return None,
-        };
-        let (load, store) = (load.replace("{n}", n), store.replace("{n}", n));
-        let _ = writeln!(
-            s,
-            "@group(0) @binding({slot}) var<storage, read_write> {n}: array<{ty}>;\n\
-             fn ldq_{n}(q: u32) -> vec4<f32> {{ {load} }}\n\
-             fn ld4_{n}(i: u32) -> vec4<f32> {{ return ldq_{n}((imm.o{k} + i) >> 2u); }}"
-        );
-        if b.write {
-            let _ = writeln!(
-                s,
-                "fn stq_{n}(q: u32, v: vec4<f32>) {{ {store} }}\n\
-                 fn st4_{n}(i: u32, v: vec4<f32>) {{ stq_{n}((imm.o{k} + i) >> 2u, v); }}"
-            );
+        quad_accessors(&mut s, k, b)?;
+    }
+    quad_helpers(&mut s, binds);
+    Some(s)
+}
+
+/// A prelude whose bindings marked in `quads` are declared and read as quads (as in
+/// [`prelude_quads`]) and the others as scalars (as in [`prelude`]): for kernels that read an
+/// input four elements at a time but write single elements (a reduction's outputs). `None`
+/// when a quad binding's dtype has no quad form.
+pub(crate) fn prelude_mixed(binds: &[Bind], quads: &[bool], d: Dialect) -> Option<String> {
+    let scalar = |k: usize| !quads.get(k).copied().unwrap_or(false);
+    let native = d.native_f16
+        && binds
+            .iter()
+            .enumerate()
+            .any(|(k, b)| scalar(k) && b.dtype == DType::F16);
+    let mut s = String::from(if native { "enable f16;\n" } else { "" });
+    s += HEADER;
+    for (k, b) in binds.iter().enumerate() {
+        if !scalar(k) {
+            quad_accessors(&mut s, k, b)?;
+        } else if native && b.dtype == DType::F16 {
+            native_f16_accessors(&mut s, k, b);
+        } else {
+            accessors(&mut s, k, b);
         }
     }
+    let quad_binds: Vec<Bind> = (0..binds.len())
+        .filter(|&k| !scalar(k))
+        .map(|k| binds[k])
+        .collect();
+    quad_helpers(&mut s, &quad_binds);
+    Some(s)
+}
+
+/// The quad declaration and accessors of binding `k` (see [`prelude_quads`]); `None` when its
+/// dtype has no quad form.
+fn quad_accessors(s: &mut String, k: usize, b: &Bind) -> Option<()> {
+    let (n, slot) = (b.name, k + 1);
+    let (ty, load, store) = match b.dtype {
+        DType::F32 => ("vec4<f32>", "return {n}[q];", "{n}[q] = v;"),
+        DType::F16 => (
+            "vec2<u32>",
+            "let w = {n}[q]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));",
+            "{n}[q] = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));",
+        ),
+        DType::BF16 => (
+            "vec2<u32>",
+            "let w = {n}[q]; return vec4<f32>(bitcast<f32>(w.x << 16u), \
+             bitcast<f32>(w.x & 0xffff0000u), bitcast<f32>(w.y << 16u), \
+             bitcast<f32>(w.y & 0xffff0000u));",
+            "let h = bf16_round4(v); {n}[q] = vec2<u32>(h.x | (h.y << 16u), h.z | (h.w << 16u));",
+        ),
+        _ => return None,
+    };
+    let (load, store) = (load.replace("{n}", n), store.replace("{n}", n));
+    let _ = writeln!(
+        s,
+        "@group(0) @binding({slot}) var<storage, read_write> {n}: array<{ty}>;\n\
+         fn ldq_{n}(q: u32) -> vec4<f32> {{ {load} }}\n\
+         fn ld4_{n}(i: u32) -> vec4<f32> {{ return ldq_{n}((imm.o{k} + i) >> 2u); }}"
+    );
+    if b.write {
+        let _ = writeln!(
+            s,
+            "fn stq_{n}(q: u32, v: vec4<f32>) {{ {store} }}\n\
+             fn st4_{n}(i: u32, v: vec4<f32>) {{ stq_{n}((imm.o{k} + i) >> 2u, v); }}"
+        );
+    }
+    Some(())
+}
+
+/// The helpers the quad accessors of `binds` call (a bf16 quad store's rounding).
+fn quad_helpers(s: &mut String, binds: &[Bind]) {
     if binds.iter().any(|b| b.write && b.dtype == DType::BF16) {
         // Round to nearest even, NaN to the quiet NaN: the scalar bf16 store's rounding.
-        s += "fn bf16_round4(v: vec4<f32>) -> vec4<u32> {
+        *s += "fn bf16_round4(v: vec4<f32>) -> vec4<u32> {
     let u = bitcast<vec4<u32>>(v);
     return select((u + 0x7fffu + ((u >> vec4<u32>(16u)) & vec4<u32>(1u))) >> vec4<u32>(16u), vec4<u32>(0x7fc0u), v != v);
 }
 ";
     }
-    Some(s)
 }
 
 /// Whether `t`'s rows (its last dimension) suit a quad variant: contiguous, of a multiple of
