@@ -58,6 +58,19 @@ fn check_mm(ctx: &Ctx, dt: DType, sa: &[usize], sb: &[usize], seed: u64) -> Resu
     close(&w, &values(&out, &w)?, &want, dt, Some(&scale))
 }
 
+/// `a @ b` for two matrix views against their values in row-major order.
+fn check_views(
+    what: &str,
+    (a, ha): (&Tensor, &[f64]),
+    (b, hb): (&Tensor, &[f64]),
+    dt: DType,
+) -> Result<(), Failure> {
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let out = a.matmul(b).map_err(err(what))?;
+    let (want, scale) = matmul_ref(ha, &[m, k], hb, &[k, n], &[], m, k, n);
+    close(what, &values(&out, what)?, &want, dt, Some(&scale))
+}
+
 /// The layouts a GEMM reads in 16-byte copies (CUDA's `op_matmul_mma`: 128×128 tiles, 32 deep,
 /// on tensor cores, chosen for f16 / bf16 when every stride but the unit ones is a multiple of
 /// 8), at its tile edges: k = 264 (a multiple of 8, not of 32), partial row and column tiles,
@@ -72,20 +85,19 @@ fn tensor_core_tiles(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     let (a, va) = random(&[131, 72], -1.0, 1.0, 644, dt, dev)?;
     let (w, vw) = random(&[200, 72], -1.0, 1.0, 645, dt, dev)?;
     let b = w.transpose(0, 1).map_err(err("transpose"))?;
-    let what = "matmul [131, 72] @ [200, 72]^T";
-    let out = a.matmul(&b).map_err(err(what))?;
     let hb = host_view(&vw, b.layout());
-    let (want, scale) = matmul_ref(&va, &[131, 72], &hb, &[72, 200], &[], 131, 72, 200);
-    close(what, &values(&out, what)?, &want, dt, Some(&scale))?;
+    check_views("matmul [131, 72] @ [200, 72]^T", (&a, &va), (&b, &hb), dt)?;
     // A = the first 20 columns of rows of 24.
     let (ab, vab) = random(&[140, 24], -1.0, 1.0, 646, dt, dev)?;
     let a = ab.narrow(1, 0, 20).map_err(err("narrow"))?;
     let (b, vb) = random(&[20, 144], -1.0, 1.0, 647, dt, dev)?;
-    let what = "matmul [140, 24][:, :20] @ [20, 144]";
-    let out = a.matmul(&b).map_err(err(what))?;
     let ha = host_view(&vab, a.layout());
-    let (want, scale) = matmul_ref(&ha, &[140, 20], &vb, &[20, 144], &[], 140, 20, 144);
-    close(what, &values(&out, what)?, &want, dt, Some(&scale))?;
+    check_views(
+        "matmul [140, 24][:, :20] @ [20, 144]",
+        (&a, &ha),
+        (&b, &vb),
+        dt,
+    )?;
     // C = 0.5·A·B − 1.5·C.
     let (a, va) = random(&[136, 32], -1.0, 1.0, 648, dt, dev)?;
     let (b, vb) = random(&[32, 136], -1.0, 1.0, 649, dt, dev)?;

@@ -486,10 +486,10 @@ mod tests {
         }
     }
 
-    /// The tensor-core flash kernel keeps its Q fragments, scores and accumulators in registers:
-    /// an array indexed by a value the compiler cannot unroll would show as a `__local_depot`.
-    #[test]
-    fn flash_attention_fragments_stay_in_registers() {
+    /// Compiles `family` to PTX in f16 and bf16 for sm_80 and sm_90 and checks that each of
+    /// `entries` holds every instruction of `needles` and no `__local_depot` (an array in local
+    /// memory: indexed by a value the compiler could not unroll).
+    fn check_tensor_core_ptx(family: &Family, entries: &[&str], needles: &[&str]) {
         let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
             eprintln!("skipped: NVRTC not found");
             return;
@@ -497,23 +497,20 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for arch in [80, 90] {
                 let (ptx, _) = nv
-                    .compile(
-                        attention::FAMILY.name,
-                        &op_source(&attention::FAMILY, dtype),
-                        Target::Ptx(arch),
-                    )
+                    .compile(family.name, &op_source(family, dtype), Target::Ptx(arch))
                     .unwrap();
                 let ptx = String::from_utf8_lossy(&ptx);
-                for entry in ["op_attention_flash(", "op_attention_flash_d64("] {
+                for entry in entries {
                     let body = ptx
                         .split(".entry ")
-                        .find(|b| b.starts_with(entry))
+                        .find(|b| b.strip_prefix(entry).is_some_and(|r| r.starts_with('(')))
                         .unwrap_or_else(|| panic!("{entry} in the PTX"));
-                    assert!(
-                        body.contains("mma.sync.aligned.m16n8k16")
-                            && body.contains("ldmatrix.sync.aligned.m8n8.x4.trans"),
-                        "{entry} {dtype} sm_{arch}: no tensor-core path"
-                    );
+                    for needle in needles {
+                        assert!(
+                            body.contains(needle),
+                            "{entry} {dtype} sm_{arch}: no {needle}"
+                        );
+                    }
                     assert!(
                         !body.contains("__local_depot"),
                         "{entry} {dtype} sm_{arch}: an array in local memory"
@@ -523,46 +520,35 @@ mod tests {
         }
     }
 
-    /// The tensor-core GEMM (the NVRTC fallback when cuBLAS is absent) keeps its 64
-    /// accumulators and fragments in registers and reads its tiles by ldmatrix after cp.async
-    /// copies, in both B layouts.
+    /// The tensor-core flash kernel keeps its Q fragments, scores and accumulators in
+    /// registers.
+    #[test]
+    fn flash_attention_fragments_stay_in_registers() {
+        check_tensor_core_ptx(
+            &attention::FAMILY,
+            &["op_attention_flash", "op_attention_flash_d64"],
+            &[
+                "mma.sync.aligned.m16n8k16",
+                "ldmatrix.sync.aligned.m8n8.x4.trans",
+            ],
+        );
+    }
+
+    /// The tensor-core GEMM (unirt's own, where cuBLAS is absent) keeps its 128 accumulators
+    /// and fragments in registers and reads its tiles by ldmatrix after cp.async copies, in
+    /// both B layouts.
     #[test]
     fn tensor_core_gemm_stays_in_registers() {
-        let Ok(nv) = crate::vendors::cuda::nvrtc::nvrtc() else {
-            eprintln!("skipped: NVRTC not found");
-            return;
-        };
-        for dtype in [DType::F16, DType::BF16] {
-            for arch in [80, 90] {
-                let (ptx, _) = nv
-                    .compile(
-                        matmul::FAMILY.name,
-                        &op_source(&matmul::FAMILY, dtype),
-                        Target::Ptx(arch),
-                    )
-                    .unwrap();
-                let ptx = String::from_utf8_lossy(&ptx);
-                let body = ptx
-                    .split(".entry ")
-                    .find(|b| b.starts_with("op_matmul_mma("))
-                    .expect("op_matmul_mma in the PTX");
-                for needle in [
-                    "mma.sync.aligned.m16n8k16",
-                    "ldmatrix.sync.aligned.m8n8.x4.trans",
-                    "ldmatrix.sync.aligned.m8n8.x4.shared",
-                    "cp.async.cg.shared.global",
-                ] {
-                    assert!(
-                        body.contains(needle),
-                        "op_matmul_mma {dtype} sm_{arch}: no {needle}"
-                    );
-                }
-                assert!(
-                    !body.contains("__local_depot"),
-                    "op_matmul_mma {dtype} sm_{arch}: an array in local memory"
-                );
-            }
-        }
+        check_tensor_core_ptx(
+            &matmul::FAMILY,
+            &["op_matmul_mma"],
+            &[
+                "mma.sync.aligned.m16n8k16",
+                "ldmatrix.sync.aligned.m8n8.x4.trans",
+                "ldmatrix.sync.aligned.m8n8.x4.shared",
+                "cp.async.cg.shared.global",
+            ],
+        );
     }
 
     /// Occupancy without a GPU: the row kernels fit in 64 registers with nothing spilled (at 159
