@@ -378,7 +378,7 @@ mod tests {
 
     /// The tile kernel with an epilogue is op_matmul's: its product is computed by the same
     /// code (only the store differs), and op_matmul itself is unchanged by the epilogue's
-    /// hooks (the family's source holds it alone).
+    /// hooks (the family's source holds it and op_matmul_mma alone).
     #[test]
     fn the_family_source_holds_op_matmul_alone() {
         let Ok(nv) = nvrtc() else {
@@ -394,8 +394,9 @@ mod tests {
                 )
                 .unwrap();
             let ptx = String::from_utf8_lossy(&ptx);
-            assert_eq!(ptx.matches(".entry ").count(), 1, "{ptx}");
+            assert_eq!(ptx.matches(".entry ").count(), 2, "{ptx}");
             assert!(ptx.contains(".entry op_matmul("));
+            assert!(ptx.contains(".entry op_matmul_mma("));
             assert!(!ptx.contains("__local_depot"), "{dtype}: local memory");
         }
     }
