@@ -31,6 +31,28 @@ pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> R
     }
 }
 
+/// wgpu-hal's message when a thread gave up waiting for the GL context.
+const GL_LOCK_TIMEOUT: &str = "Could not lock adapter context";
+
+/// [`guarded`] for a call that may simply be made again (preparing a kernel: its pipelines
+/// come from a cache, its buffers are its own): one that panicked while waiting for the GL
+/// context — another thread held it through a long llvmpipe dispatch, past wgpu-hal's 6 s —
+/// is made again, three times in all. A loaded 2-core CI machine saw a plan's preparation
+/// fail so while another test's long dispatch ran.
+pub(crate) fn guarded_retry<T>(call: &'static str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 1;
+    loop {
+        match guarded(call, &mut f) {
+            Err(Error::Driver { message, .. })
+                if tries < 3 && message.contains(GL_LOCK_TIMEOUT) =>
+            {
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +71,34 @@ mod tests {
             other => panic!("expected a driver error, got {other:?}"),
         }
         assert_eq!(guarded("free", || Ok(7)).ok(), Some(7));
+    }
+
+    #[test]
+    fn a_gl_lock_timeout_is_tried_again_twice() {
+        let mut calls = 0;
+        let r = guarded_retry("prepare", || {
+            calls += 1;
+            if calls < 3 {
+                panic!("{GL_LOCK_TIMEOUT}. This is most-likely a deadlock.");
+            }
+            Ok(calls)
+        });
+        assert_eq!(r.ok(), Some(3));
+        let mut calls = 0;
+        let r: Result<()> = guarded_retry("prepare", || {
+            calls += 1;
+            panic!("{GL_LOCK_TIMEOUT}. This is most-likely a deadlock.")
+        });
+        assert!(
+            matches!(r, Err(Error::Driver { .. })) && calls == 3,
+            "{calls}"
+        );
+        // Any other panic is not retried.
+        let mut calls = 0;
+        let r: Result<()> = guarded_retry("prepare", || {
+            calls += 1;
+            panic!("something else")
+        });
+        assert!(r.is_err() && calls == 1);
     }
 }

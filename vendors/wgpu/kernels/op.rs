@@ -20,7 +20,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::super::fault::{FaultWord, FAULT_BYTES};
-use super::super::guard::guarded;
+use super::super::guard::{guarded, guarded_retry};
 use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
 use super::super::stream::{enqueue, Cmd, Imm, TexCopy};
 use super::super::WgpuBackend;
@@ -46,6 +46,7 @@ pub(crate) const MAX_TENSORS: usize = 8;
 pub(crate) type PassSources = Vec<(String, [u32; 3])>;
 
 /// What a family generates for one plan.
+#[derive(Clone)]
 pub(crate) struct OpSource {
     /// For labels and errors.
     pub name: String,
@@ -296,8 +297,8 @@ fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
 /// Compiles `src` for the plan's device and makes its constants buffer (a wgpu panic meanwhile
 /// is an error, see `guard.rs`).
 pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
-    guarded("prepare an operator kernel", || {
-        prepare_unguarded(spec, src, None, 0)
+    guarded_retry("prepare an operator kernel", || {
+        prepare_unguarded(spec, src.clone(), None, 0)
     })
 }
 
@@ -311,14 +312,15 @@ pub(crate) fn prepare_scratch(
     src: OpSource,
     scratch_bytes: u64,
 ) -> Result<Arc<dyn PreparedKernel>> {
-    guarded("prepare an operator kernel", || {
-        prepare_unguarded(spec, src, None, scratch_bytes.max(4))
+    guarded_retry("prepare an operator kernel", || {
+        prepare_unguarded(spec, src.clone(), None, scratch_bytes.max(4))
     })
 }
 
 /// What a kernel that can find bad data on the device checks: values must lie in `0..limit`;
 /// `wide` when they are 64-bit. Its passes declare the fault word with
 /// [`super::super::fault::wgsl`] at binding `tensors + 1` and claim it with `fault_claim`.
+#[derive(Clone, Copy)]
 pub(crate) struct FaultSpec {
     pub limit: u64,
     pub wide: bool,
@@ -331,8 +333,8 @@ pub(crate) fn prepare_checked(
     src: OpSource,
     fault: FaultSpec,
 ) -> Result<Arc<dyn PreparedKernel>> {
-    guarded("prepare an operator kernel", || {
-        prepare_unguarded(spec, src, Some(fault), 0)
+    guarded_retry("prepare an operator kernel", || {
+        prepare_unguarded(spec, src.clone(), Some(fault), 0)
     })
 }
 

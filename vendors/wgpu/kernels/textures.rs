@@ -19,6 +19,7 @@ use super::op::{OpCache, PassSources};
 /// the copy of a *reusable* input (a GEMM's B, a bias row: usually weights) goes to a texture
 /// of its own and is skipped while that texture holds the input's unchanged bytes
 /// (`contents.rs` decides, in submission order).
+#[derive(Clone)]
 pub(crate) struct TexRead {
     /// The inputs read through textures, in the order of their bindings.
     pub inputs: Vec<TexInput>,
@@ -29,6 +30,7 @@ pub(crate) struct TexRead {
 
 /// One input of a [`TexRead`] variant: rows of its values, `row_stride` elements apart,
 /// copied into a `width` × `height` texture.
+#[derive(Clone)]
 pub(crate) struct TexInput {
     /// Which input (index into the plan's inputs).
     pub input: usize,
