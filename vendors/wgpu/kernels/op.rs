@@ -46,7 +46,6 @@ pub(crate) const MAX_TENSORS: usize = 8;
 pub(crate) type PassSources = Vec<(String, [u32; 3])>;
 
 /// What a family generates for one plan.
-#[derive(Clone)]
 pub(crate) struct OpSource {
     /// For labels and errors.
     pub name: String,
@@ -298,7 +297,7 @@ fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
 /// is an error, see `guard.rs`).
 pub(crate) fn prepare(spec: &PlanSpec<'_>, src: OpSource) -> Result<Arc<dyn PreparedKernel>> {
     guarded_retry("prepare an operator kernel", || {
-        prepare_unguarded(spec, src.clone(), None, 0)
+        prepare_unguarded(spec, &src, None, 0)
     })
 }
 
@@ -313,7 +312,7 @@ pub(crate) fn prepare_scratch(
     scratch_bytes: u64,
 ) -> Result<Arc<dyn PreparedKernel>> {
     guarded_retry("prepare an operator kernel", || {
-        prepare_unguarded(spec, src.clone(), None, scratch_bytes.max(4))
+        prepare_unguarded(spec, &src, None, scratch_bytes.max(4))
     })
 }
 
@@ -334,13 +333,13 @@ pub(crate) fn prepare_checked(
     fault: FaultSpec,
 ) -> Result<Arc<dyn PreparedKernel>> {
     guarded_retry("prepare an operator kernel", || {
-        prepare_unguarded(spec, src.clone(), Some(fault), 0)
+        prepare_unguarded(spec, &src, Some(fault), 0)
     })
 }
 
 fn prepare_unguarded(
     spec: &PlanSpec<'_>,
-    src: OpSource,
+    src: &OpSource,
     fault: Option<FaultSpec>,
     scratch_bytes: u64,
 ) -> Result<Arc<dyn PreparedKernel>> {
@@ -411,9 +410,11 @@ fn prepare_unguarded(
         .as_deref()
         .map(|a| compile(a, &pl))
         .transpose()?;
-    let textured = match src.textured {
+    let textured = match &src.textured {
         Some(t) if bindings == tensors + 1 && aligned.is_some() => {
-            textured(gpu, spec, t, bindings - 1, |list, pl| compile(list, pl))?
+            textured(gpu, spec, t.clone(), bindings - 1, |list, pl| {
+                compile(list, pl)
+            })?
         }
         _ => None,
     };
@@ -448,7 +449,7 @@ fn prepare_unguarded(
         fault,
         scratch,
         writes_inputs,
-        name: src.name,
+        name: src.name.clone(),
         passes,
         aligned,
         textured,
