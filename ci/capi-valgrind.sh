@@ -24,7 +24,10 @@ if ! command -v "$cc" >/dev/null 2>&1; then
 fi
 
 target="${CARGO_TARGET_DIR:-$root/target}"
-cargo build -p unirt-capi
+# The same build command as ci/test.sh's: `cargo build -p unirt-capi` alone resolves the
+# dependencies' features differently from the whole workspace and so rebuilt wgpu and unirt
+# (2.5 minutes on 2 cores) right after ci/test.sh had built them; this one is a no-op there.
+cargo build --workspace --all-targets
 lib="$target/debug"
 if [ ! -f "$lib/libinfinirt.so" ]; then
   echo "capi-valgrind: $lib/libinfinirt.so was not built" >&2
