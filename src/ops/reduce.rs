@@ -77,10 +77,52 @@ pub fn reduce(op: ReduceOp, x: &TensorDesc, axes: &[isize], keepdim: bool) -> Re
     } else {
         x.dtype
     };
+    let outputs: usize = shape.iter().product();
     let mut p = PlanBuilder::new(op.name(), x.dtype, vec![x.clone()]);
     p.outputs = vec![out_desc(x.device, out_dtype, &shape)];
     p.params = Params::Reduce { axes: ax, keepdim };
+    if x.device.kind == crate::DeviceKind::Cuda {
+        p.workspace = split_workspace(outputs, split_count(outputs, reduced));
+    }
     p.build()
+}
+
+/// The fewest elements a chunk of a split reduction holds (64 per thread of a 256-thread
+/// block): below that a second launch costs more than the chunk's read saves.
+pub const SPLIT_CHUNK_MIN: usize = 16_384;
+
+/// The most chunks one output's reduction is split into.
+pub const SPLITS_MAX: usize = 256;
+
+/// How many chunks a GPU backend that reduces each output in one block (CUDA) splits each of
+/// `outputs` reductions of `reduced` elements into, so that a few outputs over many elements
+/// occupy the whole device: 1 (no split) for many outputs or short reductions, else up to
+/// [`SPLITS_MAX`] chunks of at least [`SPLIT_CHUNK_MIN`], about 1024 blocks in all at most.
+///
+/// ```
+/// use unirt::ops::reduce::split_count;
+/// assert_eq!(split_count(1, 1 << 24), 256); // a whole-tensor sum of 16 Mi elements
+/// assert_eq!(split_count(1, 32_000), 1); // one logit row: one block reads it soon enough
+/// assert_eq!(split_count(1, 128_256), 7); // a Llama 3 logit row
+/// assert_eq!(split_count(4096, 1 << 20), 1); // enough outputs to fill the device
+/// ```
+pub fn split_count(outputs: usize, reduced: usize) -> usize {
+    if outputs == 0 || outputs > 128 || reduced < 4 * SPLIT_CHUNK_MIN {
+        return 1;
+    }
+    (reduced / SPLIT_CHUNK_MIN)
+        .min(1024 / outputs)
+        .clamp(1, SPLITS_MAX)
+}
+
+/// Bytes of workspace a split reduction takes: an f32 partial per chunk, then (from an 8-byte
+/// boundary) an i64 index per chunk for argmax; 0 when `splits` is 1.
+pub fn split_workspace(outputs: usize, splits: usize) -> usize {
+    if splits <= 1 {
+        return 0;
+    }
+    let partials = outputs * splits;
+    partials.next_multiple_of(2) * 4 + partials * 8
 }
 
 impl Tensor {
