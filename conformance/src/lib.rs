@@ -369,6 +369,28 @@ pub struct CaseResultKey {
     pub case: &'static str,
 }
 
+/// The error for a filter that matches no case, naming what a filter can match: a case's
+/// name is `group::…`, and an operator's cases are `ops::<operator>::<dtype>::<case>` (by
+/// operator, not by family: `sum`, not `reduce`).
+fn no_match(filter: &str) -> String {
+    let names: Vec<&str> = cases().iter().map(|c| c.name).collect();
+    let mut groups: Vec<&str> = names.iter().filter_map(|n| n.split("::").next()).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let mut ops: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("ops::")?.split("::").next())
+        .collect();
+    ops.sort_unstable();
+    ops.dedup();
+    format!(
+        "no conformance case matches {filter:?}: a case is named group::…::case (groups: {}); \
+         operator cases are ops::<operator>::<dtype>::<case> (under ops::: {})",
+        groups.join(", "),
+        ops.join(", ")
+    )
+}
+
 /// The cases whose name contains `filter`; an error names the filter when none does, so a
 /// typo never runs nothing and passes.
 pub fn filtered_cases(filter: Option<&str>) -> Result<Vec<Case>, String> {
@@ -377,10 +399,24 @@ pub fn filtered_cases(filter: Option<&str>) -> Result<Vec<Case>, String> {
         .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
         .collect();
     if all.is_empty() {
-        return Err(format!(
-            "no conformance case matches {:?}",
-            filter.unwrap_or_default()
-        ));
+        return Err(no_match(filter.unwrap_or_default()));
     }
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A filter that matches nothing is an error that says what names look like and lists
+    /// the groups and operators (a user who guesses a family name, `reduce`, learns `sum`).
+    #[test]
+    fn an_unmatched_filter_names_the_groups_and_operators() {
+        assert!(super::filtered_cases(Some("ops::sum::f32::sizes")).is_ok_and(|c| c.len() == 1));
+        let Err(err) = super::filtered_cases(Some("reduce")) else {
+            panic!("\"reduce\" matched a case");
+        };
+        assert!(err.contains("\"reduce\""), "{err}");
+        for name in ["ops", "capture", "graph", "sum", "argmax", "matmul"] {
+            assert!(err.contains(name), "{name}: {err}");
+        }
+    }
 }
