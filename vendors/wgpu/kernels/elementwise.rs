@@ -206,6 +206,17 @@ impl FlatTextures {
 /// textures, when `n` is at least [`TEXTURE_MIN_ELEMENTS`]; `None` when no input can be read
 /// that way.
 pub(super) fn flat_textures(binds: &[Bind], direct: &[bool], n: usize) -> Option<FlatTextures> {
+    flat_textures_after(binds, direct, n, 0)
+}
+
+/// [`flat_textures`] for a kernel that binds `after` more buffers after its tensors (a plan's
+/// scratch buffer): the textures' bindings follow those.
+pub(super) fn flat_textures_after(
+    binds: &[Bind],
+    direct: &[bool],
+    n: usize,
+    after: usize,
+) -> Option<FlatTextures> {
     if n < TEXTURE_MIN_ELEMENTS {
         return None;
     }
@@ -225,7 +236,10 @@ pub(super) fn flat_textures(binds: &[Bind], direct: &[bool], n: usize) -> Option
         let Some((width, height)) = flat_texture(n / 4, texel.bytes, PLANNED_TEXTURE_DIM) else {
             continue;
         };
-        let (name, binding) = (bind.name, texture_binding(binds.len(), t.inputs.len()));
+        let (name, binding) = (
+            bind.name,
+            texture_binding(binds.len() + after, t.inputs.len()),
+        );
         t.decls += &format!(
             "@group(0) @binding({binding}) var tex_{name}: {ty};\n\
              fn tex4_{name}(i: u32) -> vec4<f32> {{ let q = i >> 2u; \

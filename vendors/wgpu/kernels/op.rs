@@ -189,10 +189,13 @@ impl OpCache {
         name: &str,
         source: &str,
         entry: &str,
-        layout: &wgpu::PipelineLayout,
+        (layout, layout_key): (&wgpu::PipelineLayout, &str),
         zero_workgroup_memory: bool,
     ) -> Result<Arc<Pipe>> {
-        let key = format!("{entry}\n{zero_workgroup_memory}\n{source}");
+        // The layout is part of the key: the same source compiled for two layouts (a pass that
+        // reads no texture, in a plan's texture variant and in its plain one) makes two
+        // pipelines, each usable only with bind groups of its own layout.
+        let key = format!("{entry}\n{zero_workgroup_memory}\n{layout_key}\n{source}");
         if let Some(p) = self.pipes.lock().get(&key) {
             return Ok(p.clone());
         }
@@ -386,32 +389,36 @@ fn prepare_unguarded(
     let cache = &gpu.kernels.ops;
     // The fault word or the scratch buffer is one more read-write binding after the tensors.
     let (bgl, pl) = cache.layout(device, bindings - 1, &[]);
+    let plain_layout = layout_key(bindings - 1, &[]);
     let entry = src.entry.as_deref().unwrap_or("main");
-    let compile = |list: &[(String, [u32; 3])], pl: &wgpu::PipelineLayout| -> Result<Passes> {
-        list.iter()
-            .map(|(source, groups)| {
-                Ok((
-                    cache.pipe(
-                        device,
-                        &src.name,
-                        source,
-                        entry,
-                        pl,
-                        src.zero_workgroup_memory,
-                    )?,
-                    *groups,
-                ))
-            })
-            .collect()
-    };
-    let passes = compile(&src.passes, &pl)?;
+    let compile =
+        |list: &[(String, [u32; 3])], pl: (&wgpu::PipelineLayout, &str)| -> Result<Passes> {
+            list.iter()
+                .map(|(source, groups)| {
+                    Ok((
+                        cache.pipe(
+                            device,
+                            &src.name,
+                            source,
+                            entry,
+                            pl,
+                            src.zero_workgroup_memory,
+                        )?,
+                        *groups,
+                    ))
+                })
+                .collect()
+        };
+    let passes = compile(&src.passes, (&pl, &plain_layout))?;
     let aligned = src
         .aligned
         .as_deref()
-        .map(|a| compile(a, &pl))
+        .map(|a| compile(a, (&pl, &plain_layout)))
         .transpose()?;
     let textured = match &src.textured {
-        Some(t) if bindings == tensors + 1 && aligned.is_some() => {
+        // After the tensors and a scratch buffer, if any (a fault word's kernels have no
+        // texture variant).
+        Some(t) if fault.is_none() && aligned.is_some() => {
             textured(gpu, spec, t.clone(), bindings - 1, |list, pl| {
                 compile(list, pl)
             })?
@@ -460,6 +467,11 @@ fn prepare_unguarded(
     }))
 }
 
+/// What tells apart the pipeline layouts [`OpCache::layout`] makes: its arguments.
+fn layout_key(buffers: usize, textures: &[wgpu::TextureFormat]) -> String {
+    format!("{buffers} {textures:?}")
+}
+
 /// Compiles a [`TexRead`] variant with its textures, when the device can hold the textures
 /// and copy into them: each input's dtype has a texel format ([`texel`]), its texture fits
 /// the adapter's 2-D texture size, and its rows are 256-byte multiples apart (wgpu's rule for
@@ -469,7 +481,7 @@ fn textured(
     spec: &PlanSpec<'_>,
     t: TexRead,
     tensors: usize,
-    compile: impl Fn(&[(String, [u32; 3])], &wgpu::PipelineLayout) -> Result<Passes>,
+    compile: impl Fn(&[(String, [u32; 3])], (&wgpu::PipelineLayout, &str)) -> Result<Passes>,
 ) -> Result<Option<Textured>> {
     let device = &gpu.device;
     let max = device.limits().max_texture_dimension_2d;
@@ -519,7 +531,7 @@ fn textured(
     let (bgl, pl) = cache.layout(device, tensors, &formats);
     Ok(Some(Textured {
         inputs,
-        passes: compile(&t.passes, &pl)?,
+        passes: compile(&t.passes, (&pl, &layout_key(tensors, &formats)))?,
         bgl,
     }))
 }

@@ -16,7 +16,8 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, prepare_scratch, OpSource, PassSources};
+use super::elementwise::flat_textures_after;
+use super::op::{prepare as prepare_op, prepare_scratch, OpSource, PassSources, TexRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -90,6 +91,28 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     // same order, so both variants give the same result, bitwise.
     let quad =
         rs.len() == 1 && rst[0] == 1 && n.is_multiple_of(4) && kst.iter().all(|s| s % 4 == 0);
+    // On the host's cores, the quad variant of a reduction of a wholly contiguous tensor may
+    // read it through a texture instead (see `TexRead`): lavapipe gathers a texel load in
+    // registers, where its storage loads are a loop over the lanes.
+    let scratch = usize::from(!host && chunks > 1);
+    let flat = (quad && super::on_host_cores(spec) && x.layout.is_contiguous())
+        .then(|| flat_textures_after(&binds[..], &[true], x.layout.numel(), scratch))
+        .flatten();
+    let through_texture = |passes: &PassSources| -> Option<TexRead> {
+        let t = flat.as_ref()?;
+        let passes = passes
+            .iter()
+            // The quad loads (the calls, not the prelude's `fn ld4_x`) read the texture.
+            .map(|(src, grid)| match src.contains("ld4_x(base") {
+                true => (src.replace("ld4_x(base", "tex4_x(base") + &t.decls, *grid),
+                false => (src.clone(), *grid),
+            })
+            .collect();
+        Some(TexRead {
+            inputs: t.inputs.clone(),
+            passes,
+        })
+    };
     if host {
         let form = |quads: bool| {
             host_source(
@@ -111,6 +134,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             None
         };
         let mut src = OpSource::plain(spec.op.to_string(), vec![scalar], cfg);
+        src.textured = aligned.as_ref().and_then(through_texture);
         src.aligned = aligned;
         return prepare_op(spec, src);
     }
@@ -146,6 +170,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         passes_of(&wgsl::prelude(&binds, d), &scalar),
         cfg,
     );
+    src.textured = aligned.as_ref().and_then(through_texture);
     src.aligned = aligned;
     if chunks > 1 {
         let words = if spec.op == "argmax" { 2 } else { 1 };
