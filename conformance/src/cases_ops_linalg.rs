@@ -369,6 +369,9 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 .map_err(err("logits"))?;
             let sv = values(&stored, "logits")?;
             let x = stored.transpose(0, 1).map_err(err("transpose"))?;
+            // The same rows made contiguous too (the software adapters then read them through
+            // a texture): both must pick the reference's candidates.
+            let dense = x.contiguous().map_err(err("contiguous"))?;
             let row = |i: usize| (0..n).map(|j| sv[j * rows + i]).collect::<Vec<f64>>();
             let mut checked = 0;
             for (t, k, p) in [
@@ -388,13 +391,17 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                     let w = format!(
                         "random_sample over {rows} × {n} random {random:.4} T {t} top_k {k} top_p {p}"
                     );
-                    let got = x
-                        .random_sample(random, t, k, p)
-                        .and_then(|t| t.to_vec::<i64>())
-                        .map_err(err(&w))?;
                     let want: Vec<i64> = want.iter().map(|&(i, _)| i as i64).collect();
-                    if got != want {
-                        return Err(fail(format!("{w}: picked {got:?}, expected {want:?}")));
+                    for (view, x) in [("transposed", &x), ("contiguous", &dense)] {
+                        let got = x
+                            .random_sample(random, t, k, p)
+                            .and_then(|t| t.to_vec::<i64>())
+                            .map_err(err(&w))?;
+                        if got != want {
+                            return Err(fail(format!(
+                                "{w}, {view}: picked {got:?}, expected {want:?}"
+                            )));
+                        }
                     }
                     checked += 1;
                 }

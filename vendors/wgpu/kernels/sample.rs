@@ -19,7 +19,8 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
+use super::elementwise::flat_textures;
+use super::op::{prepare as prepare_op, OpSource, TexRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -259,17 +260,40 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::write("out", spec.outputs[0].dtype),
     ];
     let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open(d));
-    let source = format!(
-        "{}{}{}{body}",
+    let head = format!(
+        "{}{}{}",
         wgsl::prelude(&binds, d),
         wgsl::wg_reduce(d),
         wg_sum_prefix(d)
     );
-    prepare_op(
-        spec,
-        OpSource::plain("random_sample", vec![(source, wgsl::rows_grid(rows))], cfg),
-    )
+    let pass = |body: &str| vec![(format!("{head}{body}"), wgsl::rows_grid(rows))];
+    let mut src = OpSource::plain("random_sample", pass(&body), cfg);
+    // On the host's cores a wholly contiguous input of whole quads is read through a texture
+    // (see `TexRead`): every sweep loads the row again, and lavapipe gathers texel loads in
+    // registers where it loops over the lanes for storage loads. The texture holds the same
+    // values, so both variants pick the same candidate. A launch takes it where the
+    // quad variant (here the same kernel) applies: every tensor starting on a multiple of four.
+    let numel = x.layout.numel();
+    if super::on_host_cores(spec) && x.layout.is_contiguous() && numel.is_multiple_of(4) {
+        if let Some(t) = flat_textures(&binds, &[true], numel) {
+            let read = body.replace("ld_x(", "tex1_x(") + &t.decls + TEX1;
+            src.aligned = Some(pass(&body));
+            src.textured = Some(TexRead {
+                inputs: t.inputs,
+                passes: pass(&read),
+            });
+        }
+    }
+    prepare_op(spec, src)
 }
+
+/// Element `i` of `x` from its texture (whose texel `i / 4` holds elements `i & !3` … + 3).
+const TEX1: &str = "fn tex1_x(i: u32) -> f32 {
+    let q = tex4_x(i);
+    let c = i & 3u;
+    return select(select(q.x, q.y, c == 1u), select(q.z, q.w, c == 3u), c >= 2u);
+}
+";
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
     reg_all(reg, "random_sample", FLOATS, prepare);
