@@ -1,5 +1,6 @@
 //! Rotary embedding in WGSL: one work item per rotated pair (on the host's cores, per
-//! position and frequency, looping over the heads: [`MAIN_HEADS`]). The angle `pos · θ^(-2i/d)` is
+//! position and frequency, looping over the heads: [`MAIN_HEADS`], or four frequencies at a
+//! time as quads, read through a texture where x is contiguous: [`MAIN_HEADS_QUADS`]). The angle `pos · θ^(-2i/d)` is
 //! taken modulo one turn exactly in integer arithmetic (each frequency over 2π as a 64-bit
 //! fixed-point fraction, prepared on the host in f64), so large positions keep full f32
 //! accuracy, where an f32 product would lose about 1e-4 rad at position 4095.
@@ -12,14 +13,15 @@
 
 use std::sync::Arc;
 
-use super::elementwise::groups_for;
-use super::op::{prepare as prepare_op, OpSource};
+use super::elementwise::{flat_textures, groups_for};
+use super::op::{prepare as prepare_op, OpSource, TexRead};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 
-const BODY: &str = "
+/// The angle of a frequency at a position, exactly reduced modulo one turn.
+const ANGLE: &str = "
 fn mul_wide(a: u32, b: u32) -> vec2<u32> {
     let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
     let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
@@ -39,6 +41,10 @@ fn angle(s: u32, i: u32) -> vec2<f32> {
     let ang = turn * 6.283185307179586;
     return vec2<f32>(cos(ang), sin(ang));
 }
+";
+
+/// Rotates one pair through the scalar accessors.
+const ROTATE: &str = "
 // Rotates pair i of the row at xb (input) / ob (output) by the angle cs = (cos, sin).
 fn rotate(xb: u32, ob: u32, i: u32, cs: vec2<f32>) {
     let half = cfg[1];
@@ -81,6 +87,39 @@ MAIN {
     let xb = view_off(rs * heads, cfg[6]);
     let ob = view_off(rs * heads, cfg[7]);
     for (var h = 0u; h < heads; h = h + 1u) { rotate(xb + h * cfg[10], ob + h * cfg[11], i, cs); }
+}
+";
+
+/// [`MAIN_HEADS`] four frequencies at a time, for rotate-half rows whose halves are
+/// contiguous runs of a multiple of four elements starting on multiples of four: each work
+/// item reads and writes its four pairs as two quads per head. Each value is computed by
+/// the same operations as in [`MAIN_HEADS`], so the variants agree bitwise.
+const MAIN_HEADS_QUADS: &str = "
+MAIN {
+    let u = LINEAR;
+    let half = cfg[1];
+    let heads = cfg[2];
+    let quarter = half / 4u;
+    if (u >= cfg[0] / heads / 4u) { return; }
+    let rs = u / quarter;
+    let i = 4u * (u % quarter);
+    let s = rs % cfg[3];
+    let a0 = angle(s, i);
+    let a1 = angle(s, i + 1u);
+    let a2 = angle(s, i + 2u);
+    let a3 = angle(s, i + 3u);
+    let c = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
+    let n = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
+    let xb = view_off(rs * heads, cfg[6]);
+    let ob = view_off(rs * heads, cfg[7]);
+    for (var h = 0u; h < heads; h = h + 1u) {
+        let xh = xb + h * cfg[10];
+        let oh = ob + h * cfg[11];
+        let x0 = ld4_x(xh + i);
+        let x1 = ld4_x(xh + i + half);
+        st4_out(oh + i, x0 * c - x1 * n);
+        st4_out(oh + i + half, x0 * n + x1 * c);
+    }
 }
 ";
 
@@ -147,14 +186,45 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let main = if host { MAIN_HEADS } else { MAIN_PAIRS };
     let main = main.replace("MAIN", MAIN_1D).replace("LINEAR", LINEAR_ID);
     let source = format!(
-        "{}{BODY}{main}",
+        "{}{ANGLE}{ROTATE}{main}",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec))
     );
     let items = if host { pairs / heads.max(1) } else { pairs };
-    prepare_op(
-        spec,
-        OpSource::plain("rope", vec![(source, groups_for(items as u64))], cfg),
-    )
+    let mut src = OpSource::plain("rope", vec![(source, groups_for(items as u64))], cfg);
+    // On the host's cores, rotate-half rows of contiguous quads take the quad variant, and a
+    // wholly contiguous x is read through a texture in it (see `TexRead`): lavapipe loops
+    // over the lanes for every storage access, four elements at once in a quad.
+    let quads = host
+        && !interleaved
+        && half.is_multiple_of(4)
+        && [x.layout.strides(), out.layout.strides()]
+            .iter()
+            .all(|st| st[nd - 1] == 1 && st[..nd - 1].iter().all(|s| s % 4 == 0));
+    if let Some(prelude) = quads
+        .then(|| wgsl::prelude_mixed(&binds, &[true, false, true], wgsl::Dialect::of(spec)))
+        .flatten()
+    {
+        let main = MAIN_HEADS_QUADS
+            .replace("MAIN", MAIN_1D)
+            .replace("LINEAR", LINEAR_ID);
+        let body = format!("{ANGLE}{main}");
+        let grid = groups_for((items / 4) as u64);
+        let numel = x.layout.numel();
+        src.textured = x
+            .layout
+            .is_contiguous()
+            .then(|| flat_textures(&binds, &[true, false], numel))
+            .flatten()
+            .map(|t| TexRead {
+                passes: vec![(
+                    format!("{prelude}{}{}", body.replace("ld4_x(", "tex4_x("), t.decls),
+                    grid,
+                )],
+                inputs: t.inputs,
+            });
+        src.aligned = Some(vec![(format!("{prelude}{body}"), grid)]);
+    }
+    prepare_op(spec, src)
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {
