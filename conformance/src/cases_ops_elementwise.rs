@@ -118,6 +118,29 @@ fn check_pair(
     close(&what, &values(&out, &what)?, &want, dt, None)
 }
 
+/// A row broadcast over a matrix large enough that the software adapters read the row
+/// through a texture of its own, kept while the row's bytes are unchanged (a bias, as a
+/// weight): the same plan run again after the row is rewritten, by a device copy, must use
+/// the new row.
+fn row_rewritten(ctx: &Ctx, op: &str, dt: DType) -> Result<(), Failure> {
+    let (f, ra, rb) = binary_ref(op)?;
+    let (sa, sb) = ([64, 512], [512]);
+    let (a, va) = random(&sa, ra.0, ra.1, 40, dt, ctx.device)?;
+    let (b, vb) = random(&sb, rb.0, rb.1, 41, dt, ctx.device)?;
+    let (b2, vb2) = random(&sb, rb.0, rb.1, 42, dt, ctx.device)?;
+    let plan = plan_binary(op, &a, &b).map_err(err("plan"))?;
+    for (round, vb) in [(0, &vb), (1, &vb2)] {
+        let what = format!("{op} [64, 512] with a row [512], run {round}");
+        if round == 1 {
+            b.copy_from(&b2).map_err(err(&what))?;
+        }
+        let out = plan.run1(&[&a, &b]).map_err(err(&what))?;
+        let want: Vec<f64> = (0..64 * 512).map(|i| f(va[i], vb[i % 512])).collect();
+        close(&what, &values(&out, &what)?, &want, dt, None)?;
+    }
+    Ok(())
+}
+
 fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
     match what {
         "sizes" => {
@@ -144,7 +167,7 @@ fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
             for (i, (sa, sb)) in pairs.iter().enumerate() {
                 check_pair(ctx, op, dt, sa, sb, 30 + i as u64)?;
             }
-            Ok(())
+            row_rewritten(ctx, op, dt)
         }
         "strided" => {
             let (f, ra, rb) = binary_ref(op)?;

@@ -148,8 +148,21 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             .map(|(k, r)| r.load(k, NAMES[k], host, &mut cfg, &mut helpers))
             .collect();
         if host {
-            let direct: Vec<bool> = reads.iter().map(|r| *r == QuadRead::Direct).collect();
-            textured = flat_textures(&binds, &direct, n).and_then(|t| {
+            // Whole inputs through textures, and rows broadcast along the leading dimensions
+            // (a bias) too, from a texture of the row alone, reusable as a weight's.
+            let through: Vec<Option<TexturedRead>> = reads
+                .iter()
+                .map(|r| match *r {
+                    QuadRead::Direct => Some(TexturedRead::whole(n)),
+                    QuadRead::Rows { len } => Some(TexturedRead {
+                        elements: len,
+                        index: format!("i % {len}u"),
+                        reusable: true,
+                    }),
+                    QuadRead::Spread { .. } => None,
+                })
+                .collect();
+            textured = textures_for(&binds, &through, n, 0).and_then(|t| {
                 let passes = quads(
                     &binds,
                     &body,
@@ -217,6 +230,43 @@ pub(super) fn flat_textures_after(
     n: usize,
     after: usize,
 ) -> Option<FlatTextures> {
+    let through: Vec<Option<TexturedRead>> = direct
+        .iter()
+        .map(|&d| d.then(|| TexturedRead::whole(n)))
+        .collect();
+    textures_for(binds, &through, n, after)
+}
+
+/// How one input is read through a texture: its first `elements` (a multiple of four) are
+/// copied into one, and `tex4_<name>(i)` is called with `index` (of the kernel's element
+/// `i`), whose quad it returns.
+pub(super) struct TexturedRead {
+    pub elements: usize,
+    pub index: String,
+    pub reusable: bool,
+}
+
+impl TexturedRead {
+    /// The whole input, as long as the output (`n` elements), read at the output's element.
+    pub fn whole(n: usize) -> Self {
+        TexturedRead {
+            elements: n,
+            index: "i".to_string(),
+            reusable: false,
+        }
+    }
+}
+
+/// The [`FlatTextures`] of a quad kernel of `n` elements (at least [`TEXTURE_MIN_ELEMENTS`])
+/// over `binds` (inputs, then the output) that reads the inputs given a [`TexturedRead`]
+/// through textures bound after the tensors and `after` more buffers; `None` when none can
+/// be.
+pub(super) fn textures_for(
+    binds: &[Bind],
+    through: &[Option<TexturedRead>],
+    n: usize,
+    after: usize,
+) -> Option<FlatTextures> {
     if n < TEXTURE_MIN_ELEMENTS {
         return None;
     }
@@ -227,13 +277,15 @@ pub(super) fn flat_textures_after(
         loads: vec![None; inputs.len()],
     };
     for (k, bind) in inputs.iter().enumerate() {
-        if !direct.get(k).copied().unwrap_or(false) {
+        let Some(Some(read)) = through.get(k) else {
             continue;
-        }
+        };
         let Some(texel) = texel(bind.dtype) else {
             continue;
         };
-        let Some((width, height)) = flat_texture(n / 4, texel.bytes, PLANNED_TEXTURE_DIM) else {
+        let Some((width, height)) =
+            flat_texture(read.elements / 4, texel.bytes, PLANNED_TEXTURE_DIM)
+        else {
             continue;
         };
         let (name, binding) = (
@@ -248,13 +300,13 @@ pub(super) fn flat_textures_after(
             ty = texel.texture_type,
             to_f32 = texel.to_f32,
         );
-        t.loads[k] = Some(format!("tex4_{name}(i)"));
+        t.loads[k] = Some(format!("tex4_{name}({})", read.index));
         t.inputs.push(TexInput {
             input: k,
             width,
             height,
             row_stride: u64::from(width) * 4,
-            reusable: false,
+            reusable: read.reusable,
         });
     }
     (!t.inputs.is_empty()).then_some(t)
