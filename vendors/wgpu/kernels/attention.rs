@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use super::op::{prepare as prepare_op, OpSource};
+use super::elementwise::{textures_for, TexturedRead};
+use super::op::{prepare as prepare_op, OpSource, TexRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;
@@ -97,10 +98,17 @@ const GPU_BODY: &str = "
 /// accumulator are `d / 4` named vec4s, as private arrays indexed at run time are lowered to
 /// compare-and-select chains by some drivers (llvmpipe's GL path). The softmax is online and
 /// rescales the accumulator only when a key raises the running max.
-fn host_body(d: usize) -> String {
+///
+/// With `kv_quads`, k's and v's rows (contiguous, starting on multiples of four) are read a
+/// quad at a time through `ld4_k` / `ld4_v`: the same values into the same arithmetic, so
+/// the variants agree bitwise.
+fn host_body(d: usize, kv_quads: bool) -> String {
     // One line per quad t of the head dim.
     let each = |line: &dyn Fn(usize) -> String| (0..d / 4).map(line).collect::<String>();
     let quad = |t: usize, ld: &str, base: &str, stride: &str| {
+        if kv_quads && ld != "ld_q" {
+            return format!("{}({base} + {}u)", ld.replace("ld_", "ld4_"), 4 * t);
+        }
         let e = |c: usize| format!("{ld}({base} + {}u * {stride})", 4 * t + c);
         format!("vec4<f32>({}, {}, {}, {})", e(0), e(1), e(2), e(3))
     };
@@ -216,9 +224,44 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )?;
     let dialect = wgsl::Dialect::of(spec);
     let (source, grid) = if host {
-        let body = format!("{HEAD}{}", host_body(d));
+        let body = format!("{HEAD}{}", host_body(d, false));
         let prelude = wgsl::prelude(&binds, dialect);
-        wgsl::row_kernel(&prelude, &body, true, rows, dialect)
+        let (source, grid) = wgsl::row_kernel(&prelude, &body, true, rows, dialect);
+        let mut src = OpSource::plain("attention", vec![(source, grid)], cfg);
+        // k and v four elements at a time where their rows are contiguous quads, and through
+        // textures where they are wholly contiguous (see `TexRead`): a decode step reads the
+        // whole cache, each element a per-lane storage load on lavapipe otherwise.
+        let quads = [k, v].iter().all(|t| {
+            let st = t.layout.strides();
+            st[3] == 1 && st[..3].iter().all(|s| s % 4 == 0)
+        });
+        if let Some(prelude) = quads
+            .then(|| wgsl::prelude_mixed(&binds, &[false, true, true, false], dialect))
+            .flatten()
+        {
+            let body = format!("{HEAD}{}", host_body(d, true));
+            let (aligned, grid) = wgsl::row_kernel(&prelude, &body, true, rows, dialect);
+            let through: Vec<Option<TexturedRead>> = [None, Some(k), Some(v)]
+                .iter()
+                .map(|t| {
+                    t.filter(|t| t.layout.is_contiguous())
+                        .map(|t| TexturedRead::whole(t.layout.numel()))
+                })
+                .collect();
+            let elements = k.layout.numel().min(v.layout.numel());
+            src.textured = textures_for(&binds, &through, elements, 0).map(|t| {
+                // The loads (not the prelude's `fn ld4_k`) read the textures.
+                let read = aligned
+                    .replace("ld4_k(kr", "tex4_k(kr")
+                    .replace("ld4_v(vr", "tex4_v(vr");
+                TexRead {
+                    passes: vec![(format!("{read}{}", t.decls), grid)],
+                    inputs: t.inputs,
+                }
+            });
+            src.aligned = Some(vec![(aligned, grid)]);
+        }
+        return prepare_op(spec, src);
     } else {
         let prelude = format!("{}{GPU_SHARED}", wgsl::prelude(&binds, dialect));
         let body = format!("{HEAD}{GPU_BODY}");
