@@ -9,8 +9,8 @@
 //! and llvmpipe for a whole-tensor sum or argmax); the two variants give the same result,
 //! bitwise, wherever the tensor starts. On the host's cores the quad variant of a wholly
 //! contiguous input reads it through a texture (`TexRead`: 2.7–4.7× on lavapipe and
-//! llvmpipe), the same elements in the same order. max / min propagate NaN; argmax returns the first
-//! maximum (the first NaN if any), as the CPU kernel does.
+//! llvmpipe), the same elements in the same order. max / min propagate NaN; argmax returns
+//! the first maximum (the first NaN if any), as the CPU kernel does.
 //!
 //! Constants: `cfg[0]` the output elements, `cfg[1]` the reduced elements, `cfg[2]` /
 //! `cfg[3]` where the kept and the reduced axes' views of the input start, `cfg[4]` the

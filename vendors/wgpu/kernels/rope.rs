@@ -1,9 +1,10 @@
 //! Rotary embedding in WGSL: one work item per rotated pair (on the host's cores, per
 //! position and frequency, looping over the heads: [`MAIN_HEADS`], or four frequencies at a
-//! time as quads, read through a texture where x is contiguous: [`MAIN_HEADS_QUADS`]). The angle `pos · θ^(-2i/d)` is
-//! taken modulo one turn exactly in integer arithmetic (each frequency over 2π as a 64-bit
-//! fixed-point fraction, prepared on the host in f64), so large positions keep full f32
-//! accuracy, where an f32 product would lose about 1e-4 rad at position 4095.
+//! time as quads, read through a texture where x is contiguous: [`MAIN_HEADS_QUADS`]). The
+//! angle `pos · θ^(-2i/d)` is taken modulo one turn exactly in integer arithmetic (each
+//! frequency over 2π as a 64-bit fixed-point fraction, prepared on the host in f64), so large
+//! positions keep full f32 accuracy, where an f32 product would lose about 1e-4 rad at
+//! position 4095.
 //!
 //! Constants: `cfg[0]` pairs, `cfg[1]` half the head dim, `cfg[2]` heads, `cfg[3]` seq,
 //! `cfg[4]` / `cfg[5]` the last-axis strides of x and out, `cfg[6]` / `cfg[7]` where the rows'
