@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use super::elementwise::{textures_for, TexturedRead};
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::textures::{textures_for, TexturedRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::device::DeviceKind;

@@ -8,10 +8,8 @@
 
 use std::sync::Arc;
 
-use super::op::{
-    flat_texture, prepare as prepare_op, texel, texture_binding, OpSource, TexInput, TexRead,
-    PLANNED_TEXTURE_DIM, TEXTURE_MIN_ELEMENTS,
-};
+use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::textures::{textures_for, TexturedRead};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -190,126 +188,6 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             textured,
         },
     )
-}
-
-/// The inputs of a quad kernel that are read through textures on the host's cores (see
-/// [`super::op::TexRead`]): each copied whole into a texture of [`flat_texture`]'s rows, quad
-/// `q` at texel `(q % width, q / width)`.
-pub(super) struct FlatTextures {
-    pub inputs: Vec<TexInput>,
-    /// The textures' declarations and their load functions `tex4_<name>(i)`.
-    pub decls: String,
-    /// Input `k`'s quad at element `i`, for those read through a texture.
-    pub loads: Vec<Option<String>>,
-}
-
-impl FlatTextures {
-    /// `loads` with the inputs read through textures replaced.
-    pub fn loads(&self, loads: &[String]) -> Vec<String> {
-        loads
-            .iter()
-            .zip(&self.loads)
-            .map(|(l, t)| t.clone().unwrap_or_else(|| l.clone()))
-            .collect()
-    }
-}
-
-/// The [`FlatTextures`] of a quad kernel of `n` elements over `binds` (inputs, then the
-/// output) that reads the inputs marked `direct` (contiguous in the output's shape) through
-/// textures, when `n` is at least [`TEXTURE_MIN_ELEMENTS`]; `None` when no input can be read
-/// that way.
-pub(super) fn flat_textures(binds: &[Bind], direct: &[bool], n: usize) -> Option<FlatTextures> {
-    flat_textures_after(binds, direct, n, 0)
-}
-
-/// [`flat_textures`] for a kernel that binds `after` more buffers after its tensors (a plan's
-/// scratch buffer): the textures' bindings follow those.
-pub(super) fn flat_textures_after(
-    binds: &[Bind],
-    direct: &[bool],
-    n: usize,
-    after: usize,
-) -> Option<FlatTextures> {
-    let through: Vec<Option<TexturedRead>> = direct
-        .iter()
-        .map(|&d| d.then(|| TexturedRead::whole(n)))
-        .collect();
-    textures_for(binds, &through, n, after)
-}
-
-/// How one input is read through a texture: its first `elements` (a multiple of four) are
-/// copied into one, and `tex4_<name>(i)` is called with `index` (of the kernel's element
-/// `i`), whose quad it returns.
-pub(super) struct TexturedRead {
-    pub elements: usize,
-    pub index: String,
-    pub reusable: bool,
-}
-
-impl TexturedRead {
-    /// The whole input, as long as the output (`n` elements), read at the output's element.
-    pub fn whole(n: usize) -> Self {
-        TexturedRead {
-            elements: n,
-            index: "i".to_string(),
-            reusable: false,
-        }
-    }
-}
-
-/// The [`FlatTextures`] of a quad kernel of `n` elements (at least [`TEXTURE_MIN_ELEMENTS`])
-/// over `binds` (inputs, then the output) that reads the inputs given a [`TexturedRead`]
-/// through textures bound after the tensors and `after` more buffers; `None` when none can
-/// be.
-pub(super) fn textures_for(
-    binds: &[Bind],
-    through: &[Option<TexturedRead>],
-    n: usize,
-    after: usize,
-) -> Option<FlatTextures> {
-    if n < TEXTURE_MIN_ELEMENTS {
-        return None;
-    }
-    let inputs = &binds[..binds.len() - 1];
-    let mut t = FlatTextures {
-        inputs: Vec::new(),
-        decls: String::new(),
-        loads: vec![None; inputs.len()],
-    };
-    for (k, bind) in inputs.iter().enumerate() {
-        let Some(Some(read)) = through.get(k) else {
-            continue;
-        };
-        let Some(texel) = texel(bind.dtype) else {
-            continue;
-        };
-        let Some((width, height)) =
-            flat_texture(read.elements / 4, texel.bytes, PLANNED_TEXTURE_DIM)
-        else {
-            continue;
-        };
-        let (name, binding) = (
-            bind.name,
-            texture_binding(binds.len() + after, t.inputs.len()),
-        );
-        t.decls += &format!(
-            "@group(0) @binding({binding}) var tex_{name}: {ty};\n\
-             fn tex4_{name}(i: u32) -> vec4<f32> {{ let q = i >> 2u; \
-             let t = textureLoad(tex_{name}, vec2<u32>(q % {width}u, q / {width}u), 0); \
-             return {to_f32}; }}\n",
-            ty = texel.texture_type,
-            to_f32 = texel.to_f32,
-        );
-        t.loads[k] = Some(format!("tex4_{name}({})", read.index));
-        t.inputs.push(TexInput {
-            input: k,
-            width,
-            height,
-            row_stride: u64::from(width) * 4,
-            reusable: read.reusable,
-        });
-    }
-    (!t.inputs.is_empty()).then_some(t)
 }
 
 /// How the quad variant reads one input at the output's element `i` (a multiple of four):

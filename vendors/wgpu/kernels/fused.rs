@@ -19,8 +19,9 @@
 
 use std::sync::Arc;
 
-use super::elementwise::{expr, flat_textures, groups_for, quad_lanes, quad_lanes_reading, MATH};
+use super::elementwise::{expr, groups_for, quad_lanes, quad_lanes_reading, MATH};
 use super::op::{prepare as prepare_op, OpSource, TexRead, MAX_TENSORS};
+use super::textures::flat_textures;
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};

@@ -32,8 +32,8 @@ use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::vendors::AnyBackend;
 
 pub(crate) use super::textures::{
-    flat_texture, texel, texture_binding, texture_rows, TexInput, TexRead, Texel,
-    PLANNED_TEXTURE_DIM, TEXTURE_MIN_ELEMENTS,
+    texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
+    TEXTURE_MIN_ELEMENTS,
 };
 use super::textures::{MatrixTexture, MatrixTextures, TexSlot};
 
@@ -62,8 +62,9 @@ pub(crate) struct OpSource {
     /// plan time that each tensor's extents and strides are multiples of four, so it also
     /// ends on a quad boundary inside its binding.
     pub aligned: Option<PassSources>,
-    /// A variant of `aligned` that reads some inputs through textures (see [`TexRead`]),
-    /// taken by launches that `aligned` suits and whose texture inputs the copies can read.
+    /// A variant that reads some inputs through textures (see [`TexRead`]), usually of
+    /// `aligned`: taken by launches where every tensor starts on a multiple of four elements
+    /// (as `aligned` is) and whose texture inputs the copies can read.
     pub textured: Option<TexRead>,
     /// Whether workgroup memory starts zeroed, as WebGPU guarantees: kept for user kernels.
     /// unirt's own kernels write every workgroup element before they read it, and skip the
@@ -418,11 +419,9 @@ fn prepare_unguarded(
     let textured = match &src.textured {
         // After the tensors and a scratch buffer, if any (a fault word's kernels have no
         // texture variant).
-        Some(t) if fault.is_none() && aligned.is_some() => {
-            textured(gpu, spec, t.clone(), bindings - 1, |list, pl| {
-                compile(list, pl)
-            })?
-        }
+        Some(t) if fault.is_none() => textured(gpu, spec, t.clone(), bindings - 1, |list, pl| {
+            compile(list, pl)
+        })?,
         _ => None,
     };
     let bytes = ceil4((src.cfg.len().max(1) * 4) as u64);
@@ -652,9 +651,9 @@ impl WgpuBackend {
             });
         }
         let quads = imm[..tensors].iter().all(|o| o % 4 == 0);
-        // The texture variant (compiled only beside the quad variant) where the quad variant
-        // applies and every copy can start at its input: the byte offset in the buffer, the
-        // window's start plus the element offset, must be a multiple of the texel's bytes.
+        // The texture variant where the quad variant would apply and every copy can start at
+        // its input: the byte offset in the buffer, the window's start plus the element
+        // offset, must be a multiple of the texel's bytes.
         let copies: Option<Vec<(Arc<MatrixTexture>, TexCopy)>> =
             k.textured.as_ref().filter(|_| quads).and_then(|t| {
                 t.inputs

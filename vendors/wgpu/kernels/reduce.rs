@@ -18,8 +18,8 @@
 
 use std::sync::Arc;
 
-use super::elementwise::flat_textures_after;
 use super::op::{prepare as prepare_op, prepare_scratch, OpSource, PassSources, TexRead};
+use super::textures::{textures_for, TexturedRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -98,7 +98,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     // registers, where its storage loads are a loop over the lanes.
     let scratch = usize::from(!host && chunks > 1);
     let flat = (quad && super::on_host_cores(spec) && x.layout.is_contiguous())
-        .then(|| flat_textures_after(&binds[..], &[true], x.layout.numel(), scratch))
+        .then(|| {
+            let n = x.layout.numel();
+            textures_for(&binds, &[Some(TexturedRead::whole(n))], n, scratch)
+        })
         .flatten();
     let through_texture = |passes: &PassSources| -> Option<TexRead> {
         let t = flat.as_ref()?;

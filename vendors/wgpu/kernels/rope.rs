@@ -14,8 +14,9 @@
 
 use std::sync::Arc;
 
-use super::elementwise::{flat_textures, groups_for};
+use super::elementwise::groups_for;
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::textures::flat_textures;
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};

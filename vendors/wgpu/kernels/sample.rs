@@ -19,8 +19,8 @@
 
 use std::sync::Arc;
 
-use super::elementwise::flat_textures;
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::textures::flat_textures;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -271,13 +271,12 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     // On the host's cores a wholly contiguous input of whole quads is read through a texture
     // (see `TexRead`): every sweep loads the row again, and lavapipe gathers texel loads in
     // registers where it loops over the lanes for storage loads. The texture holds the same
-    // values, so both variants pick the same candidate. A launch takes it where the
-    // quad variant (here the same kernel) applies: every tensor starting on a multiple of four.
+    // values, so both variants pick the same candidate. A launch takes it where every tensor
+    // starts on a multiple of four elements (the texture's copy starts at x's first).
     let numel = x.layout.numel();
     if super::on_host_cores(spec) && x.layout.is_contiguous() && numel.is_multiple_of(4) {
         if let Some(t) = flat_textures(&binds, &[true], numel) {
             let read = body.replace("ld_x(", "tex1_x(") + &t.decls + TEX1;
-            src.aligned = Some(pass(&body));
             src.textured = Some(TexRead {
                 inputs: t.inputs,
                 passes: pass(&read),
