@@ -35,10 +35,9 @@ fn rope_ref(vx: &[f64], shape: &[usize], pos: &[f64], theta: f64, interleaved: b
     out
 }
 
-/// The same x starting 0 … 3 elements into its buffer rotates to the same values, bitwise,
-/// and to the reference's: wgpu takes a quad variant (through a texture, at 16 384 elements
-/// and more) for rows that start on multiples of four, element by element otherwise, and a
-/// replayed graph, whose tensors lie in an arena, must match eager execution.
+/// rope of the same x placed 0 … 3 elements into its buffer: bitwise the same results
+/// ([`same_wherever_placed`]; shift 0 takes wgpu's quad variant, through a texture at
+/// 16 384 elements and more), and the reference's.
 fn placement(ctx: &Ctx, dt: DType, inter: bool) -> Result<(), Failure> {
     let shape = [16, 8, 128];
     let n: usize = shape.iter().product();
@@ -46,42 +45,16 @@ fn placement(ctx: &Ctx, dt: DType, inter: bool) -> Result<(), Failure> {
     let v: Vec<f32> = (0..n).map(|_| (r.next_f64() * 2.0 - 1.0) as f32).collect();
     let pos: Vec<f64> = (0..16).map(|i| (i * 257 % 4096) as f64).collect();
     let p = Tensor::from_f64(&pos, &[16], DType::I32, ctx.device).map_err(err("positions"))?;
-    let mut first: Option<Vec<f64>> = None;
-    for shift in 0..4 {
-        let w = format!("rope of {shape:?} starting {shift} elements into its buffer");
-        let mut host = vec![0.0f32; shift];
-        host.extend_from_slice(&v);
-        let x = Tensor::from_slice(&host, &[shift + n], ctx.device)
-            .and_then(|t| t.to_dtype(dt))
-            .and_then(|t| t.narrow(0, shift, n))
-            .and_then(|t| t.reshape(&shape))
-            .map_err(err(&w))?;
-        let got = values(&x.rope(&p, 10000.0, inter).map_err(err(&w))?, &w)?;
-        match &first {
-            None => {
-                let vx = values(&x, &w)?;
-                close(
-                    &w,
-                    &got,
-                    &rope_ref(&vx, &shape, &pos, 10000.0, inter),
-                    dt,
-                    None,
-                )?;
-                first = Some(got);
-            }
-            Some(want)
-                if want
-                    .iter()
-                    .zip(&got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()) => {}
-            Some(_) => {
-                return Err(fail(format!(
-                    "{w}: not bitwise the result of the tensor that starts its buffer"
-                )))
-            }
-        }
-    }
-    Ok(())
+    let w = format!("rope of {shape:?}");
+    let (x, got) = same_wherever_placed(ctx, &v, &shape, dt, &w, |x| x.rope(&p, 10000.0, inter))?;
+    let vx = values(&x, &w)?;
+    close(
+        &w,
+        &got,
+        &rope_ref(&vx, &shape, &pos, 10000.0, inter),
+        dt,
+        None,
+    )
 }
 
 fn rope_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {

@@ -73,37 +73,10 @@ fn placed(ctx: &Ctx, op: ReduceOp, dt: DType, n: usize) -> Result<(), Failure> {
     let v: Vec<f32> = (0..rows * n)
         .map(|_| (r.next_f64() * 4.0 - 2.0) as f32)
         .collect();
-    let mut first: Option<Vec<f64>> = None;
-    for shift in 0..4 {
-        let mut host = vec![0.0f32; shift];
-        host.extend_from_slice(&v);
-        let what = format!(
-            "{} of [{rows}, {n}] over axis 1, {shift} elements into its buffer",
-            op.name()
-        );
-        let x = Tensor::from_slice(&host, &[shift + rows * n], ctx.device)
-            .and_then(|t| t.to_dtype(dt))
-            .and_then(|t| t.narrow(0, shift, rows * n))
-            .and_then(|t| t.reshape(&[rows, n]))
-            .map_err(err(&what))?;
-        let out = reduce(op, &x.desc(), &[1], false)
-            .and_then(|p| p.run1(&[&x]))
-            .map_err(err(&what))?;
-        let got = values(&out, &what)?;
-        match &first {
-            None => first = Some(got),
-            Some(want)
-                if want
-                    .iter()
-                    .zip(&got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()) => {}
-            Some(want) => {
-                return Err(fail(format!(
-                    "{what}: {got:?}, but {want:?} when the tensor starts its buffer"
-                )))
-            }
-        }
-    }
+    let what = format!("{} of [{rows}, {n}] over axis 1", op.name());
+    same_wherever_placed(ctx, &v, &[rows, n], dt, &what, |x| {
+        reduce(op, &x.desc(), &[1], false)?.run1(&[x])
+    })?;
     Ok(())
 }
 

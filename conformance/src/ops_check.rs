@@ -212,3 +212,44 @@ macro_rules! op_cases {
         }
     };
 }
+
+/// Runs `run` on the values `v`, as a `dt` tensor of `shape` placed 0, 1, 2 and 3 elements
+/// into its buffer, and requires bitwise-equal results: where a tensor lies must not change
+/// what an operator computes (wgpu takes quad and texture variants for tensors that start on
+/// a multiple of four elements, one element at a time otherwise), or a replayed graph, whose
+/// tensors lie in an arena, could differ from the same operators run eagerly. Returns the
+/// tensor that starts its buffer and its result.
+pub fn same_wherever_placed(
+    ctx: &Ctx,
+    v: &[f32],
+    shape: &[usize],
+    dt: DType,
+    what: &str,
+    run: impl Fn(&Tensor) -> unirt::Result<Tensor>,
+) -> Result<(Tensor, Vec<f64>), Failure> {
+    let n = v.len();
+    let mut first: Option<(Tensor, Vec<f64>)> = None;
+    for shift in 0..4 {
+        let w = format!("{what}, {shift} elements into its buffer");
+        let mut host = vec![0.0f32; shift];
+        host.extend_from_slice(v);
+        let x = Tensor::from_slice(&host, &[shift + n], ctx.device)
+            .and_then(|t| t.to_dtype(dt))
+            .and_then(|t| t.narrow(0, shift, n))
+            .and_then(|t| t.reshape(shape))
+            .map_err(err(&w))?;
+        let got = values(&run(&x).map_err(err(&w))?, &w)?;
+        match &first {
+            None => first = Some((x, got)),
+            Some((_, want)) => {
+                if let Some(i) = (0..want.len()).find(|&i| want[i].to_bits() != got[i].to_bits()) {
+                    return Err(fail(format!(
+                        "{w}: element {i} is {}, but {} when the tensor starts its buffer",
+                        got[i], want[i]
+                    )));
+                }
+            }
+        }
+    }
+    first.ok_or_else(|| fail(format!("{what}: no placement ran")))
+}
