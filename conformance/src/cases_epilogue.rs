@@ -141,8 +141,18 @@ fn epilogue_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
     };
     let want2 = a2.matmul(&b2)?.add(&bias2)?.relu()?.add(&res2)?;
     let got2 = Tensor::empty(&[40, 128], dtype, ctx.device)?;
-    run_into(&a2, &b2, &[&bias2, &res2], 1.0, prog2, &got2)?;
+    run_into(&a2, &b2, &[&bias2, &res2], 1.0, prog2.clone(), &got2)?;
     same(&got2, &want2, "quad shapes, bias row and residual")?;
+
+    // The same with B a matrix per batch and rows of C shorter than a workgroup's columns
+    // (attention's p·v over a small head dim: the host adapters give each invocation fewer
+    // quads of columns, and some invocations none).
+    let (a3, b3) = (r(&[3, 6, 64], 25)?, r(&[3, 64, 40], 26)?);
+    let (bias3, res3) = (r(&[40], 27)?, r(&[3, 6, 40], 28)?);
+    let want3 = a3.matmul(&b3)?.add(&bias3)?.relu()?.add(&res3)?;
+    let got3 = Tensor::empty(&[3, 6, 40], dtype, ctx.device)?;
+    run_into(&a3, &b3, &[&bias3, &res3], 1.0, prog2, &got3)?;
+    same(&got3, &want3, "quad shapes, short rows, B per batch")?;
 
     // Tensors starting 1 and 2 elements into their buffers (the scalar variant there).
     let a_off = r(&[33 * 64 + 1], 9)?

@@ -323,12 +323,15 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
 /// batch over one B, B as the left columns of a wider matrix (rows further apart than they
 /// are long) and B four elements into its buffer, and then the refill: one A times two Bs
 /// of one shape, launched back to back on one stream without a wait, then B changed in place
-/// and multiplied again.
+/// and multiplied again. With rows of A 256-byte multiples long (k of 128), A is read through
+/// a texture as well: one row, three, a batch of As, A four elements into its buffer, and
+/// two As launched back to back.
 fn few_rows(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     for (i, &(m, k, n)) in [(1, 48, 256), (3, 20, 64), (4, 8, 128)].iter().enumerate() {
         check_mm(ctx, dt, &[m, k], &[k, n], 600 + 2 * i as u64)?;
     }
     check_mm(ctx, dt, &[2, 2, 16], &[16, 128], 610)?;
+    few_rows_textured_a(ctx, dt)?;
     let (k, n) = (12, 64);
     let (a, va) = random(&[2, k], -1.0, 1.0, 612, dt, ctx.device)?;
     // B: the left 64 of 128 columns; B': 12 × 64 values starting 4 elements into a buffer.
@@ -368,6 +371,43 @@ fn few_rows(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
         dt,
         Some(&sums_scale),
     )
+}
+
+/// [`few_rows`] with rows of A a texture copy's pitch (k = 128): A through a texture too.
+fn few_rows_textured_a(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    let k = 128;
+    check_mm(ctx, dt, &[1, k], &[k, 64], 640)?;
+    check_mm(ctx, dt, &[3, k], &[k, 32], 642)?;
+    check_mm(ctx, dt, &[2, 3, k], &[k, 64], 644)?;
+    let n = 48;
+    let (flat, vf) = random(&[4 + 2 * k], -1.0, 1.0, 646, dt, ctx.device)?;
+    let a1 = flat
+        .narrow(0, 4, 2 * k)
+        .and_then(|v| v.reshape(&[2, k]))
+        .map_err(err("offset view"))?;
+    let (a2, va2) = random(&[2, k], -1.0, 1.0, 647, dt, ctx.device)?;
+    let (b, vb) = random(&[k, n], -1.0, 1.0, 648, dt, ctx.device)?;
+    // One plan, two As, launched back to back without a wait: each launch refills A's texture.
+    let p = mm::matmul(&a1.desc(), &b.desc(), 1.0).map_err(err("plan"))?;
+    let s = a1.stream().map_err(err("stream"))?;
+    let ws = match p.workspace_size() {
+        0 => None,
+        bytes => Some(Tensor::empty(&[bytes], DType::U8, ctx.device).map_err(err("workspace"))?),
+    };
+    let zeros = || Tensor::zeros(&[2, n], dt, ctx.device).map_err(err("zeros"));
+    let (c1, c2) = (zeros()?, zeros()?);
+    p.launch(&[&a1, &b], &[&c1], ws.as_ref(), s)
+        .map_err(err("A1 (offset) @ B"))?;
+    p.launch(&[&a2, &b], &[&c2], ws.as_ref(), s)
+        .map_err(err("A2 @ B"))?;
+    for (what, c, va) in [
+        ("A1 (offset) @ B", &c1, &vf[4..]),
+        ("A2 @ B", &c2, &va2[..]),
+    ] {
+        let (want, scale) = matmul_ref(va, &[2, k], &vb, &[k, n], &[], 2, k, n);
+        close(what, &values(c, what)?, &want, dt, Some(&scale))?;
+    }
+    Ok(())
 }
 
 /// Products of 16 rows or more over one B matrix: the wgpu software adapters read B, and A

@@ -166,18 +166,23 @@ fn store(r: u32, c0: u32, cb: u32, v: vec4<f32>, alpha: f32, beta: f32) {
 
 /// The host GEMM's quad variant, for operands whose rows are contiguous and whose row
 /// strides, k and n are multiples of four (see [`super::op::OpSource::aligned`]): each invocation
-/// computes `rows` rows × 16 columns of C, reading A four values of k at a time and B and C
-/// four columns at a time, so the driver issues one wide load where the scalar variant
-/// issues four (on lavapipe a load costs far more than a multiply-add: this is what the
-/// GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `w` invocations side by side
-/// ([`host_quad_width`]) cover `64·w` columns; `cfg[15]` is the number of such column tiles.
+/// computes `tile.rows` rows × `tile.quads` quads of columns of C, reading A four values of k
+/// at a time and B and C four columns at a time, so the driver issues one wide load where the
+/// scalar variant issues four (on lavapipe a load costs far more than a multiply-add: this is
+/// what the GEMM's speed is made of, ≈ 6× the scalar variant at 512³). `tile.lanes`
+/// invocations side by side ([`host_quad_width`]) cover `4·quads·lanes` columns; `cfg[15]` is
+/// the number of such column tiles.
 ///
 /// With `tex.b`, B is read through the texture `tex_b` (see [`super::op::TexRead`]), which
 /// holds B's single matrix: one texel per quad, `(quad, row of k)`, turned into four f32
 /// values by `texel_f32` (see [`super::op::texel`]). With `tex.a` too, A is read through
 /// `tex_a`, which holds A's rows (batch after batch): `(quad of k, batch · m + row)`.
-fn host_quad_kernel(rows: usize, w: u32, c_slot: usize, tex: &Textures) -> String {
-    const V: usize = 4;
+fn host_quad_kernel(tile: QuadTile, c_slot: usize, tex: &Textures) -> String {
+    let QuadTile {
+        rows,
+        lanes: w,
+        quads: v,
+    } = tile;
     let mut s = format!(
         "
 @compute @workgroup_size({w})
@@ -195,7 +200,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Rows and column quads past the edge read the last row / quad 0 and are not stored.
     let last = max(m, 1u) - 1u;
 ",
-        cols4 = V * w as usize
+        cols4 = v * w as usize
     );
     for r in 0..rows {
         s += &if tex.a {
@@ -204,7 +209,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             format!("    let pa{r} = (imm.o0 + ab + min(row0 + {r}u, last) * ars) >> 2u;\n")
         };
     }
-    for q in 0..V {
+    for q in 0..v {
         let off = q * w as usize;
         s += &if tex.b {
             format!("    let q{q} = cq + {off}u;\n    let tq{q} = select(0u, q{q}, q{q} < n4);\n")
@@ -213,7 +218,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         };
     }
     for r in 0..rows {
-        for q in 0..V {
+        for q in 0..v {
             s += &format!("    var c{r}_{q} = vec4<f32>(0.0);\n");
         }
     }
@@ -226,7 +231,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         };
     }
     for (kx, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-        for q in 0..V {
+        for q in 0..v {
             s += &if tex.b {
                 format!("        let b{kx}_{q} = texel_f32(textureLoad(tex_b, vec2<u32>(tq{q}, kq * 4u + {kx}u), 0));\n")
             } else {
@@ -234,7 +239,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             };
         }
         for r in 0..rows {
-            for q in 0..V {
+            for q in 0..v {
                 s += &format!("        c{r}_{q} = c{r}_{q} + a{r}.{comp} * b{kx}_{q};\n");
             }
         }
@@ -244,7 +249,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         s += &format!(
             "    if (row0 + {r}u < m) {{\n        let pc = imm.o{c_slot} + cb + (row0 + {r}u) * cfg[8];\n"
         );
-        for q in 0..V {
+        for q in 0..v {
             s += &format!(
                 "        if (q{q} < n4) {{ store4(pc + q{q} * 4u, c{r}_{q}, alpha, beta); }}\n"
             );
@@ -277,6 +282,28 @@ fn host_quad_width(tiles_16: usize) -> u32 {
     }
 }
 
+/// The C tile one invocation of the host GEMM's quad variant computes, and how many
+/// invocations a workgroup holds.
+#[derive(Clone, Copy, Debug)]
+struct QuadTile {
+    /// Rows of C per invocation (1, 2, 4, 8 or 16).
+    rows: usize,
+    /// Invocations per workgroup, side by side along C's columns ([`host_quad_width`]).
+    lanes: u32,
+    /// Quads of columns per invocation, `lanes` quads apart: 4, or fewer when C's rows are
+    /// too short to give every invocation four ([`quads_per_lane`]).
+    quads: usize,
+}
+
+/// Quads of C's columns per invocation of the host GEMM's quad variant, for rows of `n4`
+/// quads and `lanes` invocations per workgroup: four, unless fewer already cover the row. A
+/// quad past the row's end is still loaded (from quad 0) and multiplied, only not stored,
+/// so a row of 8 quads under 8 lanes × 4 quads paid for 32 — attention's `p · v` over a
+/// decode step's head dim of 32 read B four times over.
+fn quads_per_lane(n4: usize, lanes: u32) -> usize {
+    n4.div_ceil(lanes as usize).clamp(1, 4)
+}
+
 /// Which operands the host GEMM's quad variant reads through textures (A and the epilogue's
 /// extra operands only beside B): B's texture is bound first, then A's, then the extras'.
 #[derive(Clone, Debug, Default)]
@@ -291,14 +318,13 @@ struct Textures {
 /// The quad variant's complete source for `rows` rows per invocation (reading B, and A,
 /// through textures as `tex` says: B's at the first texture binding, A's at the second).
 fn host_quad_source(
-    rows: usize,
-    w: u32,
+    tile: QuadTile,
     binds: &[Bind],
     epi: Option<&Epilogue>,
     tex: &Textures,
 ) -> Option<String> {
     let c_slot = binds.len() - 1;
-    let mut kernel = host_quad_kernel(rows, w, c_slot, tex);
+    let mut kernel = host_quad_kernel(tile, c_slot, tex);
     if tex.b {
         let slot = super::op::texture_binding(binds.len(), 0);
         let t = super::op::texel(binds[1].dtype)?;
@@ -322,19 +348,21 @@ fn host_quad_source(
     }
     let mut extra = String::new();
     if let Some(e) = epi {
-        let tile = format!(
+        let stores = format!(
             "    for (var t = 0u; t < {n}u; t = t + 1u) {{
-        let r = row0 + t / 4u;
-        let q = cq + (t % 4u) * {w}u;
+        let r = row0 + t / {v}u;
+        let q = cq + (t % {v}u) * {w}u;
         if (r < m && q < n4) {{
             let e = (imm.o{c_slot} + cb + r * cfg[8] + q * 4u) >> 2u;
             stq_c(e, epi4(r, q * 4u, ldq_c(e)));
         }}
     }}
 ",
-            n = rows * 4
+            n = tile.rows * tile.quads,
+            v = tile.quads,
+            w = tile.lanes,
         );
-        kernel = with_epilogue(&kernel, &tile);
+        kernel = with_epilogue(&kernel, &stores);
         extra = e.quad.clone();
         // Each extra read through a texture: its quad load at (r, c) becomes a texel load.
         for (q, per_row) in &tex.extras {
@@ -665,9 +693,12 @@ struct Product {
 ///
 /// With it, for products whose B is one matrix (no batch of its own), the variant that reads
 /// B through a texture ([`super::op::TexRead`]): loads, not multiply-adds, are what the
-/// product costs there (512³ f32 ran 1.7× faster, 1×4096×4096 2×). Of 16 rows or more, A is
-/// read through a texture too when it is contiguous with a batch of its own for each of C's
-/// and rows that are 256-byte multiples (a texture copy's pitch).
+/// product costs there (512³ f32 ran 1.7× faster, 1×4096×4096 2×). A is read through a
+/// texture too when it is contiguous with a batch of its own for each of C's and rows that
+/// are 256-byte multiples (a texture copy's pitch) — of any number of rows: a decode GEMV
+/// reloads its one row of A beside every four texels of B, and there the storage loads of A
+/// were about a third of the kernel's time (the tiny model's replayed decode step on
+/// lavapipe: 2.26–2.80 → 2.03–2.08 ms, fastest of 300, four alternated runs).
 fn host_quads(
     spec: &PlanSpec<'_>,
     cfg: &mut [u32],
@@ -691,7 +722,12 @@ fn host_quads(
     };
     let row_tiles = m.div_ceil(rows).max(1);
     let w = host_quad_width(row_tiles * n.div_ceil(256).max(1) * batch.max(1));
-    let cols = 16 * w as usize;
+    let tile = QuadTile {
+        rows,
+        lanes: w,
+        quads: quads_per_lane(n / 4, w),
+    };
+    let cols = 4 * tile.quads * w as usize;
     let tiles_n = n.div_ceil(cols).max(1);
     let tiles = row_tiles * tiles_n;
     if tiles > 65535 {
@@ -706,8 +742,7 @@ fn host_quads(
         let a = &spec.inputs[0];
         let a_matrices: usize = a.layout.shape()[..a.layout.ndim() - 2].iter().product();
         let a_rows = a_matrices * m;
-        let tex_a = rows == 16
-            && a.layout.is_contiguous()
+        let tex_a = a.layout.is_contiguous()
             && a_matrices == batch.max(1)
             && a.dtype == b.dtype
             && (k * a.dtype.size()).is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as usize)
@@ -727,7 +762,7 @@ fn host_quads(
             u32::try_from(a_rows),
         ) {
             (Ok(width), Ok(height), Ok(a_height)) => {
-                host_quad_source(rows, w, binds, epi, &tex).map(|source| {
+                host_quad_source(tile, binds, epi, &tex).map(|source| {
                     let mut inputs = vec![TexInput {
                         input: 1,
                         width,
@@ -768,7 +803,7 @@ fn host_quads(
     };
     Some((
         vec![(
-            host_quad_source(rows, w, binds, epi, &Textures::default())?,
+            host_quad_source(tile, binds, epi, &Textures::default())?,
             grid,
         )],
         textured,
