@@ -146,13 +146,16 @@ fn epilogue_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
 
     // The same with B a matrix per batch and rows of C shorter than a workgroup's columns
     // (attention's p·v over a small head dim: the host adapters give each invocation fewer
-    // quads of columns, and some invocations none).
-    let (a3, b3) = (r(&[3, 6, 64], 25)?, r(&[3, 64, 40], 26)?);
-    let (bias3, res3) = (r(&[40], 27)?, r(&[3, 6, 40], 28)?);
-    let want3 = a3.matmul(&b3)?.add(&bias3)?.relu()?.add(&res3)?;
-    let got3 = Tensor::empty(&[3, 6, 40], dtype, ctx.device)?;
-    run_into(&a3, &b3, &[&bias3, &res3], 1.0, prog2, &got3)?;
-    same(&got3, &want3, "quad shapes, short rows, B per batch")?;
+    // quads of columns — one for 6 rows, two for 16 — and some invocations none).
+    for (i, &(batch, m)) in [(3, 6), (2, 16)].iter().enumerate() {
+        let seed = 25 + 4 * i as u64;
+        let (a3, b3) = (r(&[batch, m, 64], seed)?, r(&[batch, 64, 40], seed + 1)?);
+        let (bias3, res3) = (r(&[40], seed + 2)?, r(&[batch, m, 40], seed + 3)?);
+        let want3 = a3.matmul(&b3)?.add(&bias3)?.relu()?.add(&res3)?;
+        let got3 = Tensor::empty(&[batch, m, 40], dtype, ctx.device)?;
+        run_into(&a3, &b3, &[&bias3, &res3], 1.0, prog2.clone(), &got3)?;
+        same(&got3, &want3, "quad shapes, short rows, B per batch")?;
+    }
 
     // Tensors starting 1 and 2 elements into their buffers (the scalar variant there).
     let a_off = r(&[33 * 64 + 1], 9)?

@@ -290,18 +290,28 @@ struct QuadTile {
     rows: usize,
     /// Invocations per workgroup, side by side along C's columns ([`host_quad_width`]).
     lanes: u32,
-    /// Quads of columns per invocation, `lanes` quads apart: 4, or fewer when C's rows are
-    /// too short to give every invocation four ([`quads_per_lane`]).
+    /// Quads of columns per invocation, `lanes` quads apart ([`quads_per_lane`]).
     quads: usize,
 }
 
-/// Quads of C's columns per invocation of the host GEMM's quad variant, for rows of `n4`
-/// quads and `lanes` invocations per workgroup: four, unless fewer already cover the row. A
-/// quad past the row's end is still loaded (from quad 0) and multiplied, only not stored,
-/// so a row of 8 quads under 8 lanes × 4 quads paid for 32 — attention's `p · v` over a
-/// decode step's head dim of 32 read B four times over.
-fn quads_per_lane(n4: usize, lanes: u32) -> usize {
-    n4.div_ceil(lanes as usize).clamp(1, 4)
+/// Quads of C's columns per invocation of the host GEMM's quad variant, for `rows` rows per
+/// invocation, rows of C of `n4` quads and `lanes` invocations per workgroup.
+///
+/// - Products of fewer than 16 rows (a decode step's GEMVs) take one: on lavapipe (AMD EPYC,
+///   2 cores, plans of both kinds alternated in one process) a 1 × 4096 × 4096 f32 GEMV ran
+///   in 7.9–8.8 ms against 18.7–19.9 with four, 4 × 4096 × 4096 in 14.5–15.5 against
+///   21.5–24.9, 1 × 2048 × 11008 in 11.5–14.4 against 20–38; bf16 1.3–2×; at 1–4 MiB
+///   matrices the two ran alike. There every load feeds one row's multiply-adds, and narrower
+///   column strips per workgroup read B's texture faster.
+/// - Of 16 rows, four (the GEMM's 16 × 16 tile, which reuses every B load 16 times: 64 ×
+///   256 × 1024 and 256³ ran 5–40 % slower with one), unless fewer already cover the row: a
+///   quad past the row's end is still loaded (from quad 0) and multiplied, only not stored.
+fn quads_per_lane(rows: usize, n4: usize, lanes: u32) -> usize {
+    if rows < 16 {
+        1
+    } else {
+        n4.div_ceil(lanes as usize).clamp(1, 4)
+    }
 }
 
 /// Which operands the host GEMM's quad variant reads through textures (A and the epilogue's
@@ -725,7 +735,7 @@ fn host_quads(
     let tile = QuadTile {
         rows,
         lanes: w,
-        quads: quads_per_lane(n / 4, w),
+        quads: quads_per_lane(rows, n / 4, w),
     };
     let cols = 4 * tile.quads * w as usize;
     let tiles_n = n.div_ceil(cols).max(1);
