@@ -625,3 +625,62 @@ pub(crate) fn kept(shape: &[usize], strides: &[usize], axes: &[usize]) -> (Vec<u
         .map(|d| (shape[d], strides[d]))
         .unzip()
 }
+
+/// The same view with fewer dimensions: those of size 1 dropped, and each dimension merged
+/// into the one before it where the two walk memory as one (the outer stride is the inner
+/// stride times the inner size). Row-major order over the view visits the same elements in
+/// the same order, so a kernel walking the merged view computes bitwise what it computed
+/// over the original. A view of at most one element is returned as it is.
+pub(crate) fn merge_view(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let (mut out_shape, mut out_strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for (&n, &st) in shape.iter().zip(strides) {
+        if n == 1 {
+            continue;
+        }
+        if let (Some(last_n), Some(last_st)) = (out_shape.last_mut(), out_strides.last_mut()) {
+            if *last_st == st * n {
+                *last_n *= n;
+                *last_st = st;
+                continue;
+            }
+        }
+        out_shape.push(n);
+        out_strides.push(st);
+    }
+    if out_shape.is_empty() {
+        // One element (or none, or no dimensions): the view as it was.
+        return (shape.to_vec(), strides.to_vec());
+    }
+    (out_shape, out_strides)
+}
+
+#[cfg(test)]
+mod merge_view_tests {
+    use super::merge_view;
+
+    #[test]
+    fn contiguous_dimensions_merge_and_others_stay() {
+        // A contiguous [1024, 4096]: one row.
+        assert_eq!(
+            merge_view(&[1024, 4096], &[4096, 1]),
+            (vec![4194304], vec![1])
+        );
+        // A transposed view does not merge; size-1 dimensions go.
+        assert_eq!(
+            merge_view(&[4, 1, 8], &[1, 99, 4]),
+            (vec![4, 8], vec![1, 4])
+        );
+        // Rows of a wider matrix: the column dimension cannot join the row one.
+        assert_eq!(merge_view(&[3, 5], &[8, 1]), (vec![3, 5], vec![8, 1]));
+        // A [2, 3, 4] whose last two dimensions are contiguous with each other only.
+        assert_eq!(
+            merge_view(&[2, 3, 4], &[100, 4, 1]),
+            (vec![2, 12], vec![100, 1])
+        );
+        // At most one element, and no dimensions: as they were.
+        assert_eq!(merge_view(&[1, 1], &[7, 3]), (vec![1, 1], vec![7, 3]));
+        assert_eq!(merge_view(&[], &[]), (vec![], vec![]));
+        // An empty dimension merges like any other.
+        assert_eq!(merge_view(&[0, 5], &[5, 1]), (vec![0], vec![1]));
+    }
+}
