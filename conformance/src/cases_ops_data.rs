@@ -79,6 +79,16 @@ fn rearrange_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
                 .map_err(err("transpose"))?,
         ];
         contiguous_copies(&views, &vb, dt)?;
+        // Dense transposes of 24 Ki elements with rows and columns multiples of four, batched
+        // and not: the software adapters read an f32 source through a texture there.
+        let (big, vbig) = tensor(&sample_values(2 * 96 * 128, dt, 12), &[2, 96, 128], dt, ctx)?;
+        let big_views = [
+            big.transpose(1, 2).map_err(err("transpose"))?,
+            big.reshape(&[192, 128])
+                .and_then(|t| t.transpose(0, 1))
+                .map_err(err("transpose"))?,
+        ];
+        contiguous_copies(&big_views, &vbig, dt)?;
         let src = base
             .narrow(0, 2, 1)
             .and_then(|t| t.squeeze(0))

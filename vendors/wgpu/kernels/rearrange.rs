@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use super::elementwise::groups_for;
-use super::op::{prepare as prepare_op, OpSource, MAX_TENSORS};
+use super::op::{prepare as prepare_op, OpSource, TexRead, MAX_TENSORS};
+use super::textures::{textures_for, TexturedRead};
 use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D, MAIN_ROWS};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
@@ -65,7 +66,9 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 ///   reading [`TILE_ROWS`]-element runs along the source's rows and writing whole cache lines
 ///   of each destination row, consecutive invocations taking consecutive row tiles: 2.6–3.7×
 ///   the element-wise kernel there (docs/BENCHMARKS.md). The tile was chosen by measuring 16
-///   of them, columns × rows from 4 × 4 to 128 × 2.
+///   of them, columns × rows from 4 × 4 to 128 × 2. An f32 source that is one dense block
+///   reads through a texture instead ([`Transpose::through_texture`]: 2–2.6× again on
+///   lavapipe for a 16 MiB transpose).
 /// - On a GPU ([`Transpose::per_workgroup`]): the classic workgroup-memory transpose. A
 ///   workgroup reads a 32 × 32 tile with consecutive invocations on consecutive source
 ///   elements (coalesced), and after a barrier writes it with consecutive invocations on
@@ -135,7 +138,69 @@ impl Transpose {
             per_batch = row_tiles * col_tiles,
             plane = rows * cols,
         );
-        one_pass(source, groups_for(tiles as u64), cfg)
+        let mut src = one_pass(source, groups_for(tiles as u64), cfg);
+        src.textured = self.through_texture(binds, spec);
+        src
+    }
+
+    /// The host form's variant for an f32 source that is one dense block (`[batch][cols][rows]`
+    /// in memory, rows and columns multiples of four): the source is copied into a texture
+    /// (`TexRead`), where a texel holds four consecutive rows of one column, and each
+    /// invocation's tile of 4 rows × [`TILE_COLS`] columns reads a texel per column and stores
+    /// four rows of the destination, a 4 × 4 block transposed in registers at a time. On
+    /// lavapipe a storage load is a per-lane scalar loop, a texel load a gather (see
+    /// `TexRead`); the copy moves the bits unchanged (f32 values are only bitcast, never
+    /// computed with), so the result is the element-wise kernel's, bitwise.
+    fn through_texture(self, binds: &[Bind], spec: &PlanSpec<'_>) -> Option<TexRead> {
+        let Transpose {
+            batch,
+            rows,
+            cols,
+            batch_stride,
+            col_stride,
+        } = self;
+        let plane = rows * cols;
+        let n = batch * plane;
+        let dense = col_stride == rows && (batch == 1 || batch_stride == plane);
+        if spec.inputs[0].dtype != DType::F32
+            || !dense
+            || !rows.is_multiple_of(4)
+            || !cols.is_multiple_of(4)
+        {
+            return None;
+        }
+        let flat = textures_for(binds, &[Some(TexturedRead::whole(n))], n, 0)?;
+        let row_tiles = rows / 4;
+        let col_tiles = cols.div_ceil(TILE_COLS);
+        let tiles = batch * row_tiles * col_tiles;
+        let mut body = String::new();
+        for j in 0..4 {
+            body += &format!("        let t{j} = tex4_src(src_c + {j}u * {rows}u);\n");
+        }
+        for k in 0..4 {
+            body += &format!("        let o{k} = dst_b + (r0 + {k}u) * {cols}u + c;\n");
+            for j in 0..4 {
+                body += &format!(
+                    "        str_dst(o{k} + {j}u, vec2<u32>(bitcast<u32>(t{j}[{k}]), 0u));\n"
+                );
+            }
+        }
+        let source = format!(
+            "{prelude}{decls}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= {tiles}u) {{ return; }}\n    \
+             let t = i % {per_batch}u;\n    let b = i / {per_batch}u;\n    \
+             let r0 = (t % {row_tiles}u) * 4u;\n    let c0 = (t / {row_tiles}u) * {TILE_COLS}u;\n    \
+             let dst_b = b * {plane}u;\n    \
+             for (var a = 0u; a < {TILE_COLS}u; a = a + 4u) {{\n        let c = c0 + a;\n        \
+             if (c >= {cols}u) {{ break; }}\n        \
+             let src_c = dst_b + c * {rows}u + r0;\n{body}    }}\n}}\n",
+            prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
+            decls = flat.decls,
+            per_batch = row_tiles * col_tiles,
+        );
+        Some(TexRead {
+            inputs: flat.inputs,
+            passes: vec![(source, groups_for(tiles as u64))],
+        })
     }
 
     /// 32 × 32 tiles per workgroup through workgroup memory (a GPU). The sizes and strides
