@@ -152,16 +152,10 @@ impl Transpose {
     /// `TexRead`); the copy moves the bits unchanged (f32 values are only bitcast, never
     /// computed with), so the result is the element-wise kernel's, bitwise.
     fn through_texture(self, binds: &[Bind], spec: &PlanSpec<'_>) -> Option<TexRead> {
-        let Transpose {
-            batch,
-            rows,
-            cols,
-            batch_stride,
-            col_stride,
-        } = self;
+        let (batch, rows, cols) = (self.batch, self.rows, self.cols);
         let plane = rows * cols;
         let n = batch * plane;
-        let dense = col_stride == rows && (batch == 1 || batch_stride == plane);
+        let dense = self.col_stride == rows && (batch == 1 || self.batch_stride == plane);
         if spec.inputs[0].dtype != DType::F32
             || !dense
             || !rows.is_multiple_of(4)
