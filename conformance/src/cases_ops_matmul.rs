@@ -390,10 +390,7 @@ fn few_rows_textured_a(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     // One plan, two As, launched back to back without a wait: each launch refills A's texture.
     let p = mm::matmul(&a1.desc(), &b.desc(), 1.0).map_err(err("plan"))?;
     let s = a1.stream().map_err(err("stream"))?;
-    let ws = match p.workspace_size() {
-        0 => None,
-        bytes => Some(Tensor::empty(&[bytes], DType::U8, ctx.device).map_err(err("workspace"))?),
-    };
+    let ws = workspace(&p, ctx)?;
     let zeros = || Tensor::zeros(&[2, n], dt, ctx.device).map_err(err("zeros"));
     let (c1, c2) = (zeros()?, zeros()?);
     p.launch(&[&a1, &b], &[&c1], ws.as_ref(), s)
@@ -408,6 +405,16 @@ fn few_rows_textured_a(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
         close(what, &values(c, what)?, &want, dt, Some(&scale))?;
     }
     Ok(())
+}
+
+/// The workspace `p` needs on the context's device (`None` when it needs none).
+fn workspace(p: &unirt::ops::Plan, ctx: &Ctx) -> Result<Option<Tensor>, Failure> {
+    match p.workspace_size() {
+        0 => Ok(None),
+        n => Tensor::empty(&[n], DType::U8, ctx.device)
+            .map(Some)
+            .map_err(err("workspace")),
+    }
 }
 
 /// Products of 16 rows or more over one B matrix: the wgpu software adapters read B, and A
@@ -443,10 +450,7 @@ fn textured(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     let p = mm::matmul(&a.desc(), &b.desc(), 1.0).map_err(err("plan"))?;
     let s = a.stream().map_err(err("stream"))?;
     // One workspace serves every launch: they run in stream order.
-    let ws = match p.workspace_size() {
-        0 => None,
-        n => Some(Tensor::empty(&[n], DType::U8, ctx.device).map_err(err("workspace"))?),
-    };
+    let ws = workspace(&p, ctx)?;
     let launch = |x: &Tensor, y: &Tensor, o: &Tensor, what: &str| {
         p.launch(&[x, y], &[o], ws.as_ref(), s).map_err(err(what))
     };
