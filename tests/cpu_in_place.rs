@@ -69,3 +69,22 @@ fn rope_in_place_matches_out_of_place() -> unirt::Result<()> {
     }
     Ok(())
 }
+
+/// Outputs past the last-level cache's share are written with non-temporal stores from a
+/// row buffer; in place they are not. Rows of 128 (whole cache lines) and of 40 (rows that
+/// start and end inside lines), both rotary layouts, 16 MiB each: the same bits either way.
+#[test]
+fn large_rope_streamed_matches_in_place() -> unirt::Result<()> {
+    for (heads, d) in [(32, 128), (8, 40)] {
+        let seq = (16 << 20) / (4 * heads * d) + 1;
+        let x = Tensor::rand_uniform(&[seq, heads, d], -1.0, 1.0, 3, DType::F32, cpu())?;
+        let ids: Vec<i64> = (0..seq as i64).rev().collect();
+        let pos = Tensor::from_slice(&ids, &[seq], cpu())?;
+        for interleaved in [false, true] {
+            let plan = ops::rope::rope(&x.desc(), &pos.desc(), 10000.0, interleaved)?;
+            let (out, in_place) = both_ways(&plan, &[&x, &pos])?;
+            assert!(out == in_place, "heads {heads}, d {d}, interleaved {interleaved}");
+        }
+    }
+    Ok(())
+}

@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
-use super::util::{floats, gather, par_chunks, read_index, scatter, simd, Float, Lanes, Ptr};
+use super::util::{
+    floats, gather, par_chunks, read_index, scatter, simd, stream_fence, streams,
+    write_streaming_unfenced, Float, Lanes, Ptr,
+};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 use crate::tensor::DType;
@@ -164,13 +167,16 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     };
     let lanes = Lanes::new([&out.layout, &x.layout], nd - 1);
     let in_place_f32 = T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0;
+    // A large output (past the last-level cache's share) is written with non-temporal
+    // stores, row by row from a buffer in L1: a plain store first reads each line it writes.
+    let stream = in_place_f32 && streams(out.layout.numel() * 4);
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
     // One vector-compiled body per task: a row (64 pairs at head dim 128) is too short to
     // pay for entering the vector code once per row.
     par_chunks(lanes.count(), d, |range| {
         simd!({
             let mut own = (vec![0f32; half], vec![0f32; half]);
-            let mut buf = vec![0f32; if in_place_f32 { 0 } else { d }];
+            let mut buf = vec![0f32; if in_place_f32 && !stream { 0 } else { d }];
             let mut angles_of = usize::MAX;
             // The next row's head and sequence index, counted along rather than divided out
             // of the row's index (as `walk` counts the offsets).
@@ -206,6 +212,15 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                         let orow = std::slice::from_raw_parts_mut(o, d);
                         if std::ptr::eq(o, xr) {
                             rotate(orow, c, sn, interleaved);
+                        } else if stream {
+                            let xrow = std::slice::from_raw_parts(xr, d);
+                            rotate_to(xrow, &mut buf, c, sn, interleaved);
+                            write_streaming_unfenced(
+                                orow,
+                                true,
+                                #[inline(always)]
+                                |s, dst| dst.copy_from_slice(&buf[s..s + dst.len()]),
+                            );
                         } else {
                             let xrow = std::slice::from_raw_parts(xr, d);
                             rotate_to(xrow, orow, c, sn, interleaved);
@@ -218,6 +233,9 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 rotate(&mut buf, c, sn, interleaved);
                 // SAFETY: as above.
                 unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
+            }
+            if stream {
+                stream_fence();
             }
         })
     });

@@ -54,9 +54,24 @@ fn last_level_cache() -> Option<usize> {
 /// values are the same either way; only where they are stored from differs.
 #[inline(always)]
 pub fn write_streaming(out: &mut [f32], stream: bool, compute: impl Fn(usize, &mut [f32])) {
+    write_streaming_unfenced(out, stream, compute);
+    if stream {
+        stream_fence();
+    }
+}
+
+/// [`write_streaming`] without its closing [`stream_fence`], for a kernel that writes many
+/// short rows (a rotary row is 512 bytes): a fence after each would wait for every row's
+/// stores to drain before the next row starts. The caller fences once after its last row.
+#[inline(always)]
+pub fn write_streaming_unfenced(
+    out: &mut [f32],
+    stream: bool,
+    compute: impl Fn(usize, &mut [f32]),
+) {
     #[cfg(target_arch = "x86_64")]
     if stream {
-        use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
+        use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
         let n = out.len();
         let head = out.as_ptr().align_offset(64).min(n);
         compute(0, &mut out[..head]);
@@ -78,13 +93,21 @@ pub fn write_streaming(out: &mut [f32], stream: bool, compute: impl Fn(usize, &m
             i += 64;
         }
         compute(i, &mut out[i..]);
-        // SAFETY: a store fence, baseline x86-64: the streaming stores are ordered before
-        // whatever tells another thread that the output is ready.
-        unsafe { _mm_sfence() };
         return;
     }
     let _ = stream;
     compute(0, out);
+}
+
+/// Orders the non-temporal stores made so far before any later store, such as the one that
+/// tells another thread the output is ready. A no-op off x86-64.
+#[inline(always)]
+pub fn stream_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a store fence, baseline x86-64; it reads and writes no memory.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 #[cfg(test)]
