@@ -4,13 +4,16 @@
 //!
 //! The classic blocked form: B is packed `KC × NC` at a time into panels of `NR` columns, A
 //! `MC × KC` at a time into panels of `MR` rows, and a register-tile kernel runs each A panel
-//! against each B panel. The kernels are written with intrinsics — AVX-512: 12 rows × 32
+//! against each B panel. A row-major A is not packed: the kernels read its rows where they
+//! lie (as MLAS does), one broadcast per row and step of k from `MR` sequential streams,
+//! which the hardware prefetcher follows; packing it cost as much as packing B. The kernels are written with intrinsics — AVX-512: 12 rows × 32
 //! columns (24 zmm accumulators, two B loads and twelve broadcasts per step of k); AVX2:
 //! 6 × 16 (12 ymm) — because the `matrixmultiply` crate's AVX-512 kernel (16 × 16, one B
 //! load and sixteen broadcasts per step) is bound by its loads at about two thirds of the
 //! FMA units' rate (103 against OpenBLAS's 160 GFLOP/s per core here). A block's last rows
-//! run through shorter kernels of the same form (8 and 4 rows; AVX2: 4 and 2) rather than a
-//! full tile of zero padding, and row-major A is packed by 4 × 4 transposes in registers.
+//! run through shorter kernels of the same form (8 and 4 rows; AVX2: 4 and 2; any row count
+//! for A read in place) rather than a full tile of zero padding, and a strided A whose rows
+//! are contiguous is packed by 4 × 4 transposes in registers.
 //!
 //! **Deterministic by construction.** Every element of C is one chain of fused
 //! multiply-adds over `k` in order, starting from zero: between blocks of k the partial sum
@@ -104,7 +107,16 @@ pub(super) unsafe fn sgemm_par<S: Float>(
     let threads = rayon::current_num_threads().max(1);
     let work = m * n * k.max(1);
     // Panels of at least 64 rows/columns, and only when the product is worth a fork.
-    let along_m = m >= n;
+    // Every panel packs all of B's columns it covers, and reads all of A's rows it covers:
+    // split along m, each thread packs the whole of B; along n, each reads the whole of A.
+    // A row-major A is read in place by our own GEMM (not packed), so at equal sizes the
+    // split along n costs less.
+    let own = own_gemm(beta);
+    let along_m = if own && reads_a_in_place(a, tile_rows()) {
+        m > n
+    } else {
+        m >= n
+    };
     let len = if along_m { m } else { n };
     let panels = if work < 1 << 18 {
         1
@@ -112,9 +124,8 @@ pub(super) unsafe fn sgemm_par<S: Float>(
         threads.min(len / 64).max(1)
     };
     let per = len.div_ceil(panels);
-    // unirt's own GEMM where the CPU has FMA (it computes C = alpha·A·B; beta ≠ 0 keeps
-    // matrixmultiply, which reads C).
-    let own = own_gemm(beta);
+    // (unirt's own GEMM where the CPU has FMA: it computes C = alpha·A·B; beta ≠ 0 keeps
+    // matrixmultiply, which reads C.)
     let run = |t: usize| {
         let (start, end) = (t * per, ((t + 1) * per).min(len));
         if start >= end {
@@ -175,6 +186,29 @@ pub(super) unsafe fn sgemm_par<S: Float>(
     }
 }
 
+/// Whether the GEMM reads A's rows in place rather than packing them: A is row-major, and
+/// no more than two of a tile's `mr` rows start in the same set of a 32 KiB, 8-way L1
+/// (64 sets of 64-byte lines). Rows a multiple of 4 KiB apart (k = 1024, 4096, …) all fall
+/// in one set, where they and the packed B panel evict each other; such an A is packed.
+fn reads_a_in_place(a: Mat, mr: usize) -> bool {
+    let mut per_set = [0u8; 64];
+    a.cs == 1
+        && (0..mr).all(|r| {
+            let set = (r * a.rs * 4 / 64) % 64;
+            per_set[set] += 1;
+            per_set[set] <= 2
+        })
+}
+
+/// The full register tile's rows on this CPU ([`gemm`]'s choice of kernels).
+fn tile_rows() -> usize {
+    if simd_tier() == SimdTier::Avx512 {
+        12
+    } else {
+        6
+    }
+}
+
 /// Whether this CPU runs unirt's GEMM (a SIMD tier with FMA).
 pub(super) fn available() -> bool {
     simd_tier() >= SimdTier::Avx2
@@ -210,16 +244,40 @@ pub(super) unsafe fn gemm<S: Float>(
     unsafe {
         match simd_tier() {
             SimdTier::Avx512 => {
+                use avx512::kernel as t;
                 let kernels = Kernels {
-                    full: avx512::kernel::<12>,
-                    tails: &[(4, avx512::kernel::<4>), (8, avx512::kernel::<8>)],
+                    full: t::<12, true>,
+                    tails: &[(4, t::<4, true>), (8, t::<8, true>)],
+                    rows_in_place: &[
+                        t::<1, false>,
+                        t::<2, false>,
+                        t::<3, false>,
+                        t::<4, false>,
+                        t::<5, false>,
+                        t::<6, false>,
+                        t::<7, false>,
+                        t::<8, false>,
+                        t::<9, false>,
+                        t::<10, false>,
+                        t::<11, false>,
+                        t::<12, false>,
+                    ],
                 };
                 blocked::<12, 32, S>((m, k, n), alpha, a, b, c, kernels)
             }
             _ => {
+                use avx2::kernel as t;
                 let kernels = Kernels {
-                    full: avx2::kernel::<6>,
-                    tails: &[(2, avx2::kernel::<2>), (4, avx2::kernel::<4>)],
+                    full: t::<6, true>,
+                    tails: &[(2, t::<2, true>), (4, t::<4, true>)],
+                    rows_in_place: &[
+                        t::<1, false>,
+                        t::<2, false>,
+                        t::<3, false>,
+                        t::<4, false>,
+                        t::<5, false>,
+                        t::<6, false>,
+                    ],
                 };
                 blocked::<6, 16, S>((m, k, n), alpha, a, b, c, kernels)
             }
@@ -230,15 +288,16 @@ pub(super) unsafe fn gemm<S: Float>(
     let _ = (alpha, a, b, c);
 }
 
-/// A register-tile kernel of `R` rows: `tile[r][j] (+)= Σ_{p < kc} a[p·astep + r] · b[p·NR + j]`
+/// A register-tile kernel of `R` rows: `tile[r][j] (+)= Σ_{p < kc} A(r, p) · b[p·NR + j]`
 /// for `r < R`, the tile at `t` with row stride `ldt`, started from zero when `first`;
-/// multiplied by `alpha` when `scale` (after the last block of k). `astep` is the packed A
-/// panel's width (the full tile's rows), so a shorter kernel runs the last rows of a block
-/// from the same packing.
+/// multiplied by `alpha` when `scale` (after the last block of k). `A(r, p)` is
+/// `a[p·lda + r]` in a packed panel (`lda` its width, the full tile's rows, so a shorter
+/// kernel runs the last rows of a block from the same packing) or `a[r·lda + p]` for rows
+/// read in place.
 type Kernel = unsafe fn(
     kc: usize,
     a: *const f32,
-    astep: usize,
+    lda: usize,
     b: *const f32,
     t: *mut f32,
     ldt: usize,
@@ -250,10 +309,15 @@ type Kernel = unsafe fn(
 /// A block's last rows (`m` not a multiple of the tile) run through the shortest kernel
 /// that covers them instead of a full tile of padding: at m = 64 the 12-row tile wasted
 /// 8 of every 72 rows computed.
+///
+/// `rows_in_place[r - 1]` computes `r` rows read straight from a row-major A (no packing:
+/// the rows are already contiguous along k). There is no padding past A's last row to
+/// compute on, so there is one for every row count.
 #[derive(Clone, Copy)]
 struct Kernels {
     full: Kernel,
     tails: &'static [(usize, Kernel)],
+    rows_in_place: &'static [Kernel],
 }
 
 /// The blocked loops around the kernels.
@@ -306,6 +370,10 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
 ) {
     // An edge tile (rows or columns past C's edge, or C with non-unit column stride).
     let mut edge = [0f32; 12 * 32];
+    // A row-major A is read where it lies: its rows are already contiguous along k, which
+    // is all a packed panel adds for the kernel, and packing it cost as much time as
+    // packing B (each thread packs its whole share of A).
+    let a_in_place = reads_a_in_place(a, MR) && kernels.rows_in_place.len() == MR;
     let mut jc = 0;
     while jc < n {
         let nc = NC.min(n - jc);
@@ -319,29 +387,39 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
             let mut ic = 0;
             while ic < m {
                 let mc = MC.min(m - ic);
-                // SAFETY: rows ic..ic + mc, columns pc..pc + kc of A.
-                unsafe { pack::<MR, f32>(ap, a, ic..ic + mc, pc..pc + kc, false) };
+                if !a_in_place {
+                    // SAFETY: rows ic..ic + mc, columns pc..pc + kc of A.
+                    unsafe { pack::<MR, f32>(ap, a, ic..ic + mc, pc..pc + kc, false) };
+                }
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
                     let bpan = bp[jr * kc..].as_ptr();
                     for ir in (0..mc).step_by(MR) {
                         let mr = MR.min(mc - ir);
-                        let apan = ap[ir * kc..].as_ptr();
                         let (i0, j0) = (ic + ir, jc + jr);
-                        // The shortest kernel covering mr rows (the full one but at the end).
-                        let (rows, kernel) = kernels
-                            .tails
-                            .iter()
-                            .copied()
-                            .find(|&(rows, _)| rows >= mr)
-                            .unwrap_or((MR, kernels.full));
+                        let (rows, kernel, apan, lda) = if a_in_place {
+                            // Rows i0.. of A from column pc on, as they lie.
+                            let rows = a.p.0.wrapping_add(i0 * a.rs + pc) as *const f32;
+                            (mr, kernels.rows_in_place[mr - 1], rows, a.rs)
+                        } else {
+                            // The shortest kernel covering mr rows (the full one but at the
+                            // end).
+                            let (rows, kernel) = kernels
+                                .tails
+                                .iter()
+                                .copied()
+                                .find(|&(rows, _)| rows >= mr)
+                                .unwrap_or((MR, kernels.full));
+                            (rows, kernel, ap[ir * kc..].as_ptr(), MR)
+                        };
                         // SAFETY: the packed panels hold kc steps of MR / NR values (rows past
-                        // the edge are zeros); the tile is inside C (checked by mr, nr) or the
-                        // edge buffer.
+                        // the edge are zeros), or A's rows i0..i0 + mr hold columns
+                        // pc..pc + kc where they lie; the tile is inside C (checked by mr, nr)
+                        // or the edge buffer.
                         unsafe {
                             if rows == mr && nr == NR && c.cs == 1 {
                                 let t = c.p.at(i0 * c.rs + j0);
-                                kernel(kc, apan, MR, bpan, t, c.rs, first, scale);
+                                kernel(kc, apan, lda, bpan, t, c.rs, first, scale);
                             } else {
                                 let e = edge.as_mut_ptr();
                                 if !first {
@@ -352,7 +430,7 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
                                         }
                                     }
                                 }
-                                kernel(kc, apan, MR, bpan, e, NR, first, scale);
+                                kernel(kc, apan, lda, bpan, e, NR, first, scale);
                                 for r in 0..mr {
                                     for j in 0..nr {
                                         *c.p.at((i0 + r) * c.rs + (j0 + j) * c.cs) =
@@ -431,6 +509,22 @@ mod tests {
         check(f16::from_f32);
     }
 
+    /// Row-major A is read in place unless its rows crowd one set of L1; a transposed A is
+    /// always packed.
+    #[test]
+    fn which_a_is_read_in_place() {
+        let a = |rs, cs| Mat {
+            p: Ptr(std::ptr::null_mut::<f32>()),
+            rs,
+            cs,
+        };
+        for (k, six, twelve) in [(256, true, false), (1024, false, false), (11008, true, false)] {
+            assert_eq!(reads_a_in_place(a(k, 1), 6), six, "k = {k}");
+            assert_eq!(reads_a_in_place(a(k, 1), 12), twelve, "k = {k}");
+        }
+        assert!(reads_a_in_place(a(300, 1), 12) && !reads_a_in_place(a(1, 300), 6));
+    }
+
     #[test]
     fn same_bits_as_the_fma_chain() {
         if !available() {
@@ -449,6 +543,8 @@ mod tests {
             (64, 50, 64, 1.0),
             (20, 30, 96, 0.5),
             (10, 9, 32, 1.0),
+            // Rows 4 KiB apart: a row-major A packed rather than read in place.
+            (13, 1024, 20, 1.0),
         ];
         for &(m, k, n, alpha) in &shapes {
             for &(ta, tb, cstride) in &[(false, false, 1), (true, false, 1), (false, true, 3)] {

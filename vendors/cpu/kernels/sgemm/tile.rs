@@ -1,10 +1,12 @@
 //! The register-tile kernels of the blocked GEMM, one per instruction set, written once as
 //! a macro over the vector type and its intrinsics.
 
-/// Register-tile kernels (see [`Kernel`](super::Kernel)) for one instruction set: `MR` rows × two vectors
-/// of `L` lanes (`MR` a parameter: the full tile and its shorter tails), the accumulators in registers; before computing, the next tile down (the
-/// blocked loop's next call) is prefetched into L1, since C's rows are far apart and no
-/// hardware prefetcher follows them.
+/// Register-tile kernels (see [`Kernel`](super::Kernel)) for one instruction set: `MR`
+/// rows × two vectors of `L` lanes (`MR` a parameter: the full tile and its shorter tails),
+/// the accumulators in registers, A from a packed panel or from its rows in place (`PACKED`,
+/// a parameter so that each form compiles its own addressing); before computing, the next
+/// tile down (the blocked loop's next call) is prefetched into L1, since C's rows are far
+/// apart and no hardware prefetcher follows them.
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_kernel {
     (
@@ -21,15 +23,20 @@ macro_rules! tile_kernel {
             const L: usize = $lanes;
             const NR: usize = 2 * L;
 
+            /// A's value for row `r`, step `p` is `a[p · lda + r]` when `PACKED` (a packed
+            /// panel, `lda` its width) and `a[r · lda + p]` otherwise (rows of A read in
+            /// place).
+            ///
             /// # Safety
-            /// The CPU has the features named; `MR ≤ astep`; `a` holds `kc · astep` values,
-            /// `b` `kc · NR` aligned to a vector, `t` an `MR × NR` tile at row stride `ldt`.
+            /// The CPU has the features named; `a` holds every value named above for
+            /// `r < MR`, `p < kc`; `b` holds `kc · NR` values aligned to a vector, `t` an
+            /// `MR × NR` tile at row stride `ldt`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)] // the `Kernel` signature
-            pub(in super::super) unsafe fn kernel<const MR: usize>(
+            pub(in super::super) unsafe fn kernel<const MR: usize, const PACKED: bool>(
                 kc: usize,
                 a: *const f32,
-                astep: usize,
+                lda: usize,
                 b: *const f32,
                 t: *mut f32,
                 ldt: usize,
@@ -55,9 +62,12 @@ macro_rules! tile_kernel {
                     for p in 0..kc {
                         let b0 = $load(b.add(p * NR));
                         let b1 = $load(b.add(p * NR + L));
-                        let ap = a.add(p * astep);
                         for r in 0..MR {
-                            let x = $set1(*ap.add(r));
+                            let x = $set1(if PACKED {
+                                *a.add(p * lda + r)
+                            } else {
+                                *a.add(r * lda + p)
+                            });
                             c0[r] = $fmadd(x, b0, c0[r]);
                             c1[r] = $fmadd(x, b1, c1[r]);
                         }
