@@ -83,7 +83,10 @@ fn large_rope_streamed_matches_in_place() -> unirt::Result<()> {
         for interleaved in [false, true] {
             let plan = ops::rope::rope(&x.desc(), &pos.desc(), 10000.0, interleaved)?;
             let (out, in_place) = both_ways(&plan, &[&x, &pos])?;
-            assert!(out == in_place, "heads {heads}, d {d}, interleaved {interleaved}");
+            assert!(
+                out == in_place,
+                "heads {heads}, d {d}, interleaved {interleaved}"
+            );
         }
     }
     Ok(())

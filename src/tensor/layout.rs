@@ -339,6 +339,47 @@ impl Layout {
     }
 }
 
+/// The dimensions of a walk over `shape` (row-major, one or more operands with their own
+/// strides) merged where the operands walk memory as one: dimensions of size 1 are dropped,
+/// and each dimension joins the one before it when `walks_as_one(outer, inner)` — every
+/// operand's stride along `outer` is its stride along `inner` times `shape[inner]`. The
+/// merged walk visits the same elements in the same order, so a kernel over it computes
+/// bitwise what it computed over the original, with fewer index divisions; a dense walk
+/// becomes one long row.
+///
+/// Each backend asks this with its strides in its own form (the CPU's `usize` arrays, the
+/// CUDA kernels' `i64`). Returns, per merged dimension, its size and the innermost original
+/// dimension it covers, whose strides are the merged dimension's. A walk of one element
+/// has no dimensions left.
+///
+/// ```
+/// use unirt::tensor::merge_dims;
+/// // A contiguous [2, 3, 4] beside a view whose outer dimension is strided.
+/// let (shape, a, b) = ([2, 3, 4], [12, 4, 1], [100, 4, 1]);
+/// let merged = merge_dims(&shape, |o, i| a[o] == a[i] * shape[i] && b[o] == b[i] * shape[i]);
+/// assert_eq!(merged, [(2, 0), (12, 2)]);
+/// ```
+pub fn merge_dims(
+    shape: &[usize],
+    mut walks_as_one: impl FnMut(usize, usize) -> bool,
+) -> Vec<(usize, usize)> {
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(shape.len());
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        if let Some((size, inner)) = merged.last_mut() {
+            if walks_as_one(*inner, d) {
+                *size *= n;
+                *inner = d;
+                continue;
+            }
+        }
+        merged.push((n, d));
+    }
+    merged
+}
+
 /// Strides that let `new_shape` address the same elements as (`shape`, `strides`) in the
 /// same row-major order, if any. Dimensions are grouped into runs that are contiguous with
 /// each other; a target dimension may not straddle two runs.

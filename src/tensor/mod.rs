@@ -36,7 +36,8 @@ use std::sync::Arc;
 
 pub use dtype::{decode, encode, DType, Element};
 pub use layout::{
-    broadcast_shapes, checked_numel, contiguous_strides, normalize_axis, shape_fits, Layout,
+    broadcast_shapes, checked_numel, contiguous_strides, merge_dims, normalize_axis, shape_fits,
+    Layout,
 };
 pub use random::SplitMix64;
 

@@ -95,35 +95,14 @@ impl Space {
     /// `shape`, 0 where an operand broadcasts), coalesced. More than [`MAX_DIMS`] dimensions
     /// left after merging is [`Error::Unsupported`].
     pub fn new(op: &str, shape: &[usize], strides: &[Vec<i64>]) -> Result<Space> {
-        let mut dims: Vec<i64> = Vec::new();
-        let mut st: Vec<Vec<i64>> = vec![Vec::new(); strides.len()];
-        for (d, &size) in shape.iter().enumerate() {
-            if size == 1 {
-                continue;
-            }
-            let size = size as i64;
-            let merge = dims.last().is_some_and(|_| {
-                strides
-                    .iter()
-                    .zip(&st)
-                    .all(|(s, o)| o.last().copied() == Some(s[d] * size))
-            });
-            if merge {
-                if let Some(last) = dims.last_mut() {
-                    *last *= size;
-                }
-                for (o, s) in st.iter_mut().zip(strides) {
-                    if let Some(l) = o.last_mut() {
-                        *l = s[d];
-                    }
-                }
-            } else {
-                dims.push(size);
-                for (o, s) in st.iter_mut().zip(strides) {
-                    o.push(s[d]);
-                }
-            }
-        }
+        let merged = crate::tensor::merge_dims(shape, |o, i| {
+            strides.iter().all(|s| s[o] == s[i] * shape[i] as i64)
+        });
+        let mut dims: Vec<i64> = merged.iter().map(|&(n, _)| n as i64).collect();
+        let mut st: Vec<Vec<i64>> = strides
+            .iter()
+            .map(|s| merged.iter().map(|&(_, d)| s[d]).collect())
+            .collect();
         if shape.contains(&0) {
             dims = vec![0];
             st = vec![vec![0]; strides.len()];

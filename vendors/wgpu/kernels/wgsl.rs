@@ -632,26 +632,12 @@ pub(crate) fn kept(shape: &[usize], strides: &[usize], axes: &[usize]) -> (Vec<u
 /// the same order, so a kernel walking the merged view computes bitwise what it computed
 /// over the original. A view of at most one element is returned as it is.
 pub(crate) fn merge_view(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
-    let (mut out_shape, mut out_strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
-    for (&n, &st) in shape.iter().zip(strides) {
-        if n == 1 {
-            continue;
-        }
-        if let (Some(last_n), Some(last_st)) = (out_shape.last_mut(), out_strides.last_mut()) {
-            if *last_st == st * n {
-                *last_n *= n;
-                *last_st = st;
-                continue;
-            }
-        }
-        out_shape.push(n);
-        out_strides.push(st);
-    }
-    if out_shape.is_empty() {
+    let merged = crate::tensor::merge_dims(shape, |o, i| strides[o] == strides[i] * shape[i]);
+    if merged.is_empty() {
         // One element (or none, or no dimensions): the view as it was.
         return (shape.to_vec(), strides.to_vec());
     }
-    (out_shape, out_strides)
+    merged.into_iter().map(|(n, d)| (n, strides[d])).unzip()
 }
 
 #[cfg(test)]

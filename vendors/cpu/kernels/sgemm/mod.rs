@@ -518,7 +518,11 @@ mod tests {
             rs,
             cs,
         };
-        for (k, six, twelve) in [(256, true, false), (1024, false, false), (11008, true, false)] {
+        for (k, six, twelve) in [
+            (256, true, false),
+            (1024, false, false),
+            (11008, true, false),
+        ] {
             assert_eq!(reads_a_in_place(a(k, 1), 6), six, "k = {k}");
             assert_eq!(reads_a_in_place(a(k, 1), 12), twelve, "k = {k}");
         }

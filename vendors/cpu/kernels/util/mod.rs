@@ -68,29 +68,18 @@ pub(super) fn bcast(t: &TensorRef, shape: &[usize]) -> Result<Layout> {
 }
 
 /// Merges dimensions that are contiguous with each other in every operand and drops
-/// dimensions of size 1, so a dense walk becomes one long row.
+/// dimensions of size 1 ([`merge_dims`](crate::tensor::merge_dims)), so a dense walk becomes
+/// one long row.
 pub(super) fn coalesce<const N: usize>(
     shape: &[usize],
     strides: [&[usize]; N],
 ) -> (Vec<usize>, Vec<[usize; N]>) {
-    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
-    let mut out_strides: Vec<[usize; N]> = Vec::with_capacity(shape.len());
-    for (d, &n) in shape.iter().enumerate() {
-        if n == 1 {
-            continue;
-        }
-        let st: [usize; N] = std::array::from_fn(|k| strides[k][d]);
-        if let (Some(last_n), Some(last_st)) = (out_shape.last_mut(), out_strides.last_mut()) {
-            if (0..N).all(|k| last_st[k] == st[k] * n) {
-                *last_n *= n;
-                *last_st = st;
-                continue;
-            }
-        }
-        out_shape.push(n);
-        out_strides.push(st);
-    }
-    (out_shape, out_strides)
+    crate::tensor::merge_dims(shape, |o, i| {
+        strides.iter().all(|s| s[o] == s[i] * shape[i])
+    })
+    .into_iter()
+    .map(|(n, d)| (n, std::array::from_fn(|k| strides[k][d])))
+    .unzip()
 }
 
 /// The scalar parameter of a plan, or an internal error (the plan always sets it).
