@@ -192,9 +192,12 @@ pub(super) unsafe fn sgemm_par<S: Float>(
 /// in one set, where they and the packed B panel evict each other; such an A is packed.
 fn reads_a_in_place(a: Mat, mr: usize) -> bool {
     let mut per_set = [0u8; 64];
+    // Only the row stride's bytes modulo 4 KiB (the span of the 64 sets) matter, which also
+    // keeps the products small whatever stride a dimension of one row carries.
+    let rs = a.rs % 1024;
     a.cs == 1
         && (0..mr).all(|r| {
-            let set = (r * a.rs * 4 / 64) % 64;
+            let set = (r * rs * 4 % 4096) / 64;
             per_set[set] += 1;
             per_set[set] <= 2
         })
@@ -527,6 +530,8 @@ mod tests {
             assert_eq!(reads_a_in_place(a(k, 1), 12), twelve, "k = {k}");
         }
         assert!(reads_a_in_place(a(300, 1), 12) && !reads_a_in_place(a(1, 300), 6));
+        // A one-row A may carry any row stride.
+        assert!(!reads_a_in_place(a(usize::MAX - 1023, 1), 6));
     }
 
     #[test]
