@@ -10,7 +10,7 @@ use crate::{Ctx, Failure};
 crate::op_cases! {
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
     attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, wide, bad_input] via attention_case;
-    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, vocabulary, bad_input] via sample_case;
+    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, vocabulary, short_rows, bad_input] via sample_case;
 }
 
 fn rope_ref(vx: &[f64], shape: &[usize], pos: &[f64], theta: f64, interleaved: bool) -> Vec<f64> {
@@ -430,6 +430,47 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 }
             }
             if checked < 6 {
+                return Err(fail(format!(
+                    "only {checked} draws were away from a boundary"
+                )));
+            }
+            Ok(())
+        }
+        "short_rows" => {
+            // Many rows shorter than a workgroup (the wgpu kernel sizes its workgroup to the
+            // row): every row's pick against the reference, with every cut.
+            let mut r = SplitMix64::new(830);
+            let mut checked = 0;
+            for (i, &n) in [2usize, 5, 8, 33, 100, 255].iter().enumerate() {
+                let rows = 40;
+                let (x, vx) = random(&[rows, n], -3.0, 3.0, 831 + i as u64, dt, ctx.device)?;
+                for (t, k, p) in [(1.0, 0, 1.0), (0.7, 3, 0.9), (1.5, 0, 0.6)] {
+                    let random = r.next_f64();
+                    let want: Vec<(usize, f64)> = vx
+                        .chunks(n)
+                        .map(|row| sample_ref(row, random, t, k, p))
+                        .collect();
+                    let w = format!(
+                        "random_sample over {rows} × {n} random {random:.4} T {t} top_k {k} top_p {p}"
+                    );
+                    let got = x
+                        .random_sample(random, t, k, p)
+                        .and_then(|t| t.to_vec::<i64>())
+                        .map_err(err(&w))?;
+                    for (row, (&g, &(want, margin))) in got.iter().zip(&want).enumerate() {
+                        if margin < 1e-4 {
+                            continue; // on a boundary: f32 and f64 may both be right
+                        }
+                        if g != want as i64 {
+                            return Err(fail(format!(
+                                "{w}: row {row} picked {g}, expected {want}"
+                            )));
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+            if checked < 500 {
                 return Err(fail(format!(
                     "only {checked} draws were away from a boundary"
                 )));

@@ -51,7 +51,7 @@ struct Prefix { count: vec3<f32>, weight: vec3<f32> }
 fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, lid: u32) -> Prefix {
     var c = vec3<f32>(0.0);
     var w = vec3<f32>(0.0);
-    for (var e = lid; e < p.n; e = e + 256u) {
+    for (var e = lid; e < p.n; e = e + SAMPLE_WG) {
         let v = ld_x(p.xb + e * p.xs);
         let u = vec3<u32>(order_key(v));
         let inc = select(vec3<f32>(0.0), vec3<f32>(1.0), (u < ku) | ((u == ku) & (vec3<u32>(e) <= ki)));
@@ -115,14 +115,14 @@ MAIN {
     // The first maximum.
     var bv = ld_x(xb);
     var bi = 0u;
-    for (var e = lid; e < n; e = e + 256u) {
+    for (var e = lid; e < n; e = e + SAMPLE_WG) {
         let v = ld_x(xb + e * xs);
         if (before(v, e, bv, bi)) { bv = v; bi = e; }
     }
     wg_v[lid] = bv;
     wg_u[lid] = bi;
     workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
+    for (var s = SAMPLE_WG / 2u; s > 0u; s = s >> 1u) {
         if (lid < s && before(wg_v[lid + s], wg_u[lid + s], wg_v[lid], wg_u[lid])) {
             wg_v[lid] = wg_v[lid + s];
             wg_u[lid] = wg_u[lid + s];
@@ -181,7 +181,7 @@ fn wg_sum_prefix(v: Prefix, lid: u32) -> Prefix {
     wg_c[lid] = v.count;
     wg_w[lid] = v.weight;
     workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
+    for (var s = SAMPLE_WG / 2u; s > 0u; s = s >> 1u) {
         if (lid < s) { wg_c[lid] = wg_c[lid] + wg_c[lid + s]; wg_w[lid] = wg_w[lid] + wg_w[lid + s]; }
         workgroupBarrier();
     }
@@ -232,8 +232,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         3 + searches * (18 + u64::from(index_steps))
     };
     let d = wgsl::Dialect::of(spec);
-    let sum_loops = if d.subgroups { 32 } else { 9 };
-    let loops = sweeps * ((n as u64).div_ceil(256) + sum_loops + 1) + 16;
+    let wg = sample_workgroup(n);
+    let sum_loops = if d.subgroups {
+        32
+    } else {
+        1 + u64::from(wg.ilog2())
+    };
+    let loops = sweeps * ((n as u64).div_ceil(u64::from(wg)) + sum_loops + 1) + 16;
     super::check_loops(spec, loops, || format!("sampling from {n} candidates"))?;
     if !greedy && n > 1 << 24 {
         // The bisections count candidates in f32, exact to 2^24.
@@ -259,9 +264,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("x", x.dtype),
         Bind::write("out", spec.outputs[0].dtype),
     ];
-    let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open(d));
+    // The entry point declares 256 invocations; the body strides and sums by SAMPLE_WG, so
+    // the two must be changed together.
+    let open = wgsl::main_rows_open(d);
+    let sized = open.replace("@workgroup_size(256)", &format!("@workgroup_size({wg})"));
+    if wg != 256 && sized == open {
+        return Err(Error::Internal(
+            "random_sample: the rows entry point no longer declares 256 invocations".into(),
+        ));
+    }
+    let body = BODY.replace("MAIN {\n", &sized);
     let head = format!(
-        "{}{}{}",
+        "{}{}const SAMPLE_WG: u32 = {wg}u;\n{}",
         wgsl::prelude(&binds, d),
         wgsl::wg_reduce(d),
         wg_sum_prefix(d)
@@ -284,6 +298,16 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         }
     }
     prepare_op(spec, src)
+}
+
+/// Invocations per workgroup (one workgroup per row) for rows of `n` candidates: 256, or the
+/// least power of two that holds the row (at least 8). Every search step ends in workgroup
+/// sums whose barriers cost per invocation, not per candidate: a row of 4 under 256 lanes
+/// paid 64 barriers' worth of idle lanes per sum, and on lavapipe 19 008 such rows took
+/// 153 s; each lane still holds at most one candidate, so the sums add the same values in
+/// the same tree and the pick is unchanged.
+fn sample_workgroup(n: usize) -> u32 {
+    n.clamp(8, 256).next_power_of_two() as u32
 }
 
 /// Element `i` of `x` from its texture (whose texel `i / 4` holds elements `i & !3` … + 3).
