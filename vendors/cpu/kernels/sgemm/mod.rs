@@ -34,6 +34,15 @@ use pack::{aligned, pack};
 #[cfg(target_arch = "x86_64")]
 use tile::{avx2, avx512};
 
+/// A tier's kernels that read A's rows in place, one per row count: `in_place!(t; 1 2 3)` is
+/// `&[t::<1, false>, t::<2, false>, t::<3, false>]`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! in_place {
+    ($t:ident; $($rows:literal)*) => {
+        &[$($t::<$rows, false>),*]
+    };
+}
+
 /// Rows of B packed per block: a `KC × NR` panel of B (32 KiB with AVX-512) stays in L1
 /// while every A panel of the block runs over it. (192–384 measured within noise of each
 /// other at 2048³; 256 with MC = 384 among the best.)
@@ -251,20 +260,7 @@ pub(super) unsafe fn gemm<S: Float>(
                 let kernels = Kernels {
                     full: t::<12, true>,
                     tails: &[(4, t::<4, true>), (8, t::<8, true>)],
-                    rows_in_place: &[
-                        t::<1, false>,
-                        t::<2, false>,
-                        t::<3, false>,
-                        t::<4, false>,
-                        t::<5, false>,
-                        t::<6, false>,
-                        t::<7, false>,
-                        t::<8, false>,
-                        t::<9, false>,
-                        t::<10, false>,
-                        t::<11, false>,
-                        t::<12, false>,
-                    ],
+                    rows_in_place: in_place!(t; 1 2 3 4 5 6 7 8 9 10 11 12),
                 };
                 blocked::<12, 32, S>((m, k, n), alpha, a, b, c, kernels)
             }
@@ -273,14 +269,7 @@ pub(super) unsafe fn gemm<S: Float>(
                 let kernels = Kernels {
                     full: t::<6, true>,
                     tails: &[(2, t::<2, true>), (4, t::<4, true>)],
-                    rows_in_place: &[
-                        t::<1, false>,
-                        t::<2, false>,
-                        t::<3, false>,
-                        t::<4, false>,
-                        t::<5, false>,
-                        t::<6, false>,
-                    ],
+                    rows_in_place: in_place!(t; 1 2 3 4 5 6),
                 };
                 blocked::<6, 16, S>((m, k, n), alpha, a, b, c, kernels)
             }
