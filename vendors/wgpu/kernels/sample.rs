@@ -264,16 +264,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("x", x.dtype),
         Bind::write("out", spec.outputs[0].dtype),
     ];
-    // The entry point declares 256 invocations; the body strides and sums by SAMPLE_WG, so
-    // the two must be changed together.
-    let open = wgsl::main_rows_open(d);
-    let sized = open.replace("@workgroup_size(256)", &format!("@workgroup_size({wg})"));
-    if wg != 256 && sized == open {
-        return Err(Error::Internal(
-            "random_sample: the rows entry point no longer declares 256 invocations".into(),
-        ));
-    }
-    let body = BODY.replace("MAIN {\n", &sized);
+    let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open_sized(d, wg));
     let head = format!(
         "{}{}const SAMPLE_WG: u32 = {wg}u;\n{}",
         wgsl::prelude(&binds, d),

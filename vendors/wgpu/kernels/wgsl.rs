@@ -379,9 +379,16 @@ pub(crate) const MAIN_1D: &str = "@compute @workgroup_size(256)\n\
 
 /// The entry-point signature of a one-workgroup-per-row kernel (`row` is the workgroup's
 /// linear index, `lid` the invocation's index in it, `WG` invocations).
-pub(crate) const MAIN_ROWS: &str = "@compute @workgroup_size(256)\n\
-    fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
-    @builtin(local_invocation_index) lid: u32)";
+pub(crate) const MAIN_ROWS: &str = concat!("@compute @workgroup_size(256)\n", rows_fn!());
+
+/// [`MAIN_ROWS`] after its workgroup size: one text for every size.
+macro_rules! rows_fn {
+    () => {
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
+         @builtin(local_invocation_index) lid: u32)"
+    };
+}
+use rows_fn;
 
 /// The WGSL expression of element `i`'s offset in a view of `shape` / `strides` whose
 /// descriptor starts at the index held in `cfg[at]`. With `literal` (on the host's cores), a
@@ -533,10 +540,17 @@ fn wg_max(v: f32, lid: u32) -> f32 { return v; }
 /// `d`: with subgroups, the entry also takes the subgroup builtins and hands them to
 /// [`wg_reduce`]'s functions.
 pub(crate) fn main_rows_open(d: Dialect) -> String {
+    main_rows_open_sized(d, 256)
+}
+
+/// [`main_rows_open`] for workgroups of `wg` invocations (the body then strides its row and
+/// reduces by `wg`).
+pub(crate) fn main_rows_open_sized(d: Dialect, wg: u32) -> String {
+    let main = format!("@compute @workgroup_size({wg})\n{}", rows_fn!());
     if !d.subgroups {
-        return format!("{MAIN_ROWS} {{\n");
+        return format!("{main} {{\n");
     }
-    let sig = MAIN_ROWS.trim_end_matches(')');
+    let sig = main.trim_end_matches(')');
     format!(
         "{sig}, @builtin(subgroup_invocation_id) sg_lane_in: u32, \
          @builtin(subgroup_id) sg_id_in: u32, @builtin(num_subgroups) sg_count_in: u32) {{\n    \
