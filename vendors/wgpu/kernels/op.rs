@@ -1,30 +1,26 @@
 //! Operator kernels as [`PreparedKernel`]s: what every op family shares.
 //!
-//! A family turns a [`PlanSpec`] into an [`OpSource`] (generated WGSL, one or more passes, and
-//! the plan's constants); [`prepare`] compiles each pass once per device (cached by source,
-//! so plans with the same shapes of code share pipelines), makes the constants buffer and
-//! returns an [`OpKernel`]. A launch ([`WgpuBackend::launch_op`]) checks the launch's byte
-//! ranges against the allocation table, binds each tensor's buffer (the whole buffer when it
-//! fits one storage binding, so the bind group is the same for every launch on that buffer
-//! and the cache hits; else a window aligned to `min_storage_buffer_offset_alignment`), puts
-//! the tensors' element offsets in the immediates, and enqueues the dispatches as stream
-//! commands — which stream capture records like any other, so op launches can be captured.
-//! A kernel for the host's cores may read some inputs through textures instead
-//! ([`TexRead`], `textures.rs`); its launch puts the copies into the textures before the
-//! dispatches, and states the bytes it writes (its outputs') for `contents.rs`.
+//! A family turns a [`PlanSpec`] into an [`OpSource`] (generated WGSL, one or more passes, and the
+//! plan's constants); [`prepare`] compiles each pass once per device (cached by source, so plans
+//! with the same shapes of code share pipelines), makes the constants buffer and returns an
+//! [`OpKernel`]. A launch ([`launch_op`](super::super::WgpuBackend::launch_op), in `op_launch.rs`)
+//! checks the launch's byte ranges against the allocation table, binds each tensor's buffer (the
+//! whole buffer when it fits one storage binding, so the bind group is the same for every launch on
+//! that buffer and the cache hits; else a window aligned to `min_storage_buffer_offset_alignment`),
+//! puts the tensors' element offsets in the immediates, and enqueues the dispatches as stream
+//! commands — which stream capture records like any other, so op launches can be captured. A kernel
+//! for the host's cores may read some inputs through textures instead ([`TexRead`], `textures.rs`);
+//! its launch puts the copies into the textures before the dispatches, and states the bytes it
+//! writes (its outputs') for `contents.rs`.
 
 use std::collections::HashMap;
-use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::super::fault::{FaultWord, FAULT_BYTES};
-use super::super::guard::{guarded, guarded_retry};
-use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
-use super::super::stream::{enqueue, Cmd, Imm, TexCopy};
-use super::super::WgpuBackend;
-use crate::checked::Pins;
+use super::super::fault::FaultWord;
+use super::super::guard::guarded_retry;
+use super::super::memory::{ceil4, create_buffer, DevBuf};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::hal::{DevicePtr, StreamId};
@@ -35,7 +31,7 @@ pub(crate) use super::textures::{
     texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
     TEXTURE_MIN_ELEMENTS,
 };
-use super::textures::{MatrixTexture, MatrixTextures, TexSlot};
+use super::textures::{MatrixTextures, TexSlot};
 
 /// Bytes of immediates an operator kernel takes: one element offset per tensor.
 pub(crate) const OP_IMMEDIATE_BYTES: u32 = 32;
@@ -90,21 +86,21 @@ impl OpSource {
 }
 
 /// A plan's [`TexRead`] variant, compiled.
-struct Textured {
-    inputs: Vec<TexSlot>,
-    passes: Passes,
-    bgl: wgpu::BindGroupLayout,
+pub(super) struct Textured {
+    pub(super) inputs: Vec<TexSlot>,
+    pub(super) passes: Passes,
+    pub(super) bgl: wgpu::BindGroupLayout,
 }
 
 /// One compiled pass.
-struct Pipe {
-    pipeline: wgpu::ComputePipeline,
+pub(super) struct Pipe {
+    pub(super) pipeline: wgpu::ComputePipeline,
 }
 
 /// Compiled passes with their grids.
-type Passes = Vec<(Arc<Pipe>, [u32; 3])>;
+pub(super) type Passes = Vec<(Arc<Pipe>, [u32; 3])>;
 
-type GroupKey = (u64, Vec<(u64, u64, u64)>);
+pub(super) type GroupKey = (u64, Vec<(u64, u64, u64)>);
 
 /// The operator pipelines and bind groups of one device.
 #[derive(Default)]
@@ -119,7 +115,7 @@ pub(crate) struct OpCache {
     /// Bind groups by (constants buffer, tensor windows).
     groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
     /// Bound in place of an empty tensor (a binding cannot be empty).
-    dummy: Mutex<Option<DevBuf>>,
+    pub(super) dummy: Mutex<Option<DevBuf>>,
 }
 
 /// [`OpCache`]'s bind group layouts.
@@ -130,7 +126,7 @@ type LayoutMap =
 const MAX_CACHED_PIPELINES: usize = 1024;
 
 /// Bind groups kept before the cache is emptied (each holds its buffers alive).
-const MAX_CACHED_GROUPS: usize = 4096;
+pub(super) const MAX_CACHED_GROUPS: usize = 4096;
 
 impl OpCache {
     fn layout(
@@ -248,22 +244,22 @@ impl OpCache {
 
 /// An operator kernel prepared for one plan.
 pub(crate) struct OpKernel {
-    name: String,
-    passes: Passes,
+    pub(super) name: String,
+    pub(super) passes: Passes,
     /// The quad passes (see [`OpSource::aligned`]).
-    aligned: Option<Passes>,
+    pub(super) aligned: Option<Passes>,
     /// The quad passes that read an input through a texture (see [`TexRead`]).
-    textured: Option<Textured>,
-    bgl: wgpu::BindGroupLayout,
-    cfg: wgpu::Buffer,
-    cfg_id: u64,
-    groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
+    pub(super) textured: Option<Textured>,
+    pub(super) bgl: wgpu::BindGroupLayout,
+    pub(super) cfg: wgpu::Buffer,
+    pub(super) cfg_id: u64,
+    pub(super) groups: Arc<Mutex<HashMap<GroupKey, wgpu::BindGroup>>>,
     /// The plan's fault word, for a kernel that can fault (see `fault.rs`).
-    fault: Option<Arc<FaultWord>>,
+    pub(super) fault: Option<Arc<FaultWord>>,
     /// The plan's scratch buffer and its size (see [`prepare_scratch`]).
-    scratch: Option<(DevBuf, u64)>,
+    pub(super) scratch: Option<(DevBuf, u64)>,
     /// A user kernel: its source may write any tensor it binds, inputs included.
-    writes_inputs: bool,
+    pub(super) writes_inputs: bool,
 }
 
 impl Drop for OpKernel {
@@ -533,260 +529,4 @@ fn textured(
         passes: compile(&t.passes, (&pl, &layout_key(tensors, &formats)))?,
         bgl,
     }))
-}
-
-/// One bound tensor: buffer id, window offset and size.
-struct Bound {
-    buf: DevBuf,
-    offset: u64,
-    size: u64,
-}
-
-impl WgpuBackend {
-    /// Enqueues one launch of an operator kernel (see the module doc); a wgpu panic meanwhile
-    /// is an error (see `guard.rs`).
-    pub(crate) fn launch_op(
-        &self,
-        k: &OpKernel,
-        call: &KernelCall<'_>,
-        ranges: &[(DevicePtr, u64)],
-        stream: StreamId,
-    ) -> Result<()> {
-        guarded("launch an operator kernel", || {
-            self.launch_op_unguarded(k, call, ranges, stream)
-        })
-    }
-
-    fn launch_op_unguarded(
-        &self,
-        k: &OpKernel,
-        call: &KernelCall<'_>,
-        ranges: &[(DevicePtr, u64)],
-        stream: StreamId,
-    ) -> Result<()> {
-        let s = self.stream(stream)?;
-        let mut pins = Pins::new();
-        let mut work = 0;
-        for (p, len) in ranges {
-            self.mem.device_range(p.0, *len, &mut pins)?;
-            work += *len;
-        }
-        let gpu = &self.gpu;
-        let fixed = &gpu.kernels;
-        let cache = &fixed.ops;
-        let mut imm = [0u32; 8];
-        let mut bound = Vec::with_capacity(MAX_TENSORS);
-        // The bytes the launch writes: its outputs' (every tensor's for a user kernel, whose
-        // source may write what it binds), for the textures' contents (`contents.rs`).
-        let mut writes = Vec::with_capacity(MAX_TENSORS);
-        let first_written = if k.writes_inputs {
-            0
-        } else {
-            call.inputs.len()
-        };
-        for (i, t) in call.inputs.iter().chain(call.outputs).enumerate() {
-            let size = t.dtype.size() as u64;
-            let span = t.layout.span_end().unwrap_or(0) as u64 * size;
-            let start = t.ptr();
-            let len = (t.base + span).saturating_sub(start);
-            if t.layout.numel() == 0 || len == 0 {
-                let mut slot = cache.dummy.lock();
-                let dummy = match &*slot {
-                    Some(d) => d.clone(),
-                    None => {
-                        let usage = wgpu::BufferUsages::STORAGE;
-                        let b = create_buffer(&gpu.device, 16, usage, false, &gpu.name)?;
-                        slot.insert(DevBuf::new(b, false)).clone()
-                    }
-                };
-                drop(slot);
-                bound.push(Bound {
-                    buf: dummy,
-                    offset: 0,
-                    size: 16,
-                });
-                continue;
-            }
-            let (buf, off) = {
-                let a = self
-                    .mem
-                    .device_range(start, len, &mut pins)?
-                    .ok_or_else(|| Error::Internal("an empty tensor range".into()))?;
-                (a.payload.clone(), start - a.base)
-            };
-            if i >= first_written {
-                writes.push((buf.id, off, off + len));
-            }
-            let (w_off, w_size) = window(fixed.max_binding, fixed.binding_align, &buf, off, len)?;
-            let rel = off - w_off;
-            if rel % size != 0 {
-                return Err(Error::Internal(format!(
-                    "{}: tensor {i} is not element-aligned in its binding",
-                    k.name
-                )));
-            }
-            let slot = imm
-                .get_mut(i)
-                .ok_or_else(|| Error::Internal(format!("{}: too many tensors", k.name)))?;
-            *slot = u32::try_from(rel / size).map_err(|_| tensor_too_large(len, fixed))?;
-            bound.push(Bound {
-                buf,
-                offset: w_off,
-                size: w_size,
-            });
-        }
-        let tensors = bound.len();
-        if let Some((buf, size)) = &k.scratch {
-            bound.push(Bound {
-                buf: buf.clone(),
-                offset: 0,
-                size: *size,
-            });
-        }
-        if let Some(f) = &k.fault {
-            bound.push(Bound {
-                buf: f.buf.clone(),
-                offset: 0,
-                size: FAULT_BYTES,
-            });
-        }
-        let quads = imm[..tensors].iter().all(|o| o % 4 == 0);
-        // The texture variant where the quad variant would apply and every copy can start at
-        // its input: the byte offset in the buffer, the window's start plus the element
-        // offset, must be a multiple of the texel's bytes.
-        let copies: Option<Vec<(Arc<MatrixTexture>, TexCopy)>> =
-            k.textured.as_ref().filter(|_| quads).and_then(|t| {
-                t.inputs
-                    .iter()
-                    .map(|s| {
-                        let (b, elem) =
-                            (bound.get(s.input)?, call.inputs.get(s.input)?.dtype.size());
-                        let off = b.offset + u64::from(imm[s.input]) * elem as u64;
-                        off.is_multiple_of(s.texel_bytes).then(|| {
-                            let tex = if s.reusable {
-                                cache.source_texture(gpu, s, b.buf.id, off)
-                            } else {
-                                s.tex.clone()
-                            };
-                            let copy = TexCopy {
-                                src: b.buf.buffer.clone(),
-                                src_id: b.buf.id,
-                                src_off: off,
-                                bytes_per_row: s.bytes_per_row,
-                                texture: tex.texture.clone(),
-                                held: tex.held.clone(),
-                                reusable: s.reusable,
-                                width: s.width,
-                                height: s.height,
-                            };
-                            (tex, copy)
-                        })
-                    })
-                    .collect()
-            });
-        let mut cmds = Vec::with_capacity(4);
-        let (passes, group) = match (k.textured.as_ref().zip(copies), &k.aligned) {
-            (Some((t, copies)), _) => {
-                let tex: Vec<&MatrixTexture> = copies.iter().map(|(t, _)| &**t).collect();
-                let group = self.op_group(k, &t.bgl, &bound, &tex)?;
-                cmds.extend(copies.into_iter().map(|(_, c)| Cmd::ToTexture(c)));
-                (&t.passes, group)
-            }
-            (None, Some(aligned)) if quads => (aligned, self.op_group(k, &k.bgl, &bound, &[])?),
-            _ => (&k.passes, self.op_group(k, &k.bgl, &bound, &[])?),
-        };
-        cmds.extend(passes.iter().map(|(p, groups)| Cmd::Dispatch {
-            pipeline: p.pipeline.clone(),
-            group: group.clone(),
-            imm: Imm { words: imm, len: 8 },
-            groups: *groups,
-        }));
-        cmds.extend(k.fault.clone().map(Cmd::Check));
-        enqueue(gpu, &s, cmds, &writes, pins, work, false)
-    }
-
-    /// The bind group of `bound` (and the textures `tex` after them) for layout `bgl`, cached.
-    fn op_group(
-        &self,
-        k: &OpKernel,
-        bgl: &wgpu::BindGroupLayout,
-        bound: &[Bound],
-        tex: &[&MatrixTexture],
-    ) -> Result<wgpu::BindGroup> {
-        let mut windows: Vec<(u64, u64, u64)> =
-            bound.iter().map(|b| (b.buf.id, b.offset, b.size)).collect();
-        // Texture ids come from the same counter as buffer ids: no window matches one.
-        windows.extend(tex.iter().map(|t| (t.id, u64::MAX, 0)));
-        let key: GroupKey = (k.cfg_id, windows);
-        if let Some(g) = k.groups.lock().get(&key) {
-            return Ok(g.clone());
-        }
-        let device = &self.gpu.device;
-        let mut entries = Vec::with_capacity(bound.len() + 1 + tex.len());
-        entries.push(wgpu::BindGroupEntry {
-            binding: 0,
-            resource: k.cfg.as_entire_binding(),
-        });
-        for (i, b) in bound.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &b.buf.buffer,
-                    offset: b.offset,
-                    size: NonZeroU64::new(b.size),
-                }),
-            });
-        }
-        for (slot, t) in tex.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: texture_binding(bound.len(), slot),
-                resource: wgpu::BindingResource::TextureView(&t.view),
-            });
-        }
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("unirt op"),
-            layout: bgl,
-            entries: &entries,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(wgpu_error("create_bind_group", e));
-        }
-        let mut groups = k.groups.lock();
-        if groups.len() >= MAX_CACHED_GROUPS {
-            groups.clear();
-        }
-        groups.insert(key, group.clone());
-        Ok(group)
-    }
-}
-
-fn tensor_too_large(len: u64, k: &super::Kernels) -> Error {
-    Error::TooLarge {
-        device: "wgpu (one storage binding of an operator kernel)".into(),
-        requested: len,
-        limit: k.max_binding,
-    }
-}
-
-/// The window `(offset, size)` of `buf` to bind for `len` bytes at byte `off`: the whole
-/// buffer when it fits one binding, else from `off` aligned down.
-fn window(max_binding: u64, align: u64, buf: &DevBuf, off: u64, len: u64) -> Result<(u64, u64)> {
-    let size = buf.buffer.size();
-    if size <= max_binding {
-        return Ok((0, size));
-    }
-    let start = off - off % align;
-    let end = ceil4(off + len).min(size);
-    if end - start > max_binding {
-        return Err(Error::TooLarge {
-            device: format!(
-                "wgpu (a tensor of an operator kernel must fit one storage binding: \
-                 max_storage_buffer_binding_size {max_binding} bytes)"
-            ),
-            requested: len,
-            limit: max_binding.saturating_sub(align),
-        });
-    }
-    Ok((start, end - start))
 }
