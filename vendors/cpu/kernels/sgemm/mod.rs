@@ -214,11 +214,15 @@ fn reads_a_in_place(a: Mat, mr: usize) -> bool {
 
 /// The full register tile's rows on this CPU ([`gemm`]'s choice of kernels).
 fn tile_rows() -> usize {
+    #[cfg(target_arch = "x86_64")]
     if simd_tier() == SimdTier::Avx512 {
-        12
+        avx512::MR
     } else {
-        6
+        avx2::MR
     }
+    // Elsewhere our GEMM is not used (see `available`).
+    #[cfg(not(target_arch = "x86_64"))]
+    1
 }
 
 /// Whether this CPU runs unirt's GEMM (a SIMD tier with FMA).
@@ -258,20 +262,20 @@ pub(super) unsafe fn gemm<S: Float>(
             SimdTier::Avx512 => {
                 use avx512::kernel as t;
                 let kernels = Kernels {
-                    full: t::<12, true>,
+                    full: t::<{ avx512::MR }, true>,
                     tails: &[(4, t::<4, true>), (8, t::<8, true>)],
                     rows_in_place: in_place!(t; 1 2 3 4 5 6 7 8 9 10 11 12),
                 };
-                blocked::<12, 32, S>((m, k, n), alpha, a, b, c, kernels)
+                blocked::<{ avx512::MR }, { avx512::NR }, S>((m, k, n), alpha, a, b, c, kernels)
             }
             _ => {
                 use avx2::kernel as t;
                 let kernels = Kernels {
-                    full: t::<6, true>,
+                    full: t::<{ avx2::MR }, true>,
                     tails: &[(2, t::<2, true>), (4, t::<4, true>)],
                     rows_in_place: in_place!(t; 1 2 3 4 5 6),
                 };
-                blocked::<6, 16, S>((m, k, n), alpha, a, b, c, kernels)
+                blocked::<{ avx2::MR }, { avx2::NR }, S>((m, k, n), alpha, a, b, c, kernels)
             }
         }
     }
@@ -360,7 +364,8 @@ unsafe fn blocked_with<const MR: usize, const NR: usize, S: Float>(
     bp: &mut [f32],
     ap: &mut [f32],
 ) {
-    // An edge tile (rows or columns past C's edge, or C with non-unit column stride).
+    // An edge tile (rows or columns past C's edge, or C with non-unit column stride), of
+    // the largest tile's size (AVX-512's 12 × 32).
     let mut edge = [0f32; 12 * 32];
     // A row-major A is read where it lies: its rows are already contiguous along k, which
     // is all a packed panel adds for the kernel, and packing it cost as much time as

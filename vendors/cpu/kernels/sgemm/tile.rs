@@ -10,7 +10,7 @@
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_kernel {
     (
-        $module:ident, $features:literal, $lanes:literal, $vec:ident,
+        $module:ident, $features:literal, $rows:literal, $lanes:literal, $vec:ident,
         $load:ident, $loadu:ident, $storeu:ident, $set1:ident, $setzero:ident, $fmadd:ident,
         $mul:ident
     ) => {
@@ -21,7 +21,10 @@ macro_rules! tile_kernel {
             };
 
             const L: usize = $lanes;
-            const NR: usize = 2 * L;
+            /// The full tile's rows (its shorter tails are chosen where it is used).
+            pub(in super::super) const MR: usize = $rows;
+            /// The tile's columns: two vectors.
+            pub(in super::super) const NR: usize = 2 * L;
 
             /// A's value for row `r`, step `p` is `a[p · lda + r]` when `PACKED` (a packed
             /// panel, `lda` its width) and `a[r · lda + p]` otherwise (rows of A read in
@@ -94,6 +97,7 @@ macro_rules! tile_kernel {
 tile_kernel!(
     avx512,
     "avx512f,fma",
+    12,
     16,
     __m512,
     _mm512_load_ps,
@@ -110,6 +114,7 @@ tile_kernel!(
 tile_kernel!(
     avx2,
     "avx2,fma",
+    6,
     8,
     __m256,
     _mm256_load_ps,
