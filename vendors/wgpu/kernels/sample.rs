@@ -7,10 +7,15 @@
 //! is found by a four-way search over the order — over a 32-bit key that orders the logits,
 //! then over the index among equal logits — each step one sweep of the row testing three
 //! pivots and one workgroup sum. Three cuts at most (top-k, top-p, the draw): O((17 + log4 n)
-//! · n / 256) per lane, so a 32 000-entry vocabulary costs about 80 sweeps (the first version
-//! ranked every candidate against the whole row, O(n² / 256), and Mesa's loop limiter capped
-//! it at ~1800 candidates; a binary search took ~140 sweeps; the limiter now allows about
-//! 180 000 candidates with every cut, 270 000 with two: see `super::check_loops`).
+//! · n / 256) per lane at worst (the first version ranked every candidate against the whole
+//! row, O(n² / 256), and Mesa's loop limiter capped it at ~1800 candidates; a binary search
+//! took ~140 sweeps; the limiter now allows about 175 000 candidates with every cut, 260 000
+//! with two: see `super::check_loops`). The searches are narrowed where the rule allows: each
+//! starts at the maximum's key, the later cuts end at the earlier cut's key, a search stops
+//! once its range is one key, the index search only spans the indices that hold its key (one
+//! sweep finds them; one index when logits are distinct), and a count's search computes no
+//! exp. A 32 000-entry row with top-k 50 and top-p 0.9 went from 37 to 16–20 ms on lavapipe
+//! (docs/BENCHMARKS.md, "Eighteenth session").
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` where the rows' view starts,
 //! `cfg[3]` the last axis's stride, `cfg[4]` 1 for the greedy pick, `cfg[5]` top-k (clamped
@@ -28,6 +33,7 @@ use crate::ops::{Params, PlanSpec, PreparedKernel};
 
 const BODY: &str = "
 var<workgroup> wg_u: array<u32, 256>;
+var<workgroup> wg_k: array<u32, 256>;
 var<workgroup> wg_v: array<f32, 256>;
 // Whether element (w, j) comes before (v, i) in the order: larger logit, then smaller index.
 fn before(w: f32, j: u32, v: f32, i: u32) -> bool {
@@ -48,7 +54,8 @@ struct Row { xb: u32, xs: u32, n: u32, mx: f32, t: f32 }
 // rounding (each lane adds its elements in index order, the lanes are combined in a fixed
 // order, and the terms are not negative), which the searches below rely on.
 struct Prefix { count: vec3<f32>, weight: vec3<f32> }
-fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, lid: u32) -> Prefix {
+// Without `weigh` the weights are left at zero (a count's search needs no exp).
+fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, weigh: bool, lid: u32) -> Prefix {
     var c = vec3<f32>(0.0);
     var w = vec3<f32>(0.0);
     for (var e = lid; e < p.n; e = e + SAMPLE_WG) {
@@ -56,14 +63,27 @@ fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, lid: u32) -> Prefix {
         let u = vec3<u32>(order_key(v));
         let inc = select(vec3<f32>(0.0), vec3<f32>(1.0), (u < ku) | ((u == ku) & (vec3<u32>(e) <= ki)));
         c = c + inc;
-        w = w + inc * select(exp((v - p.mx) / p.t), 0.0, v != v);
+        if (weigh) { w = w + inc * select(exp((v - p.mx) / p.t), 0.0, v != v); }
     }
     return wg_sum_prefix(Prefix(c, w), lid);
 }
 // The count and weight of the prefix that ends at one key.
 fn prefix_at(p: Row, k: vec2<u32>, lid: u32) -> vec2<f32> {
-    let s = prefix(p, vec3<u32>(k.x), vec3<u32>(k.y), lid);
+    let s = prefix(p, vec3<u32>(k.x), vec3<u32>(k.y), true, lid);
     return vec2<f32>(s.count.x, s.weight.x);
+}
+// The first and last index of the row's elements with order key `key` (first > last when
+// there is none), the same in every lane.
+fn key_span(p: Row, key: u32, lid: u32) -> vec2<u32> {
+    var first = 0xffffffffu;
+    var last = 0u;
+    for (var e = lid; e < p.n; e = e + SAMPLE_WG) {
+        if (order_key(ld_x(p.xb + e * p.xs)) == key) {
+            first = min(first, e);
+            last = max(last, e);
+        }
+    }
+    return wg_span(first, last, lid);
 }
 // Whether each of three prefixes passes `mode`'s test: 0 count >= goal, 1 weight >= goal,
 // 2 weight > goal.
@@ -85,22 +105,34 @@ fn pivots(lo: u32, hi: u32) -> vec3<u32> {
     let d = hi - lo;
     return vec3<u32>(lo + (d >> 2u), lo + (d >> 1u), lo + (d >> 1u) + (d >> 2u));
 }
-// The first key in the order whose prefix passes (the whole row must): a four-way search
-// over the order key (17 steps, one spare), then over the indices of the elements with that key
-// (cfg[9] steps).
-fn search(p: Row, mode: u32, goal: f32, lid: u32) -> vec2<u32> {
-    var r = vec2<u32>(0u, 0xffffffffu);
+// The first key in the order whose prefix passes, searched in [lo, hi] — which must hold
+// it, or else `hi` is taken as passing (the callers make either give the same pick): a
+// four-way search over the order key, then over the index among the elements with that key.
+// A search stops once its range is one key (every lane holds the same range: the sums are
+// the same bits in every lane), so a narrow [lo, hi] costs fewer sweeps. The index search
+// runs over the indices that hold the key (one more sweep finds them; worth it past two
+// steps), one past the last taken as passing: none passing there means none in the row
+// (an index before the first adds nothing to the prefix, one after the last nothing
+// either), and the whole row's last index is the answer, as a search of [0, n - 1] gives.
+fn search(p: Row, mode: u32, goal: f32, lo: u32, hi: u32, lid: u32) -> vec2<u32> {
+    let weigh = mode != 0u;
+    var r = vec2<u32>(lo, hi);
     for (var s = 0u; s < 18u; s = s + 1u) {
+        if (r.x >= r.y) { break; }
         let m = pivots(r.x, r.y);
-        r = narrow(r.x, r.y, m, passes(mode, prefix(p, m, vec3<u32>(0xffffffffu), lid), goal));
+        r = narrow(r.x, r.y, m, passes(mode, prefix(p, m, vec3<u32>(0xffffffffu), weigh, lid), goal));
     }
     let key = r.x;
-    r = vec2<u32>(0u, p.n - 1u);
-    for (var s = 0u; s < cfg[9]; s = s + 1u) {
+    var span = vec2<u32>(0u, p.n - 2u);
+    if (cfg[9] > 2u) { span = key_span(p, key, lid); }
+    // An empty span: nothing holds the key, and no index passes.
+    r = select(vec2<u32>(span.x, span.y + 1u), vec2<u32>(p.n - 1u), span.x > span.y);
+    for (var s = 0u; s <= cfg[9]; s = s + 1u) {
+        if (r.x >= r.y) { break; }
         let m = pivots(r.x, r.y);
-        r = narrow(r.x, r.y, m, passes(mode, prefix(p, vec3<u32>(key), m, lid), goal));
+        r = narrow(r.x, r.y, m, passes(mode, prefix(p, vec3<u32>(key), m, weigh, lid), goal));
     }
-    return vec2<u32>(key, r.x);
+    return vec2<u32>(key, select(r.x, p.n - 1u, r.x > span.y));
 }
 // The earlier of two keys in the order.
 fn first_key(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
@@ -141,15 +173,21 @@ MAIN {
     let top_p = cfg_f(7u);
     let random = cfg_f(8u);
     // The last of the top k, and their weight.
+    // Every search starts at the maximum's key: before it the prefix is empty, and no test
+    // passes there (top-k is at least 2, top-p's goal is positive, the draw's test strict).
+    let lo = select(0u, order_key(mx), mx == mx);
     var last_k = vec2<u32>(0xffffffffu, 0xffffffffu);
-    if (k < n) { last_k = search(p, 0u, f32(k), lid); }
+    if (k < n) { last_k = search(p, 0u, f32(k), lo, 0xffffffffu, lid); }
     let total = prefix_at(p, last_k, lid).y;
-    // The last of the shortest prefix whose weight reaches top-p of theirs, and its weight.
+    // The last of the shortest prefix whose weight reaches top-p of theirs, and its weight:
+    // at or before the last of the top k, whose key passes.
     var last = last_k;
-    if (top_p < 1.0) { last = first_key(search(p, 1u, top_p * total, lid), last_k); }
+    if (top_p < 1.0) { last = first_key(search(p, 1u, top_p * total, lo, last_k.x, lid), last_k); }
     let kept = prefix_at(p, last, lid).y;
-    // The first whose cumulative weight passes the draw (the prefix's last if none does).
-    let pick = first_key(search(p, 2u, random * kept, lid), last);
+    // The first whose cumulative weight passes the draw (the prefix's last if none does): a
+    // key past the last's stands for any later one, as `first_key` keeps `last` over both.
+    let hi = select(last.x + 1u, last.x, last.x == 0xffffffffu);
+    let pick = first_key(search(p, 2u, random * kept, lo, hi, lid), last);
     if (lid == 0u) { sti_out(row, i32(min(pick.y, n - 1u))); }
 }
 ";
@@ -162,6 +200,16 @@ fn wg_sum_prefix(d: wgsl::Dialect) -> &'static str {
         "
 var<workgroup> wg_c: array<vec3<f32>, 256>;
 var<workgroup> wg_w: array<vec3<f32>, 256>;
+fn wg_span(first: u32, last: u32, lid: u32) -> vec2<u32> {
+    let f = subgroupMin(first);
+    let l = subgroupMax(last);
+    if (sg_lane == 0u) { wg_u[sg_id] = f; wg_k[sg_id] = l; }
+    workgroupBarrier();
+    var r = vec2<u32>(wg_u[0], wg_k[0]);
+    for (var k = 1u; k < sg_count; k = k + 1u) { r = vec2<u32>(min(r.x, wg_u[k]), max(r.y, wg_k[k])); }
+    workgroupBarrier();
+    return r;
+}
 fn wg_sum_prefix(v: Prefix, lid: u32) -> Prefix {
     let c = subgroupAdd(v.count);
     let w = subgroupAdd(v.weight);
@@ -177,6 +225,18 @@ fn wg_sum_prefix(v: Prefix, lid: u32) -> Prefix {
         "
 var<workgroup> wg_c: array<vec3<f32>, 256>;
 var<workgroup> wg_w: array<vec3<f32>, 256>;
+fn wg_span(first: u32, last: u32, lid: u32) -> vec2<u32> {
+    wg_u[lid] = first;
+    wg_k[lid] = last;
+    workgroupBarrier();
+    for (var s = SAMPLE_WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) { wg_u[lid] = min(wg_u[lid], wg_u[lid + s]); wg_k[lid] = max(wg_k[lid], wg_k[lid + s]); }
+        workgroupBarrier();
+    }
+    let r = vec2<u32>(wg_u[0], wg_k[0]);
+    workgroupBarrier();
+    return r;
+}
 fn wg_sum_prefix(v: Prefix, lid: u32) -> Prefix {
     wg_c[lid] = v.count;
     wg_w[lid] = v.weight;
@@ -214,8 +274,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let rows: usize = ks.iter().product();
     let k = if top_k == 0 { n } else { top_k.min(n) };
     // Each lane sweeps its n / 256 candidates once for the greedy pick; otherwise once per
-    // step of up to three four-way searches (18 + index steps each) and twice more, each
-    // sweep followed by a workgroup sum.
+    // step of up to three four-way searches (18 key steps, one sweep for the key's indices,
+    // and one index step more than the row needs, at most) and twice more, each sweep
+    // followed by a workgroup sum.
     let greedy = temperature == 0.0 || top_k == 1;
     // Four-way steps that narrow n indices to one: a step leaves at most (d + 1) / 4 of a
     // range of d + 1 beyond its first (see `narrow`); the order key's 2^32 take 17.
@@ -229,7 +290,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let sweeps = if greedy {
         1
     } else {
-        3 + searches * (18 + u64::from(index_steps))
+        3 + searches * (20 + u64::from(index_steps))
     };
     let d = wgsl::Dialect::of(spec);
     let wg = sample_workgroup(n);
