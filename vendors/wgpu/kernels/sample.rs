@@ -293,14 +293,17 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         3 + searches * (20 + u64::from(index_steps))
     };
     let d = wgsl::Dialect::of(spec);
-    let wg = sample_workgroup(n);
-    let sum_loops = if d.subgroups {
-        32
-    } else {
-        1 + u64::from(wg.ilog2())
+    let loops = |wg: u32| {
+        let sum_loops = if d.subgroups {
+            32
+        } else {
+            1 + u64::from(wg.ilog2())
+        };
+        sweeps * ((n as u64).div_ceil(u64::from(wg)) + sum_loops + 1) + 16
     };
-    let loops = sweeps * ((n as u64).div_ceil(u64::from(wg)) + sum_loops + 1) + 16;
-    super::check_loops(spec, loops, || format!("sampling from {n} candidates"))?;
+    let fits = |wg: u32| loops(wg) <= super::LOOP_BUDGET || !super::loop_limited(spec);
+    let wg = sample_workgroup(n, super::on_host_cores(spec), fits);
+    super::check_loops(spec, loops(wg), || format!("sampling from {n} candidates"))?;
     if !greedy && n > 1 << 24 {
         // The bisections count candidates in f32, exact to 2^24.
         return Err(Error::Unsupported {
@@ -352,14 +355,32 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     prepare_op(spec, src)
 }
 
-/// Invocations per workgroup (one workgroup per row) for rows of `n` candidates: 256, or the
-/// least power of two that holds the row (at least 8). Every search step ends in workgroup
-/// sums whose barriers cost per invocation, not per candidate: a row of 4 under 256 lanes
-/// paid 64 barriers' worth of idle lanes per sum, and on lavapipe 19 008 such rows took
-/// 153 s; each lane still holds at most one candidate, so the sums add the same values in
-/// the same tree and the pick is unchanged.
-fn sample_workgroup(n: usize) -> u32 {
-    n.clamp(8, 256).next_power_of_two() as u32
+/// Invocations per workgroup (one workgroup per row) for rows of `n` candidates.
+///
+/// On a GPU, 256, or the least power of two that holds the row (at least 8). Every search
+/// step ends in workgroup sums whose barriers cost per invocation, not per candidate: a row of
+/// 4 under 256 lanes paid 64 barriers' worth of idle lanes per sum, and on lavapipe 19 008
+/// such rows took 153 s; each lane still holds at most one candidate, so the sums add the
+/// same values in the same tree.
+///
+/// On the host's cores (`host`), the fewest that the adapter's loop limiter allows (`fits`;
+/// at least 8, one SIMD batch on lavapipe, and at most the GPU's choice): a workgroup runs on
+/// one core whatever its size, so fewer invocations only mean fewer barriers — each of which
+/// switches between the workgroup's SIMD batches there — for the same sweeps. On lavapipe
+/// (AMD EPYC, picks unchanged in every row) 64 rows × 1000 candidates with top-k and top-p
+/// took 20 ms with 16 invocations against 544 with 256, 512 × 100 53 against 1053, and one
+/// row of 32 000 (64 fit) 11 against 18. The sums' order changes with the size, so a draw on
+/// a boundary may pick the neighbouring candidate that the GPU form picks.
+fn sample_workgroup(n: usize, host: bool, fits: impl Fn(u32) -> bool) -> u32 {
+    let gpu = n.clamp(8, 256).next_power_of_two() as u32;
+    if !host {
+        return gpu;
+    }
+    (3..=8)
+        .map(|s| 1u32 << s)
+        .filter(|&w| w <= gpu)
+        .find(|&w| fits(w))
+        .unwrap_or(gpu)
 }
 
 /// Element `i` of `x` from its texture (whose texel `i / 4` holds elements `i & !3` … + 3).
