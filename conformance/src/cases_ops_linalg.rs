@@ -317,6 +317,23 @@ fn sample_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usiz
     (order[at], margin)
 }
 
+/// `x`'s draws (one per row) by `random_sample`; `w` names the draw in an error.
+fn draw(x: &Tensor, random: f64, t: f64, k: usize, p: f64, w: &str) -> Result<Vec<i64>, Failure> {
+    x.random_sample(random, t, k, p)
+        .and_then(|t| t.to_vec::<i64>())
+        .map_err(err(w))
+}
+
+/// `Ok` when at least `least` draws were checked (the others fell on a boundary).
+fn enough_draws(checked: usize, least: usize) -> Result<(), Failure> {
+    if checked < least {
+        return Err(fail(format!(
+            "only {checked} draws were away from a boundary"
+        )));
+    }
+    Ok(())
+}
+
 fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
     match what {
         "argmax" => {
@@ -361,22 +378,14 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                         continue; // on a boundary: f32 and f64 may both be right
                     }
                     let w = format!("random_sample random {random:.4} T {t} top_k {k} top_p {p}");
-                    let got = x
-                        .random_sample(random, t, k, p)
-                        .and_then(|t| t.to_vec::<i64>())
-                        .map_err(err(&w))?;
+                    let got = draw(&x, random, t, k, p, &w)?;
                     if got != [want as i64] {
                         return Err(fail(format!("{w}: picked {got:?}, expected {want}")));
                     }
                     checked += 1;
                 }
             }
-            if checked < 20 {
-                return Err(fail(format!(
-                    "only {checked} draws were away from a boundary"
-                )));
-            }
-            Ok(())
+            enough_draws(checked, 20)
         }
         "vocabulary" => {
             // An LLM-sized vocabulary, two rows read through a transposed view, logits on a
@@ -416,10 +425,7 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                     );
                     let want: Vec<i64> = want.iter().map(|&(i, _)| i as i64).collect();
                     for (view, x) in [("transposed", &x), ("contiguous", &dense)] {
-                        let got = x
-                            .random_sample(random, t, k, p)
-                            .and_then(|t| t.to_vec::<i64>())
-                            .map_err(err(&w))?;
+                        let got = draw(x, random, t, k, p, &w)?;
                         if got != want {
                             return Err(fail(format!(
                                 "{w}, {view}: picked {got:?}, expected {want:?}"
@@ -429,12 +435,7 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                     checked += 1;
                 }
             }
-            if checked < 6 {
-                return Err(fail(format!(
-                    "only {checked} draws were away from a boundary"
-                )));
-            }
-            Ok(())
+            enough_draws(checked, 6)
         }
         "short_rows" => {
             // Many rows shorter than a workgroup (the wgpu kernel sizes its workgroup to the
@@ -453,10 +454,7 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                     let w = format!(
                         "random_sample over {rows} × {n} random {random:.4} T {t} top_k {k} top_p {p}"
                     );
-                    let got = x
-                        .random_sample(random, t, k, p)
-                        .and_then(|t| t.to_vec::<i64>())
-                        .map_err(err(&w))?;
+                    let got = draw(&x, random, t, k, p, &w)?;
                     for (row, (&g, &(want, margin))) in got.iter().zip(&want).enumerate() {
                         if margin < 1e-4 {
                             continue; // on a boundary: f32 and f64 may both be right
@@ -470,12 +468,7 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                     }
                 }
             }
-            if checked < 500 {
-                return Err(fail(format!(
-                    "only {checked} draws were away from a boundary"
-                )));
-            }
-            Ok(())
+            enough_draws(checked, 500)
         }
         "bad_input" => {
             let x = Tensor::zeros(&[10], dt, ctx.device).map_err(err("zeros"))?;

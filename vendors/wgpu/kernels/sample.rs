@@ -172,10 +172,10 @@ MAIN {
     let k = cfg[5];
     let top_p = cfg_f(7u);
     let random = cfg_f(8u);
-    // The last of the top k, and their weight.
     // Every search starts at the maximum's key: before it the prefix is empty, and no test
     // passes there (top-k is at least 2, top-p's goal is positive, the draw's test strict).
     let lo = select(0u, order_key(mx), mx == mx);
+    // The last of the top k, and their weight.
     var last_k = vec2<u32>(0xffffffffu, 0xffffffffu);
     if (k < n) { last_k = search(p, 0u, f32(k), lo, 0xffffffffu, lid); }
     let total = prefix_at(p, last_k, lid).y;
@@ -273,7 +273,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (ks, kst) = wgsl::kept(shape, x.layout.strides(), &[nd - 1]);
     let rows: usize = ks.iter().product();
     let k = if top_k == 0 { n } else { top_k.min(n) };
-    // Each lane sweeps its n / 256 candidates once for the greedy pick; otherwise once per
+    // Each lane sweeps its n / wg candidates once for the greedy pick; otherwise once per
     // step of up to three four-way searches (18 key steps, one sweep for the key's indices,
     // and one index step more than the row needs, at most) and twice more, each sweep
     // followed by a workgroup sum.
@@ -301,7 +301,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         };
         sweeps * ((n as u64).div_ceil(u64::from(wg)) + sum_loops + 1) + 16
     };
-    let fits = |wg: u32| loops(wg) <= super::LOOP_BUDGET || !super::loop_limited(spec);
+    let limited = super::loop_limited(spec);
+    let fits = |wg: u32| loops(wg) <= super::LOOP_BUDGET || !limited;
     let wg = sample_workgroup(n, super::on_host_cores(spec), fits);
     super::check_loops(spec, loops(wg), || format!("sampling from {n} candidates"))?;
     if !greedy && n > 1 << 24 {
