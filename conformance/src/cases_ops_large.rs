@@ -150,14 +150,19 @@ fn rows_at(
 
 /// The row shapes `(rows, len, shift)` of the row cases: rows of 256 and 1024 (pitches a
 /// texture takes, 256-byte multiples), of 96 (not one in f32), rows four elements (a texel)
-/// and one element into their buffers; and rows too long for one invocation to walk under
-/// llvmpipe's loop limiter (there a row kernel spreads them over a workgroup: see
-/// `ops::loop_limits`), one of them a single row.
-const ROWS: [(usize, usize, usize); 6] = [
+/// and one element into their buffers; long rows too few for one invocation per row to fill
+/// a CPU's SIMD lanes (on the host's cores a row kernel then spreads each over a few lanes:
+/// see `row_lanes` in the wgpu kernels), 3 × 4096 read four at a time from their buffer (too
+/// small for a texture) and 5 × 8192 through a texture; and rows too long for one invocation
+/// to walk under llvmpipe's loop limiter (a row kernel spreads them over a workgroup: see
+/// `ops::loop_limits`), one of them a single row, the other two wider than a texture may be.
+const ROWS: [(usize, usize, usize); 8] = [
     (128, 256, 0),
     (256, 96, 0),
     (32, 1024, 4),
     (64, 256, 1),
+    (3, 4096, 0),
+    (5, 8192, 0),
     (2, 40_000, 0),
     (1, 70_000, 1),
 ];

@@ -33,7 +33,8 @@
 //!   once it has run 65535 iterations in all, and the kernel returns a partial result
 //!   silently. Every kernel whose loops grow with the data states its per-invocation count
 //!   at plan time and takes a wider form, or fails with `Unsupported` naming the limit
-//!   (`kernels/mod.rs`: `check_loops`, `host_form`); reductions split a long row among
+//!   (`kernels/mod.rs`: `check_loops`, `host_form`, `row_lanes`: softmax and the norms
+//!   share a long row among the fewest lanes that fit); reductions split a long row among
 //!   workgroups (pass 1 into a scratch buffer the plan owns, `OpSource` through
 //!   `op::prepare_scratch`), and sampling cuts the order by four-way searches instead of
 //!   ranking candidates against each other, so neither is limited at a vocabulary's size.

@@ -226,7 +226,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (source, grid) = if host {
         let body = format!("{HEAD}{}", host_body(d, false));
         let prelude = wgsl::prelude(&binds, dialect);
-        let (source, grid) = wgsl::row_kernel(&prelude, &body, true, rows, dialect);
+        let (source, grid) = wgsl::row_kernel(&prelude, &body, 1, rows, dialect);
         let mut src = OpSource::plain("attention", vec![(source, grid)], cfg);
         // k and v four elements at a time where their rows are contiguous quads, and through
         // textures where they are wholly contiguous (see `TexRead`): a decode step reads the
@@ -240,7 +240,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             .flatten()
         {
             let body = format!("{HEAD}{}", host_body(d, true));
-            let (aligned, grid) = wgsl::row_kernel(&prelude, &body, true, rows, dialect);
+            let (aligned, grid) = wgsl::row_kernel(&prelude, &body, 1, rows, dialect);
             let through: Vec<Option<TexturedRead>> = [None, Some(k), Some(v)]
                 .iter()
                 .map(|t| {
@@ -265,7 +265,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         let prelude = format!("{}{GPU_SHARED}", wgsl::prelude(&binds, dialect));
         let body = format!("{HEAD}{GPU_BODY}");
-        wgsl::row_kernel(&prelude, &body, false, rows, dialect)
+        wgsl::row_kernel(&prelude, &body, wgsl::GPU_ROW_LANES, rows, dialect)
     };
     prepare_op(
         spec,

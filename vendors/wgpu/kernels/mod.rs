@@ -83,7 +83,8 @@ pub(crate) const LOOP_BUDGET: u64 = 65_000;
 /// strided elements — three sweeps — was wrong, one of 20 000 right; a sum over 2^18
 /// elements in one invocation stopped at 262 141). Every kernel whose loops grow with the
 /// data therefore checks its per-invocation count against [`LOOP_BUDGET`] at plan time
-/// ([`check_loops`], [`host_form`]), taking another form or failing with a typed error.
+/// ([`check_loops`], [`host_form`], [`row_lanes`]), taking another form or failing with a
+/// typed error.
 fn loop_limited(spec: &crate::ops::PlanSpec<'_>) -> bool {
     crate::Runtime::get(spec.device)
         .map(|rt| {
@@ -126,6 +127,46 @@ pub(crate) fn host_form(
         return Ok(false);
     }
     unsupported_loops(spec, gpu_loops, what())
+}
+
+/// Rows from which a row kernel on the host's cores shares a row among lanes even where one
+/// lane could walk it alone (see [`row_lanes`]).
+const LONG_ROW: u64 = 4096;
+
+/// Invocations that share each of `rows` rows of `len` elements in a row kernel
+/// ([`wgsl::row_kernel`]) that sweeps its row `sweeps` times.
+///
+/// On a GPU, [`wgsl::GPU_ROW_LANES`]. On the host's cores, 1 (one invocation walks the row
+/// alone, no barrier) where the loop limiter allows it, unless the rows are too few to fill
+/// the SIMD batches of every core ([`wgsl::HOST_ROWS_WG`] rows per workgroup) and long
+/// ([`LONG_ROW`]); otherwise the fewest lanes from 8 (one SIMD batch on lavapipe) that fit.
+/// On lavapipe (AMD EPYC, 2 cores), f32, launch and wait: softmax of 1 × 16 384 655 → 266 µs
+/// with 8 lanes, of 2 × 4096 342 → 215, 64 × 32 000 (too long for one lane) 101 → 8.2 ms
+/// against 256 lanes; rows of 1024 or fewer, or many rows, ran alike or faster alone.
+/// `Error::Unsupported` where no form fits.
+pub(crate) fn row_lanes(
+    spec: &crate::ops::PlanSpec<'_>,
+    rows: usize,
+    len: u64,
+    sweeps: u64,
+) -> Result<u32> {
+    let loops = |w: u32| match w {
+        1 => sweeps * len,
+        w => sweeps * len.div_ceil(u64::from(w)) + wgsl::WG_REDUCE_LOOPS,
+    };
+    let fits = |w: u32| !loop_limited(spec) || loops(w) <= LOOP_BUDGET;
+    let gpu = wgsl::GPU_ROW_LANES;
+    if on_host_cores(spec) {
+        let few = rows < wgsl::HOST_ROWS_WG as usize * host_cores() && len >= LONG_ROW;
+        let alone = (!few).then_some(1);
+        let shared = (3..=gpu.ilog2()).map(|s| 1u32 << s);
+        if let Some(w) = alone.into_iter().chain(shared).find(|&w| fits(w)) {
+            return Ok(w);
+        }
+    } else if fits(gpu) {
+        return Ok(gpu);
+    }
+    unsupported_loops(spec, loops(gpu), format!("a row of {len}"))
 }
 
 fn unsupported_loops<T>(

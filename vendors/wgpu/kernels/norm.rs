@@ -1,6 +1,7 @@
 //! rms_norm and layer_norm over the last dimension in WGSL: one workgroup per row, the row
 //! read in place (strided), the statistics reduced in workgroup memory, then written (on
-//! adapters on the host's cores, one invocation per row: [`wgsl::row_kernel`]).
+//! adapters on the host's cores, one invocation per row, or a few where the row is long:
+//! [`wgsl::row_kernel`]).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` / `cfg[3]` the last-axis
 //! strides of the input and the output, `cfg[4]` / `cfg[5]` where the rows' views start,
@@ -9,8 +10,10 @@
 use std::sync::Arc;
 
 use super::op::{
-    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, TEXTURE_MIN_ELEMENTS,
+    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, PLANNED_TEXTURE_DIM,
+    TEXTURE_MIN_ELEMENTS,
 };
+use super::textures::flat_textures;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -46,23 +49,26 @@ const LAYER: &str = "
     }
 ";
 
-/// The host form's quad variant (contiguous rows of 4k elements): four elements per load,
-/// the statistics summed in four lanes of a vec4.
+/// The quad variant on the host's cores (contiguous rows of 4k elements): four elements per
+/// load, the statistics summed in four lanes of a vec4, each lane taking every `LANES`-th
+/// quad (with one lane, the whole row in order).
 const RMS_QUADS: &str = "
     var ss = vec4<f32>(0.0);
-    for (var j = 0u; j < d; j = j + 4u) { let v = ld4_x(xb + j); ss = ss + v * v; }
-    let inv = inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(d) + eps);
-    for (var j = 0u; j < d; j = j + 4u) { st4_out(ob + j, ld4_x(xb + j) * (inv * ld4_w(j))); }
+    for (var j = lid * 4u; j < d; j = j + 4u * LANES) { let v = ld4_x(xb + j); ss = ss + v * v; }
+    let inv = inverseSqrt(wg_sum(ss.x + ss.y + ss.z + ss.w, lid) / f32(d) + eps);
+    for (var j = lid * 4u; j < d; j = j + 4u * LANES) {
+        st4_out(ob + j, ld4_x(xb + j) * (inv * ld4_w(j)));
+    }
 ";
 
 const LAYER_QUADS: &str = "
     var s = vec4<f32>(0.0);
-    for (var j = 0u; j < d; j = j + 4u) { s = s + ld4_x(xb + j); }
-    let mean = (s.x + s.y + s.z + s.w) / f32(d);
+    for (var j = lid * 4u; j < d; j = j + 4u * LANES) { s = s + ld4_x(xb + j); }
+    let mean = wg_sum(s.x + s.y + s.z + s.w, lid) / f32(d);
     var ss = vec4<f32>(0.0);
-    for (var j = 0u; j < d; j = j + 4u) { let v = ld4_x(xb + j) - mean; ss = ss + v * v; }
-    let inv = inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(d) + eps);
-    for (var j = 0u; j < d; j = j + 4u) {
+    for (var j = lid * 4u; j < d; j = j + 4u * LANES) { let v = ld4_x(xb + j) - mean; ss = ss + v * v; }
+    let inv = inverseSqrt(wg_sum(ss.x + ss.y + ss.z + ss.w, lid) / f32(d) + eps);
+    for (var j = lid * 4u; j < d; j = j + 4u * LANES) {
         st4_out(ob + j, (ld4_x(xb + j) - mean) * inv * ld4_w(j) + ld4_b(j));
     }
 ";
@@ -106,24 +112,20 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     binds.push(Bind::write("out", out.dtype));
     let body = format!("{HEAD}{}", if layer { LAYER } else { RMS });
     // Sweeps of the row: the statistics (one for rms_norm, two for layer_norm), then the
-    // write. One lane walks the whole row on the host's cores; 256 share it otherwise.
+    // write; by one lane or several (see `row_lanes`).
     let sweeps = if layer { 3 } else { 2 };
     let len = shape[axis] as u64;
-    let host = super::host_form(
-        spec,
-        Some(sweeps * len),
-        sweeps * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS,
-        || format!("a row of {len}"),
-    )?;
+    let lanes = super::row_lanes(spec, rows, len, sweeps)?;
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
-    let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);
-    let quads = host && spec.inputs.iter().chain(spec.outputs).all(wgsl::quad_rows);
+    let (source, grid) = wgsl::row_kernel(&prelude, &body, lanes, rows, dialect);
+    let quads =
+        super::on_host_cores(spec) && spec.inputs.iter().chain(spec.outputs).all(wgsl::quad_rows);
     let (aligned, textured) = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = format!("{HEAD}{}", if layer { LAYER_QUADS } else { RMS_QUADS });
-            let aligned = vec![wgsl::row_kernel(&prelude, &body, true, rows, dialect)];
-            let textured = textured_rows(spec, &binds, &prelude, &body, rows, shape[axis]);
+            let aligned = vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)];
+            let textured = textured_rows(spec, &binds, &prelude, &body, (rows, lanes), shape[axis]);
             (Some(aligned), textured)
         }
         _ => (None, None),
@@ -142,19 +144,41 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     )
 }
 
-/// The host form's quad variant that reads the rows, the weight and the bias (one row each)
+/// The quad variant that reads the rows, the weight and the bias (one row each)
 /// through textures (see [`super::op::TexRead`]), when the rows are contiguous and at least
-/// [`TEXTURE_MIN_ELEMENTS`] in all ([`texture_rows`]); `body` is the quad variant's.
+/// [`TEXTURE_MIN_ELEMENTS`] in all ([`texture_rows`]; rows wider than a texture, alone and
+/// as one run of quads); `body` is the quad variant's, `lanes` its lanes per row.
 fn textured_rows(
     spec: &PlanSpec<'_>,
     binds: &[Bind],
     prelude: &str,
     body: &str,
-    rows: usize,
+    (rows, lanes): (usize, u32),
     d: usize,
 ) -> Option<TexRead> {
     if rows * d < TEXTURE_MIN_ELEMENTS {
         return None;
+    }
+    let kernel = |decls: &str, body: &str| {
+        let prelude = format!("{prelude}{decls}");
+        vec![wgsl::row_kernel(
+            &prelude,
+            body,
+            lanes,
+            rows,
+            wgsl::Dialect::of(spec),
+        )]
+    };
+    if d / 4 > PLANNED_TEXTURE_DIM as usize {
+        // Rows wider than a texture may be: the rows laid over the texture's rows as one run
+        // of quads; the weight and the bias stay on their buffers.
+        let direct = [spec.inputs[0].layout.is_contiguous(), false, false];
+        let t = flat_textures(binds, &direct[..binds.len() - 1], rows * d)?;
+        let body = body.replace("ld4_x(xb + j)", "tex4_x(xb + j)");
+        return Some(TexRead {
+            passes: kernel(&t.decls, &body),
+            inputs: t.inputs,
+        });
     }
     let mut body = body.replace("ld4_x(xb + j)", "tx_x(row, j)");
     let mut decls = String::new();
@@ -176,15 +200,8 @@ fn textured_rows(
         decls += &decl;
         inputs.push(input);
     }
-    let prelude = format!("{prelude}{decls}");
     Some(TexRead {
-        passes: vec![wgsl::row_kernel(
-            &prelude,
-            &body,
-            true,
-            rows,
-            wgsl::Dialect::of(spec),
-        )],
+        passes: kernel(&decls, &body),
         inputs,
     })
 }

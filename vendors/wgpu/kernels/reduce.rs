@@ -504,7 +504,7 @@ fn host_source(
     Ok(Some(wgsl::row_kernel(
         &prelude,
         &format!("{head}    let base = {base};\n{body}"),
-        true,
+        1,
         lanes,
         d,
     )))

@@ -1,6 +1,7 @@
 //! softmax, log_softmax and causal_softmax in WGSL: one workgroup per row (every index but
-//! the axis; one invocation per row on the host's cores, [`wgsl::row_kernel`]), three strided sweeps of the row (max, sum of exponentials, write), so the input
-//! is read in place and the output may be the input's very view.
+//! the axis; on the host's cores one invocation per row, or a few where the row is long:
+//! [`wgsl::row_kernel`]), three strided sweeps of the row (max, sum of exponentials,
+//! write), so the input is read in place and the output may be the input's very view.
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the axis length, `cfg[2]` / `cfg[3]` the axis strides of
 //! the input and the output, `cfg[4]` / `cfg[5]` where the rows' views start, `cfg[6]` 1 when
@@ -9,8 +10,10 @@
 use std::sync::Arc;
 
 use super::op::{
-    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, TEXTURE_MIN_ELEMENTS,
+    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, PLANNED_TEXTURE_DIM,
+    TEXTURE_MIN_ELEMENTS,
 };
+use super::textures::flat_textures;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -37,21 +40,25 @@ const BODY: &str = "
     }
 ";
 
-/// The host form's quad variant (not causal; contiguous rows of 4k elements along the last
-/// axis): four elements per load, the max and the sum kept in the four lanes of a vec4.
+/// The quad variant on the host's cores (not causal; contiguous rows of 4k elements along the
+/// last axis): four elements per load, the max and the sum kept in the four lanes of a vec4,
+/// each lane taking every `LANES`-th quad (with one lane, the whole row in order).
 const BODY_QUADS: &str = "
     if (row >= cfg[0]) { return; }
     let len = cfg[1];
     let xb = view_off(row, cfg[4]);
     let ob = view_off(row, cfg[5]);
     var m4 = vec4<f32>(neg_inf());
-    for (var j = 0u; j < len; j = j + 4u) { m4 = max(m4, ld4_x(xb + j)); }
-    let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+    for (var j = lid * 4u; j < len; j = j + 4u * LANES) { m4 = max(m4, ld4_x(xb + j)); }
+    let m = wg_max(max(max(m4.x, m4.y), max(m4.z, m4.w)), lid);
     var s4 = vec4<f32>(0.0);
-    for (var j = 0u; j < len; j = j + 4u) { s4 = s4 + exp(ld4_x(xb + j) - m); }
-    let s = s4.x + s4.y + s4.z + s4.w;
+    for (var j = lid * 4u; j < len; j = j + 4u * LANES) { s4 = s4 + exp(ld4_x(xb + j) - m); }
+    let s = wg_sum(s4.x + s4.y + s4.z + s4.w, lid);
     let ls = log(s);
-    for (var j = 0u; j < len; j = j + 4u) { let v = ld4_x(xb + j) - m; st4_out(ob + j, RESULT); }
+    for (var j = lid * 4u; j < len; j = j + 4u * LANES) {
+        let v = ld4_x(xb + j) - m;
+        st4_out(ob + j, RESULT);
+    }
 ";
 
 fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
@@ -88,19 +95,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         ("0.0", "exp(v) / s")
     };
     let body = BODY.replace("MASKED", masked).replace("RESULT", result);
-    // Three sweeps of the row (max, sum, write): one lane walks it on the host's cores, 256
-    // share it otherwise.
+    // Three sweeps of the row (max, sum, write), by one lane or several (see `row_lanes`).
     let len = shape[axis] as u64;
-    let host = super::host_form(
-        spec,
-        Some(3 * len),
-        3 * len.div_ceil(256) + wgsl::WG_REDUCE_LOOPS,
-        || format!("a row of {len}"),
-    )?;
+    let lanes = super::row_lanes(spec, rows, len, 3)?;
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
-    let (source, grid) = wgsl::row_kernel(&prelude, &body, host, rows, dialect);
-    let quads = host
+    let (source, grid) = wgsl::row_kernel(&prelude, &body, lanes, rows, dialect);
+    let quads = super::on_host_cores(spec)
         && causal.is_none()
         && axis + 1 == shape.len()
         && wgsl::quad_rows(x)
@@ -108,22 +109,35 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (aligned, textured) = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = BODY_QUADS.replace("RESULT", result);
-            let aligned = vec![wgsl::row_kernel(&prelude, &body, true, rows, dialect)];
-            // The rows through a texture (see `TexRead`) when they are contiguous and many.
+            let aligned = vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)];
+            // The rows through a texture (see `TexRead`) when they are contiguous and many:
+            // a texture row per row, or, for rows wider than a texture may be, the tensor
+            // laid over the texture's rows as one run of quads.
             let len = shape[axis];
-            let binding = texture_binding(binds.len(), 0);
-            let textured = texture_rows(x, 0, "x", binding, (rows, len))
-                .filter(|_| rows * len >= TEXTURE_MIN_ELEMENTS)
-                .map(|(input, decl)| TexRead {
-                    passes: vec![wgsl::row_kernel(
-                        &format!("{prelude}{decl}"),
-                        &body.replace("ld4_x(xb + j)", "tx_x(row, j)"),
-                        true,
-                        rows,
-                        dialect,
-                    )],
+            let through = |decl: String, read: &str| {
+                let body = body.replace("ld4_x(xb + j)", read);
+                vec![wgsl::row_kernel(
+                    &format!("{prelude}{decl}"),
+                    &body,
+                    lanes,
+                    rows,
+                    dialect,
+                )]
+            };
+            let textured = if rows * len < TEXTURE_MIN_ELEMENTS {
+                None
+            } else if len / 4 <= PLANNED_TEXTURE_DIM as usize {
+                let binding = texture_binding(binds.len(), 0);
+                texture_rows(x, 0, "x", binding, (rows, len)).map(|(input, decl)| TexRead {
+                    passes: through(decl, "tx_x(row, j)"),
                     inputs: vec![input],
-                });
+                })
+            } else {
+                flat_textures(&binds, &[x.layout.is_contiguous()], rows * len).map(|t| TexRead {
+                    passes: through(t.decls, "tex4_x(xb + j)"),
+                    inputs: t.inputs,
+                })
+            };
             (Some(aligned), textured)
         }
         _ => (None, None),

@@ -476,28 +476,35 @@ pub(crate) fn f(v: f64) -> u32 {
 }
 
 /// Invocations per workgroup of a row kernel's host form (one SIMD batch on lavapipe).
-const HOST_ROWS_WG: u32 = 8;
+pub(crate) const HOST_ROWS_WG: u32 = 8;
+
+/// Invocations that share a row in a row kernel's GPU form ([`row_kernel`]).
+pub(crate) const GPU_ROW_LANES: u32 = 256;
 
 /// A complete row kernel around `body`, which sees `row` (the row index; the body checks it
 /// against its row count), `lid` and `LANES` (it strides its row from `lid` by `LANES`), and
 /// reduces across the lanes with `wg_sum` / `wg_max` (from uniform control flow), and its
-/// grid for `rows` rows. On a GPU, one 256-invocation workgroup per row, reduced in
-/// workgroup memory. On adapters that run on the host's cores (`host`), one invocation per
-/// row and no barrier at all: there a barrier spills every invocation's registers, and a
-/// row walked by one lane is a sequential stream the CPU's caches prefetch. That holds for
-/// a single row too: the workgroup of 256 runs on one core all the same, so spreading a row
-/// over it buys no parallelism, only barriers (on lavapipe, Intel Xeon: rms_norm of 1 × 256
-/// 77 → 29 µs, 2-head decode attention over 4096 keys 10.3 → 6.8 ms; an earlier rule kept
-/// the workgroup form below 8 rows). Callers take the host form only for rows one lane may
-/// loop over (`super::host_form`: llvmpipe's loop limiter).
+/// grid for `rows` rows; `lanes` invocations share each row.
+///
+/// On a GPU, one workgroup of [`GPU_ROW_LANES`] per row, reduced in workgroup memory. On
+/// adapters that run on the host's cores, `lanes` is 1 where one lane may loop over the row
+/// (`super::row_lanes`: llvmpipe's loop limiter): one invocation per row and no barrier at
+/// all; there a barrier spills every invocation's registers, and a row walked by one lane is
+/// a sequential stream the CPU's caches prefetch. That holds for a single row too: a
+/// workgroup runs on one core whatever its size, so spreading a row over it buys no
+/// parallelism, only barriers (on lavapipe, Intel Xeon: rms_norm of 1 × 256 77 → 29 µs,
+/// 2-head decode attention over 4096 keys 10.3 → 6.8 ms; an earlier rule kept the workgroup
+/// form below 8 rows). Longer rows there take the fewest lanes (from 8, one SIMD batch on
+/// lavapipe) whose loops fit: a workgroup of `lanes` per row, whose reductions cost a few
+/// barriers of one batch.
 pub(crate) fn row_kernel(
     prelude: &str,
     body: &str,
-    host: bool,
+    lanes: u32,
     rows: usize,
     d: Dialect,
 ) -> (String, [u32; 3]) {
-    if host {
+    if lanes == 1 {
         let src = format!(
             "{prelude}{HOST_REDUCE}\nconst LANES: u32 = 1u;\n\
              @compute @workgroup_size({HOST_ROWS_WG})\n\
@@ -507,10 +514,10 @@ pub(crate) fn row_kernel(
         return (src, grid_for(rows as u64, HOST_ROWS_WG));
     }
     let src = format!(
-        "{prelude}{}\nconst LANES: u32 = 256u;\n{}    \
+        "{prelude}{}\nconst LANES: u32 = {lanes}u;\n{}    \
          let row = wid.x + wid.y * nwg.x;\n{body}}}\n",
-        wg_reduce(d),
-        main_rows_open(d)
+        wg_reduce_sized(d, lanes),
+        main_rows_open_sized(d, lanes)
     );
     (src, rows_grid(rows))
 }
@@ -568,6 +575,17 @@ pub(crate) fn wg_reduce(d: Dialect) -> &'static str {
     }
 }
 
+/// [`wg_reduce`] for workgroups of `lanes` invocations (a power of two, at most 256).
+pub(crate) fn wg_reduce_sized(d: Dialect, lanes: u32) -> std::borrow::Cow<'static, str> {
+    match lanes {
+        GPU_ROW_LANES => wg_reduce(d).into(),
+        _ if d.subgroups => WG_REDUCE_SUBGROUPS.into(),
+        _ => WG_REDUCE
+            .replace("s = 128u", &format!("s = {}u", lanes / 2))
+            .into(),
+    }
+}
+
 /// [`WG_REDUCE`] with subgroup operations: each subgroup reduces its lanes in registers, its
 /// first lane leaves the result in workgroup memory, and every lane combines the subgroups'
 /// results in the same order (so all lanes get the same value, bitwise, on every run): two
@@ -599,7 +617,7 @@ fn wg_max(v: f32, lid: u32) -> f32 {
 ";
 
 /// Loop iterations a row kernel's GPU form spends on its workgroup reductions, at most
-/// (three reductions of eight halvings each, with room; see `super::host_form`).
+/// (three reductions of eight halvings each, with room; see `super::row_lanes`).
 pub(crate) const WG_REDUCE_LOOPS: u64 = 64;
 
 /// Workgroup-wide sum and max over [`MAIN_ROWS`] kernels' 256 invocations (call from uniform
