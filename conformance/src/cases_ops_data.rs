@@ -8,6 +8,7 @@ use crate::{Ctx, Failure};
 
 crate::op_cases! {
     cast = "cast": [f32, f16, bf16, i32, i64, u8, bool] => [all_targets] via cast_case;
+    cast_special = "cast": [f32, f16, bf16] => [nan_inf_zero] via cast_case;
     rearrange = "rearrange": [f32, f16, bf16, i32, i64, u8, bool] => [layouts] via rearrange_case;
     rearrange_bad = "rearrange": [f32] => [bad_input] via rearrange_case;
     rearrange_big = "rearrange": [f32, f16, i64, u8] => [large_transposes] via rearrange_case;
@@ -43,7 +44,29 @@ fn as_dtype(v: f64, dt: DType) -> f64 {
     decode(dt, &b)
 }
 
-fn cast_case(ctx: &Ctx, _op: &'static str, dt: DType, _what: &str) -> Result<(), Failure> {
+fn cast_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    if what == "nan_inf_zero" {
+        // NaN (0 as an integer, true as bool), infinities (saturated), signed zeros and
+        // values past each integer type's range, to every dtype: as `encode` stores them.
+        let v = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            0.0,
+            65504.0,
+            -300.5,
+            1e9,
+        ];
+        let (x, vx) = tensor(&v.repeat(4), &[4, 8], dt, ctx)?;
+        for to in DType::ALL {
+            let what = format!("cast {dt} NaN, infinities, zeros and large values to {to}");
+            let out = x.to_dtype(to).map_err(err(&what))?;
+            let want: Vec<f64> = vx.iter().map(|&x| as_dtype(x, to)).collect();
+            close(&what, &values(&out, &what)?, &want, to, None)?;
+        }
+        return Ok(());
+    }
     let (base, vb) = tensor(&sample_values(257 * 3, dt, 5), &[3, 257], dt, ctx)?;
     let views = [
         base.clone(),

@@ -14,9 +14,9 @@ use crate::{Ctx, Failure};
 crate::op_cases! {
     sum = "sum": [f32, f16, bf16] => [axes, sizes, strided, bad_input] via reduce_case;
     mean = "mean": [f32, f16, bf16] => [axes, sizes, strided] via reduce_case;
-    max = "max": [f32, f16, bf16] => [axes, sizes, strided, bad_input] via reduce_case;
-    min = "min": [f32, f16, bf16] => [axes, sizes, strided] via reduce_case;
-    argmax = "argmax": [f32, f16, bf16] => [axes, sizes, strided, bad_input] via reduce_case;
+    max = "max": [f32, f16, bf16] => [axes, sizes, strided, ties_nan, bad_input] via reduce_case;
+    min = "min": [f32, f16, bf16] => [axes, sizes, strided, ties_nan] via reduce_case;
+    argmax = "argmax": [f32, f16, bf16] => [axes, sizes, strided, ties_nan, bad_input] via reduce_case;
     softmax = "softmax": [f32, f16, bf16] => [rows, strided, large] via softmax_case;
     log_softmax = "log_softmax": [f32, f16, bf16] => [rows, strided, large] via softmax_case;
     causal_softmax = "causal_softmax": [f32, f16, bf16] => [offsets, bad_input] via softmax_case;
@@ -77,6 +77,61 @@ fn placed(ctx: &Ctx, op: ReduceOp, dt: DType, n: usize) -> Result<(), Failure> {
     same_wherever_placed(ctx, &v, &[rows, n], dt, &what, |x| {
         reduce(op, &x.desc(), &[1], false)?.run1(&[x])
     })?;
+    Ok(())
+}
+
+/// max, min and argmax over rows with tied extremes and NaNs, of 1000 elements (one
+/// invocation walks a row on the software adapters) and of 70 000 (split among workgroups
+/// there): max and min are NaN where a row holds one; argmax is the index of the first NaN,
+/// else of the first maximum.
+fn ties_nan(ctx: &Ctx, op: ReduceOp, dt: DType) -> Result<(), Failure> {
+    for (seed, n) in [(240u64, 1000usize), (241, 70_000)] {
+        let mut r = SplitMix64::new(seed);
+        let mut rows: Vec<Vec<f64>> = (0..5)
+            .map(|_| (0..n).map(|_| (r.next_f64() * 4.0 - 2.0).round()).collect())
+            .collect();
+        let late = n - 1 - n / 7;
+        for &j in &[late, 3, n / 2] {
+            rows[0][j] = 3.0; // the maximum three times: argmax 3
+            rows[1][j] = -3.0; // the minimum three times
+        }
+        rows[2][late] = f64::NAN; // NaN twice and a larger value between: argmax `n / 3`
+        rows[2][n / 3] = f64::NAN;
+        rows[2][n / 2] = 5.0;
+        rows[3].iter_mut().for_each(|v| *v = 1.5); // all equal: argmax 0
+        rows[4][n - 1] = 2.5; // the maximum last
+        let flat: Vec<f64> = rows.concat();
+        let x = Tensor::from_f64(&flat, &[5, n], dt, ctx.device).map_err(err("from_f64"))?;
+        let vx = values(&x, "the rows")?;
+        let want: Vec<f64> = vx
+            .chunks(n)
+            .map(|row| {
+                let nan = row.iter().position(|v| v.is_nan());
+                let best = match op {
+                    ReduceOp::Min => row.iter().copied().fold(f64::INFINITY, f64::min),
+                    _ => row.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                };
+                match (op, nan) {
+                    (ReduceOp::Argmax, Some(i)) => i as f64,
+                    (ReduceOp::Argmax, None) => {
+                        row.iter().position(|&v| v == best).unwrap_or(0) as f64
+                    }
+                    (_, Some(_)) => f64::NAN,
+                    _ => best,
+                }
+            })
+            .collect();
+        let what = format!("{} of 5 rows of {n} with ties and NaNs", op.name());
+        let out = reduce(op, &x.desc(), &[1], false)
+            .and_then(|p| p.run1(&[&x]))
+            .map_err(err(&what))?;
+        let dt = if op == ReduceOp::Argmax {
+            DType::I64
+        } else {
+            dt
+        };
+        close(&what, &values(&out, &what)?, &want, dt, None)?;
+    }
     Ok(())
 }
 
@@ -169,6 +224,7 @@ fn reduce_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
             check_reduce(rop, &x, &vx, &[0], true)?;
             placement(ctx, rop, dt)
         }
+        "ties_nan" => ties_nan(ctx, rop, dt),
         "strided" => {
             let (base, vb) = random(&[3, 4, 5], -2.0, 2.0, 220, dt, ctx.device)?;
             let x = base

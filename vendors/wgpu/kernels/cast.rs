@@ -32,10 +32,10 @@ fn convert(from: DType, to: DType) -> String {
         return match to {
             DType::I32 => format!(
                 "{v}sti_dst(i, select(select(i32(clamp(v, -2147483648.0, 2147483520.0)), 2147483647, \
-                 v >= 2147483648.0), 0, v != v));"
+                 v >= 2147483648.0), 0, is_nan(v)));"
             ),
             DType::I64 => format!(
-                "{v}let c = select(clamp(v, -9223372036854775808.0, 9223371487098961920.0), 0.0, v != v);\n    \
+                "{v}let c = select(clamp(v, -9223372036854775808.0, 9223371487098961920.0), 0.0, is_nan(v));\n    \
                  let t = trunc(c);\n    if (abs(t) < 2147483648.0) {{ sti_dst(i, i32(t)); return; }}\n    let hi = floor(t / 4294967296.0);\n    \
                  let lo = t - hi * 4294967296.0;\n    \
                  var w = vec2<u32>(u32(lo), bitcast<u32>(i32(hi)));\n    \
@@ -43,9 +43,9 @@ fn convert(from: DType, to: DType) -> String {
                  str_dst(i, w);"
             ),
             DType::U8 => {
-                format!("{v}str_dst(i, vec2<u32>(select(u32(clamp(v, 0.0, 255.0)), 0u, v != v), 0u));")
+                format!("{v}str_dst(i, vec2<u32>(select(u32(clamp(v, 0.0, 255.0)), 0u, is_nan(v)), 0u));")
             }
-            _ => format!("{v}str_dst(i, vec2<u32>(select(0u, 1u, v != 0.0), 0u));"),
+            _ => format!("{v}str_dst(i, vec2<u32>(select(0u, 1u, v != 0.0 || is_nan(v)), 0u));"),
         };
     }
     if from == DType::I64 {

@@ -49,7 +49,7 @@ pub(super) fn keep(dtype: DType, mask: usize) -> Result<String> {
         ),
         DType::BF16 => format!(
             "fn keep(v: f32) -> f32 {{\n    let b = bitcast<u32>(v);\n    \
-             let h = select((b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u, 0x7fc0u, v != v);\n    \
+             let h = select((b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u, 0x7fc0u, is_nan(v));\n    \
              return bitcast<f32>((h ^ cfg[{mask}]) << 16u);\n}}\n"
         ),
         other => {

@@ -35,8 +35,8 @@ var<workgroup> wg_val: array<f32, 256>;
 const ARGMAX: &str = "
 fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
     // Whether (w, j) beats (v, i).
-    let vn = v != v;
-    let wn = w != w;
+    let vn = is_nan(v);
+    let wn = is_nan(w);
     if (vn && wn) { return j < i; }
     if (vn) { return false; }
     if (wn) { return true; }
@@ -355,15 +355,15 @@ fn gpu_parts(op: &str) -> Result<GpuParts> {
             };
             (
                 format!("    var acc = {init};\n    var nan = false;\n"),
-                format!("nan = nan || {{V}} != {{V}}; if ({{V}} {cmp} acc) {{ acc = {{V}}; }}"),
+                format!("nan = nan || is_nan({{V}}); if ({{V}} {cmp} acc) {{ acc = {{V}}; }}"),
                 String::new(),
                 format!(
-                    "    var acc = {init};\n    if (here) {{ acc = bitcast<f32>(part[at]); }}\n    let nan = acc != acc;\n"
+                    "    var acc = {init};\n    if (here) {{ acc = bitcast<f32>(part[at]); }}\n    let nan = is_nan(acc);\n"
                 ),
                 format!(
                     "    wg_red[lid] = select(acc, bitcast<f32>(0x7fc00000u), nan);\n    workgroupBarrier();\n    \
                      for (var s = 128u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ let a = wg_red[lid]; let b = wg_red[lid + s]; \
-                     if (a == a && (b != b || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n"
+                     if (!is_nan(a) && (is_nan(b) || b {cmp} a)) {{ wg_red[lid] = b; }} }}\n        workgroupBarrier();\n    }}\n"
                 ),
                 "if (lid == 0u) { st_out(row, wg_red[0]); }".to_string(),
                 "if (lid == 0u) { part[w] = bitcast<u32>(wg_red[0]); }".to_string(),
@@ -459,7 +459,7 @@ fn host_source(
                 ("<", "-neg_inf()")
             };
             let step = |k: u32| {
-                format!("nan = nan || x{k} != x{k}; if (x{k} {cmp} acc) {{ acc = x{k}; }}")
+                format!("nan = nan || is_nan(x{k}); if (x{k} {cmp} acc) {{ acc = x{k}; }}")
             };
             format!(
                 "    var acc = {init};\n    var nan = false;\n    var j = 0u;\n    \

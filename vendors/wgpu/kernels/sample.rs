@@ -42,7 +42,7 @@ fn before(w: f32, j: u32, v: f32, i: u32) -> bool {
 // A logit's place in the order as one u32, ties left to the index: a larger logit gives a
 // smaller key; -0 and +0 the same key, NaN the last.
 fn order_key(v: f32) -> u32 {
-    if (v != v) { return 0xffffffffu; }
+    if (is_nan(v)) { return 0xffffffffu; }
     let b = bitcast<u32>(select(v, 0.0, v == 0.0));
     return ~select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
@@ -63,7 +63,7 @@ fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, weigh: bool, lid: u32) -> Prefix
         let u = vec3<u32>(order_key(v));
         let inc = select(vec3<f32>(0.0), vec3<f32>(1.0), (u < ku) | ((u == ku) & (vec3<u32>(e) <= ki)));
         c = c + inc;
-        if (weigh) { w = w + inc * select(exp((v - p.mx) / p.t), 0.0, v != v); }
+        if (weigh) { w = w + inc * select(exp((v - p.mx) / p.t), 0.0, is_nan(v)); }
     }
     return wg_sum_prefix(Prefix(c, w), lid);
 }

@@ -205,7 +205,7 @@ fn quad_helpers(s: &mut String, binds: &[Bind]) {
         // Round to nearest even, NaN to the quiet NaN: the scalar bf16 store's rounding.
         *s += "fn bf16_round4(v: vec4<f32>) -> vec4<u32> {
     let u = bitcast<vec4<u32>>(v);
-    return select((u + 0x7fffu + ((u >> vec4<u32>(16u)) & vec4<u32>(1u))) >> vec4<u32>(16u), vec4<u32>(0x7fc0u), v != v);
+    return select((u + 0x7fffu + ((u >> vec4<u32>(16u)) & vec4<u32>(1u))) >> vec4<u32>(16u), vec4<u32>(0x7fc0u), is_nan4(v));
 }
 ";
     }
@@ -229,6 +229,12 @@ const HEADER: &str =
 var<immediate> imm: Imm;
 @group(0) @binding(0) var<storage, read> cfg: array<u32>;
 fn cfg_f(i: u32) -> f32 { return bitcast<f32>(cfg[i]); }
+// NaN tested by its bits: Vulkan lets a driver assume that floats are never NaN, and
+// lavapipe folds `v != v` to false.
+fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+fn is_nan4(v: vec4<f32>) -> vec4<bool> {
+    return (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}
 // The element offset of row-major index `i` in a view: rank at cfg[d], then the
 // shape, then the strides (in elements; 0 for broadcast dimensions).
 fn view_off(i: u32, d: u32) -> u32 {
@@ -292,7 +298,7 @@ fn accessors(s: &mut String, k: usize, b: &Bind) {
             ),
             DType::BF16 => (
                 "bitcast<f32>(h << 16u)",
-                "select((bitcast<u32>(v) + 0x7fffu + ((bitcast<u32>(v) >> 16u) & 1u)) >> 16u, 0x7fc0u, v != v)",
+                "select((bitcast<u32>(v) + 0x7fffu + ((bitcast<u32>(v) >> 16u) & 1u)) >> 16u, 0x7fc0u, is_nan(v))",
             ),
             // Bool and u8: any non-zero byte reads as its value; stores saturate like Rust's
             // `as u8` (bool stores 0 or 1).
