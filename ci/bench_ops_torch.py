@@ -95,6 +95,7 @@ def main():
         bw("add", dt, s, time_ms(lambda: torch.add(a, b)), 3 * nbytes)
         bw("mul", dt, s, time_ms(lambda: torch.mul(a, b)), 3 * nbytes)
         bw("sum_all", dt, s, time_ms(lambda: torch.sum(a)), nbytes)
+        bw("argmax_rows", dt, s, time_ms(lambda: torch.argmax(a, dim=-1)), nbytes)
         bw("silu", dt, s, time_ms(lambda: F.silu(a)), 2 * nbytes)
         bw("swiglu", dt, s, time_ms(lambda: a * F.silu(b)), 3 * nbytes)
         w = rand((width,), dt)

@@ -68,6 +68,13 @@ def rows_numpy(rows):
         if op.startswith("sample_"):
             out.append(dict(r, peer="numpy", ms=median_ms(numpy_sampler(r, rng))))
             continue
+        if op == "argmax_rows":
+            rows_, cols = map(int, shape.split("x"))
+            a = rng.standard_normal((rows_, cols), dtype=np.float32)
+            idx = np.empty(rows_, np.int64)
+            ms = median_ms(lambda: np.argmax(a, axis=-1, out=idx))
+            out.append(dict(r, peer="numpy", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
+            continue
         if op in ("add", "mul", "silu", "swiglu", "softmax", "rms_norm"):
             rows_, cols = map(int, shape.split("x"))
             a = rng.standard_normal((rows_, cols), dtype=np.float32)
@@ -181,6 +188,14 @@ def rows_ort(rows, threads):
                     nodes = [helper.make_node("SimplifiedLayerNormalization", ["a", "w"], ["c"], axis=-1, epsilon=1e-6)]
                     ins, feeds = [vi("a", sh), vi("w", [cols])], {"a": a, "w": w}
                 s = session(nodes, ins, [vi("c", sh)], ms_domain=msd)
+                ms = median_ms(lambda: s.run(None, feeds))
+                out.append(dict(r, peer="onnxruntime", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
+            elif op == "argmax_rows":
+                rows_, cols = map(int, shape.split("x"))
+                node = helper.make_node("ArgMax", ["a"], ["c"], axis=-1, keepdims=0)
+                idx = helper.make_tensor_value_info("c", TensorProto.INT64, [rows_])
+                s = session([node], [vi("a", [rows_, cols])], [idx])
+                feeds = {"a": rng.standard_normal((rows_, cols), dtype=np.float32)}
                 ms = median_ms(lambda: s.run(None, feeds))
                 out.append(dict(r, peer="onnxruntime", ms=ms, gbps=r["gbps"] * r["ms"] / ms))
             elif op == "rearrange_transp":

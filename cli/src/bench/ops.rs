@@ -187,6 +187,15 @@ fn memory_rows(dev: Device, dt: DType, mib: usize, rows: &mut Vec<Row>) -> CliRe
         run_plan(&sum, &[&a], 1)?,
         bytes,
     ));
+    // argmax along the rows (a greedy pick over rows of logits).
+    let argmax = ops::reduce::reduce(ops::reduce::ReduceOp::Argmax, &a.desc(), &[1], false)?;
+    rows.push(bw_row(
+        "argmax_rows",
+        dt,
+        s.clone(),
+        run_plan(&argmax, &[&a], 1)?,
+        bytes,
+    ));
     // Strided reads: a bias broadcast along rows, and a transposed input made contiguous.
     let bias = rand(&[width], dt, dev, 7)?;
     rows.push(bw_row(

@@ -1,10 +1,16 @@
 //! Reductions (sum, mean, max, min, argmax) over any set of axes. Each output element is one
 //! lane: the reduced dimensions are coalesced into one strided run when they allow it, and
-//! gathered by a precomputed offset list otherwise. Sums accumulate in f64.
+//! gathered by a precomputed offset list otherwise; a lane is folded in blocks of
+//! [`BLOCK`] elements ([`LaneFold`]), read in place when it is contiguous f32. Sums
+//! accumulate in f64.
 
-use super::util::{coalesce, floats, gather, offsets, par_chunks, Float, Ptr};
+use super::util::{
+    coalesce, first_index_f32, floats, gather, max_f32, min_f32, offsets, par_chunks, simd, Float,
+    Ptr,
+};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
+use crate::tensor::DType;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -15,43 +21,96 @@ enum Kind {
     Argmax,
 }
 
-/// Sum in f64 with four accumulators (vectorisable, and more exact than f32).
-fn sum_f64(v: &[f32]) -> f64 {
-    let mut acc = [0f64; 4];
-    let chunks = v.chunks_exact(4);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for l in 0..4 {
-            acc[l] += c[l] as f64;
-        }
-    }
-    acc.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
+/// Elements of a lane folded at a time: converted (f16, bf16) or gathered (strided) into a
+/// buffer that stays in L1, where a whole lane's buffer (32 MiB for a sum over 8 Mi
+/// elements) cost a page fault per 4 KiB on every launch. A multiple of 4 and of 16, so that
+/// the lanes of the sums and extremes below run the same over blocks as over the whole lane.
+const BLOCK: usize = 4096;
+
+/// One lane's reduction, fed its elements block by block in order.
+///
+/// Sums accumulate in f64 with four accumulators (vectorisable, and more exact than f32),
+/// the same over blocks as over the whole lane: every block but the last is whole quads.
+/// max and min are NaN when any element is NaN, else the first element equal to the
+/// extreme (its sign, for tied zeros); argmax is the index of the first NaN, else of the
+/// first element equal to the maximum. A block's extreme is found sixteen lanes at a time
+/// and the index by a second, vectorised pass (an element at a time, the compare-and-branch
+/// chain ran at a twentieth of a sum's rate).
+struct LaneFold {
+    kind: Kind,
+    acc: [f64; 4],
+    rest: f64,
+    /// The extreme so far (argmax: the maximum) and the index of its first element.
+    best: f32,
+    at: usize,
+    /// The first NaN's index, once one is seen.
+    nan: Option<usize>,
+    seen: usize,
 }
 
-fn fold(kind: Kind, v: &[f32]) -> f64 {
-    match kind {
-        Kind::Sum => sum_f64(v),
-        Kind::Mean => sum_f64(v) / v.len() as f64,
-        Kind::Max | Kind::Min => {
-            let mut best = v[0];
-            for &x in &v[1..] {
-                if x.is_nan() || best.is_nan() {
-                    best = f32::NAN;
-                } else if (kind == Kind::Max && x > best) || (kind == Kind::Min && x < best) {
-                    best = x;
-                }
-            }
-            best as f64
+impl LaneFold {
+    fn new(kind: Kind) -> Self {
+        let best = if kind == Kind::Min {
+            f32::INFINITY
+        } else {
+            f32::NEG_INFINITY
+        };
+        LaneFold {
+            kind,
+            acc: [0.0; 4],
+            rest: 0.0,
+            best,
+            at: usize::MAX,
+            nan: None,
+            seen: 0,
         }
-        Kind::Argmax => {
-            let mut at = 0usize;
-            for (i, &x) in v.iter().enumerate().skip(1) {
-                let b = v[at];
-                if !b.is_nan() && (x > b || x.is_nan()) {
-                    at = i;
+    }
+
+    /// Folds in the lane's next `v.len()` elements.
+    #[inline(always)]
+    fn add(&mut self, v: &[f32]) {
+        let base = self.seen;
+        self.seen += v.len();
+        match self.kind {
+            Kind::Sum | Kind::Mean => {
+                let chunks = v.chunks_exact(4);
+                self.rest = chunks.remainder().iter().map(|&x| x as f64).sum::<f64>();
+                for c in chunks {
+                    for l in 0..4 {
+                        self.acc[l] += c[l] as f64;
+                    }
                 }
             }
-            at as f64
+            _ if self.nan.is_some() => {}
+            kind => {
+                let m = if kind == Kind::Min {
+                    min_f32(v)
+                } else {
+                    max_f32(v)
+                };
+                if m.is_nan() {
+                    self.nan = Some(base + first_index_f32(v, m));
+                } else if (kind == Kind::Min && m < self.best)
+                    || (kind != Kind::Min && m > self.best)
+                    || self.at == usize::MAX
+                {
+                    let i = first_index_f32(v, m);
+                    (self.best, self.at) = (v[i], base + i);
+                }
+            }
+        }
+    }
+
+    /// The lane's result (argmax: its index as f64).
+    fn finish(&self) -> f64 {
+        let sum = || self.acc.iter().sum::<f64>() + self.rest;
+        match (self.kind, self.nan) {
+            (Kind::Sum, _) => sum(),
+            (Kind::Mean, _) => sum() / self.seen as f64,
+            (Kind::Argmax, Some(i)) => i as f64,
+            (Kind::Argmax, None) => self.at as f64,
+            (_, Some(_)) => f64::NAN,
+            _ => self.best as f64,
         }
     }
 }
@@ -92,7 +151,9 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
     let lanes: usize = kept_shape.iter().product();
     let (px, po) = (Ptr::<T>::of(x), out.ptr() as usize);
     par_chunks(lanes, red_len, |range| {
-        let mut buf = vec![0f32; red_len];
+        // A contiguous f32 lane is read where it lies; others pass through `buf`.
+        let in_place = T::DTYPE == DType::F32 && run == Some(1);
+        let mut buf = vec![0f32; if in_place { 0 } else { red_len.min(BLOCK) }];
         for i in range {
             let mut base = 0usize;
             let mut rem = i;
@@ -100,25 +161,34 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
                 base += (rem % kept_shape[d]) * kept_strides[d];
                 rem /= kept_shape[d];
             }
-            // SAFETY: the lane lies inside the checked input view.
-            unsafe {
-                match run {
-                    Some(s) => gather(px.at(base), s, &mut buf),
-                    None => {
-                        for (b, &o) in buf.iter_mut().zip(&list) {
-                            *b = (*px.at(base + o)).to_f32();
+            let mut fold = LaneFold::new(kind);
+            for start in (0..red_len).step_by(BLOCK) {
+                let len = BLOCK.min(red_len - start);
+                let block: &[f32] = if in_place {
+                    // SAFETY: the block lies inside the checked input view, contiguous, and T
+                    // is f32.
+                    unsafe { std::slice::from_raw_parts(px.at(base + start) as *const f32, len) }
+                } else {
+                    let b = &mut buf[..len];
+                    // SAFETY: the block lies inside the checked input view.
+                    unsafe {
+                        match run {
+                            Some(s) => gather(px.at(base + start * s), s, b),
+                            None => {
+                                for (b, &o) in b.iter_mut().zip(&list[start..]) {
+                                    *b = (*px.at(base + o)).to_f32();
+                                }
+                            }
                         }
                     }
-                }
+                    b
+                };
+                simd!(fold.add(block));
             }
-            let v = if red_len == 0 {
-                if kind == Kind::Sum {
-                    0.0
-                } else {
-                    f64::NAN
-                }
-            } else {
-                fold(kind, &buf)
+            let v = match (red_len, kind) {
+                (0, Kind::Sum) => 0.0,
+                (0, _) => f64::NAN,
+                _ => fold.finish(),
             };
             // SAFETY: the output is contiguous (the plan fixes it) with one element per lane.
             unsafe {

@@ -147,30 +147,72 @@ pub fn sum_f32(v: &[f32]) -> f32 {
 
 /// Maximum with sixteen lanes (vectorisable); NaN if any element is NaN. The NaN test is
 /// kept per lane too: one flag for the whole run made every step reduce its lanes to a bool
-/// (a third of a 16 MiB softmax went to this pass).
+/// (a third of a 16 MiB softmax went to this pass). Of equal elements (+0 and −0) any may
+/// be returned.
 #[inline(always)]
 pub fn max_f32(v: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 16];
+    extreme_f32::<true>(v)
+}
+
+/// Minimum, as [`max_f32`].
+#[inline(always)]
+pub fn min_f32(v: &[f32]) -> f32 {
+    extreme_f32::<false>(v)
+}
+
+/// [`max_f32`] (`MAX`) or [`min_f32`].
+#[inline(always)]
+fn extreme_f32<const MAX: bool>(v: &[f32]) -> f32 {
+    let beats = |x: f32, y: f32| if MAX { x > y } else { x < y };
+    let start = if MAX {
+        f32::NEG_INFINITY
+    } else {
+        f32::INFINITY
+    };
+    let mut acc = [start; 16];
     let mut nan = [0u32; 16];
     let c = v.chunks_exact(16);
     let rest = c.remainder();
     for x in c {
         for l in 0..16 {
             nan[l] |= u32::from(x[l].is_nan());
-            acc[l] = if x[l] > acc[l] { x[l] } else { acc[l] };
+            acc[l] = if beats(x[l], acc[l]) { x[l] } else { acc[l] };
         }
     }
     let mut any_nan = nan.iter().any(|&n| n != 0);
-    let mut m = f32::NEG_INFINITY;
+    let mut m = start;
     for &x in acc.iter().chain(rest) {
         any_nan |= x.is_nan();
-        m = if x > m { x } else { m };
+        m = if beats(x, m) { x } else { m };
     }
     if any_nan {
         f32::NAN
     } else {
         m
     }
+}
+
+/// The index of the first element of `v` equal to `m` (+0 and −0 alike), or of the first NaN
+/// when `m` is NaN; `v.len()` when there is none. Blocks of 64 are tested without branches
+/// (vectorisable), then the block that holds it element by element.
+#[inline(always)]
+pub fn first_index_f32(v: &[f32], m: f32) -> usize {
+    let mut start = 0;
+    for block in v.chunks(64) {
+        let hit = if m.is_nan() {
+            block.iter().fold(false, |a, &x| a | x.is_nan())
+        } else {
+            block.iter().fold(false, |a, &x| a | (x == m))
+        };
+        if hit {
+            let at = block
+                .iter()
+                .position(|&x| if m.is_nan() { x.is_nan() } else { x == m });
+            return start + at.unwrap_or(block.len());
+        }
+        start += block.len();
+    }
+    v.len()
 }
 
 #[cfg(test)]
@@ -221,8 +263,13 @@ mod tests {
                 let mut v: Vec<f32> = (0..len).map(|i| (i as f32 * 0.7).sin()).collect();
                 v[at] = 5.0;
                 assert_eq!(max_f32(&v), 5.0, "{len} {at}");
+                assert_eq!(first_index_f32(&v, 5.0), at, "{len} {at}");
+                v[at] = -5.0;
+                assert_eq!(min_f32(&v), -5.0, "{len} {at}");
                 v[at] = f32::NAN;
                 assert!(max_f32(&v).is_nan(), "{len} {at}");
+                assert!(min_f32(&v).is_nan(), "{len} {at}");
+                assert_eq!(first_index_f32(&v, f32::NAN), at, "{len} {at}");
             }
         }
     }
