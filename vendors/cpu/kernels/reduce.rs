@@ -75,6 +75,8 @@ impl LaneFold {
             Kind::Sum | Kind::Mean => {
                 let chunks = v.chunks_exact(4);
                 self.rest = chunks.remainder().iter().map(|&x| x as f64).sum::<f64>();
+                // Indexed: the zipped form ran at two thirds of the rate (bench ops sum_all).
+                #[allow(clippy::needless_range_loop)]
                 for c in chunks {
                     for l in 0..4 {
                         self.acc[l] += c[l] as f64;
