@@ -9,11 +9,8 @@
 
 use std::sync::Arc;
 
-use super::op::{
-    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, PLANNED_TEXTURE_DIM,
-    TEXTURE_MIN_ELEMENTS,
-};
-use super::textures::flat_textures;
+use super::op::{prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead};
+use super::textures::row_texture;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -145,9 +142,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 }
 
 /// The quad variant that reads the rows, the weight and the bias (one row each)
-/// through textures (see [`super::op::TexRead`]), when the rows are contiguous and at least
-/// [`TEXTURE_MIN_ELEMENTS`] in all ([`texture_rows`]; rows wider than a texture, alone and
-/// as one run of quads); `body` is the quad variant's, `lanes` its lanes per row.
+/// through textures (see [`super::op::TexRead`]), when the rows can be ([`row_texture`]);
+/// `body` is the quad variant's, `lanes` its lanes per row.
 fn textured_rows(
     spec: &PlanSpec<'_>,
     binds: &[Bind],
@@ -156,9 +152,6 @@ fn textured_rows(
     (rows, lanes): (usize, u32),
     d: usize,
 ) -> Option<TexRead> {
-    if rows * d < TEXTURE_MIN_ELEMENTS {
-        return None;
-    }
     let kernel = |decls: &str, body: &str| {
         let prelude = format!("{prelude}{decls}");
         vec![wgsl::row_kernel(
@@ -169,36 +162,19 @@ fn textured_rows(
             wgsl::Dialect::of(spec),
         )]
     };
-    if d / 4 > PLANNED_TEXTURE_DIM as usize {
-        // Rows wider than a texture may be: the rows laid over the texture's rows as one run
-        // of quads; the weight and the bias stay on their buffers.
-        let direct = [spec.inputs[0].layout.is_contiguous(), false, false];
-        let t = flat_textures(binds, &direct[..binds.len() - 1], rows * d)?;
-        let body = body.replace("ld4_x(xb + j)", "tex4_x(xb + j)");
-        return Some(TexRead {
-            passes: kernel(&t.decls, &body),
-            inputs: t.inputs,
-        });
-    }
-    let mut body = body.replace("ld4_x(xb + j)", "tx_x(row, j)");
-    let mut decls = String::new();
-    let mut inputs = Vec::new();
-    let names = ["x", "w", "b"];
-    for (k, t) in spec.inputs.iter().enumerate() {
-        let (name, rows) = (names[k], if k == 0 { rows } else { 1 });
+    let (mut inputs, mut decls, read) = row_texture(&spec.inputs[0], binds, (rows, d))?;
+    let mut body = body.replace("ld4_x(xb + j)", read);
+    // The weight and the bias (one row each) through textures too where the rows have a
+    // texture row each; rows wider than a texture may be leave them on their buffers.
+    let per_row = read == "tx_x(row, j)";
+    for (k, t) in spec.inputs.iter().enumerate().skip(1).filter(|_| per_row) {
+        let name = binds[k].name;
         let binding = texture_binding(binds.len(), inputs.len());
-        let Some((input, decl)) = texture_rows(t, k, name, binding, (rows, d)) else {
-            // The rows must come through a texture; the weight and the bias may stay.
-            if k == 0 {
-                return None;
-            }
-            continue;
-        };
-        if k > 0 {
+        if let Some((input, decl)) = texture_rows(t, k, name, binding, (1, d)) {
             body = body.replace(&format!("ld4_{name}(j)"), &format!("tx_{name}(0u, j)"));
+            decls += &decl;
+            inputs.push(input);
         }
-        decls += &decl;
-        inputs.push(input);
     }
     Some(TexRead {
         passes: kernel(&decls, &body),

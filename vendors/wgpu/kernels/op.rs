@@ -29,7 +29,6 @@ use crate::vendors::AnyBackend;
 
 pub(crate) use super::textures::{
     texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
-    TEXTURE_MIN_ELEMENTS,
 };
 use super::textures::{MatrixTextures, TexSlot};
 

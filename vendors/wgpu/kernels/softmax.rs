@@ -9,11 +9,8 @@
 
 use std::sync::Arc;
 
-use super::op::{
-    prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead, PLANNED_TEXTURE_DIM,
-    TEXTURE_MIN_ELEMENTS,
-};
-use super::textures::flat_textures;
+use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::textures::row_texture;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
@@ -110,34 +107,16 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         (true, Some(prelude)) => {
             let body = BODY_QUADS.replace("RESULT", result);
             let aligned = vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)];
-            // The rows through a texture (see `TexRead`) when they are contiguous and many:
-            // a texture row per row, or, for rows wider than a texture may be, the tensor
-            // laid over the texture's rows as one run of quads.
-            let len = shape[axis];
-            let through = |decl: String, read: &str| {
-                let body = body.replace("ld4_x(xb + j)", read);
-                vec![wgsl::row_kernel(
-                    &format!("{prelude}{decl}"),
-                    &body,
-                    lanes,
-                    rows,
-                    dialect,
-                )]
-            };
-            let textured = if rows * len < TEXTURE_MIN_ELEMENTS {
-                None
-            } else if len / 4 <= PLANNED_TEXTURE_DIM as usize {
-                let binding = texture_binding(binds.len(), 0);
-                texture_rows(x, 0, "x", binding, (rows, len)).map(|(input, decl)| TexRead {
-                    passes: through(decl, "tx_x(row, j)"),
-                    inputs: vec![input],
-                })
-            } else {
-                flat_textures(&binds, &[x.layout.is_contiguous()], rows * len).map(|t| TexRead {
-                    passes: through(t.decls, "tex4_x(xb + j)"),
-                    inputs: t.inputs,
-                })
-            };
+            // The rows through a texture (see `TexRead`) when they are contiguous and many.
+            let textured =
+                row_texture(x, &binds, (rows, shape[axis])).map(|(inputs, decl, read)| {
+                    let body = body.replace("ld4_x(xb + j)", read);
+                    let prelude = format!("{prelude}{decl}");
+                    TexRead {
+                        passes: vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)],
+                        inputs,
+                    }
+                });
             (Some(aligned), textured)
         }
         _ => (None, None),

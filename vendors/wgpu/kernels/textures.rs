@@ -154,6 +154,30 @@ pub(crate) fn texture_rows(
     Some((input, decl))
 }
 
+/// The rows of a row kernel's first input `x` (`rows` of `len`, bound as `binds[0]`)
+/// through a texture, when they are contiguous and at least [`TEXTURE_MIN_ELEMENTS`] in
+/// all: a texture row per row ([`texture_rows`]), or, for rows wider than a texture may be,
+/// the tensor laid over the texture's rows as one run of quads ([`flat_textures`]). Gives
+/// the texture, its declarations and what replaces the quad variant's load `ld4_x(xb + j)`.
+pub(crate) fn row_texture(
+    x: &crate::ops::TensorDesc,
+    binds: &[Bind],
+    (rows, len): (usize, usize),
+) -> Option<(Vec<TexInput>, String, &'static str)> {
+    if rows * len < TEXTURE_MIN_ELEMENTS {
+        return None;
+    }
+    if len / 4 <= PLANNED_TEXTURE_DIM as usize {
+        let binding = texture_binding(binds.len(), 0);
+        let (input, decl) = texture_rows(x, 0, binds[0].name, binding, (rows, len))?;
+        return Some((vec![input], decl, "tx_x(row, j)"));
+    }
+    let mut direct = vec![false; binds.len() - 1];
+    direct[0] = x.layout.is_contiguous();
+    let t = flat_textures(binds, &direct, rows * len)?;
+    Some((t.inputs, t.decls, "tex4_x(xb + j)"))
+}
+
 /// The binding of the `slot`-th [`TexRead`] texture in a kernel with `tensors` tensors.
 pub(crate) fn texture_binding(tensors: usize, slot: usize) -> u32 {
     (tensors + 1 + slot) as u32
