@@ -17,11 +17,11 @@ crate::op_cases! {
     max = "max": [f32, f16, bf16] => [axes, sizes, strided, ties_nan, bad_input] via reduce_case;
     min = "min": [f32, f16, bf16] => [axes, sizes, strided, ties_nan] via reduce_case;
     argmax = "argmax": [f32, f16, bf16] => [axes, sizes, strided, ties_nan, bad_input] via reduce_case;
-    softmax = "softmax": [f32, f16, bf16] => [rows, strided, large] via softmax_case;
-    log_softmax = "log_softmax": [f32, f16, bf16] => [rows, strided, large] via softmax_case;
+    softmax = "softmax": [f32, f16, bf16] => [rows, strided, large, specials] via softmax_case;
+    log_softmax = "log_softmax": [f32, f16, bf16] => [rows, strided, large, specials] via softmax_case;
     causal_softmax = "causal_softmax": [f32, f16, bf16] => [offsets, bad_input] via softmax_case;
-    rms_norm = "rms_norm": [f32, f16, bf16] => [rows, strided, large, bad_input] via norm_case;
-    layer_norm = "layer_norm": [f32, f16, bf16] => [rows, strided, large, bad_input] via norm_case;
+    rms_norm = "rms_norm": [f32, f16, bf16] => [rows, strided, large, specials, bad_input] via norm_case;
+    layer_norm = "layer_norm": [f32, f16, bf16] => [rows, strided, large, specials, bad_input] via norm_case;
 }
 
 /// Groups the row-major values `v` of `shape` into lanes over `axes` (each lane in row-major
@@ -393,6 +393,7 @@ fn softmax_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<()
             )
         }
         "large" => super::cases_ops_large::large_softmax(ctx, log, dt, softmax_along),
+        "specials" => super::cases_ops_specials::softmax_specials(ctx, log, dt, softmax_along),
         "offsets" => {
             for (i, (shape, offset)) in [
                 (&[2usize, 3, 7][..], None),
@@ -505,6 +506,7 @@ fn norm_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), F
             Ok(())
         }
         "large" => super::cases_ops_large::large_norm(ctx, layer, dt, norm_ref),
+        "specials" => super::cases_ops_specials::norm_specials(ctx, layer, dt, norm_ref),
         "strided" => {
             let (base, vb) = random(&[64, 5], -2.0, 2.0, 470, dt, ctx.device)?;
             let x = base.transpose(0, 1).map_err(err("transpose"))?; // rows of 64, stride 5

@@ -34,8 +34,10 @@ fn softmax_lane_unscaled(v: &mut [f32], visible: usize, log: bool) -> f32 {
     }
     let max = max_f32(seen);
     if log {
-        let lse = max + seen.iter().map(|&x| exp_f32(x - max)).sum::<f32>().ln();
-        seen.iter_mut().for_each(|x| *x -= lse);
+        // (x − max) − ln Σ, never x − (max + ln Σ): beside a large max, ln Σ would be lost
+        // in the rounding of their sum.
+        let ln_sum = seen.iter().map(|&x| exp_f32(x - max)).sum::<f32>().ln();
+        seen.iter_mut().for_each(|x| *x = (*x - max) - ln_sum);
         return 1.0;
     }
     1.0 / exp_sum_in_place(seen, max)
@@ -126,8 +128,10 @@ fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool, next: *c
     let x = &x[..v];
     let max = max_f32(x);
     if log {
-        let lse = max + x.iter().map(|&a| exp_f32(a - max)).sum::<f32>().ln();
-        seen.iter_mut().zip(x).for_each(|(y, &a)| *y = a - lse);
+        let ln_sum = x.iter().map(|&a| exp_f32(a - max)).sum::<f32>().ln();
+        seen.iter_mut()
+            .zip(x)
+            .for_each(|(y, &a)| *y = (a - max) - ln_sum);
         return;
     }
     let mut acc = [0f32; 8];

@@ -1,6 +1,7 @@
 // The softmax op family: softmax, log_softmax and causal_softmax along one axis, one block
 // per lane (grid-stride over lanes; the block sized to the lane). A causal lane `o` sees keys [0, o % q_len + offset + 1);
-// the rest become 0 (−∞ for log_softmax), as on the CPU. Arithmetic in f32.
+// the rest become 0 (−∞ for log_softmax), as on the CPU. Arithmetic in f32; log_softmax is
+// (x − max) − ln Σ, so a large max does not swallow ln Σ.
 
 struct Sm {
     Space outer;
@@ -42,14 +43,14 @@ extern "C" __global__ void __launch_bounds__(1024) op_softmax(T *out, const T *i
                         if (!p.log) c[k][l] = e;
                     }
             s = block_sum(s, scratch);
-            float lse = m + logf(s), inv = 1.0f / s;
+            float ln_s = logf(s), inv = 1.0f / s;
 #pragma unroll
             for (int k = 0; k < ROW_PACKS; ++k)
 #pragma unroll
                 for (int l = 0; l < 4; ++l) {
                     float v = c[k][l];
                     if (row_at(k, l) >= visible) c[k][l] = p.log ? UNIRT_NEG_INF : 0.0f;
-                    else c[k][l] = p.log ? v - lse : v * inv;
+                    else c[k][l] = p.log ? (v - m) - ln_s : v * inv;
                 }
             // Every thread writes only what it read itself, so in place (y == x) is safe.
             row_store(y, c, p.len);
@@ -62,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(1024) op_softmax(T *out, const T *i
         float s = 0.0f;
         for (i64 j = threadIdx.x; j < visible; j += blockDim.x) s += expf(to_f32(x[j * p.lane_si]) - m);
         s = block_sum(s, scratch);
-        float lse = m + logf(s), inv = 1.0f / s;
+        float ln_s = logf(s), inv = 1.0f / s;
         // Reads above finished in every thread before any write (in place: y may be x).
         __syncthreads();
         for (i64 j = threadIdx.x; j < p.len; j += blockDim.x) {
@@ -70,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(1024) op_softmax(T *out, const T *i
             if (j >= visible) v = p.log ? UNIRT_NEG_INF : 0.0f;
             else {
                 float a = to_f32(x[j * p.lane_si]);
-                v = p.log ? a - lse : expf(a - m) * inv;
+                v = p.log ? (a - m) - ln_s : expf(a - m) * inv;
             }
             y[j * p.lane_so] = from_f32<T>(v);
         }

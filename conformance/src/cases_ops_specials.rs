@@ -1,0 +1,149 @@
+//! Rows of special values through softmax, log_softmax, rms_norm and layer_norm: masked
+//! entries (−∞, as an attention mask leaves them), rows that are all −∞, NaN, +∞, zeros and
+//! values near the dtype's largest. The result is the IEEE value of the textbook formula, as
+//! PyTorch gives it: `exp(x − max) / Σ exp(x − max)` with `max` ignoring NaN, so a row
+//! holding a NaN or +∞, or only −∞, is NaN throughout, and a masked entry is exactly 0 (−∞
+//! for log_softmax). These are the inputs where a kernel's shortcuts show: an online softmax
+//! that rescales by `exp(old max − new max)` turns a masked prefix into NaN; an `exp` that
+//! clamps its argument turns NaN into a number; a compiler that assumes no NaN (lavapipe
+//! folds `v != v` to false) drops them. Each row length runs at three sizes, so a backend's
+//! one-invocation, split-row and multi-workgroup forms all see them.
+
+use unirt::tensor::{DType, SplitMix64, Tensor};
+
+use crate::cases_ops_large::NormRef;
+use crate::ops_check::*;
+use crate::{Ctx, Failure};
+
+/// Row lengths: one short row, one a few hundred long, one past 4096 (where the software
+/// adapters split a row among invocations).
+const LENGTHS: [usize; 3] = [8, 300, 5000];
+
+/// Half the dtype's largest finite value: two of them a row apart differ by the largest,
+/// which every step of a softmax must survive without overflowing.
+fn half_max(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 65504.0 / 2.0,
+        DType::BF16 => 3.389_531_389_251_535_5e38 / 2.0,
+        _ => f32::MAX as f64 / 2.0,
+    }
+}
+
+/// Ordinary values exact in every float dtype: quarters in [−4, 4].
+fn ordinary(r: &mut SplitMix64, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| ((r.next_f64() * 8.0 - 4.0) * 4.0).round() / 4.0)
+        .collect()
+}
+
+/// The softmax rows of length `n`, each named.
+fn softmax_rows(n: usize, dt: DType, seed: u64) -> Vec<(&'static str, Vec<f64>)> {
+    let mut r = SplitMix64::new(seed);
+    let inf = f64::INFINITY;
+    let mut row = |edit: &dyn Fn(&mut Vec<f64>)| {
+        let mut v = ordinary(&mut r, n);
+        edit(&mut v);
+        v
+    };
+    vec![
+        ("masked first half", row(&|v| v[..n / 2].fill(-inf))),
+        ("masked last third", row(&|v| v[n - n / 3..].fill(-inf))),
+        (
+            "one visible entry",
+            row(&|v| {
+                v.fill(-inf);
+                v[n / 2] = 1.0;
+            }),
+        ),
+        ("all masked", row(&|v| v.fill(-inf))),
+        ("a NaN", row(&|v| v[n / 3] = f64::NAN)),
+        ("a +inf", row(&|v| v[1] = inf)),
+        (
+            "near the largest",
+            row(&|v| {
+                let h = half_max(dt);
+                v[0] = h;
+                v[1] = -h;
+                v[n - 1] = h;
+            }),
+        ),
+        ("ordinary", row(&|_| {})),
+    ]
+}
+
+/// softmax or log_softmax of rows of special values against `reference` (the rows' f64
+/// formula), at every length of [`LENGTHS`].
+pub(crate) fn softmax_specials(
+    ctx: &Ctx,
+    log: bool,
+    dt: DType,
+    reference: fn(&[f64], &[usize], usize, bool) -> Vec<f64>,
+) -> Result<(), Failure> {
+    for (i, n) in LENGTHS.into_iter().enumerate() {
+        let rows = softmax_rows(n, dt, 900 + i as u64);
+        let flat: Vec<f64> = rows.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+        let shape = [rows.len(), n];
+        let x = Tensor::from_f64(&flat, &shape, dt, ctx.device).map_err(err("from_f64"))?;
+        let what = format!("rows of {n}");
+        let out = unirt::ops::softmax::softmax(&x.desc(), -1, log)
+            .and_then(|p| p.run1(&[&x]))
+            .map_err(err(&what))?;
+        let got = values(&out, &what)?;
+        let want = reference(&flat, &shape, 1, log);
+        for (j, (name, _)) in rows.iter().enumerate() {
+            let span = j * n..(j + 1) * n;
+            close(
+                &format!("row \"{name}\" of {n}"),
+                &got[span.clone()],
+                &want[span],
+                dt,
+                None,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// rms_norm or layer_norm of rows holding a NaN, a +∞, only zeros, and ordinary values,
+/// against `reference`, at every length of [`LENGTHS`].
+pub(crate) fn norm_specials(
+    ctx: &Ctx,
+    layer: bool,
+    dt: DType,
+    reference: NormRef,
+) -> Result<(), Failure> {
+    let eps = 1e-5;
+    for (i, n) in LENGTHS.into_iter().enumerate() {
+        let mut r = SplitMix64::new(950 + i as u64);
+        let mut rows = vec![ordinary(&mut r, n); 4];
+        rows[0][n / 3] = f64::NAN;
+        rows[1][n - 1] = f64::INFINITY;
+        rows[2].fill(0.0);
+        rows[3] = ordinary(&mut r, n);
+        let names = ["a NaN", "a +inf", "zeros", "ordinary"];
+        let flat: Vec<f64> = rows.concat();
+        let x = Tensor::from_f64(&flat, &[4, n], dt, ctx.device).map_err(err("from_f64"))?;
+        let (w, vw) = random(&[n], 0.5, 1.5, 960 + i as u64, dt, ctx.device)?;
+        let (b, vb) = random(&[n], -0.5, 0.5, 970 + i as u64, dt, ctx.device)?;
+        let what = format!("rows of {n}");
+        let out = if layer {
+            x.layer_norm(&w, &b, eps)
+        } else {
+            x.rms_norm(&w, eps)
+        }
+        .map_err(err(&what))?;
+        let got = values(&out, &what)?;
+        let want = reference(&flat, &vw, layer.then_some(&vb[..]), eps);
+        for (j, name) in names.iter().enumerate() {
+            let span = j * n..(j + 1) * n;
+            close(
+                &format!("row \"{name}\" of {n}"),
+                &got[span.clone()],
+                &want[span],
+                dt,
+                None,
+            )?;
+        }
+    }
+    Ok(())
+}
