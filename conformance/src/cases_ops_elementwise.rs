@@ -8,38 +8,38 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    add = "add": [f32, f16, bf16] => [sizes, broadcast, strided, large, bad_input] via binary_case;
-    sub = "sub": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
-    mul = "mul": [f32, f16, bf16] => [sizes, broadcast, strided, large] via binary_case;
-    div = "div": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
-    maximum = "maximum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
-    minimum = "minimum": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
-    pow = "pow": [f32, f16, bf16] => [sizes, broadcast, strided] via binary_case;
+    add = "add": [f32, f16, bf16] => [sizes, broadcast, strided, large, bad_input, specials] via binary_case;
+    sub = "sub": [f32, f16, bf16] => [sizes, broadcast, strided, specials] via binary_case;
+    mul = "mul": [f32, f16, bf16] => [sizes, broadcast, strided, large, specials] via binary_case;
+    div = "div": [f32, f16, bf16] => [sizes, broadcast, strided, specials] via binary_case;
+    maximum = "maximum": [f32, f16, bf16] => [sizes, broadcast, strided, specials] via binary_case;
+    minimum = "minimum": [f32, f16, bf16] => [sizes, broadcast, strided, specials] via binary_case;
+    pow = "pow": [f32, f16, bf16] => [sizes, broadcast, strided, specials] via binary_case;
     add_span = "add": [f32] => [span_over_binding] via binary_case;
     add_offsets = "add": [f32, f16, bf16] => [offsets] via binary_case;
     swiglu_offsets = "swiglu": [f32, f16, bf16] => [offsets] via binary_case;
-    swiglu = "swiglu": [f32, f16, bf16] => [sizes, broadcast, strided, large, bad_input] via binary_case;
-    add_scalar = "add_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    sub_scalar = "sub_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    mul_scalar = "mul_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    div_scalar = "div_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    maximum_scalar = "maximum_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    minimum_scalar = "minimum_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    pow_scalar = "pow_scalar": [f32, f16, bf16] => [sizes, strided] via scalar_case;
-    neg = "neg": [f32, f16, bf16] => [sizes, strided, bad_input] via unary_case;
-    abs = "abs": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    exp = "exp": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    log = "log": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    sqrt = "sqrt": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    rsqrt = "rsqrt": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    sin = "sin": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    cos = "cos": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    tanh = "tanh": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    sigmoid = "sigmoid": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    relu = "relu": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    gelu = "gelu": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    gelu_tanh = "gelu_tanh": [f32, f16, bf16] => [sizes, strided] via unary_case;
-    silu = "silu": [f32, f16, bf16] => [sizes, strided, offsets, large] via unary_case;
+    swiglu = "swiglu": [f32, f16, bf16] => [sizes, broadcast, strided, large, bad_input, specials] via binary_case;
+    add_scalar = "add_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    sub_scalar = "sub_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    mul_scalar = "mul_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    div_scalar = "div_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    maximum_scalar = "maximum_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    minimum_scalar = "minimum_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    pow_scalar = "pow_scalar": [f32, f16, bf16] => [sizes, strided, specials] via scalar_case;
+    neg = "neg": [f32, f16, bf16] => [sizes, strided, bad_input, specials] via unary_case;
+    abs = "abs": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    exp = "exp": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    log = "log": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    sqrt = "sqrt": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    rsqrt = "rsqrt": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    sin = "sin": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    cos = "cos": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    tanh = "tanh": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    sigmoid = "sigmoid": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    relu = "relu": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    gelu = "gelu": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    gelu_tanh = "gelu_tanh": [f32, f16, bf16] => [sizes, strided, specials] via unary_case;
+    silu = "silu": [f32, f16, bf16] => [sizes, strided, offsets, large, specials] via unary_case;
     where_ = "where": [f32, f16, bf16] => [broadcast, bad_input] via select_case;
     masked_fill = "masked_fill": [f32, f16, bf16] => [broadcast, bad_input] via select_case;
 }
@@ -143,6 +143,7 @@ fn row_rewritten(ctx: &Ctx, op: &str, dt: DType) -> Result<(), Failure> {
 
 fn binary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
     match what {
+        "specials" => super::cases_ops_ew_specials::binary_specials(ctx, op, dt),
         "sizes" => {
             for (i, &n) in SIZES.iter().enumerate() {
                 check_pair(ctx, op, dt, &[n], &[n], 10 + i as u64)?;
@@ -327,6 +328,7 @@ fn scalar_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
         close(what, &values(&out, what)?, &want, dt, None)
     };
     match what {
+        "specials" => super::cases_ops_ew_specials::scalar_specials(ctx, bop, dt),
         "sizes" => {
             for (i, &n) in SIZES.iter().enumerate() {
                 let (a, va) = random(&[n], ra.0, ra.1, 60 + i as u64, dt, ctx.device)?;
@@ -368,6 +370,7 @@ fn unary_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(), 
         close(what, &values(&out, what)?, &want, dt, None)
     };
     match what {
+        "specials" => super::cases_ops_ew_specials::unary_specials(ctx, u, dt),
         "sizes" => {
             for (i, &n) in SIZES.iter().enumerate() {
                 let (a, va) = random(&[n], r.0, r.1, 80 + i as u64, dt, ctx.device)?;

@@ -55,13 +55,17 @@ impl BinaryOp {
         }
     }
 
-    /// The operator in `f64`, the reference every kernel is checked against.
+    /// The operator in `f64`, the reference every kernel is checked against, special values
+    /// included: IEEE arithmetic, `maximum` and `minimum` NaN for a NaN operand (not
+    /// `fmax`'s other operand, as PyTorch), `pow` as C's `pow` (`x^0 = 1` and `1^y = 1` even
+    /// for NaN; a negative base to an integer power is real).
     pub fn eval(self, a: f64, b: f64) -> f64 {
         match self {
             BinaryOp::Add => a + b,
             BinaryOp::Sub => a - b,
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
+            BinaryOp::Maximum | BinaryOp::Minimum if a.is_nan() || b.is_nan() => a + b,
             BinaryOp::Maximum => a.max(b),
             BinaryOp::Minimum => a.min(b),
             BinaryOp::Pow => a.powf(b),
@@ -127,7 +131,9 @@ impl UnaryOp {
         }
     }
 
-    /// The operator in `f64`, the reference every kernel is checked against.
+    /// The operator in `f64`, the reference every kernel is checked against, special values
+    /// included: the formula's IEEE result (so `silu(−∞)` is `−∞ / ∞`, NaN), and `relu` of
+    /// NaN is NaN.
     pub fn eval(self, x: f64) -> f64 {
         match self {
             UnaryOp::Neg => -x,
@@ -140,6 +146,7 @@ impl UnaryOp {
             UnaryOp::Cos => x.cos(),
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Relu if x.is_nan() => x,
             UnaryOp::Relu => x.max(0.0),
             UnaryOp::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
             UnaryOp::GeluTanh => {

@@ -73,7 +73,8 @@ pub(super) fn silu(x: f32) -> f32 {
 un! { true;
     Neg(x) = -x;
     Abs(x) = x.abs();
-    Relu(x) = x.max(0.0);
+    // Not `x.max(0.0)`, which gives 0 for NaN: NaN stays NaN, as everywhere else.
+    Relu(x) = if x < 0.0 { 0.0 } else { x };
 }
 
 un! { false;

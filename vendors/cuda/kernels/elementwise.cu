@@ -94,6 +94,10 @@ __device__ __forceinline__ float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// maximum / minimum / relu give NaN for a NaN operand, as on every backend (fmaxf and
+// fminf return the other operand); a + b carries the NaN.
+__device__ __forceinline__ float max_nan(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float min_nan(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
 
 #define BINARY(name, expr)                                                                   \
     struct name##_fn {                                                                       \
@@ -114,8 +118,8 @@ BINARY(add, a + b)
 BINARY(sub, a - b)
 BINARY(mul, a * b)
 BINARY(div, a / b)
-BINARY(maximum, fmaxf(a, b))
-BINARY(minimum, fminf(a, b))
+BINARY(maximum, max_nan(a, b))
+BINARY(minimum, min_nan(a, b))
 BINARY(pow, powf(a, b))
 
 #define UNARY(name, expr)                                                                    \
@@ -136,7 +140,7 @@ UNARY(sin, sinf(x))
 UNARY(cos, cosf(x))
 UNARY(tanh, tanhf(x))
 UNARY(sigmoid, sigmoid(x))
-UNARY(relu, fmaxf(x, 0.0f))
+UNARY(relu, x != x ? x : fmaxf(x, 0.0f))
 UNARY(gelu, gelu_erf(x))
 UNARY(gelu_tanh, gelu_tanh(x))
 UNARY(silu, x * sigmoid(x))

@@ -22,6 +22,27 @@ fn unirt_tanh(x: f32) -> f32 {
     let e = exp(-2.0 * abs(x));
     return sign(x) * (1.0 - e) / (1.0 + e);
 }
+// maximum / minimum give NaN for a NaN operand (WGSL leaves max and min of NaN
+// undefined); NaN is tested by its bits, since lavapipe assumes floats are never NaN.
+fn unirt_max(a: f32, b: f32) -> f32 { return select(max(a, b), a + b, is_nan(a) || is_nan(b)); }
+fn unirt_min(a: f32, b: f32) -> f32 { return select(min(a, b), a + b, is_nan(a) || is_nan(b)); }
+// C's pow, where WGSL's is exp2(y·log2 x), undefined for x < 0 and for 0 to a power ≤ 0:
+// x^0 = 1 and 1^y = 1 even for NaN, NaN otherwise propagates, (−1)^±∞ = 1, a negative base
+// to an integer power is real (negative for an odd power) and to any other power NaN.
+fn unirt_pow(x: f32, y: f32) -> f32 {
+    if (y == 0.0 || x == 1.0) { return 1.0; }
+    if (is_nan(x) || is_nan(y)) { return x + y; }
+    let inf = bitcast<f32>(0x7f800000u);
+    let ax = abs(x);
+    if (ax == 1.0 && abs(y) == inf) { return 1.0; }
+    var r = select(pow(ax, y), select(0.0, inf, y < 0.0), ax == 0.0);
+    if ((bitcast<u32>(x) >> 31u) == 1u) {
+        if (floor(y) != y) { return bitcast<f32>(0x7fc00000u); }
+        // Odd: an integer below 2^24 (every larger f32 is even) with remainder 1 by 2.
+        if (abs(y) < 16777216.0 && y - 2.0 * floor(0.5 * y) == 1.0) { r = -r; }
+    }
+    return r;
+}
 fn unirt_erf(x: f32) -> f32 {
     // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7).
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));
@@ -36,9 +57,9 @@ fn binary_expr(op: BinaryOp, b: &str) -> String {
         BinaryOp::Sub => format!("x0 - {b}"),
         BinaryOp::Mul => format!("x0 * {b}"),
         BinaryOp::Div => format!("x0 / {b}"),
-        BinaryOp::Maximum => format!("max(x0, {b})"),
-        BinaryOp::Minimum => format!("min(x0, {b})"),
-        BinaryOp::Pow => format!("pow(x0, {b})"),
+        BinaryOp::Maximum => format!("unirt_max(x0, {b})"),
+        BinaryOp::Minimum => format!("unirt_min(x0, {b})"),
+        BinaryOp::Pow => format!("unirt_pow(x0, {b})"),
     }
 }
 
@@ -54,7 +75,7 @@ fn unary_expr(op: UnaryOp) -> &'static str {
         UnaryOp::Cos => "cos(x0)",
         UnaryOp::Tanh => "unirt_tanh(x0)",
         UnaryOp::Sigmoid => "1.0 / (1.0 + exp(-x0))",
-        UnaryOp::Relu => "max(x0, 0.0)",
+        UnaryOp::Relu => "select(max(x0, 0.0), x0, is_nan(x0))",
         UnaryOp::Gelu => "0.5 * x0 * (1.0 + unirt_erf(x0 * 0.70710678118654752))",
         UnaryOp::GeluTanh => {
             "0.5 * x0 * (1.0 + unirt_tanh(0.79788456080286536 * (x0 + 0.044715 * x0 * x0 * x0)))"

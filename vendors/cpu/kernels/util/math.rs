@@ -33,22 +33,27 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 /// `e^x` in f32, branch-free so loops over it vectorise (libm's `expf` is a call per element).
 /// Cody–Waite range reduction `x = n·ln2 + r` (|r| ≤ ln2/2) and Cephes' degree-5 minimax
 /// polynomial for `e^r`, both as fused multiply-adds (half the vector operations of separate
-/// multiplies and adds, and one rounding each): within 2 ulp of the exact value on `[-87.3, 88]`; inputs outside are
-/// clamped (`e^-87.3` ≈ 1.2e-38 stands for smaller results), NaN stays NaN.
+/// multiplies and adds, and one rounding each): within 2 ulp of the exact value on
+/// `[-86.6, ln(f32::MAX)]`. Above that it is +∞ and below 0 (the exact results there are
+/// under 2.6e-38, subnormal or zero in f32), so `e^-∞ = 0` (a masked softmax entry) and
+/// `e^∞ = ∞` exactly; NaN stays NaN.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // ln(f32::MAX), and the lowest input whose 2^n is still normal after the halving below.
+    const HI: f32 = 88.722_84;
+    const LO: f32 = -86.6;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
     const ROUND: f32 = 12_582_912.0;
     // Comparisons rather than f32::clamp, whose form LLVM does not vectorise; NaN passes
     // both and stays NaN.
-    let x = if x < -87.3 { -87.3 } else { x };
-    let x = if x > 88.0 { 88.0 } else { x };
-    let t = x.mul_add(LOG2E, ROUND);
+    let xc = if x < LO { LO } else { x };
+    let xc = if xc > HI { HI } else { xc };
+    let t = xc.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
     let mut p = 1.987_569_1e-4_f32;
     p = p.mul_add(r, 1.398_199_9e-3);
     p = p.mul_add(r, 8.333_452e-3);
@@ -60,10 +65,19 @@ pub fn exp_f32(x: f32) -> f32 {
     // n in its low mantissa bits (two's complement for negative n), so integer arithmetic on
     // t's bits builds the exponent — t itself, not n + 1.5·2^23 computed again (the same
     // value; LLVM cannot know that, and the add was one vector operation in twenty). A
-    // float→int cast would be a saturating conversion, which x86 cannot vectorise.
+    // float→int cast would be a saturating conversion, which x86 cannot vectorise. n reaches
+    // 128 at the top, one past the exponent field: 2^(n−1) is built, and the product doubled
+    // (exact, and the same bits as y·2^n wherever that is finite).
     let k = t.to_bits().wrapping_sub(ROUND.to_bits());
-    let scale = f32::from_bits(k.wrapping_add(127) << 23);
-    y * scale
+    let half_scale = f32::from_bits(k.wrapping_add(126) << 23);
+    let e = y * half_scale * 2.0;
+    if x > HI {
+        f32::INFINITY
+    } else if x < LO {
+        0.0
+    } else {
+        e
+    }
 }
 
 /// erf in f32, branch-free so loops over it vectorise (libm's `erff` is a call per element,
@@ -243,15 +257,19 @@ mod tests {
     #[test]
     fn exp_within_two_ulp() {
         let mut worst = 0f64;
-        let mut x = -87.0f32;
-        while x < 88.0 {
+        let mut x = -86.6f32;
+        while x < 88.72 {
             let (got, want) = (exp_f32(x) as f64, (x as f64).exp());
             worst = worst.max(((got - want) / want).abs());
             x += 0.013;
         }
         assert!(worst < 2.5e-7, "worst relative error {worst}");
         assert!(exp_f32(f32::NAN).is_nan());
-        assert_eq!(exp_f32(-1000.0), exp_f32(-87.3));
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-1000.0), 0.0);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32(88.8), f32::INFINITY);
+        assert!(exp_f32(88.72).is_finite());
         assert!(max_f32(&[1.0, f32::NAN, 3.0]).is_nan());
         assert_eq!(
             max_f32(&[1.0, 9.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 2.0, -1.0]),
