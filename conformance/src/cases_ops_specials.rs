@@ -1,4 +1,5 @@
-//! Rows of special values through softmax, log_softmax, rms_norm and layer_norm: masked
+//! Rows of special values through softmax, log_softmax, rms_norm, layer_norm and
+//! random_sample: masked
 //! entries (−∞, as an attention mask leaves them), rows that are all −∞, NaN, +∞, zeros and
 //! values near the dtype's largest. The result is the IEEE value of the textbook formula, as
 //! PyTorch gives it: `exp(x − max) / Σ exp(x − max)` with `max` ignoring NaN, so a row
@@ -143,6 +144,68 @@ pub(crate) fn norm_specials(
                 dt,
                 None,
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// The reference draw of `random_sample` over one row: (index, distance of the draw from the
+/// nearest boundary between candidates, relative to the mass drawn from).
+pub(crate) type SampleRef = fn(&[f64], f64, f64, usize, f64) -> (usize, f64);
+
+/// random_sample over logits masked with −∞ (constrained decoding, a banned-token list):
+/// a masked token is never drawn, whatever the random value (0 and just under 1 included),
+/// temperature, top-k and top-p, and an unambiguous draw is the reference's. Rows of 64,
+/// 5000 and 32 000: most entries masked, the first half masked, one entry left.
+pub(crate) fn sample_masked(ctx: &Ctx, dt: DType, reference: SampleRef) -> Result<(), Failure> {
+    let inf = f64::INFINITY;
+    for (i, n) in [64usize, 5000, 32_000].into_iter().enumerate() {
+        let mut r = SplitMix64::new(980 + i as u64);
+        let grid = |r: &mut SplitMix64| ((r.next_f64() * 12.0 - 6.0) * 4.0).round() / 4.0;
+        let rows: Vec<Vec<f64>> = vec![
+            // Five tokens left, spread over the row.
+            (0..n)
+                .map(|j| if j % (n / 5) == 3 { grid(&mut r) } else { -inf })
+                .collect(),
+            (0..n)
+                .map(|j| if j < n / 2 { -inf } else { grid(&mut r) })
+                .collect(),
+            (0..n).map(|j| if j == n - 2 { 1.5 } else { -inf }).collect(),
+        ];
+        let flat = rows.concat();
+        let x = Tensor::from_f64(&flat, &[rows.len(), n], dt, ctx.device)
+            .map_err(err("from_f64"))?;
+        let exact = values(&x, "logits")?;
+        for (t, k, p) in [
+            (1.0, 0, 1.0),
+            (0.7, 50, 0.9),
+            (1.0, 0, 0.5),
+            (1.3, 3, 1.0),
+            (0.0, 0, 1.0),
+        ] {
+            for random in [0.0, 0.3, 0.999_999] {
+                let w = format!("rows of {n}, random {random} T {t} top_k {k} top_p {p}");
+                let got = x
+                    .random_sample(random, t, k, p)
+                    .and_then(|t| t.to_vec::<i64>())
+                    .map_err(err(&w))?;
+                for (row, &g) in got.iter().enumerate() {
+                    let lane = &exact[row * n..(row + 1) * n];
+                    let picked = usize::try_from(g).ok().filter(|&g| g < n);
+                    let Some(at) = picked.filter(|&at| lane[at].is_finite()) else {
+                        return Err(fail(format!("{w}: row {row} drew {g}, a masked token")));
+                    };
+                    // Temperature 0 is the argmax: the reference's draw with top_k 1.
+                    let (want, margin) = if t == 0.0 {
+                        reference(lane, random, 1.0, 1, 1.0)
+                    } else {
+                        reference(lane, random, t, k, p)
+                    };
+                    if margin >= 1e-4 && at != want {
+                        return Err(fail(format!("{w}: row {row} drew {at}, expected {want}")));
+                    }
+                }
+            }
         }
     }
     Ok(())
