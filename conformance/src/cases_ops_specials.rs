@@ -170,11 +170,13 @@ pub(crate) fn sample_masked(ctx: &Ctx, dt: DType, reference: SampleRef) -> Resul
             (0..n)
                 .map(|j| if j < n / 2 { -inf } else { grid(&mut r) })
                 .collect(),
-            (0..n).map(|j| if j == n - 2 { 1.5 } else { -inf }).collect(),
+            (0..n)
+                .map(|j| if j == n - 2 { 1.5 } else { -inf })
+                .collect(),
         ];
         let flat = rows.concat();
-        let x = Tensor::from_f64(&flat, &[rows.len(), n], dt, ctx.device)
-            .map_err(err("from_f64"))?;
+        let x =
+            Tensor::from_f64(&flat, &[rows.len(), n], dt, ctx.device).map_err(err("from_f64"))?;
         let exact = values(&x, "logits")?;
         for (t, k, p) in [
             (1.0, 0, 1.0),

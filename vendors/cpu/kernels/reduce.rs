@@ -4,6 +4,8 @@
 //! [`BLOCK`] elements ([`LaneFold`]), read in place when it is contiguous f32. Sums
 //! accumulate in f64.
 
+use std::sync::Mutex;
+
 use super::util::{
     coalesce, first_index_f32, floats, gather, max_f32, min_f32, offsets, par_chunks, simd, Float,
     Ptr,
@@ -26,6 +28,10 @@ enum Kind {
 /// elements) cost a page fault per 4 KiB on every launch. A multiple of 4 and of 16, so that
 /// the lanes of the sums and extremes below run the same over blocks as over the whole lane.
 const BLOCK: usize = 4096;
+
+/// Elements of a lane's segment: lanes of at least two segments are folded a segment per
+/// task (a multiple of [`BLOCK`], and large enough that a task outweighs its fork).
+const SEGMENT: usize = 256 * 1024;
 
 /// One lane's reduction, fed its elements block by block in order.
 ///
@@ -103,6 +109,28 @@ impl LaneFold {
         }
     }
 
+    /// Folds in `o`, the fold of the elements right after this one's (segments merged in
+    /// order: ties keep the earlier element, the first NaN stays first).
+    fn merge(&mut self, o: &LaneFold) {
+        for l in 0..4 {
+            self.acc[l] += o.acc[l];
+        }
+        self.rest += o.rest;
+        self.seen = o.seen;
+        if self.nan.is_some() {
+            return;
+        }
+        let better = match self.kind {
+            Kind::Min => o.best < self.best,
+            _ => o.best > self.best,
+        };
+        if o.nan.is_some() {
+            self.nan = o.nan;
+        } else if o.at != usize::MAX && (self.at == usize::MAX || better) {
+            (self.best, self.at) = (o.best, o.at);
+        }
+    }
+
     /// The lane's result (argmax: its index as f64).
     fn finish(&self) -> f64 {
         let sum = || self.acc.iter().sum::<f64>() + self.rest;
@@ -151,21 +179,51 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
         Vec::new()
     };
     let lanes: usize = kept_shape.iter().product();
+    // A long lane is cut into segments folded in parallel (a whole-tensor sum ran on one
+    // thread) and merged in order. The cut depends on the lane's length only, never on the
+    // thread count, so the result does not either.
+    let segment = if red_len >= 2 * SEGMENT {
+        SEGMENT
+    } else {
+        red_len.max(1)
+    };
+    let segs = red_len.div_ceil(segment).max(1);
+    let parts: Vec<Mutex<Option<LaneFold>>> = (0..if segs > 1 { lanes * segs } else { 0 })
+        .map(|_| Mutex::new(None))
+        .collect();
     let (px, po) = (Ptr::<T>::of(x), out.ptr() as usize);
-    par_chunks(lanes, red_len, |range| {
+    let store = |i: usize, fold: &LaneFold| {
+        let v = match (red_len, kind) {
+            (0, Kind::Sum) => 0.0,
+            (0, _) => f64::NAN,
+            _ => fold.finish(),
+        };
+        // SAFETY: the output is contiguous (the plan fixes it) with one element per lane.
+        unsafe {
+            if kind == Kind::Argmax {
+                *(po as *mut i64).add(i) = v as i64;
+            } else {
+                *(po as *mut T).add(i) = T::from_f32(v as f32);
+            }
+        }
+    };
+    par_chunks(lanes * segs, segment, |range| {
         // A contiguous f32 lane is read where it lies; others pass through `buf`.
         let in_place = T::DTYPE == DType::F32 && run == Some(1);
-        let mut buf = vec![0f32; if in_place { 0 } else { red_len.min(BLOCK) }];
-        for i in range {
+        let mut buf = vec![0f32; if in_place { 0 } else { segment.min(BLOCK) }];
+        for item in range {
+            let (i, seg) = (item / segs, item % segs);
             let mut base = 0usize;
             let mut rem = i;
             for d in (0..kept_shape.len()).rev() {
                 base += (rem % kept_shape[d]) * kept_strides[d];
                 rem /= kept_shape[d];
             }
+            let (first, end) = (seg * segment, ((seg + 1) * segment).min(red_len));
             let mut fold = LaneFold::new(kind);
-            for start in (0..red_len).step_by(BLOCK) {
-                let len = BLOCK.min(red_len - start);
+            fold.seen = first;
+            for start in (first..end).step_by(BLOCK) {
+                let len = BLOCK.min(end - start);
                 let block: &[f32] = if in_place {
                     // SAFETY: the block lies inside the checked input view, contiguous, and T
                     // is f32.
@@ -187,21 +245,22 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
                 };
                 simd!(fold.add(block));
             }
-            let v = match (red_len, kind) {
-                (0, Kind::Sum) => 0.0,
-                (0, _) => f64::NAN,
-                _ => fold.finish(),
-            };
-            // SAFETY: the output is contiguous (the plan fixes it) with one element per lane.
-            unsafe {
-                if kind == Kind::Argmax {
-                    *(po as *mut i64).add(i) = v as i64;
-                } else {
-                    *(po as *mut T).add(i) = T::from_f32(v as f32);
-                }
+            if segs == 1 {
+                store(i, &fold);
+            } else if let Ok(mut part) = parts[item].lock() {
+                *part = Some(fold);
             }
         }
     });
+    for (i, lane) in parts.chunks(segs.max(1)).enumerate() {
+        let mut folds = lane
+            .iter()
+            .filter_map(|p| p.lock().ok().and_then(|mut p| p.take()));
+        if let Some(mut fold) = folds.next() {
+            folds.for_each(|o| fold.merge(&o));
+            store(i, &fold);
+        }
+    }
     Ok(())
 }
 
