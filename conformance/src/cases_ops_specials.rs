@@ -91,16 +91,24 @@ pub(crate) fn softmax_specials(
             .map_err(err(&what))?;
         let got = values(&out, &what)?;
         let want = reference(&flat, &shape, 1, log);
-        for (j, (name, _)) in rows.iter().enumerate() {
-            let span = j * n..(j + 1) * n;
-            close(
-                &format!("row \"{name}\" of {n}"),
-                &got[span.clone()],
-                &want[span],
-                dt,
-                None,
-            )?;
-        }
+        let names: Vec<&str> = rows.iter().map(|(name, _)| *name).collect();
+        close_rows(&names, n, &got, &want, dt)?;
+    }
+    Ok(())
+}
+
+/// Compares `got` with `want` row by row (rows of `n`), naming the row that differs.
+fn close_rows(
+    names: &[&str],
+    n: usize,
+    got: &[f64],
+    want: &[f64],
+    dt: DType,
+) -> Result<(), Failure> {
+    for (j, name) in names.iter().enumerate() {
+        let span = j * n..(j + 1) * n;
+        let what = format!("row \"{name}\" of {n}");
+        close(&what, &got[span.clone()], &want[span], dt, None)?;
     }
     Ok(())
 }
@@ -135,16 +143,7 @@ pub(crate) fn norm_specials(
         .map_err(err(&what))?;
         let got = values(&out, &what)?;
         let want = reference(&flat, &vw, layer.then_some(&vb[..]), eps);
-        for (j, name) in names.iter().enumerate() {
-            let span = j * n..(j + 1) * n;
-            close(
-                &format!("row \"{name}\" of {n}"),
-                &got[span.clone()],
-                &want[span],
-                dt,
-                None,
-            )?;
-        }
+        close_rows(&names, n, &got, &want, dt)?;
     }
     Ok(())
 }
