@@ -85,8 +85,15 @@ fn placed(ctx: &Ctx, op: ReduceOp, dt: DType, n: usize) -> Result<(), Failure> {
 /// there): max and min are NaN where a row holds one; argmax is the index of the first NaN,
 /// else of the first maximum.
 fn ties_nan(ctx: &Ctx, op: ReduceOp, dt: DType) -> Result<(), Failure> {
-    // 600 000: three of the CPU's segments, folded apart and merged.
-    for (seed, n) in [(240u64, 1000usize), (241, 70_000), (242, 600_000)] {
+    // 40 000: shared among a workgroup's invocations on the software adapters (few rows,
+    // within one invocation's loop limit); 600 000: three of the CPU's segments, folded
+    // apart and merged.
+    for (seed, n) in [
+        (240u64, 1000usize),
+        (243, 40_000),
+        (241, 70_000),
+        (242, 600_000),
+    ] {
         let mut r = SplitMix64::new(seed);
         let mut rows: Vec<Vec<f64>> = (0..5)
             .map(|_| (0..n).map(|_| (r.next_f64() * 4.0 - 2.0).round()).collect())
@@ -209,9 +216,11 @@ fn reduce_case(ctx: &Ctx, op: &'static str, dt: DType, what: &str) -> Result<(),
             Ok(())
         }
         "sizes" => {
-            // 70 000: past what one invocation may loop over on llvmpipe (see
-            // `ops::loop_limits`) when it walks the elements alone.
-            for (i, &n) in [0usize, 1, 7, 257, 4099, 70_000].iter().enumerate() {
+            // 40 001: few long rows, which the software adapters share among a workgroup's
+            // invocations (and one element past the last four); 70 000: past what one
+            // invocation may loop over on llvmpipe (see `ops::loop_limits`) when it walks
+            // the elements alone.
+            for (i, &n) in [0usize, 1, 7, 257, 4099, 70_000, 40_001].iter().enumerate() {
                 if n == 0 && matches!(rop, ReduceOp::Max | ReduceOp::Min | ReduceOp::Argmax) {
                     continue;
                 }

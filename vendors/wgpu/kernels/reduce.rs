@@ -129,6 +129,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         })
     };
     if host {
+        // A sum or argmax over few long rows shares each row among a workgroup's invocations
+        // (one lane walking 32 000 elements alone took 0.7 ms on lavapipe); max and min keep
+        // one lane, which returns the first of tied extremes (±0) without tracking indices.
+        let row_lanes = if matches!(spec.op, "sum" | "mean" | "argmax") {
+            super::row_lanes(spec, lanes, n.div_ceil(4), 1).unwrap_or(1)
+        } else {
+            1
+        };
         let form = |quads: bool| {
             host_source(
                 spec.op,
@@ -137,7 +145,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
                 &cfg,
                 (&ks, &kst),
                 (&rs, &rst),
-                lanes,
+                (lanes, row_lanes),
                 quads,
             )
         };
@@ -413,7 +421,7 @@ fn host_source(
     cfg: &[u32],
     (ks, kst): (&[usize], &[usize]),
     (rs, rst): (&[usize], &[usize]),
-    lanes: usize,
+    (lanes, row_lanes): (usize, u32),
     quads: bool,
 ) -> Result<Option<(String, [u32; 3])>> {
     let mut funcs = String::new();
@@ -430,14 +438,19 @@ fn host_source(
             .collect::<Vec<_>>()
             .join(" ")
     };
-    // What is left after the fours (nothing in the quad variant: n is a multiple of four).
+    // What is left after the fours (nothing in the quad variant: n is a multiple of four),
+    // by the row's first lane.
     let rest = |step: &str| {
         if quads {
             String::new()
         } else {
-            format!("    for (; j < n; j = j + 1u) {{ let x0 = {ld}; {step} }}\n")
+            format!(
+                "    if (lid == 0u) {{ for (j = n & 0xfffffffcu; j < n; j = j + 1u) {{ let x0 = {ld}; {step} }} }}\n"
+            )
         }
     };
+    // Lane `lid` of the row's LANES takes the fours at 4·lid, 4·(lid + LANES), …
+    let fours = "var j = 4u * lid;\n    for (; j + 4u <= n; j = j + 4u * LANES)";
     let body = match op {
         "sum" | "mean" => {
             let total = if op == "mean" {
@@ -446,9 +459,10 @@ fn host_source(
                 "total"
             };
             format!(
-                "    var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;\n    var j = 0u;\n    \
-                 for (; j + 4u <= n; j = j + 4u) {{ {four} a0 = a0 + x0; a1 = a1 + x1; a2 = a2 + x2; a3 = a3 + x3; }}\n\
-                 {}    let total = (a0 + a1) + (a2 + a3);\n    st_out(row, {total});\n",
+                "    var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;\n    {fours} \
+                 {{ {four} a0 = a0 + x0; a1 = a1 + x1; a2 = a2 + x2; a3 = a3 + x3; }}\n\
+                 {}    let total = wg_sum((a0 + a1) + (a2 + a3), lid);\n    \
+                 if (lid == 0u) {{ st_out(row, {total}); }}\n",
                 rest("a0 = a0 + x0;")
             )
         }
@@ -462,8 +476,8 @@ fn host_source(
                 format!("nan = nan || is_nan(x{k}); if (x{k} {cmp} acc) {{ acc = x{k}; }}")
             };
             format!(
-                "    var acc = {init};\n    var nan = false;\n    var j = 0u;\n    \
-                 for (; j + 4u <= n; j = j + 4u) {{ {four} {} {} {} {} }}\n\
+                "    var acc = {init};\n    var nan = false;\n    {fours} \
+                 {{ {four} {} {} {} {} }}\n\
                  {}    st_out(row, select(acc, bitcast<f32>(0x7fc00000u), nan));\n",
                 step(0),
                 step(1),
@@ -478,10 +492,21 @@ fn host_source(
                     "if (bi == 0xffffffffu || better(bv, bi, x{k}, j + {k}u)) {{ bv = x{k}; bi = j + {k}u; }}"
                 )
             };
+            // The lanes' (value, index) pairs combined by the first lane in lane order: the
+            // pair order (`better`) does not depend on which lane found a pair.
+            let combine = if row_lanes == 1 {
+                "    sti_out(row, i32(bi));\n".to_string()
+            } else {
+                "    wg_av[lid] = bv;\n    wg_ai[lid] = bi;\n    workgroupBarrier();\n    \
+                 if (lid == 0u) {\n        for (var k = 1u; k < LANES; k = k + 1u) {\n            \
+                 let w = wg_av[k];\n            let wi = wg_ai[k];\n            \
+                 if (wi != 0xffffffffu && (bi == 0xffffffffu || better(bv, bi, w, wi))) { bv = w; bi = wi; }\n        \
+                 }\n        sti_out(row, i32(bi));\n    }\n"
+                    .to_string()
+            };
             format!(
-                "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    var j = 0u;\n    \
-                 for (; j + 4u <= n; j = j + 4u) {{ {four} {} {} {} {} }}\n\
-                 {}    sti_out(row, i32(bi));\n",
+                "    var bv = neg_inf();\n    var bi = 0xffffffffu;\n    {fours} \
+                 {{ {four} {} {} {} {} }}\n{}{combine}",
                 step(0),
                 step(1),
                 step(2),
@@ -491,6 +516,8 @@ fn host_source(
         }
         op => return Err(Error::Internal(format!("wgpu reduce: no operator {op}"))),
     };
+    // (Every lane of a row reaches the workgroup reductions: a row past the last returns
+    // as a whole workgroup.)
     let head = "    if (row >= cfg[0]) { return; }\n    let n = cfg[1];\n";
     let prelude = if quads {
         match wgsl::prelude_mixed(binds, &[true, false], d) {
@@ -500,11 +527,18 @@ fn host_source(
     } else {
         wgsl::prelude(binds, d)
     };
-    let prelude = format!("{prelude}{ARGMAX}{funcs}");
+    let pairs = if op == "argmax" && row_lanes > 1 {
+        format!(
+            "var<workgroup> wg_av: array<f32, {row_lanes}>;\nvar<workgroup> wg_ai: array<u32, {row_lanes}>;\n"
+        )
+    } else {
+        String::new()
+    };
+    let prelude = format!("{prelude}{ARGMAX}{pairs}{funcs}");
     Ok(Some(wgsl::row_kernel(
         &prelude,
         &format!("{head}    let base = {base};\n{body}"),
-        1,
+        row_lanes,
         lanes,
         d,
     )))
