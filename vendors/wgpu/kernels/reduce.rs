@@ -3,7 +3,8 @@
 //! through the reduced axes' strides), then a tree in workgroup memory; a long reduction into
 //! few outputs is split into chunks, one workgroup each, whose results a second pass
 //! combines ([`chunks`]); on adapters on the host's cores one invocation per output element
-//! instead where its loops fit ([`host_source`]). Either form takes its elements four
+//! instead where its loops fit ([`host_source`]), or, for a sum, mean or argmax into few
+//! outputs over long rows, a workgroup of 8 per output ([`super::row_lanes`]). Either form takes its elements four
 //! consecutive at a time, and has a quad variant that reads the four as one load where the
 //! reduced axis is contiguous and the rows start on multiples of four (1.4–1.7× on lavapipe
 //! and llvmpipe for a whole-tensor sum or argmax); the two variants give the same result,
