@@ -47,7 +47,7 @@ crate::op_cases! {
 /// A binary reference and the input ranges of its two operands.
 pub(crate) type BinaryRef = (fn(f64, f64) -> f64, (f64, f64), (f64, f64));
 
-fn binary_ref(op: &str) -> Result<BinaryRef, Failure> {
+pub(crate) fn binary_ref(op: &str) -> Result<BinaryRef, Failure> {
     if op == "swiglu" {
         return Ok((|u, g| u * g / (1.0 + (-g).exp()), (-3.0, 3.0), (-3.0, 3.0)));
     }
@@ -55,14 +55,15 @@ fn binary_ref(op: &str) -> Result<BinaryRef, Failure> {
         .into_iter()
         .find(|b| b.name() == op || b.scalar_name() == op)
         .ok_or_else(|| fail(format!("no binary operator {op}")))?;
+    // The library's own f64 reference (special values included), as a plain function.
     let f: fn(f64, f64) -> f64 = match b {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Maximum => f64::max,
-        BinaryOp::Minimum => f64::min,
-        BinaryOp::Pow => f64::powf,
+        BinaryOp::Add => |a, b| BinaryOp::Add.eval(a, b),
+        BinaryOp::Sub => |a, b| BinaryOp::Sub.eval(a, b),
+        BinaryOp::Mul => |a, b| BinaryOp::Mul.eval(a, b),
+        BinaryOp::Div => |a, b| BinaryOp::Div.eval(a, b),
+        BinaryOp::Maximum => |a, b| BinaryOp::Maximum.eval(a, b),
+        BinaryOp::Minimum => |a, b| BinaryOp::Minimum.eval(a, b),
+        BinaryOp::Pow => |a, b| BinaryOp::Pow.eval(a, b),
     };
     Ok(match b {
         BinaryOp::Pow => (f, (0.25, 2.0), (-2.0, 2.0)),
@@ -71,7 +72,7 @@ fn binary_ref(op: &str) -> Result<BinaryRef, Failure> {
     })
 }
 
-fn run_binary(op: &str, a: &Tensor, b: &Tensor) -> unirt::Result<Tensor> {
+pub(crate) fn run_binary(op: &str, a: &Tensor, b: &Tensor) -> unirt::Result<Tensor> {
     match op {
         "swiglu" => a.swiglu(b),
         _ => {

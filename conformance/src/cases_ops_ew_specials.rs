@@ -127,23 +127,15 @@ pub(crate) fn binary_specials(ctx: &Ctx, op: &str, dt: DType) -> Result<(), Fail
     } else {
         PAIRS.to_vec()
     };
-    let bop = BinaryOp::ALL.into_iter().find(|b| b.name() == op);
-    let want = |a: f64, b: f64| match bop {
-        Some(bop) => bop.eval(a, b),
-        // u · silu(g)
-        None => a * b / (1.0 + (-b).exp()),
-    };
+    // The operator's reference (`BinaryOp::eval`, or u · silu(g)) and its launch, as the
+    // ordinary cases have them.
+    let (want, _, _) = super::cases_ops_elementwise::binary_ref(op)?;
     let (va, vb): (Vec<f64>, Vec<f64>) = pairs.iter().copied().unzip();
     for (a, b) in lengths(&va).into_iter().zip(lengths(&vb)) {
         let what = format!("{op} of {} special pairs", a.len());
         let ta = Tensor::from_f64(&a, &[a.len()], dt, ctx.device).map_err(err("from_f64"))?;
         let tb = Tensor::from_f64(&b, &[b.len()], dt, ctx.device).map_err(err("from_f64"))?;
-        let out = match bop {
-            Some(bop) => ew::binary(bop, &ta.desc(), &tb.desc()),
-            None => ew::swiglu(&ta.desc(), &tb.desc()),
-        }
-        .and_then(|p| p.run1(&[&ta, &tb]))
-        .map_err(err(&what))?;
+        let out = super::cases_ops_elementwise::run_binary(op, &ta, &tb).map_err(err(&what))?;
         let want: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| want(x, y)).collect();
         check(&what, &out, &want, dt, &|i| {
             format!("{op}({}, {})", a[i], b[i])

@@ -252,7 +252,7 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
             }
         }
     });
-    for (i, lane) in parts.chunks(segs.max(1)).enumerate() {
+    for (i, lane) in parts.chunks(segs).enumerate() {
         let mut folds = lane
             .iter()
             .filter_map(|p| p.lock().ok().and_then(|mut p| p.take()));
