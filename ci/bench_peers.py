@@ -65,6 +65,15 @@ def rows_numpy(rows):
             ms = median_ms(lambda: np.matmul(a, b, out=c))
             out.append(dict(r, peer="numpy", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
             continue
+        if op == "matmul_bt":
+            # x · Wᵀ with W stored [n, k], as a linear layer keeps it.
+            m, n, k = map(int, shape.split("x"))
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            w = rng.standard_normal((n, k), dtype=np.float32)
+            c = np.empty((m, n), np.float32)
+            ms = median_ms(lambda: np.matmul(a, w.T, out=c))
+            out.append(dict(r, peer="numpy", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
+            continue
         if op.startswith("sample_"):
             out.append(dict(r, peer="numpy", ms=median_ms(numpy_sampler(r, rng))))
             continue
@@ -159,6 +168,15 @@ def rows_ort(rows, threads):
                 m, n, k = map(int, shape.split("x"))
                 s = session([helper.make_node("MatMul", ["a", "b"], ["c"])], [vi("a", [m, k]), vi("b", [k, n])], [vi("c", [m, n])])
                 feeds = {"a": rng.standard_normal((m, k), dtype=np.float32), "b": rng.standard_normal((k, n), dtype=np.float32)}
+                ms = median_ms(lambda: s.run(None, feeds))
+                out.append(dict(r, peer="onnxruntime", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
+                continue
+            if op == "matmul_bt":
+                # Gemm with transB: the weight stays [n, k], as a linear layer keeps it.
+                m, n, k = map(int, shape.split("x"))
+                node = helper.make_node("Gemm", ["a", "w"], ["c"], transB=1)
+                s = session([node], [vi("a", [m, k]), vi("w", [n, k])], [vi("c", [m, n])])
+                feeds = {"a": rng.standard_normal((m, k), dtype=np.float32), "w": rng.standard_normal((n, k), dtype=np.float32)}
                 ms = median_ms(lambda: s.run(None, feeds))
                 out.append(dict(r, peer="onnxruntime", ms=ms, gflops=2 * m * n * k / (ms * 1e6), **gemv_gbps(r, ms)))
                 continue

@@ -179,8 +179,26 @@ fn epilogue_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
     same(&got, &want, "one row, transposed weight")?;
     let w2 = r(&[96, 200], 14)?;
     let want = up.swiglu(&x.matmul(&w2)?)?;
-    run_into(&x, &w2, &[&up], 1.0, prog, &got)?;
+    run_into(&x, &w2, &[&up], 1.0, prog.clone(), &got)?;
     same(&got, &want, "one row")?;
+
+    // One row over weights large enough that the CPU splits k as well as n (two column
+    // blocks; the epilogue runs once a block's segments are summed), and over a large
+    // transposed weight (read four columns at a time): swiglu(up, x·w).
+    let (x, up) = (r(&[1, 520], 30)?, r(&[1, 4100], 31)?);
+    for (i, w) in [r(&[520, 4100], 32)?, r(&[4100, 520], 33)?.transpose(0, 1)?]
+        .iter()
+        .enumerate()
+    {
+        let want = up.swiglu(&x.matmul(w)?)?;
+        let got = Tensor::empty(&[1, 4100], dtype, ctx.device)?;
+        run_into(&x, w, &[&up], 1.0, prog.clone(), &got)?;
+        same(
+            &got,
+            &want,
+            ["one row, large weight", "one row, large transposed weight"][i],
+        )?;
+    }
 
     // Large enough that the CPU splits it into parallel panels: silu(a·b) · a·b is not
     // expressible (the product is read once per step), so: silu(a·b + res).

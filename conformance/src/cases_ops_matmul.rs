@@ -9,7 +9,7 @@ use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
 crate::op_cases! {
-    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, textured, weight_writes, large_tiles, tensor_core_tiles, bad_input] via matmul_case;
+    matmul = "matmul": [f32, f16, bf16] => [shapes, batched_broadcast, transposed, alpha_beta, quads, few_rows, large_gemv, textured, weight_writes, large_tiles, tensor_core_tiles, bad_input] via matmul_case;
 }
 
 /// `A @ B` on host for row-major `[batch.., m, k]` and `[batch.., k, n]` (batch broadcast
@@ -269,6 +269,7 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
             Ok(())
         }
         "few_rows" => few_rows(ctx, dt),
+        "large_gemv" => large_gemv(ctx, dt),
         "textured" => textured(ctx, dt),
         "weight_writes" => weight_writes(ctx, dt),
         "large_tiles" => {
@@ -315,6 +316,35 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
         }
         _ => Err(fail(format!("unknown case {what}"))),
     }
+}
+
+/// One-row products over weights of a million elements and more — the decode GEMV, which
+/// the CPU splits along k as well as n there, each column's segments summed in a fixed
+/// order: k off a multiple of four and of the segment, n over one column block of 4096 and
+/// off a multiple of 16, a batch of rows over one B, B stored `[n, k]` (read four columns
+/// at a time: n off a multiple of four, k off a multiple of 16), and alpha / beta into a C
+/// that holds values.
+fn large_gemv(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    check_mm(ctx, dt, &[1, 1030], &[1030, 1030], 700)?;
+    check_mm(ctx, dt, &[1, 602], &[602, 4100], 702)?;
+    check_mm(ctx, dt, &[2, 1, 300], &[300, 3500], 704)?;
+    // W of [1030, 1037]: B = Wᵀ ([1037, 1030], columns contiguous), and W itself as a B.
+    let (w, vw) = random(&[1030, 1037], -1.0, 1.0, 706, dt, ctx.device)?;
+    let wt = w.transpose(0, 1).map_err(err("transpose"))?;
+    let hwt = host_view(&vw, wt.layout());
+    let (x, vx) = random(&[1, 1037], -1.0, 1.0, 707, dt, ctx.device)?;
+    check_views("[1, 1037] @ [1030, 1037]^T", (&x, &vx), (&wt, &hwt), dt)?;
+    for (what, b, hb, seed) in [("B^T", &wt, &hwt[..], 708), ("B", &w, &vw[..], 710)] {
+        let (k, n) = (b.shape()[0], b.shape()[1]);
+        let (a, va) = random(&[1, k], -1.0, 1.0, seed, dt, ctx.device)?;
+        let (c, vc) = random(&[1, n], -1.0, 1.0, seed + 1, dt, ctx.device)?;
+        let what = format!("gemm alpha 0.5 beta 2, [1, {k}] @ {what} [{k}, {n}]");
+        a.gemm_into(b, &c, 0.5, 2.0).map_err(err(&what))?;
+        let (ab, scale) = matmul_ref(&va, &[1, k], hb, &[k, n], &[], 1, k, n);
+        let want: Vec<f64> = ab.iter().zip(&vc).map(|(x, c)| 0.5 * x + 2.0 * c).collect();
+        close(&what, &values(&c, "gemm")?, &want, dt, Some(&scale))?;
+    }
+    Ok(())
 }
 
 /// Products of one to four rows over one B matrix, the decode GEMV's shape: the wgpu

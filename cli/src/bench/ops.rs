@@ -140,7 +140,7 @@ fn gemm_bt_row(dev: Device, dt: DType, m: usize, n: usize, k: usize) -> CliResul
         shape: format!("{m}x{n}x{k}"),
         ms,
         gflops: Some(2.0 * (m * n * k) as f64 / (ms * 1e6)),
-        gbps: None,
+        gbps: (m == 1).then(|| ((m * k + k * n + m * n) * dt.size()) as f64 / (ms * 1e6)),
     })
 }
 
@@ -493,6 +493,13 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         match gemm_row(dev, dt, m, n, k) {
             Ok(r) => rows.push(r),
             Err(e) => println!("matmul {dt} {m}x{n}x{k}: not run ({e})"),
+        }
+    }
+    // The decode GEMV against a linear layer's weight as stored, `[out, in]` (`x · Wᵀ`).
+    if !gpu && !quick {
+        match gemm_bt_row(dev, DType::F32, 1, 4096, 4096) {
+            Ok(r) => rows.push(r),
+            Err(e) => println!("matmul_bt f32 1x4096x4096: not run ({e})"),
         }
     }
     let sizes: &[usize] = if gpu {

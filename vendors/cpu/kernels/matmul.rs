@@ -4,8 +4,8 @@
 //! `matrixmultiply` crate's `sgemm`. Both take any row and column strides (so transposed
 //! views cost nothing); the output is split into panels across rayon's threads (along m when
 //! it is large, along n otherwise), each panel a single-threaded GEMM. One-row products
-//! (decode: `1×k · k×n`) are memory-bound and take a direct GEMV instead of paying for
-//! packing. f16/bf16 convert one batch of A into f32 in the plan's workspace and multiply
+//! (decode: `1×k · k×n`) are memory-bound and take a direct GEMV ([`super::gemv`]) instead
+//! of paying for packing. f16/bf16 convert one batch of A into f32 in the plan's workspace and multiply
 //! in f32 into an f32 C there, rounded back at the end; unirt's GEMM reads B in its own
 //! dtype, widening it as it packs (where `matrixmultiply` runs, B and C are converted too).
 //! [`workspace`] is the size the plan asks for.
@@ -18,10 +18,11 @@
 use std::ops::Range;
 
 use super::fused::eval_block;
+use super::gemv::gemv;
 use super::sgemm::{own_gemm, sgemm_par, Mat};
 use super::util::{
-    axpy, bcast, coalesce, dot, floats, gather, offsets, par_chunks, par_rows, scatter, simd,
-    Float, Ptr, BLOCK,
+    bcast, coalesce, floats, gather, offsets, par_chunks, par_rows, scatter, simd, Float, Ptr,
+    BLOCK,
 };
 use crate::error::{Error, Result};
 use crate::ops::fused::{FusedProgram, MAX_FUSED_INPUTS};
@@ -42,7 +43,7 @@ pub(crate) fn workspace(dtype: DType, m: usize, k: usize, n: usize, beta: f64) -
 }
 
 /// Called once a region of one batch's C (rows, columns) holds its final product.
-type After<'a> = &'a (dyn Fn(Range<usize>, Range<usize>) + Sync);
+pub(super) type After<'a> = &'a (dyn Fn(Range<usize>, Range<usize>) + Sync);
 
 /// Nothing to do after a region (the plain matmul).
 fn no_epilogue(_: Range<usize>, _: Range<usize>) {}
@@ -99,128 +100,6 @@ impl<T: Float> Epilogue<'_, T> {
                 j += n;
             }
         }
-    }
-}
-
-/// `acc[t] += Σ_i x[i]·B[i, j0 + t]` over contiguous rows of B whose elements `widen` turns
-/// into f32 (exactly: f32 as is, bf16 by a shift), four rows per pass so the accumulator is
-/// loaded and stored a quarter as often.
-///
-/// # Safety
-/// B must be valid for rows `0..x.len()` at stride `rsb`, columns `j0..j0 + acc.len()`.
-#[inline(always)]
-unsafe fn axpy_rows<T: Copy>(
-    acc: &mut [f32],
-    x: &[f32],
-    b: Ptr<T>,
-    rsb: usize,
-    j0: usize,
-    widen: impl Fn(T) -> f32,
-) {
-    let w = acc.len();
-    // SAFETY: the caller's promise, row by row.
-    let row = |i: usize| unsafe { std::slice::from_raw_parts(b.at(i * rsb + j0), w) };
-    let mut i = 0;
-    while i + 4 <= x.len() {
-        let (r0, r1, r2, r3) = (row(i), row(i + 1), row(i + 2), row(i + 3));
-        let (x0, x1, x2, x3) = (x[i], x[i + 1], x[i + 2], x[i + 3]);
-        for ((((a, &v0), &v1), &v2), &v3) in acc.iter_mut().zip(r0).zip(r1).zip(r2).zip(r3) {
-            *a += x0 * widen(v0) + x1 * widen(v1) + x2 * widen(v2) + x3 * widen(v3);
-        }
-        i += 4;
-    }
-    for (q, &xi) in x.iter().enumerate().skip(i) {
-        for (a, &v) in acc.iter_mut().zip(row(q)) {
-            *a += xi * widen(v);
-        }
-    }
-}
-
-/// `c[j] = alpha · Σ_i x[i]·B[i, j] + beta · c[j]` for one row `x` (f32 values), reading B in
-/// its own dtype.
-///
-/// # Safety
-/// B must be valid for k×n at (rsb, csb); c for n elements at `csc`, not overlapping B.
-#[allow(clippy::too_many_arguments)] // the BLAS signature
-unsafe fn gemv<T: Float>(
-    x: &[f32],
-    b: Ptr<T>,
-    rsb: usize,
-    csb: usize,
-    n: usize,
-    alpha: f32,
-    beta: f32,
-    c: Ptr<T>,
-    csc: usize,
-    after: After<'_>,
-) {
-    let k = x.len();
-    let finish = |j: usize, v: f32| {
-        // SAFETY: j < n, inside c (the caller's promise); each j is written by one task.
-        unsafe {
-            let o = c.at(j * csc);
-            let old = if beta == 0.0 {
-                0.0
-            } else {
-                beta * (*o).to_f32()
-            };
-            *o = T::from_f32(alpha * v + old);
-        }
-    };
-    if csb == 1 || rsb != 1 {
-        // B rows are (mostly) contiguous: accumulate row by row over column blocks, one
-        // block per thread where n allows (each row then streams as one long run; a column
-        // sums in the same order whatever the block width).
-        let cols = n
-            .div_ceil(rayon::current_num_threads().max(1))
-            .next_multiple_of(64)
-            .clamp(512, 2048);
-        par_chunks(n.div_ceil(cols), k * cols, |blocks| {
-            let (mut acc, mut row) = (vec![0f32; cols], vec![0f32; cols]);
-            for blk in blocks {
-                let (j0, w) = (blk * cols, cols.min(n - blk * cols));
-                acc[..w].fill(0.0);
-                if csb == 1 && matches!(T::DTYPE, DType::F32 | DType::BF16) {
-                    // f32 and bf16 rows are read in place, four at a time, without a copy.
-                    // SAFETY: rows 0..k, columns j0..j0+w of B, whose dtype T is checked.
-                    unsafe {
-                        if T::DTYPE == DType::F32 {
-                            let bf = Ptr(b.0 as *mut f32);
-                            simd!(axpy_rows(&mut acc[..w], x, bf, rsb, j0, |v| v));
-                        } else {
-                            let bh = Ptr(b.0 as *mut u16);
-                            let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-                            simd!(axpy_rows(&mut acc[..w], x, bh, rsb, j0, widen));
-                        }
-                    }
-                    for (t, &v) in acc[..w].iter().enumerate() {
-                        finish(j0 + t, v);
-                    }
-                    after(0..1, j0..j0 + w);
-                    continue;
-                }
-                for (i, &xi) in x.iter().enumerate() {
-                    // SAFETY: row i, columns j0..j0+w of B.
-                    unsafe { gather(b.at(i * rsb + j0 * csb), csb, &mut row[..w]) };
-                    simd!(axpy(&mut acc[..w], xi, &row[..w]));
-                }
-                for (t, &v) in acc[..w].iter().enumerate() {
-                    finish(j0 + t, v);
-                }
-                after(0..1, j0..j0 + w);
-            }
-        });
-    } else {
-        // B columns are contiguous (a transposed weight): one dot product per column.
-        par_chunks(n, k, |cols| {
-            let mut col = vec![0f32; k];
-            for j in cols.clone() {
-                // SAFETY: column j of B.
-                unsafe { gather(b.at(j * csb), rsb, &mut col) };
-                finish(j, simd!(dot(x, &col)));
-            }
-            after(0..1, cols);
-        });
     }
 }
 

@@ -15,6 +15,7 @@ mod cast;
 mod elementwise;
 mod embedding;
 mod fused;
+mod gemv;
 mod matmul;
 mod norm;
 mod rearrange;
