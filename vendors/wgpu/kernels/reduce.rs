@@ -4,7 +4,8 @@
 //! few outputs is split into chunks, one workgroup each, whose results a second pass
 //! combines ([`chunks`]); on adapters on the host's cores one invocation per output element
 //! instead where its loops fit ([`host_source`]), or, for a sum, mean or argmax into few
-//! outputs over long rows, a workgroup of 8 per output ([`super::row_lanes`]). Either form takes its elements four
+//! outputs over long rows or over rows too long for one lane's loops, a workgroup of 8 or
+//! more per output ([`super::row_lanes`]). Either form takes its elements four
 //! consecutive at a time, and has a quad variant that reads the four as one load where the
 //! reduced axis is contiguous and the rows start on multiples of four (1.4–1.7× on lavapipe
 //! and llvmpipe for a whole-tensor sum or argmax); the two variants give the same result,
@@ -84,10 +85,33 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     // otherwise, four per loop iteration. On an adapter with a loop limiter the GPU form's
     // offsets are straight-line code too (elsewhere a loop over the reduced axes,
     // `view_off`, which the limiter would count): one loop iteration per 1024 elements.
-    let host_loops = if matches!(spec.op, "sum" | "mean") {
-        n / 4 + 3
+    // A sum, mean or argmax over few long rows shares each row among a workgroup's
+    // invocations (one lane walking 32 000 elements alone took 0.7 ms on lavapipe), and so
+    // does one over rows too long for one lane's loops: the fewest lanes from 8 whose loops
+    // fit ([`super::row_lanes`]; none fit: the GPU form). A lane takes every LANES-th four of
+    // its row, then (sum) `wg_sum` or (argmax) the first lane combines the lanes' pairs. max
+    // and min keep one lane, which returns the first of tied extremes (±0) without tracking
+    // indices, and count an iteration per element (their one-lane rows stay as long as
+    // they were measured at).
+    // A sum over fewer such rows than the host has cores takes the GPU form, whose chunks
+    // spread over every core (a workgroup runs on one): 1 × 300 000 took 1.7 ms so on
+    // lavapipe and 2.3 ms with 8 lanes, 4 × 300 000 2.1–4.3 ms so and 1.2–1.3 with 8 lanes.
+    // An argmax takes the lanes all the same (1 × 128 256: 0.9 ms so, 0.45 with 8 lanes).
+    let shared = matches!(spec.op, "sum" | "mean" | "argmax");
+    let too_long = super::loop_limited(spec) && n / 4 + 3 > super::LOOP_BUDGET;
+    let spread = too_long && spec.op != "argmax" && lanes < super::host_cores();
+    let row_lanes = if spread {
+        None
+    } else if shared {
+        super::row_lanes(spec, lanes, n.div_ceil(4), 1).ok()
     } else {
-        n
+        Some(1)
+    };
+    let host_loops = match row_lanes {
+        Some(1) if shared => Some(n / 4 + 3),
+        Some(1) => Some(n),
+        Some(w) => Some(n.div_ceil(4).div_ceil(u64::from(w)) + wgsl::WG_REDUCE_LOOPS + 3),
+        None => None,
     };
     let literal = super::loop_limited(spec);
     let gpu_loops = if literal {
@@ -95,7 +119,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         chunk.div_ceil(256) * (1 + rs.len() as u64)
     } + wgsl::WG_REDUCE_LOOPS;
-    let host = super::host_form(spec, Some(host_loops), gpu_loops, || {
+    let host = super::host_form(spec, host_loops, gpu_loops, || {
         format!("a reduction of {n} elements")
     })?;
     // Element by element through the reduced axes' view; or, in the quad variant (a
@@ -130,14 +154,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         })
     };
     if host {
-        // A sum or argmax over few long rows shares each row among a workgroup's invocations
-        // (one lane walking 32 000 elements alone took 0.7 ms on lavapipe); max and min keep
-        // one lane, which returns the first of tied extremes (±0) without tracking indices.
-        let row_lanes = if matches!(spec.op, "sum" | "mean" | "argmax") {
-            super::row_lanes(spec, lanes, n.div_ceil(4), 1).unwrap_or(1)
-        } else {
-            1
-        };
+        let row_lanes = row_lanes.unwrap_or(1);
         let form = |quads: bool| {
             host_source(
                 spec.op,
@@ -413,7 +430,7 @@ fn gpu_parts(op: &str) -> Result<GpuParts> {
 /// all the same, behind nine barriers: argmax over one row of 512 floats took 84 µs, 30 µs
 /// so (Intel Xeon). A sum keeps four partial sums (every fourth element each), added
 /// pairwise at the end, so its rounding error grows like a quarter of a sequential sum's.
-/// Taken only for reductions one lane may loop over (`super::host_form`).
+/// Taken only where the lanes' loops fit the loop limiter (`super::host_form`).
 #[allow(clippy::too_many_arguments)]
 fn host_source(
     op: &str,
