@@ -323,24 +323,38 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
 /// order: k off a multiple of four and of the segment, n over one column block of 4096 and
 /// off a multiple of 16, a batch of rows over one B, B stored `[n, k]` (read four columns
 /// at a time: n off a multiple of four, k off a multiple of 16), and alpha / beta into a C
-/// that holds values.
+/// that holds values; then two to eight rows over one large B (a few decode steps batched),
+/// which the CPU also reads in place.
 fn large_gemv(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     check_mm(ctx, dt, &[1, 1030], &[1030, 1030], 700)?;
     check_mm(ctx, dt, &[1, 602], &[602, 4100], 702)?;
     check_mm(ctx, dt, &[2, 1, 300], &[300, 3500], 704)?;
+    // Two to eight rows over one large B (the CPU reads B in place for all rows at once):
+    // three rows (computed as four), eight, a batch of two rows, k = 257 (one segment, a row
+    // past the fours), seven rows over two column blocks.
+    check_mm(ctx, dt, &[3, 520], &[520, 1030], 712)?;
+    check_mm(ctx, dt, &[8, 300], &[300, 900], 714)?;
+    check_mm(ctx, dt, &[2, 2, 1030], &[1030, 300], 716)?;
+    check_mm(ctx, dt, &[5, 257], &[257, 1100], 718)?;
+    check_mm(ctx, dt, &[7, 60], &[60, 5000], 720)?;
     // W of [1030, 1037]: B = Wᵀ ([1037, 1030], columns contiguous), and W itself as a B.
     let (w, vw) = random(&[1030, 1037], -1.0, 1.0, 706, dt, ctx.device)?;
     let wt = w.transpose(0, 1).map_err(err("transpose"))?;
     let hwt = host_view(&vw, wt.layout());
     let (x, vx) = random(&[1, 1037], -1.0, 1.0, 707, dt, ctx.device)?;
     check_views("[1, 1037] @ [1030, 1037]^T", (&x, &vx), (&wt, &hwt), dt)?;
-    for (what, b, hb, seed) in [("B^T", &wt, &hwt[..], 708), ("B", &w, &vw[..], 710)] {
+    let cases = [
+        ("B^T", &wt, &hwt[..], 708, 1),
+        ("B", &w, &vw[..], 710, 1),
+        ("B", &w, &vw[..], 722, 4),
+    ];
+    for (what, b, hb, seed, m) in cases {
         let (k, n) = (b.shape()[0], b.shape()[1]);
-        let (a, va) = random(&[1, k], -1.0, 1.0, seed, dt, ctx.device)?;
-        let (c, vc) = random(&[1, n], -1.0, 1.0, seed + 1, dt, ctx.device)?;
-        let what = format!("gemm alpha 0.5 beta 2, [1, {k}] @ {what} [{k}, {n}]");
+        let (a, va) = random(&[m, k], -1.0, 1.0, seed, dt, ctx.device)?;
+        let (c, vc) = random(&[m, n], -1.0, 1.0, seed + 1, dt, ctx.device)?;
+        let what = format!("gemm alpha 0.5 beta 2, [{m}, {k}] @ {what} [{k}, {n}]");
         a.gemm_into(b, &c, 0.5, 2.0).map_err(err(&what))?;
-        let (ab, scale) = matmul_ref(&va, &[1, k], hb, &[k, n], &[], 1, k, n);
+        let (ab, scale) = matmul_ref(&va, &[m, k], hb, &[k, n], &[], m, k, n);
         let want: Vec<f64> = ab.iter().zip(&vc).map(|(x, c)| 0.5 * x + 2.0 * c).collect();
         close(&what, &values(&c, "gemm")?, &want, dt, Some(&scale))?;
     }

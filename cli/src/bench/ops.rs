@@ -473,7 +473,8 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         }
     }
     // The LLM shapes: GEMVs (the decode step's products: a 4096² weight and the tiny model's
-    // 256 × 1024) in both runs, the larger products in the full one.
+    // 256 × 1024) in both runs, the larger products (four decode steps batched, a prefill
+    // chunk) in the full one.
     let llm: &[(DType, usize, usize, usize)] = if gpu {
         &[]
     } else if quick {
@@ -482,6 +483,7 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         &[
             (DType::F32, 1, 1024, 256),
             (DType::F32, 1, 4096, 4096),
+            (DType::F32, 4, 4096, 4096),
             (DType::F32, 64, 11008, 4096),
             (DType::BF16, 1, 4096, 4096),
             (DType::BF16, 64, 11008, 4096),
