@@ -199,12 +199,17 @@ fn epilogue_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
             ["one row, large weight", "one row, large transposed weight"][i],
         )?;
     }
-    // Three rows over a large weight (read in place for all rows at once on the CPU).
+    // Three rows over a large weight and a large transposed one (read in place for all rows
+    // at once on the CPU).
     let (x3, up3, w3) = (r(&[3, 520], 34)?, r(&[3, 1030], 35)?, r(&[520, 1030], 36)?);
     let want = up3.swiglu(&x3.matmul(&w3)?)?;
     let got = Tensor::empty(&[3, 1030], dtype, ctx.device)?;
     run_into(&x3, &w3, &[&up3], 1.0, prog.clone(), &got)?;
     same(&got, &want, "three rows, large weight")?;
+    let w3t = r(&[1030, 520], 37)?.transpose(0, 1)?;
+    let want = up3.swiglu(&x3.matmul(&w3t)?)?;
+    run_into(&x3, &w3t, &[&up3], 1.0, prog.clone(), &got)?;
+    same(&got, &want, "three rows, large transposed weight")?;
 
     // Large enough that the CPU splits it into parallel panels: silu(a·b) · a·b is not
     // expressible (the product is read once per step), so: silu(a·b + res).

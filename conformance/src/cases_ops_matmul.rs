@@ -323,8 +323,8 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
 /// order: k off a multiple of four and of the segment, n over one column block of 4096 and
 /// off a multiple of 16, a batch of rows over one B, B stored `[n, k]` (read four columns
 /// at a time: n off a multiple of four, k off a multiple of 16), and alpha / beta into a C
-/// that holds values; then two to eight rows over one large B (a few decode steps batched),
-/// which the CPU also reads in place.
+/// that holds values; then two to eight rows over one large B, stored `[k, n]` or `[n, k]`
+/// (a few decode steps batched), which the CPU also reads in place.
 fn large_gemv(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     check_mm(ctx, dt, &[1, 1030], &[1030, 1030], 700)?;
     check_mm(ctx, dt, &[1, 602], &[602, 4100], 702)?;
@@ -343,10 +343,27 @@ fn large_gemv(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
     let hwt = host_view(&vw, wt.layout());
     let (x, vx) = random(&[1, 1037], -1.0, 1.0, 707, dt, ctx.device)?;
     check_views("[1, 1037] @ [1030, 1037]^T", (&x, &vx), (&wt, &hwt), dt)?;
+    // Few rows over it (each column read once for all rows): three (computed as four), six
+    // (as eight, a column at a time), and an odd number of columns (n = 1031).
+    for (m, seed) in [(3usize, 730u64), (6, 731)] {
+        let (x, vx) = random(&[m, 1037], -1.0, 1.0, seed, dt, ctx.device)?;
+        check_views(
+            &format!("[{m}, 1037] @ [1030, 1037]^T"),
+            (&x, &vx),
+            (&wt, &hwt),
+            dt,
+        )?;
+    }
+    let (w2, vw2) = random(&[1031, 300], -1.0, 1.0, 732, dt, ctx.device)?;
+    let w2t = w2.transpose(0, 1).map_err(err("transpose"))?;
+    let hw2t = host_view(&vw2, w2t.layout());
+    let (x2, vx2) = random(&[4, 300], -1.0, 1.0, 733, dt, ctx.device)?;
+    check_views("[4, 300] @ [1031, 300]^T", (&x2, &vx2), (&w2t, &hw2t), dt)?;
     let cases = [
         ("B^T", &wt, &hwt[..], 708, 1),
         ("B", &w, &vw[..], 710, 1),
         ("B", &w, &vw[..], 722, 4),
+        ("B^T", &wt, &hwt[..], 724, 4),
     ];
     for (what, b, hb, seed, m) in cases {
         let (k, n) = (b.shape()[0], b.shape()[1]);

@@ -4,7 +4,8 @@
 //! over a column block, whole rows where they fit (split along k as well as n for large
 //! weights, [`gemv_split_k`]). Columns contiguous (a linear layer's `[out, in]` weight seen
 //! transposed): dot products four columns at a time ([`dot_cols`]). Two to eight rows of A
-//! over a large B read it in place the same way, once for all rows ([`gemv_rows`]). Every
+//! over a large B read it in place the same way, once for all rows ([`gemv_rows`],
+//! [`gemv_rows_t`]). Every
 //! sum's order depends on the shape alone, never on the thread count.
 
 use std::ops::Range;
@@ -505,3 +506,56 @@ unsafe fn axpy_rows_r<T: Copy, const R: usize>(
         }
     }
 }
+
+/// `C[r, j] = alpha · Σ_i A[r, i]·B[i, j] + beta · C[r, j]` for 2 to [`FEW_ROWS`] rows of A
+/// (`a`: m rows of k f32 values) over a B whose columns are contiguous (`x · Wᵀ` with a
+/// linear layer's `[out, in]` weight; f32 or bf16, columns `csb` apart), read in place: B is
+/// taken [`T_BLOCK`] columns at a time, each row of A runs [`dot_cols`] over them (the
+/// one-row kernel, so every element has its bits), and the rows after the first find the
+/// block in L2. B comes from memory once.
+///
+/// # Safety
+/// B must be valid for k×n at (1, csb) and of dtype `T`, f32 or bf16; `finish(r, j, v)` must
+/// accept every r < m, j < n.
+pub(super) unsafe fn gemv_rows_t<T: Float>(
+    a: &[f32],
+    m: usize,
+    b: Ptr<T>,
+    csb: usize,
+    n: usize,
+    finish: &(dyn Fn(usize, usize, f32) + Sync),
+    after: After<'_>,
+) {
+    let k = a.len() / m;
+    par_chunks(n.div_ceil(T_BLOCK), k * T_BLOCK * m, |blocks| {
+        for blk in blocks {
+            let cols = blk * T_BLOCK..((blk + 1) * T_BLOCK).min(n);
+            for (r, x) in a.chunks_exact(k).enumerate() {
+                let mut j = cols.start;
+                while j < cols.end {
+                    let c = (cols.end - j).min(4);
+                    let mut sums = [0f32; 4];
+                    // SAFETY: columns j..j+c of B (the caller's promise), of dtype T.
+                    unsafe {
+                        if T::DTYPE == DType::F32 {
+                            let bf = Ptr(b.at(0) as *mut f32);
+                            simd!(dot_cols(x, bf, csb, j, &mut sums[..c], |v| v));
+                        } else {
+                            let bh = Ptr(b.at(0) as *mut u16);
+                            let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
+                            simd!(dot_cols(x, bh, csb, j, &mut sums[..c], widen));
+                        }
+                    }
+                    for (q, &v) in sums[..c].iter().enumerate() {
+                        finish(r, j + q, v);
+                    }
+                    j += c;
+                }
+            }
+            after(0..m, cols);
+        }
+    });
+}
+
+/// Columns of B that [`gemv_rows_t`] takes at a time: at k = 4096, f32, 256 KiB, half of L2.
+const T_BLOCK: usize = 16;

@@ -5,8 +5,7 @@
 //! views cost nothing); the output is split into panels across rayon's threads (along m when
 //! it is large, along n otherwise), each panel a single-threaded GEMM. One-row products
 //! (decode: `1×k · k×n`) are memory-bound and take a direct GEMV ([`super::gemv`]) instead
-//! of paying for packing, as do two to eight rows over a large f32 / bf16 B with contiguous
-//! rows. f16/bf16 convert one batch of A into f32 in the plan's workspace and multiply
+//! of paying for packing, as do two to eight rows over a large f32 / bf16 B. f16/bf16 convert one batch of A into f32 in the plan's workspace and multiply
 //! in f32 into an f32 C there, rounded back at the end; unirt's GEMM reads B in its own
 //! dtype, widening it as it packs (where `matrixmultiply` runs, B and C are converted too).
 //! [`workspace`] is the size the plan asks for.
@@ -19,7 +18,7 @@
 use std::ops::Range;
 
 use super::fused::eval_block;
-use super::gemv::{gemv, gemv_rows, FEW_ROWS, FEW_ROWS_MIN};
+use super::gemv::{gemv, gemv_rows, gemv_rows_t, FEW_ROWS, FEW_ROWS_MIN};
 use super::sgemm::{own_gemm, sgemm_par, Mat};
 use super::util::{
     bcast, coalesce, floats, gather, offsets, par_chunks, par_rows, scatter, simd, Float, Ptr,
@@ -321,6 +320,28 @@ fn gemm<T: Float>(
                     *o = T::from_f32(alpha * v + old);
                 };
                 gemv_rows(&rows, m, Ptr(pb.at(ob)), brs, n, &finish, after);
+                continue;
+            }
+            if m <= FEW_ROWS
+                && brs == 1
+                && k * n >= FEW_ROWS_MIN
+                && matches!(T::DTYPE, DType::F32 | DType::BF16)
+            {
+                let mut rows = vec![0f32; m * k];
+                for (r, row) in rows.chunks_mut(k).enumerate() {
+                    gather(pa.at(oa + r * ars), acs, row);
+                }
+                // (In the enclosing unsafe block.) As above.
+                let finish = |r: usize, j: usize, v: f32| {
+                    let o = pc.at(oc + r * crs + j * ccs);
+                    let old = if beta == 0.0 {
+                        0.0
+                    } else {
+                        beta * (*o).to_f32()
+                    };
+                    *o = T::from_f32(alpha * v + old);
+                };
+                gemv_rows_t(&rows, m, Ptr(pb.at(ob)), bcs, n, &finish, after);
                 continue;
             }
             if T::DTYPE == DType::F32 {
