@@ -14,6 +14,22 @@ use super::matmul::After;
 use super::util::{axpy, dot, fork_tasks, gather, par_chunks, simd, Float, Ptr};
 use crate::tensor::DType;
 
+/// Runs `$body` with `$p` bound to `$b` (a `*mut T`) as a pointer to f32 or to u16 (bf16) by
+/// the dtype of `$t`, and `$widen` to the matching exact widening into f32.
+macro_rules! f32_or_bf16 {
+    ($t:ty, $b:expr, |$p:ident, $widen:ident| $body:expr) => {
+        if <$t as Float>::DTYPE == DType::F32 {
+            let $p = Ptr($b as *mut f32);
+            let $widen = |v: f32| v;
+            $body
+        } else {
+            let $p = Ptr($b as *mut u16);
+            let $widen = |v: u16| f32::from_bits(u32::from(v) << 16);
+            $body
+        }
+    };
+}
+
 /// `acc[t] += Σ_i x[i]·B[i, j0 + t]` over contiguous rows of B whose elements `widen` turns
 /// into f32 (exactly: f32 as is, bf16 by a shift), four rows per pass so the accumulator is
 /// loaded and stored a quarter as often.
@@ -100,6 +116,35 @@ unsafe fn dot_cols<T: Copy>(
     }
 }
 
+/// `put(j, Σ_i x[i]·B[i, j])` for every column j in `cols` of a B of f32 or bf16 whose
+/// columns are contiguous (`csb` apart), [`dot_cols`] four columns at a time.
+///
+/// # Safety
+/// B must be valid for `x.len()` elements of each column in `cols`; `T` f32 or bf16.
+unsafe fn dots<T: Float>(
+    x: &[f32],
+    b: Ptr<T>,
+    csb: usize,
+    cols: Range<usize>,
+    mut put: impl FnMut(usize, f32),
+) {
+    let mut j = cols.start;
+    while j < cols.end {
+        let c = (cols.end - j).min(4);
+        let mut sums = [0f32; 4];
+        // SAFETY: columns j..j+c of B (the caller's promise), of dtype T.
+        unsafe {
+            f32_or_bf16!(T, b.at(0), |p, widen| {
+                simd!(dot_cols(x, p, csb, j, &mut sums[..c], widen))
+            })
+        }
+        for (q, &v) in sums[..c].iter().enumerate() {
+            put(j + q, v);
+        }
+        j += c;
+    }
+}
+
 /// From this many elements of B on, a GEMV with contiguous f32 or bf16 rows splits k
 /// ([`gemv_split_k`]); below it the whole product is a few hundred microseconds at most and
 /// column blocks alone parallelise it.
@@ -155,15 +200,9 @@ unsafe fn gemv_split_k<T: Float>(
         // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), whose dtype T
         // is f32 or bf16 (checked by the caller).
         unsafe {
-            let at = Ptr(b.at(rows.start * rsb));
-            if T::DTYPE == DType::F32 {
-                let bf = Ptr(at.0 as *mut f32);
-                simd!(axpy_rows(acc, xs, bf, rsb, j0, |v| v));
-            } else {
-                let bh = Ptr(at.0 as *mut u16);
-                let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-                simd!(axpy_rows(acc, xs, bh, rsb, j0, widen));
-            }
+            f32_or_bf16!(T, b.at(rows.start * rsb), |p, widen| {
+                simd!(axpy_rows(acc, xs, p, rsb, j0, widen))
+            })
         }
         // The acquire half sees every other segment's partial sums of this block; the
         // release half publishes this one's.
@@ -244,14 +283,9 @@ pub(super) unsafe fn gemv<T: Float>(
                     // f32 and bf16 rows are read in place, four at a time, without a copy.
                     // SAFETY: rows 0..k, columns j0..j0+w of B, whose dtype T is checked.
                     unsafe {
-                        if T::DTYPE == DType::F32 {
-                            let bf = Ptr(b.0 as *mut f32);
-                            simd!(axpy_rows(&mut acc[..w], x, bf, rsb, j0, |v| v));
-                        } else {
-                            let bh = Ptr(b.0 as *mut u16);
-                            let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-                            simd!(axpy_rows(&mut acc[..w], x, bh, rsb, j0, widen));
-                        }
+                        f32_or_bf16!(T, b.at(0), |p, widen| {
+                            simd!(axpy_rows(&mut acc[..w], x, p, rsb, j0, widen))
+                        })
                     }
                     for (t, &v) in acc[..w].iter().enumerate() {
                         finish(j0 + t, v);
@@ -275,26 +309,8 @@ pub(super) unsafe fn gemv<T: Float>(
         // dot product per column; f32 and bf16 columns are read in place, four at a time.
         par_chunks(n, k, |cols| {
             if matches!(T::DTYPE, DType::F32 | DType::BF16) {
-                let mut j = cols.start;
-                while j < cols.end {
-                    let c = (cols.end - j).min(4);
-                    let mut sums = [0f32; 4];
-                    // SAFETY: columns j..j+c of B (the caller's promise), of dtype T.
-                    unsafe {
-                        if T::DTYPE == DType::F32 {
-                            let bf = Ptr(b.0 as *mut f32);
-                            simd!(dot_cols(x, bf, csb, j, &mut sums[..c], |v| v));
-                        } else {
-                            let bh = Ptr(b.0 as *mut u16);
-                            let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-                            simd!(dot_cols(x, bh, csb, j, &mut sums[..c], widen));
-                        }
-                    }
-                    for (t, &v) in sums[..c].iter().enumerate() {
-                        finish(j + t, v);
-                    }
-                    j += c;
-                }
+                // SAFETY: the columns of B in `cols` (the caller's promise), of dtype T.
+                unsafe { dots(x, b, csb, cols.clone(), &finish) };
             } else {
                 let mut col = vec![0f32; k];
                 for j in cols.clone() {
@@ -405,15 +421,9 @@ unsafe fn rows_split<T: Float, const R: usize>(
         let xs: [&[f32]; R] = std::array::from_fn(|r| &a[r * k + rows.start..r * k + rows.end]);
         // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), of dtype T.
         unsafe {
-            let at = b.at(rows.start * rsb + j0);
-            if T::DTYPE == DType::F32 {
-                let bf = Ptr(at as *mut f32);
-                simd!(axpy_rows_r::<f32, R>(acc, xs, bf, rsb, w, |v| v));
-            } else {
-                let bh = Ptr(at as *mut u16);
-                let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-                simd!(axpy_rows_r::<u16, R>(acc, xs, bh, rsb, w, widen));
-            }
+            f32_or_bf16!(T, b.at(rows.start * rsb + j0), |p, widen| {
+                simd!(axpy_rows_r::<_, R>(acc, xs, p, rsb, w, widen))
+            })
         }
         if done[blk].fetch_add(1, Ordering::AcqRel) + 1 == segs {
             for r in 0..R {
@@ -531,26 +541,8 @@ pub(super) unsafe fn gemv_rows_t<T: Float>(
         for blk in blocks {
             let cols = blk * T_BLOCK..((blk + 1) * T_BLOCK).min(n);
             for (r, x) in a.chunks_exact(k).enumerate() {
-                let mut j = cols.start;
-                while j < cols.end {
-                    let c = (cols.end - j).min(4);
-                    let mut sums = [0f32; 4];
-                    // SAFETY: columns j..j+c of B (the caller's promise), of dtype T.
-                    unsafe {
-                        if T::DTYPE == DType::F32 {
-                            let bf = Ptr(b.at(0) as *mut f32);
-                            simd!(dot_cols(x, bf, csb, j, &mut sums[..c], |v| v));
-                        } else {
-                            let bh = Ptr(b.at(0) as *mut u16);
-                            let widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-                            simd!(dot_cols(x, bh, csb, j, &mut sums[..c], widen));
-                        }
-                    }
-                    for (q, &v) in sums[..c].iter().enumerate() {
-                        finish(r, j + q, v);
-                    }
-                    j += c;
-                }
+                // SAFETY: the columns of B in `cols` (the caller's promise), of dtype T.
+                unsafe { dots(x, b, csb, cols.clone(), |j, v| finish(r, j, v)) };
             }
             after(0..m, cols);
         }

@@ -299,8 +299,10 @@ fn gemm<T: Float>(
                 );
                 continue;
             }
+            // Few rows over a large f32 / bf16 B with contiguous rows or columns: B read in
+            // place, once for all rows.
             if m <= FEW_ROWS
-                && bcs == 1
+                && (bcs == 1 || brs == 1)
                 && k * n >= FEW_ROWS_MIN
                 && matches!(T::DTYPE, DType::F32 | DType::BF16)
             {
@@ -319,29 +321,11 @@ fn gemm<T: Float>(
                     };
                     *o = T::from_f32(alpha * v + old);
                 };
-                gemv_rows(&rows, m, Ptr(pb.at(ob)), brs, n, &finish, after);
-                continue;
-            }
-            if m <= FEW_ROWS
-                && brs == 1
-                && k * n >= FEW_ROWS_MIN
-                && matches!(T::DTYPE, DType::F32 | DType::BF16)
-            {
-                let mut rows = vec![0f32; m * k];
-                for (r, row) in rows.chunks_mut(k).enumerate() {
-                    gather(pa.at(oa + r * ars), acs, row);
+                if bcs == 1 {
+                    gemv_rows(&rows, m, Ptr(pb.at(ob)), brs, n, &finish, after);
+                } else {
+                    gemv_rows_t(&rows, m, Ptr(pb.at(ob)), bcs, n, &finish, after);
                 }
-                // (In the enclosing unsafe block.) As above.
-                let finish = |r: usize, j: usize, v: f32| {
-                    let o = pc.at(oc + r * crs + j * ccs);
-                    let old = if beta == 0.0 {
-                        0.0
-                    } else {
-                        beta * (*o).to_f32()
-                    };
-                    *o = T::from_f32(alpha * v + old);
-                };
-                gemv_rows_t(&rows, m, Ptr(pb.at(ob)), bcs, n, &finish, after);
                 continue;
             }
             if T::DTYPE == DType::F32 {
