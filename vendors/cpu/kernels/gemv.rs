@@ -177,47 +177,82 @@ unsafe fn gemv_split_k<T: Float>(
     finish: &(dyn Fn(usize, f32) + Sync),
     after: After<'_>,
 ) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let k = x.len();
-    let blocks = n.div_ceil(SPLIT_K_COLS);
-    let cols = n.div_ceil(blocks).next_multiple_of(16).min(n);
+    let accumulate = |rows: Range<usize>, j0: usize, w: usize, part: Ptr<f32>| {
+        // SAFETY: this task's own w partial sums (`split_k`'s promise).
+        let acc = unsafe { std::slice::from_raw_parts_mut(part.0, w) };
+        // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), whose dtype T
+        // is f32 or bf16 (checked by the caller).
+        unsafe {
+            f32_or_bf16!(T, b.at(rows.start * rsb), |p, widen| {
+                simd!(axpy_rows(acc, &x[rows], p, rsb, j0, widen))
+            })
+        }
+    };
+    split_k(
+        k,
+        n,
+        1,
+        SPLIT_K_COLS,
+        16,
+        &accumulate,
+        &|_, j, v| finish(j, v),
+        after,
+    );
+}
+
+/// The split and merge of [`gemv_split_k`] and [`gemv_rows`] for `rows` rows of A: column
+/// blocks at most `widest` wide (a multiple of `align`) times segments of B's rows (at least
+/// 256, a multiple of 4, about [`SPLIT_K_TASKS`] tasks in all). Each task calls
+/// `accumulate(b_rows, j0, w, part)` to add B's rows `b_rows`, columns `j0..j0 + w` into its
+/// own zeroed partial sums, row r's at `part + r·n` (w of them); the task completing a
+/// block's last segment adds the block's partials in segment order and calls `finish(r, j,
+/// v)` for each element, then `after`. The order of every sum depends on the shape only.
+#[allow(clippy::too_many_arguments)]
+fn split_k(
+    k: usize,
+    n: usize,
+    rows: usize,
+    widest: usize,
+    align: usize,
+    accumulate: &(dyn Fn(Range<usize>, usize, usize, Ptr<f32>) + Sync),
+    finish: &(dyn Fn(usize, usize, f32) + Sync),
+    after: After<'_>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let blocks = n.div_ceil(widest);
+    let cols = n.div_ceil(blocks).next_multiple_of(align).min(n);
     let blocks = n.div_ceil(cols);
-    // Segments of at least 256 rows, a multiple of 4 (`axpy_rows` takes rows four at a time).
     let segs = (SPLIT_K_TASKS / blocks).clamp(1, (k / 256).max(1));
     let seg_rows = k.div_ceil(segs).next_multiple_of(4);
     let segs = k.div_ceil(seg_rows);
-    // Segment s's partial sums of column j at s·n + j; every task writes its own range.
-    let mut partial = vec![0f32; segs * n];
+    // Segment s's partial sums of row r, column j at (s·rows + r)·n + j.
+    let mut partial = vec![0f32; segs * rows * n];
     let parts = Ptr(partial.as_mut_ptr());
     let done: Vec<AtomicUsize> = (0..blocks).map(|_| AtomicUsize::new(0)).collect();
     fork_tasks(segs * blocks, &|t| {
         let (seg, blk) = (t / blocks, t % blocks);
         let (j0, w) = (blk * cols, cols.min(n - blk * cols));
-        let rows = seg * seg_rows..((seg + 1) * seg_rows).min(k);
-        // SAFETY: this task's own range of `partial`, which outlives the fork.
-        let acc = unsafe { std::slice::from_raw_parts_mut(parts.at(seg * n + j0), w) };
-        let xs = &x[rows.clone()];
-        // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), whose dtype T
-        // is f32 or bf16 (checked by the caller).
-        unsafe {
-            f32_or_bf16!(T, b.at(rows.start * rsb), |p, widen| {
-                simd!(axpy_rows(acc, xs, p, rsb, j0, widen))
-            })
-        }
+        let b_rows = seg * seg_rows..((seg + 1) * seg_rows).min(k);
+        // SAFETY: inside `partial`, which outlives the fork; the task's ranges are its own.
+        accumulate(b_rows, j0, w, Ptr(unsafe { parts.at(seg * rows * n + j0) }));
         // The acquire half sees every other segment's partial sums of this block; the
         // release half publishes this one's.
         if done[blk].fetch_add(1, Ordering::AcqRel) + 1 == segs {
-            // SAFETY: every segment of this block is done; only this task reads them now.
-            let first = unsafe { std::slice::from_raw_parts_mut(parts.at(j0), w) };
-            for s in 1..segs {
-                // SAFETY: segment s's range of this block, complete and no longer written.
-                let more = unsafe { std::slice::from_raw_parts(parts.at(s * n + j0), w) };
-                simd!(add_into(first, more));
+            for r in 0..rows {
+                // SAFETY: every segment of this block is done; only this task reads them.
+                let first = unsafe { std::slice::from_raw_parts_mut(parts.at(r * n + j0), w) };
+                for s in 1..segs {
+                    // SAFETY: segment s's range of row r in this block, complete.
+                    let more =
+                        unsafe { std::slice::from_raw_parts(parts.at((s * rows + r) * n + j0), w) };
+                    simd!(add_into(first, more));
+                }
+                for (t, &v) in first.iter().enumerate() {
+                    finish(r, j0 + t, v);
+                }
             }
-            for (t, &v) in first.iter().enumerate() {
-                finish(j0 + t, v);
-            }
-            after(0..1, j0..j0 + w);
+            after(0..rows, j0..j0 + w);
         }
     });
 }
@@ -397,27 +432,11 @@ unsafe fn rows_split<T: Float, const R: usize>(
     finish: &(dyn Fn(usize, usize, f32) + Sync),
     after: After<'_>,
 ) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let k = a.len() / R;
-    let widest = (WIDEST_ROWS / R).next_multiple_of(8);
-    let blocks = n.div_ceil(widest);
-    let cols = n.div_ceil(blocks).next_multiple_of(8).min(n);
-    let blocks = n.div_ceil(cols);
-    let segs = (SPLIT_K_TASKS / blocks).clamp(1, (k / 256).max(1));
-    let seg_rows = k.div_ceil(segs).next_multiple_of(4);
-    let segs = k.div_ceil(seg_rows);
-    // Segment s's partial sums of row r, column j at (s·R + r)·n + j.
-    let mut partial = vec![0f32; segs * R * n];
-    let parts = Ptr(partial.as_mut_ptr());
-    let done: Vec<AtomicUsize> = (0..blocks).map(|_| AtomicUsize::new(0)).collect();
-    fork_tasks(segs * blocks, &|t| {
-        let (seg, blk) = (t / blocks, t % blocks);
-        let (j0, w) = (blk * cols, cols.min(n - blk * cols));
-        let rows = seg * seg_rows..((seg + 1) * seg_rows).min(k);
-        // SAFETY: this task's own ranges of `partial` (R rows of w), which outlive the fork.
-        let acc: [&mut [f32]; R] = std::array::from_fn(|r| unsafe {
-            std::slice::from_raw_parts_mut(parts.at((seg * R + r) * n + j0), w)
-        });
+    let accumulate = |rows: Range<usize>, j0: usize, w: usize, part: Ptr<f32>| {
+        // SAFETY: this task's own R rows of w partial sums, n apart (`split_k`'s promise).
+        let acc: [&mut [f32]; R] =
+            std::array::from_fn(|r| unsafe { std::slice::from_raw_parts_mut(part.at(r * n), w) });
         let xs: [&[f32]; R] = std::array::from_fn(|r| &a[r * k + rows.start..r * k + rows.end]);
         // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), of dtype T.
         unsafe {
@@ -425,23 +444,9 @@ unsafe fn rows_split<T: Float, const R: usize>(
                 simd!(axpy_rows_r::<_, R>(acc, xs, p, rsb, w, widen))
             })
         }
-        if done[blk].fetch_add(1, Ordering::AcqRel) + 1 == segs {
-            for r in 0..R {
-                // SAFETY: every segment of this block is done; only this task reads them.
-                let first = unsafe { std::slice::from_raw_parts_mut(parts.at(r * n + j0), w) };
-                for s in 1..segs {
-                    // SAFETY: segment s's range of row r in this block, complete.
-                    let more =
-                        unsafe { std::slice::from_raw_parts(parts.at((s * R + r) * n + j0), w) };
-                    simd!(add_into(first, more));
-                }
-                for (t, &v) in first.iter().enumerate() {
-                    finish(r, j0 + t, v);
-                }
-            }
-            after(0..R, j0..j0 + w);
-        }
-    });
+    };
+    let widest = (WIDEST_ROWS / R).next_multiple_of(8);
+    split_k(k, n, R, widest, 8, &accumulate, finish, after);
 }
 
 /// `acc[r][t] += Σ_i xs[r][i]·B[i, t]` for R rows at once over `xs[r].len()` contiguous rows
