@@ -198,6 +198,22 @@ fn matmul_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                 dt,
                 Some(&scale[15..20]),
             )?;
+            // A `[n, k]` weight used transposed at a prefill's shape, large enough to cross
+            // the host GEMM's blocks of k (256) and of n (2048) with partial tiles both
+            // ways: the packed path that transposes B's contiguous columns as it packs.
+            let (wb, vwb) = random(&[2100, 300], -1.0, 1.0, 542, dt, ctx.device)?;
+            let w = wb.transpose(0, 1).map_err(err("transpose"))?; // [300, 2100]
+            let hw = host_view(&vwb, w.layout());
+            let (x, vx) = random(&[40, 300], -1.0, 1.0, 543, dt, ctx.device)?;
+            let out = x.matmul(&w).map_err(err("[40, 300] @ [2100, 300]^T"))?;
+            let (want, scale) = matmul_ref(&vx, &[40, 300], &hw, &[300, 2100], &[], 40, 300, 2100);
+            close(
+                "[40, 300] @ [2100, 300]^T",
+                &values(&out, "prefill x W^T")?,
+                &want,
+                dt,
+                Some(&scale),
+            )?;
             transposed_quads(ctx, dt)
         }
         "alpha_beta" => {

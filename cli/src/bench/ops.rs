@@ -497,11 +497,14 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             Err(e) => println!("matmul {dt} {m}x{n}x{k}: not run ({e})"),
         }
     }
-    // The decode GEMV against a linear layer's weight as stored, `[out, in]` (`x · Wᵀ`).
+    // Against a linear layer's weight as stored, `[out, in]` (`x · Wᵀ`): the decode GEMV,
+    // and a prefill chunk's MLP up-projection (beside its row-major twin above).
     if !gpu && !quick {
-        match gemm_bt_row(dev, DType::F32, 1, 4096, 4096) {
-            Ok(r) => rows.push(r),
-            Err(e) => println!("matmul_bt f32 1x4096x4096: not run ({e})"),
+        for (m, n, k) in [(1, 4096, 4096), (64, 11008, 4096)] {
+            match gemm_bt_row(dev, DType::F32, m, n, k) {
+                Ok(r) => rows.push(r),
+                Err(e) => println!("matmul_bt f32 {m}x{n}x{k}: not run ({e})"),
+            }
         }
     }
     let sizes: &[usize] = if gpu {

@@ -12,8 +12,9 @@
 //! load and sixteen broadcasts per step) is bound by its loads at about two thirds of the
 //! FMA units' rate (103 against OpenBLAS's 160 GFLOP/s per core here). A block's last rows
 //! run through shorter kernels of the same form (8 and 4 rows; AVX2: 4 and 2; any row count
-//! for A read in place) rather than a full tile of zero padding, and a strided A whose rows
-//! are contiguous is packed by 4 × 4 transposes in registers.
+//! for A read in place) rather than a full tile of zero padding. A strided A whose rows are
+//! contiguous, and a B whose columns are (`x · Wᵀ` over a linear layer's `[out, in]`
+//! weight), are packed by 4 × 4 transposes in registers, widened from bf16/f16 on the way.
 //!
 //! **Deterministic by construction.** Every element of C is one chain of fused
 //! multiply-adds over `k` in order, starting from zero: between blocks of k the partial sum
