@@ -436,7 +436,38 @@ fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<()
                     checked += 1;
                 }
             }
-            enough_draws(checked, 6)
+            // Monotonic rows, ties in fours (more in 16-bit dtypes): ascending makes every
+            // logit a new best, descending none, for the kernels that skip logits below the
+            // worst candidate kept so far.
+            for ascending in [true, false] {
+                let ramp: Vec<f32> = (0..n)
+                    .map(|j| {
+                        let j = if ascending { j } else { n - 1 - j };
+                        (j / 4) as f32 / 256.0
+                    })
+                    .collect();
+                let x = Tensor::from_slice(&ramp, &[1, n], ctx.device)
+                    .and_then(|t| t.to_dtype(dt))
+                    .map_err(err("ramp"))?;
+                let vr = values(&x, "ramp")?;
+                for (t, k, p) in [(0.05, 50, 1.0), (0.5, 1000, 0.8)] {
+                    let random = r.next_f64();
+                    let (want, margin) = sample_ref(&vr, random, t, k, p);
+                    if margin < 1e-4 {
+                        continue;
+                    }
+                    let w = format!(
+                        "random_sample over an {} ramp of {n}, random {random:.4} T {t} top_k {k} top_p {p}",
+                        if ascending { "ascending" } else { "descending" }
+                    );
+                    let got = draw(&x, random, t, k, p, &w)?;
+                    if got != [want as i64] {
+                        return Err(fail(format!("{w}: picked {got:?}, expected {want}")));
+                    }
+                    checked += 1;
+                }
+            }
+            enough_draws(checked, 8)
         }
         "short_rows" => {
             // Many rows shorter than a workgroup (the wgpu kernel sizes its workgroup to the
