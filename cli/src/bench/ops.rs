@@ -486,6 +486,7 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             (DType::F32, 4, 4096, 4096),
             (DType::F32, 64, 11008, 4096),
             (DType::BF16, 1, 4096, 4096),
+            (DType::F16, 1, 4096, 4096),
             (DType::BF16, 64, 11008, 4096),
         ]
     };

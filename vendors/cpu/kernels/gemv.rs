@@ -1,33 +1,102 @@
 //! One-row and few-row products (`m×k · k×n`, m ≤ 8: a decode step's GEMVs, or a few
 //! batched) for [`super::matmul`]: memory-bound, so they read B in place in its own dtype
-//! instead of packing it, and the whole question is how B's memory streams. Rows of B contiguous: each task accumulates a range of B's rows
-//! over a column block, whole rows where they fit (split along k as well as n for large
-//! weights, [`gemv_split_k`]). Columns contiguous (a linear layer's `[out, in]` weight seen
-//! transposed): dot products four columns at a time ([`dot_cols`]). Two to eight rows of A
-//! over a large B read it in place the same way, once for all rows ([`gemv_rows`],
-//! [`gemv_rows_t`]). Every
-//! sum's order depends on the shape alone, never on the thread count.
+//! (f32, or bf16 and f16 widened exactly in the loops' registers) instead of packing it,
+//! and the whole question is how B's memory streams. Rows of B contiguous: each task
+//! accumulates a range of B's rows over a column block, whole rows where they fit (split
+//! along k as well as n for large weights, [`gemv_split_k`]). Columns contiguous (a linear
+//! layer's `[out, in]` weight seen transposed): dot products four columns at a time
+//! ([`dot_cols`]). Two to eight rows of A over a large B read it in place the same way,
+//! once for all rows ([`gemv_rows`], [`gemv_rows_t`]). Every sum's order depends on the
+//! shape alone, never on the thread count.
 
 use std::ops::Range;
 
 use super::matmul::After;
-use super::util::{axpy, dot, fork_tasks, gather, par_chunks, simd, Float, Ptr};
+use super::util::{axpy, fork_tasks, gather, par_chunks, simd, Float, Ptr};
 use crate::tensor::DType;
 
-/// Runs `$body` with `$p` bound to `$b` (a `*mut T`) as a pointer to f32 or to u16 (bf16) by
-/// the dtype of `$t`, and `$widen` to the matching exact widening into f32.
-macro_rules! f32_or_bf16 {
+/// Runs `$body` with `$p` bound to `$b` (a `*mut T`) as a pointer to f32 or to u16 (bf16,
+/// f16) by the dtype of `$t`, and `$widen` to the matching exact widening into f32 (for
+/// f16, the faster of two unless the thread flushes subnormal inputs).
+macro_rules! float_bits {
     ($t:ty, $b:expr, |$p:ident, $widen:ident| $body:expr) => {
-        if <$t as Float>::DTYPE == DType::F32 {
-            let $p = Ptr($b as *mut f32);
-            let $widen = |v: f32| v;
-            $body
-        } else {
-            let $p = Ptr($b as *mut u16);
-            let $widen = |v: u16| f32::from_bits(u32::from(v) << 16);
-            $body
+        match <$t as Float>::DTYPE {
+            DType::F32 => {
+                let $p = Ptr($b as *mut f32);
+                let $widen = |v: f32| v;
+                $body
+            }
+            DType::BF16 => {
+                let $p = Ptr($b as *mut u16);
+                let $widen = |v: u16| f32::from_bits(u32::from(v) << 16);
+                $body
+            }
+            _ if !denormals_are_zero() => {
+                let $p = Ptr($b as *mut u16);
+                let $widen = f16_bits_to_f32_scaled;
+                $body
+            }
+            _ => {
+                let $p = Ptr($b as *mut u16);
+                let $widen = f16_bits_to_f32;
+                $body
+            }
         }
     };
+}
+
+/// An f16's bits widened to f32, exactly, in operations the compiler vectorises with the
+/// loop around it (F16C's conversion is an intrinsic the autovectoriser does not reach):
+/// the exponent and fraction are moved into f32's fields and scaled by 2¹¹², which is exact
+/// for normal and subnormal values alike, and an all-ones exponent (infinity, NaN) is set
+/// to f32's. A subnormal f16 passes through a subnormal f32 on the way, so this is only
+/// used while the thread does not treat subnormal inputs as zero ([`denormals_are_zero`]).
+/// Read in place this way, f16 B streams nearly as bf16 does (1 × 4096 × 4096: 1.2–1.3 ms;
+/// it was gathered and widened one element at a time, about 3.8 ms).
+#[inline(always)]
+fn f16_bits_to_f32_scaled(h: u16) -> f32 {
+    let h = u32::from(h);
+    let (sign, em) = ((h & 0x8000) << 16, h & 0x7fff);
+    let scaled = (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits();
+    let magnitude = if em >= 0x7c00 {
+        (em << 13) | 0x7f80_0000
+    } else {
+        scaled
+    };
+    f32::from_bits(magnitude | sign)
+}
+
+/// [`f16_bits_to_f32_scaled`]'s widening with normal arithmetic only, for a thread that
+/// flushes subnormal inputs (a host program built with fast-math options may set that):
+/// the exponent is rebiased by 112 (by 112 more for infinity and NaN), and a subnormal by
+/// 113, as `2⁻¹⁴ + fraction·2⁻²⁴`, with `2⁻¹⁴` then subtracted. Masks rather than selects,
+/// which kept the few-row loops from vectorising (4 × 4096 × 4096: 10–14 ms); about 10–25 %
+/// slower than the scaled form.
+#[inline(always)]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let em = h & 0x7fff;
+    let subnormal = u32::from(em < 0x0400);
+    let special = u32::from(em >= 0x7c00);
+    let bits = (em << 13) + (112 << 23) + (subnormal << 23) + special * (112 << 23);
+    let v = f32::from_bits(bits) - f32::from_bits(subnormal * (113 << 23));
+    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
+}
+
+/// Whether this thread's SSE control word treats subnormal inputs as zero (DAZ, bit 6 of
+/// MXCSR). Elsewhere than x86-64, assumed so (the widening then takes normal arithmetic).
+#[inline(always)]
+fn denormals_are_zero() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: reading MXCSR has no effect; SSE is part of x86-64's baseline. (Deprecated
+        // for its misuse as a setter of rounding modes; reading the flags is its purpose.)
+        #[allow(deprecated)]
+        let csr = unsafe { std::arch::x86_64::_mm_getcsr() };
+        csr & 0x40 != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    true
 }
 
 /// `acc[t] += Σ_i x[i]·B[i, j0 + t]` over contiguous rows of B whose elements `widen` turns
@@ -116,11 +185,11 @@ unsafe fn dot_cols<T: Copy>(
     }
 }
 
-/// `put(j, Σ_i x[i]·B[i, j])` for every column j in `cols` of a B of f32 or bf16 whose
+/// `put(j, Σ_i x[i]·B[i, j])` for every column j in `cols` of a B whose
 /// columns are contiguous (`csb` apart), [`dot_cols`] four columns at a time.
 ///
 /// # Safety
-/// B must be valid for `x.len()` elements of each column in `cols`; `T` f32 or bf16.
+/// B must be valid for `x.len()` elements of each column in `cols`.
 unsafe fn dots<T: Float>(
     x: &[f32],
     b: Ptr<T>,
@@ -134,7 +203,7 @@ unsafe fn dots<T: Float>(
         let mut sums = [0f32; 4];
         // SAFETY: columns j..j+c of B (the caller's promise), of dtype T.
         unsafe {
-            f32_or_bf16!(T, b.at(0), |p, widen| {
+            float_bits!(T, b.at(0), |p, widen| {
                 simd!(dot_cols(x, p, csb, j, &mut sums[..c], widen))
             })
         }
@@ -145,7 +214,7 @@ unsafe fn dots<T: Float>(
     }
 }
 
-/// From this many elements of B on, a GEMV with contiguous f32 or bf16 rows splits k
+/// From this many elements of B on, a GEMV with contiguous rows of B splits k
 /// ([`gemv_split_k`]); below it the whole product is a few hundred microseconds at most and
 /// column blocks alone parallelise it.
 const SPLIT_K_MIN: usize = 1 << 20;
@@ -157,7 +226,7 @@ const SPLIT_K_COLS: usize = 4096;
 /// the sums, depend on the shape only.
 const SPLIT_K_TASKS: usize = 16;
 
-/// A large one-row product over contiguous f32 / bf16 rows of B, split along k as well as n:
+/// A large one-row product over contiguous rows of B, split along k as well as n:
 /// each task accumulates a segment of B's rows over a column block as wide as
 /// [`SPLIT_K_COLS`] into its own partial sums, so it streams whole rows (one contiguous
 /// run of memory when n fits one block) — split along n only, a thread read runs of 8 KiB
@@ -168,7 +237,7 @@ const SPLIT_K_TASKS: usize = 16;
 /// which task ran last.
 ///
 /// # Safety
-/// As [`gemv`]'s, with `csb == 1` and `T` f32 or bf16.
+/// As [`gemv`]'s, with `csb == 1`.
 unsafe fn gemv_split_k<T: Float>(
     x: &[f32],
     b: Ptr<T>,
@@ -182,9 +251,9 @@ unsafe fn gemv_split_k<T: Float>(
         // SAFETY: this task's own w partial sums (`split_k`'s promise).
         let acc = unsafe { std::slice::from_raw_parts_mut(part.0, w) };
         // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), whose dtype T
-        // is f32 or bf16 (checked by the caller).
+        // is one of `float_bits!`'s.
         unsafe {
-            f32_or_bf16!(T, b.at(rows.start * rsb), |p, widen| {
+            float_bits!(T, b.at(rows.start * rsb), |p, widen| {
                 simd!(axpy_rows(acc, &x[rows], p, rsb, j0, widen))
             })
         }
@@ -296,7 +365,7 @@ pub(super) unsafe fn gemv<T: Float>(
             *o = T::from_f32(alpha * v + old);
         }
     };
-    if csb == 1 && matches!(T::DTYPE, DType::F32 | DType::BF16) && k * n >= SPLIT_K_MIN {
+    if csb == 1 && k * n >= SPLIT_K_MIN {
         // SAFETY: the caller's promise, passed on.
         unsafe { gemv_split_k(x, b, rsb, n, &finish, after) };
         return;
@@ -314,11 +383,11 @@ pub(super) unsafe fn gemv<T: Float>(
             for blk in blocks {
                 let (j0, w) = (blk * cols, cols.min(n - blk * cols));
                 acc[..w].fill(0.0);
-                if csb == 1 && matches!(T::DTYPE, DType::F32 | DType::BF16) {
-                    // f32 and bf16 rows are read in place, four at a time, without a copy.
+                if csb == 1 {
+                    // Contiguous rows are read in place, four at a time, without a copy.
                     // SAFETY: rows 0..k, columns j0..j0+w of B, whose dtype T is checked.
                     unsafe {
-                        f32_or_bf16!(T, b.at(0), |p, widen| {
+                        float_bits!(T, b.at(0), |p, widen| {
                             simd!(axpy_rows(&mut acc[..w], x, p, rsb, j0, widen))
                         })
                     }
@@ -341,19 +410,10 @@ pub(super) unsafe fn gemv<T: Float>(
         });
     } else {
         // B columns are contiguous (a transposed weight, a linear layer's `[out, in]`): one
-        // dot product per column; f32 and bf16 columns are read in place, four at a time.
+        // dot product per column, read in place, four columns at a time.
         par_chunks(n, k, |cols| {
-            if matches!(T::DTYPE, DType::F32 | DType::BF16) {
-                // SAFETY: the columns of B in `cols` (the caller's promise), of dtype T.
-                unsafe { dots(x, b, csb, cols.clone(), &finish) };
-            } else {
-                let mut col = vec![0f32; k];
-                for j in cols.clone() {
-                    // SAFETY: column j of B.
-                    unsafe { gather(b.at(j * csb), rsb, &mut col) };
-                    finish(j, simd!(dot(x, &col)));
-                }
-            }
+            // SAFETY: the columns of B in `cols` (the caller's promise; rsb is 1 here).
+            unsafe { dots(x, b, csb, cols.clone(), &finish) };
             after(0..1, cols);
         });
     }
@@ -374,7 +434,7 @@ pub(super) const FEW_ROWS_MIN: usize = 1 << 18;
 const WIDEST_ROWS: usize = 32 * 1024;
 
 /// `C[r, j] = alpha · Σ_i A[r, i]·B[i, j] + beta · C[r, j]` for 2 to [`FEW_ROWS`] rows of A
-/// (`a`: m rows of k f32 values) over contiguous f32 or bf16 rows of B, read in place: a few
+/// (`a`: m rows of k f32 values) over contiguous rows of B, read in place: a few
 /// decode steps batched together are nearly as memory-bound as one, and packing B for the
 /// GEMM doubled their time (m × 4096 × 4096 f32: about 4 ms for one row, 7–9 ms for two to
 /// eight through the GEMM; 4–5 ms for two to four rows, 7–8 for eight, this way). Split as
@@ -383,7 +443,7 @@ const WIDEST_ROWS: usize = 32 * 1024;
 /// on the shape only.
 ///
 /// # Safety
-/// B must be valid for k×n at (rsb, 1) and of dtype `T`, f32 or bf16; `finish(r, j, v)`
+/// B must be valid for k×n at (rsb, 1) and of dtype `T`; `finish(r, j, v)`
 /// must accept every r < m, j < n.
 pub(super) unsafe fn gemv_rows<T: Float>(
     a: &[f32],
@@ -440,7 +500,7 @@ unsafe fn rows_split<T: Float, const R: usize>(
         let xs: [&[f32]; R] = std::array::from_fn(|r| &a[r * k + rows.start..r * k + rows.end]);
         // SAFETY: rows `rows`, columns j0..j0+w of B (the caller's promise), of dtype T.
         unsafe {
-            f32_or_bf16!(T, b.at(rows.start * rsb + j0), |p, widen| {
+            float_bits!(T, b.at(rows.start * rsb + j0), |p, widen| {
                 simd!(axpy_rows_r::<_, R>(acc, xs, p, rsb, w, widen))
             })
         }
@@ -524,13 +584,13 @@ unsafe fn axpy_rows_r<T: Copy, const R: usize>(
 
 /// `C[r, j] = alpha · Σ_i A[r, i]·B[i, j] + beta · C[r, j]` for 2 to [`FEW_ROWS`] rows of A
 /// (`a`: m rows of k f32 values) over a B whose columns are contiguous (`x · Wᵀ` with a
-/// linear layer's `[out, in]` weight; f32 or bf16, columns `csb` apart), read in place: B is
+/// linear layer's `[out, in]` weight, columns `csb` apart), read in place: B is
 /// taken [`T_BLOCK`] columns at a time, each row of A runs [`dot_cols`] over them (the
 /// one-row kernel, so every element has its bits), and the rows after the first find the
 /// block in L2. B comes from memory once.
 ///
 /// # Safety
-/// B must be valid for k×n at (1, csb) and of dtype `T`, f32 or bf16; `finish(r, j, v)` must
+/// B must be valid for k×n at (1, csb) and of dtype `T`; `finish(r, j, v)` must
 /// accept every r < m, j < n.
 pub(super) unsafe fn gemv_rows_t<T: Float>(
     a: &[f32],
@@ -556,3 +616,58 @@ pub(super) unsafe fn gemv_rows_t<T: Float>(
 
 /// Columns of B that [`gemv_rows_t`] takes at a time: at k = 4096, f32, 256 KiB, half of L2.
 const T_BLOCK: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both f16 widenings against `half`'s conversion, for all 65 536 bit patterns (a NaN
+    /// as a NaN of the same sign); the one for flushing threads under such a mode as well.
+    #[test]
+    fn f16_widenings_are_exact() {
+        let check = |widen: fn(u16) -> f32, mode: &str| {
+            for h in 0..=u16::MAX {
+                let (want, got) = (half::f16::from_bits(h).to_f32(), widen(h));
+                if want.is_nan() {
+                    let same_sign = got.is_sign_negative() == want.is_sign_negative();
+                    assert!(got.is_nan() && same_sign, "{h:#06x} {mode}: {got}");
+                } else {
+                    assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x} {mode}: {got}");
+                }
+            }
+        };
+        assert!(!denormals_are_zero());
+        check(f16_bits_to_f32_scaled, "scaled");
+        check(f16_bits_to_f32, "normal arithmetic");
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[allow(deprecated)]
+            use std::arch::x86_64::{_mm_getcsr, _mm_setcsr};
+            // SAFETY: this test thread's own control word: DAZ and FTZ on, then restored.
+            #[allow(deprecated)]
+            let old = unsafe { _mm_getcsr() };
+            #[allow(deprecated)]
+            unsafe {
+                _mm_setcsr(old | 0x8040)
+            };
+            let flushing = denormals_are_zero();
+            // Read through black_box so that the conversions run under the mode rather than
+            // being folded at compile time.
+            let widened = (0..=u16::MAX)
+                .map(|h| std::hint::black_box(f16_bits_to_f32 as fn(u16) -> f32)(h))
+                .collect::<Vec<f32>>();
+            #[allow(deprecated)]
+            unsafe {
+                _mm_setcsr(old)
+            };
+            assert!(flushing);
+            for (h, got) in (0..=u16::MAX).zip(widened) {
+                let want = half::f16::from_bits(h).to_f32();
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{h:#06x} under DAZ: {got}"
+                );
+            }
+        }
+    }
+}

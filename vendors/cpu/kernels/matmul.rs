@@ -300,13 +300,9 @@ fn gemm<T: Float>(
                 );
                 continue;
             }
-            // Few rows over a large f32 / bf16 B with contiguous rows or columns: B read in
-            // place, once for all rows.
-            if m <= FEW_ROWS
-                && (bcs == 1 || brs == 1)
-                && k * n >= FEW_ROWS_MIN
-                && matches!(T::DTYPE, DType::F32 | DType::BF16)
-            {
+            // Few rows over a large B with contiguous rows or columns: B read in place, once
+            // for all rows.
+            if m <= FEW_ROWS && (bcs == 1 || brs == 1) && k * n >= FEW_ROWS_MIN {
                 let mut rows = vec![0f32; m * k];
                 for (r, row) in rows.chunks_mut(k).enumerate() {
                     gather(pa.at(oa + r * ars), acs, row);
