@@ -56,7 +56,7 @@ pub fn gemm(a: &TensorDesc, b: &TensorDesc, c: &TensorDesc, alpha: f64, beta: f6
     p.params = Params::Matmul { alpha, beta };
     // Only the CPU's f16/bf16 GEMM works in f32 copies (see its kernel).
     if device.kind == DeviceKind::Cpu {
-        p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, beta);
+        p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, beta, &b.layout);
     }
     p.build()
 }
@@ -159,7 +159,9 @@ pub fn matmul_epilogue(
         program: Arc::new(program),
     };
     match device.kind {
-        DeviceKind::Cpu => p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, 0.0),
+        DeviceKind::Cpu => {
+            p.workspace = crate::vendors::cpu::matmul_workspace(dtype, m, k, n, 0.0, &b.layout)
+        }
         // Where cuBLAS computes the product of a non-contiguous output (see the kernel).
         DeviceKind::Cuda => p.workspace = crate::vendors::cuda::matmul_epilogue_workspace(out),
         _ => {}

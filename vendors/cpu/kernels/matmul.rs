@@ -30,17 +30,40 @@ use crate::ops::fused::{FusedProgram, MAX_FUSED_INPUTS};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 use crate::tensor::{DType, Layout};
 
-/// Bytes of workspace one batch of an `m×k · k×n` product in `dtype` needs on this CPU: none
-/// in f32 or for one row (the GEMV reads every dtype in place); f32 copies of A and C where
-/// unirt's GEMM runs (it widens B as it packs); of A, B and C where `matrixmultiply` does.
-pub(crate) fn workspace(dtype: DType, m: usize, k: usize, n: usize, beta: f64) -> usize {
-    if dtype == DType::F32 || m <= 1 || k == 0 || n == 0 {
+/// Bytes of workspace one batch of an `m×k · k×n` product in `dtype` over a B laid out as
+/// `b` needs on this CPU: none in f32, for one row, or for a few rows over a large B with
+/// contiguous rows or columns ([`reads_b_in_place`]: these read every dtype in place);
+/// f32 copies of A and C where unirt's GEMM runs (it widens B as it packs); of A, B and C
+/// where `matrixmultiply` does.
+pub(crate) fn workspace(
+    dtype: DType,
+    m: usize,
+    k: usize,
+    n: usize,
+    beta: f64,
+    b: &Layout,
+) -> usize {
+    let (brs, bcs) = last_two_strides(b);
+    if dtype == DType::F32 || m <= 1 || k == 0 || n == 0 || reads_b_in_place(m, k, n, brs, bcs) {
         0
     } else if own_gemm(beta as f32) {
         4 * (m * k + m * n)
     } else {
         4 * (m * k + k * n + m * n)
     }
+}
+
+/// Whether a product of `m` (2 or more) rows reads B in place, once for all rows
+/// ([`gemv_rows`], [`gemv_rows_t`]) rather than through the packed GEMM: a few rows over a
+/// large B whose rows or columns are contiguous.
+fn reads_b_in_place(m: usize, k: usize, n: usize, brs: usize, bcs: usize) -> bool {
+    m <= FEW_ROWS && (bcs == 1 || brs == 1) && k * n >= FEW_ROWS_MIN
+}
+
+/// A matrix layout's row and column strides (its last two dimensions').
+fn last_two_strides(l: &Layout) -> (usize, usize) {
+    let s = l.strides();
+    (s[s.len() - 2], s[s.len() - 1])
 }
 
 /// Called once a region of one batch's C (rows, columns) holds its final product.
@@ -240,11 +263,7 @@ fn gemm<T: Float>(
     let nd = c.layout.ndim();
     let (m, n) = (c.layout.shape()[nd - 2], c.layout.shape()[nd - 1]);
     let k = a.layout.shape()[a.layout.ndim() - 1];
-    let st = |l: &Layout| {
-        let s = l.strides();
-        let (r, q) = (s[s.len() - 2], s[s.len() - 1]);
-        (r, q)
-    };
+    let st = last_two_strides;
     let ((ars, acs), (brs, bcs), (crs, ccs)) = (st(&a.layout), st(&b.layout), st(&c.layout));
     let (pa, pb, pc) = (Ptr::<T>::of(a), Ptr::<T>::of(b), Ptr::<T>::of(c));
     for (bi, [oc, oa, ob]) in batches(&c.layout, &a.layout, &b.layout)?
@@ -302,7 +321,7 @@ fn gemm<T: Float>(
             }
             // Few rows over a large B with contiguous rows or columns: B read in place, once
             // for all rows.
-            if m <= FEW_ROWS && (bcs == 1 || brs == 1) && k * n >= FEW_ROWS_MIN {
+            if reads_b_in_place(m, k, n, brs, bcs) {
                 let mut rows = vec![0f32; m * k];
                 for (r, row) in rows.chunks_mut(k).enumerate() {
                     gather(pa.at(oa + r * ars), acs, row);
@@ -355,7 +374,7 @@ fn gemm<T: Float>(
             if m == 0 || n == 0 {
                 continue;
             }
-            let needed = workspace(T::DTYPE, m, k, n, f64::from(beta));
+            let needed = workspace(T::DTYPE, m, k, n, f64::from(beta), &b.layout);
             let (ws, size) = call.workspace.ok_or_else(|| {
                 Error::Internal("matmul: f16/bf16 needs the plan's workspace".into())
             })?;
@@ -428,23 +447,38 @@ mod tests {
     use crate::ops::TensorDesc;
 
     /// A 16-bit GEMM asks for f32 copies of A and C only (B is widened as it is packed), a
-    /// GEMV and an f32 GEMM for nothing, and the plans on the CPU ask for what the kernel
-    /// checks.
+    /// GEMV, a few rows over a large B read in place and an f32 GEMM for nothing, and the
+    /// plans on the CPU ask for what the kernel checks.
     #[test]
     fn half_gemm_workspace_holds_no_copy_of_b() {
         let (m, k, n) = (64, 4096, 11008);
         let small = 4 * (m * k + m * n);
+        let b = Layout::contiguous(&[k, n]);
         if own_gemm(0.0) {
-            assert_eq!(workspace(DType::BF16, m, k, n, 0.0), small);
+            assert_eq!(workspace(DType::BF16, m, k, n, 0.0, &b), small);
         }
-        assert_eq!(workspace(DType::BF16, m, k, n, 1.0), small + 4 * k * n);
-        assert_eq!(workspace(DType::F16, 1, k, n, 0.0), 0);
-        assert_eq!(workspace(DType::F32, m, k, n, 1.0), 0);
+        assert_eq!(workspace(DType::BF16, m, k, n, 1.0, &b), small + 4 * k * n);
+        assert_eq!(workspace(DType::F16, 1, k, n, 0.0, &b), 0);
+        assert_eq!(workspace(DType::F32, m, k, n, 1.0, &b), 0);
+        // Four rows over B as stored or transposed: read in place, with beta too.
+        let bt = Layout::contiguous(&[n, k]).transpose(0, 1).unwrap();
+        for b in [&b, &bt] {
+            assert_eq!(workspace(DType::BF16, 4, k, n, 0.5, b), 0);
+        }
+        // ... but not over a B with neither rows nor columns contiguous (every other column).
+        let strided = Layout::new(vec![k, n], vec![2 * n, 2], 0).unwrap();
+        assert_ne!(workspace(DType::BF16, 4, k, n, 0.0, &strided), 0);
         let cpu = Device::new(DeviceKind::Cpu, 0);
         let d = |shape: &[usize]| TensorDesc::new(cpu, DType::BF16, Layout::contiguous(shape));
         let plan = matmul_plan(&d(&[m, k]), &d(&[k, n]), 1.0).unwrap();
-        assert_eq!(plan.workspace_size(), workspace(DType::BF16, m, k, n, 0.0));
+        assert_eq!(
+            plan.workspace_size(),
+            workspace(DType::BF16, m, k, n, 0.0, &b)
+        );
         let plan = gemm_plan(&d(&[m, k]), &d(&[k, n]), &d(&[m, n]), 1.0, 0.5).unwrap();
-        assert_eq!(plan.workspace_size(), workspace(DType::BF16, m, k, n, 0.5));
+        assert_eq!(
+            plan.workspace_size(),
+            workspace(DType::BF16, m, k, n, 0.5, &b)
+        );
     }
 }
