@@ -8,12 +8,12 @@ use super::super::util::Float;
 use super::Mat;
 use crate::tensor::DType;
 
-/// Packs rows `rows` × columns `cols` of `src` (widened to f32) into panels of `W` — of columns (`by_cols`:
-/// B, each step of k holds W consecutive columns) or of rows (A, each step W rows) — padded
-/// with zeros past the edge.
+/// Packs rows `rows` × columns `cols` of `src` (widened to f32) into panels of `W` — of
+/// columns (`by_cols`: B, each step of k holds W consecutive columns) or of rows (A, each
+/// step W rows) — padded with zeros past the edge.
 ///
 /// # Safety
-/// The region is inside `src`.
+/// The region is inside `src`; the CPU runs unirt's GEMM (its tier has F16C).
 pub(super) unsafe fn pack<const W: usize, S: Float>(
     dst: &mut [f32],
     src: Mat<S>,
@@ -102,8 +102,8 @@ pub(super) unsafe fn pack<const W: usize, S: Float>(
 /// 4 rows × 4 columns at a time in SSE registers (four loads, widened where `S` is 16-bit,
 /// eight shuffles, four stores) where element by element it took four strided scalar
 /// loads and stores per four values; the rows and columns left over, and the zeros past
-/// the last row, go one by one. (B = Wᵀ at 64 × 4096 × 4096 f32: 37 ms gathered element by
-/// element, the packing most of it.)
+/// the last row, go one by one. (B = Wᵀ at 64 × 4096 × 4096 f32: 29.6 ms gathered element
+/// by element, 14.8 this way, against 14.0 with B stored `[k, n]`.)
 ///
 /// # Safety
 /// The region is inside `src`, whose column stride is 1; the CPU has F16C.
