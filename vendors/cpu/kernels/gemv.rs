@@ -197,20 +197,23 @@ unsafe fn dots<T: Float>(
     cols: Range<usize>,
     mut put: impl FnMut(usize, f32),
 ) {
-    let mut j = cols.start;
-    while j < cols.end {
-        let c = (cols.end - j).min(4);
-        let mut sums = [0f32; 4];
-        // SAFETY: columns j..j+c of B (the caller's promise), of dtype T.
-        unsafe {
-            float_bits!(T, b.at(0), |p, widen| {
-                simd!(dot_cols(x, p, csb, j, &mut sums[..c], widen))
+    // (The dtype's dispatch and the SIMD tier's entry once for all columns.)
+    // SAFETY: columns `cols` of B (the caller's promise), of dtype T.
+    unsafe {
+        float_bits!(T, b.at(0), |p, widen| {
+            simd!({
+                let mut j = cols.start;
+                while j < cols.end {
+                    let c = (cols.end - j).min(4);
+                    let mut sums = [0f32; 4];
+                    dot_cols(x, p, csb, j, &mut sums[..c], widen);
+                    for (q, &v) in sums[..c].iter().enumerate() {
+                        put(j + q, v);
+                    }
+                    j += c;
+                }
             })
-        }
-        for (q, &v) in sums[..c].iter().enumerate() {
-            put(j + q, v);
-        }
-        j += c;
+        })
     }
 }
 
@@ -385,7 +388,7 @@ pub(super) unsafe fn gemv<T: Float>(
                 acc[..w].fill(0.0);
                 if csb == 1 {
                     // Contiguous rows are read in place, four at a time, without a copy.
-                    // SAFETY: rows 0..k, columns j0..j0+w of B, whose dtype T is checked.
+                    // SAFETY: rows 0..k, columns j0..j0+w of B (the caller's promise).
                     unsafe {
                         float_bits!(T, b.at(0), |p, widen| {
                             simd!(axpy_rows(&mut acc[..w], x, p, rsb, j0, widen))

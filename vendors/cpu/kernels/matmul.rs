@@ -5,7 +5,7 @@
 //! views cost nothing); the output is split into panels across rayon's threads (along m when
 //! it is large, along n otherwise), each panel a single-threaded GEMM. One-row products
 //! (decode: `1×k · k×n`) are memory-bound and take a direct GEMV ([`super::gemv`]) instead
-//! of paying for packing, as do two to eight rows over a large f32 / bf16 B. f16/bf16
+//! of paying for packing, as do two to eight rows over a large B. f16/bf16
 //! convert one batch of A into f32 in the plan's workspace and multiply in f32 into an f32
 //! C there, rounded back at the end; unirt's GEMM reads B in its own dtype, widening it as
 //! it packs (where `matrixmultiply` runs, B and C are converted too).

@@ -50,16 +50,25 @@ fn best_keys(logits: &[f32], k: usize) -> Vec<u64> {
                 break;
             }
             compactions += 1;
-            kept.select_nth_unstable(k - 1);
-            kept.truncate(k);
-            floor = logits[(kept[k - 1] & 0xffff_ffff) as usize];
+            keep_smallest(&mut kept, k);
+            floor = logits[key_index(kept[k - 1])];
         }
     }
-    if kept.len() > k {
-        kept.select_nth_unstable(k - 1);
-        kept.truncate(k);
-    }
+    keep_smallest(&mut kept, k);
     kept
+}
+
+/// Keeps the `k` smallest keys of `keys` (in no particular order, the largest of them last).
+fn keep_smallest(keys: &mut Vec<u64>, k: usize) {
+    if keys.len() > k {
+        keys.select_nth_unstable(k - 1);
+        keys.truncate(k);
+    }
+}
+
+/// The logit index an [`order_key`] holds.
+fn key_index(key: u64) -> usize {
+    (key & 0xffff_ffff) as usize
 }
 
 /// The index picked from one row of logits (at most 2^32 of them: the key holds the index in
@@ -87,19 +96,15 @@ fn pick(logits: &[f32], random: f64, temperature: f64, top_k: usize, top_p: f64)
             .enumerate()
             .map(|(i, &v)| order_key(v, i))
             .collect();
-        if k < n {
-            all.select_nth_unstable(k - 1);
-            all.truncate(k);
-        }
+        keep_smallest(&mut all, k);
         all
     };
     order.sort_unstable();
-    let index = |key: u64| (key & 0xffff_ffff) as usize;
-    let max = logits[index(order[0])] as f64;
+    let max = logits[key_index(order[0])] as f64;
     let mut cum = Vec::with_capacity(k);
     let mut total = 0f64;
     for &key in &order {
-        let x = logits[index(key)] as f64;
+        let x = logits[key_index(key)] as f64;
         if !x.is_nan() {
             total += ((x - max) / temperature).exp();
         }
@@ -114,7 +119,7 @@ fn pick(logits: &[f32], random: f64, temperature: f64, top_k: usize, top_p: f64)
         .iter()
         .position(|&c| c > threshold)
         .unwrap_or(keep - 1);
-    index(order[at])
+    key_index(order[at])
 }
 
 fn random_sample<T: Float>(call: &KernelCall<'_>) -> Result<()> {

@@ -21,39 +21,33 @@ pub(super) unsafe fn pack<const W: usize, S: Float>(
     cols: Range<usize>,
     by_cols: bool,
 ) {
-    // (steps of k, width to panel) in packing order.
+    // (steps of k, width to panel) in packing order, and the source's strides along each.
     let (steps, wide) = if by_cols {
         (rows.clone(), cols.clone())
     } else {
         (cols.clone(), rows.clone())
     };
+    let (along_k, across) = if by_cols {
+        (src.rs, src.cs)
+    } else {
+        (src.cs, src.rs)
+    };
     let kc = steps.len();
     // The element at (step, w) of the source.
-    let at = |s: usize, w: usize| -> usize {
-        if by_cols {
-            s * src.rs + w * src.cs
-        } else {
-            w * src.rs + s * src.cs
-        }
-    };
-    let unit = if by_cols { src.cs == 1 } else { src.rs == 1 };
+    let at = |s: usize, w: usize| -> usize { s * along_k + w * across };
+    let unit = across == 1;
+    // Values contiguous along k (the usual row-major A; a B with contiguous columns, `x · Wᵀ`
+    // over a linear layer's `[out, in]` weight): each panel is a transpose of W such runs.
     #[cfg(target_arch = "x86_64")]
-    if !by_cols && src.cs == 1 {
-        // SAFETY: the caller's promise for the region; the GEMM runs on CPUs with F16C.
-        unsafe { pack_rows::<W, S>(dst, src, rows, cols) };
-        return;
-    }
-    // B with contiguous columns (`x · Wᵀ`, a linear layer's `[out, in]` weight): its panels
-    // of columns are panels of rows of the transposed view, whose rows are contiguous.
-    #[cfg(target_arch = "x86_64")]
-    if by_cols && src.rs == 1 {
-        let rows_of_t = Mat {
+    if along_k == 1 {
+        let runs = Mat {
             p: src.p,
-            rs: src.cs,
+            rs: across,
             cs: 1,
         };
-        // SAFETY: the same region, transposed; the GEMM runs on CPUs with F16C.
-        unsafe { pack_rows::<W, S>(dst, rows_of_t, cols, rows) };
+        // SAFETY: the caller's region, seen as `wide` runs of `steps`; the GEMM runs on CPUs
+        // with F16C.
+        unsafe { pack_rows::<W, S>(dst, runs, wide.clone(), steps.clone()) };
         return;
     }
     let panels = wide.len().div_ceil(W);
