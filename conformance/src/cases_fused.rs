@@ -30,8 +30,14 @@ pub(super) fn cases() -> Vec<Case> {
 
 fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
     // 5000 elements, then 64 Ki with `a` a view four elements into its buffer (the size from
-    // which wgpu's software adapters read the operands through textures).
-    for (n, shift) in [(5000, 0), (1 << 16, 4)] {
+    // which wgpu's software adapters read the operands through textures); in f32 also 20 MiB
+    // and an odd tail (an output too large to stay cached, which the CPU writes with
+    // non-temporal stores from its 64-byte-aligned middle on).
+    let mut sizes = vec![(5000, 0), (1 << 16, 4)];
+    if dtype == DType::F32 {
+        sizes.push(((5 << 20) + 3, 4));
+    }
+    for (n, shift) in sizes {
         let mk = |n, seed| Tensor::rand_uniform(&[n], -2.0, 2.0, seed, dtype, ctx.device);
         let a = mk(n + shift, 21)?.narrow(0, shift, n)?;
         let b = mk(n, 22)?;
