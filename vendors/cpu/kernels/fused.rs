@@ -1,5 +1,5 @@
 //! `fused_elementwise`: a chain of elementwise steps in one pass over memory. Blocks of
-//! [`BLOCK`] elements are loaded once, every step runs over the block with the same f32
+//! [`CHAIN_BLOCK`] elements are loaded once, every step runs over the block with the same f32
 //! function as its unfused kernel (and is rounded to the dtype as the unfused kernel stores
 //! it), and only the last step is stored — bitwise the unfused chain, one memory pass.
 //! f32 operands are read and written where they are (no block copies); a large f32 output
@@ -76,6 +76,13 @@ fn scalar(op: BinaryOp, a: &[f32], s: f32, o: &mut [f32]) {
     }
 }
 
+/// Elements per block of a fused chain: every step makes a pass over the block in L1. Smaller
+/// than the unfused kernels' [`BLOCK`]: over 16 MiB of f32 operands (4 steps, read from and
+/// written to memory) blocks of 256 ran 1.2–1.3× faster than blocks of 512 (one process,
+/// interleaved), and 128 no faster again; in cache (1 MiB) 256 and 512 ran alike, 64 and 128
+/// 1.2–1.8× slower (the per-block cost of dispatching every step).
+const CHAIN_BLOCK: usize = 256;
+
 /// Whether a large output whose last step is `step` is written with non-temporal stores:
 /// as the unfused operator of that step would write it (`Un::STREAM`, `Bin::STREAM`).
 fn streams_last(step: &FusedStep) -> bool {
@@ -112,7 +119,13 @@ fn streams_last(step: &FusedStep) -> bool {
 /// One step over `n` elements into `o`: its operands are the loaded inputs `srcs` and the
 /// earlier steps' results `done`.
 #[inline(always)]
-fn run_step(step: &FusedStep, srcs: &[&[f32]], done: &[[f32; BLOCK]], at: usize, o: &mut [f32]) {
+fn run_step<const B: usize>(
+    step: &FusedStep,
+    srcs: &[&[f32]],
+    done: &[[f32; B]],
+    at: usize,
+    o: &mut [f32],
+) {
     let n = o.len();
     let read = |src: FusedSrc| -> &[f32] {
         match src {
@@ -135,13 +148,13 @@ fn run_step(step: &FusedStep, srcs: &[&[f32]], done: &[[f32; BLOCK]], at: usize,
 /// Every input pointer and the output are valid for `off + len` contiguous elements, and the
 /// output is disjoint from the inputs (the plan refuses in-place use).
 #[inline(always)]
-unsafe fn run_rows<T: Float>(
+unsafe fn run_rows<T: Float, const B: usize>(
     prog: &FusedProgram,
     ins: &[Ptr<T>],
     out: Ptr<T>,
     off: usize,
     len: usize,
-    bufs: &mut [[f32; BLOCK]],
+    bufs: &mut [[f32; B]],
     stream: bool,
 ) {
     let (loaded, steps) = bufs.split_at_mut(ins.len());
@@ -149,7 +162,7 @@ unsafe fn run_rows<T: Float>(
     let last = prog.steps.len() - 1;
     let mut i = 0;
     while i < len {
-        let n = BLOCK.min(len - i);
+        let n = B.min(len - i);
         let mut srcs: [&[f32]; MAX_FUSED_INPUTS] = [&[]; MAX_FUSED_INPUTS];
         for (k, (p, buf)) in ins.iter().zip(loaded.iter_mut()).enumerate() {
             srcs[k] = if direct {
@@ -236,7 +249,7 @@ fn fused<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         && streams(total * T::DTYPE.size());
     let nbufs = ins.len() + prog.steps.len();
     par_rows(&[total], &[[1usize; 1]], |off, len, _| {
-        let mut bufs = vec![[0f32; BLOCK]; nbufs];
+        let mut bufs = vec![[0f32; CHAIN_BLOCK]; nbufs];
         // SAFETY: the plan made every operand contiguous of the output's shape and the launch
         // checked their ranges; par_rows hands out disjoint element ranges.
         simd!(unsafe { run_rows(prog, &ins, po, off[0], len, &mut bufs, stream) });
