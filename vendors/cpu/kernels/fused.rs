@@ -30,49 +30,100 @@ fn bin_scalar<O: Bin>(a: &[f32], s: f32, o: &mut [f32]) {
     o.iter_mut().zip(a).for_each(|(x, y)| *x = O::f(*y, s));
 }
 
+/// What is done with an operator's kernel type (its f32 function, its `STREAM`): with
+/// [`with_unary`] and [`with_binary`], the one place that maps each `UnaryOp` and `BinaryOp`
+/// to `elementwise`'s types.
+trait OnUn {
+    type Out;
+    fn on<O: Un>(self) -> Self::Out;
+}
+
+/// As [`OnUn`], for binary operators.
+trait OnBin {
+    type Out;
+    fn on<O: Bin>(self) -> Self::Out;
+}
+
 #[inline(always)]
-fn unary(op: UnaryOp, a: &[f32], o: &mut [f32]) {
+fn with_unary<V: OnUn>(op: UnaryOp, v: V) -> V::Out {
     match op {
-        UnaryOp::Neg => un::<ew::Neg>(a, o),
-        UnaryOp::Abs => un::<ew::Abs>(a, o),
-        UnaryOp::Exp => un::<ew::Exp>(a, o),
-        UnaryOp::Log => un::<ew::Log>(a, o),
-        UnaryOp::Sqrt => un::<ew::Sqrt>(a, o),
-        UnaryOp::Rsqrt => un::<ew::Rsqrt>(a, o),
-        UnaryOp::Sin => un::<ew::Sin>(a, o),
-        UnaryOp::Cos => un::<ew::Cos>(a, o),
-        UnaryOp::Tanh => un::<ew::Tanh>(a, o),
-        UnaryOp::Sigmoid => un::<ew::Sigmoid>(a, o),
-        UnaryOp::Relu => un::<ew::Relu>(a, o),
-        UnaryOp::Gelu => un::<ew::Gelu>(a, o),
-        UnaryOp::GeluTanh => un::<ew::GeluTanh>(a, o),
-        UnaryOp::Silu => un::<ew::Silu>(a, o),
+        UnaryOp::Neg => v.on::<ew::Neg>(),
+        UnaryOp::Abs => v.on::<ew::Abs>(),
+        UnaryOp::Exp => v.on::<ew::Exp>(),
+        UnaryOp::Log => v.on::<ew::Log>(),
+        UnaryOp::Sqrt => v.on::<ew::Sqrt>(),
+        UnaryOp::Rsqrt => v.on::<ew::Rsqrt>(),
+        UnaryOp::Sin => v.on::<ew::Sin>(),
+        UnaryOp::Cos => v.on::<ew::Cos>(),
+        UnaryOp::Tanh => v.on::<ew::Tanh>(),
+        UnaryOp::Sigmoid => v.on::<ew::Sigmoid>(),
+        UnaryOp::Relu => v.on::<ew::Relu>(),
+        UnaryOp::Gelu => v.on::<ew::Gelu>(),
+        UnaryOp::GeluTanh => v.on::<ew::GeluTanh>(),
+        UnaryOp::Silu => v.on::<ew::Silu>(),
     }
 }
 
 #[inline(always)]
-fn binary(op: BinaryOp, a: &[f32], b: &[f32], o: &mut [f32]) {
+fn with_binary<V: OnBin>(op: BinaryOp, v: V) -> V::Out {
     match op {
-        BinaryOp::Add => bin::<ew::Add>(a, b, o),
-        BinaryOp::Sub => bin::<ew::Sub>(a, b, o),
-        BinaryOp::Mul => bin::<ew::Mul>(a, b, o),
-        BinaryOp::Div => bin::<ew::Div>(a, b, o),
-        BinaryOp::Maximum => bin::<ew::Maximum>(a, b, o),
-        BinaryOp::Minimum => bin::<ew::Minimum>(a, b, o),
-        BinaryOp::Pow => bin::<ew::Pow>(a, b, o),
+        BinaryOp::Add => v.on::<ew::Add>(),
+        BinaryOp::Sub => v.on::<ew::Sub>(),
+        BinaryOp::Mul => v.on::<ew::Mul>(),
+        BinaryOp::Div => v.on::<ew::Div>(),
+        BinaryOp::Maximum => v.on::<ew::Maximum>(),
+        BinaryOp::Minimum => v.on::<ew::Minimum>(),
+        BinaryOp::Pow => v.on::<ew::Pow>(),
     }
 }
 
-#[inline(always)]
-fn scalar(op: BinaryOp, a: &[f32], s: f32, o: &mut [f32]) {
-    match op {
-        BinaryOp::Add => bin_scalar::<ew::Add>(a, s, o),
-        BinaryOp::Sub => bin_scalar::<ew::Sub>(a, s, o),
-        BinaryOp::Mul => bin_scalar::<ew::Mul>(a, s, o),
-        BinaryOp::Div => bin_scalar::<ew::Div>(a, s, o),
-        BinaryOp::Maximum => bin_scalar::<ew::Maximum>(a, s, o),
-        BinaryOp::Minimum => bin_scalar::<ew::Minimum>(a, s, o),
-        BinaryOp::Pow => bin_scalar::<ew::Pow>(a, s, o),
+/// `o = f(a)`.
+struct Unary<'a>(&'a [f32], &'a mut [f32]);
+
+impl OnUn for Unary<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn on<O: Un>(self) {
+        un::<O>(self.0, self.1)
+    }
+}
+
+/// `o = f(a, b)`.
+struct Binary<'a>(&'a [f32], &'a [f32], &'a mut [f32]);
+
+impl OnBin for Binary<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn on<O: Bin>(self) {
+        bin::<O>(self.0, self.1, self.2)
+    }
+}
+
+/// `o = f(a, s)` (the `*_scalar` operators).
+struct Scalar<'a>(&'a [f32], f32, &'a mut [f32]);
+
+impl OnBin for Scalar<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn on<O: Bin>(self) {
+        bin_scalar::<O>(self.0, self.1, self.2)
+    }
+}
+
+/// Whether the operator's unfused kernel writes large outputs with non-temporal stores.
+struct Streams;
+
+impl OnUn for Streams {
+    type Out = bool;
+    fn on<O: Un>(self) -> bool {
+        O::STREAM
+    }
+}
+
+impl OnBin for Streams {
+    type Out = bool;
+    fn on<O: Bin>(self) -> bool {
+        O::STREAM
     }
 }
 
@@ -87,31 +138,8 @@ const CHAIN_BLOCK: usize = 256;
 /// as the unfused operator of that step would write it (`Un::STREAM`, `Bin::STREAM`).
 fn streams_last(step: &FusedStep) -> bool {
     match *step {
-        FusedStep::Unary(op, _) => match op {
-            UnaryOp::Neg => <ew::Neg as Un>::STREAM,
-            UnaryOp::Abs => <ew::Abs as Un>::STREAM,
-            UnaryOp::Exp => <ew::Exp as Un>::STREAM,
-            UnaryOp::Log => <ew::Log as Un>::STREAM,
-            UnaryOp::Sqrt => <ew::Sqrt as Un>::STREAM,
-            UnaryOp::Rsqrt => <ew::Rsqrt as Un>::STREAM,
-            UnaryOp::Sin => <ew::Sin as Un>::STREAM,
-            UnaryOp::Cos => <ew::Cos as Un>::STREAM,
-            UnaryOp::Tanh => <ew::Tanh as Un>::STREAM,
-            UnaryOp::Sigmoid => <ew::Sigmoid as Un>::STREAM,
-            UnaryOp::Relu => <ew::Relu as Un>::STREAM,
-            UnaryOp::Gelu => <ew::Gelu as Un>::STREAM,
-            UnaryOp::GeluTanh => <ew::GeluTanh as Un>::STREAM,
-            UnaryOp::Silu => <ew::Silu as Un>::STREAM,
-        },
-        FusedStep::Binary(op, ..) | FusedStep::Scalar(op, ..) => match op {
-            BinaryOp::Add => <ew::Add as Bin>::STREAM,
-            BinaryOp::Sub => <ew::Sub as Bin>::STREAM,
-            BinaryOp::Mul => <ew::Mul as Bin>::STREAM,
-            BinaryOp::Div => <ew::Div as Bin>::STREAM,
-            BinaryOp::Maximum => <ew::Maximum as Bin>::STREAM,
-            BinaryOp::Minimum => <ew::Minimum as Bin>::STREAM,
-            BinaryOp::Pow => <ew::Pow as Bin>::STREAM,
-        },
+        FusedStep::Unary(op, _) => with_unary(op, Streams),
+        FusedStep::Binary(op, ..) | FusedStep::Scalar(op, ..) => with_binary(op, Streams),
         FusedStep::Swiglu(..) => <ew::Swiglu as Bin>::STREAM,
     }
 }
@@ -134,9 +162,9 @@ fn run_step<const B: usize>(
         }
     };
     match *step {
-        FusedStep::Unary(op, a) => unary(op, read(a), o),
-        FusedStep::Binary(op, a, b) => binary(op, read(a), read(b), o),
-        FusedStep::Scalar(op, a, c) => scalar(op, read(a), c as f32, o),
+        FusedStep::Unary(op, a) => with_unary(op, Unary(read(a), o)),
+        FusedStep::Binary(op, a, b) => with_binary(op, Binary(read(a), read(b), o)),
+        FusedStep::Scalar(op, a, c) => with_binary(op, Scalar(read(a), c as f32, o)),
         FusedStep::Swiglu(a, b) => bin::<ew::Swiglu>(read(a), read(b), o),
     }
 }
