@@ -5,6 +5,7 @@
 
 use super::util::{
     axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Ptr,
+    Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -55,8 +56,9 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let k_direct = T::DTYPE == DType::F32 && ks[3] == 1;
     let v_direct = T::DTYPE == DType::F32 && vs[3] == 1;
     par_chunks(rows, lkv * d * 2, |range| {
-        let (mut qrow, mut krow, mut acc) = (vec![0f32; d], vec![0f32; d], vec![0f32; d]);
-        let mut scores = vec![0f32; lkv];
+        let (mut qrow, mut krow, mut acc) =
+            (Scratch::zeroed(d), Scratch::zeroed(d), Scratch::zeroed(d));
+        let mut scores = Scratch::zeroed(lkv);
         for r in range {
             let (bi, h, i) = (r / (hq * lq), (r / lq) % hq, r % lq);
             let kh = h / group;

@@ -4,7 +4,7 @@
 
 use super::util::{
     bcast, bf16_bits_to_f32, coalesce, erf_f32, exp_f32, f32_to_bf16_bits, floats, par_rows,
-    scalar_param, sigmoid_f32, simd, streams, write_streaming, Float, Ptr, BLOCK,
+    scalar_param, sigmoid_f32, simd, streams, write_streaming, AlignedBlock, Float, Ptr, BLOCK,
 };
 use crate::error::Result;
 use crate::ops::{KernelCall, KernelRegistry};
@@ -236,7 +236,7 @@ unsafe fn row2<T: Float>(
         return;
     }
     if st == [1, 1, 1] {
-        let (mut fa, mut fb) = ([0f32; BLOCK], [0f32; BLOCK]);
+        let (mut fa, mut fb) = (AlignedBlock::<BLOCK>::ZERO, AlignedBlock::<BLOCK>::ZERO);
         let mut i = 0;
         while i < len {
             let n = BLOCK.min(len - i);
@@ -327,7 +327,7 @@ unsafe fn row1<T: Float>(
         return;
     }
     if st == [1, 1] {
-        let mut fa = [0f32; BLOCK];
+        let mut fa = AlignedBlock::<BLOCK>::ZERO;
         let mut i = 0;
         while i < len {
             let n = BLOCK.min(len - i);

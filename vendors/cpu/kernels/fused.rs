@@ -7,7 +7,8 @@
 
 use super::elementwise::{self as ew, Bin, Un};
 use super::util::{
-    floats, par_rows, simd, stream_fence, streams, write_streaming_unfenced, Float, Ptr, BLOCK,
+    floats, par_rows, simd, stream_fence, streams, write_streaming_unfenced, AlignedBlock, Float,
+    Ptr, BLOCK,
 };
 use crate::error::{Error, Result};
 use crate::ops::fused::{FusedProgram, FusedSrc, FusedStep, MAX_FUSED_INPUTS};
@@ -128,11 +129,16 @@ impl OnBin for Streams {
 }
 
 /// Elements per block of a fused chain: every step makes a pass over the block in L1. Smaller
-/// than the unfused kernels' [`BLOCK`]: over 16 MiB of f32 operands (4 steps, read from and
-/// written to memory) blocks of 256 ran 1.2–1.3× faster than blocks of 512 (one process,
-/// interleaved), and 128 no faster again; in cache (1 MiB) 256 and 512 ran alike, 64 and 128
-/// 1.2–1.8× slower (the per-block cost of dispatching every step).
+/// than the unfused kernels' [`BLOCK`]: in cache (1 MiB) 256 and 512 ran alike, 64 and 128
+/// 1.2–1.8× slower (the per-block cost of dispatching every step); over 16 MiB of f32
+/// operands (4 steps, read from and written to memory) 256 ran 1.2–1.3× faster than 512.
 const CHAIN_BLOCK: usize = 256;
+
+/// [`CHAIN_BLOCK`] for a chain whose output is streamed past the cache (operands in memory):
+/// the memory accesses of consecutive blocks come closer together. 4-step chain over 16 MiB,
+/// blocks switched per replay in one process (line-aligned blocks): 128 ran 1.05× faster than
+/// 256, 64 1.2× slower; in cache 128 ran 1.13–1.15× slower than 256, hence the two sizes.
+const STREAM_CHAIN_BLOCK: usize = 128;
 
 /// Whether a large output whose last step is `step` is written with non-temporal stores:
 /// as the unfused operator of that step would write it (`Un::STREAM`, `Bin::STREAM`).
@@ -150,7 +156,7 @@ fn streams_last(step: &FusedStep) -> bool {
 fn run_step<const B: usize>(
     step: &FusedStep,
     srcs: &[&[f32]],
-    done: &[[f32; B]],
+    done: &[AlignedBlock<B>],
     at: usize,
     o: &mut [f32],
 ) {
@@ -182,7 +188,7 @@ unsafe fn run_rows<T: Float, const B: usize>(
     out: Ptr<T>,
     off: usize,
     len: usize,
-    bufs: &mut [[f32; B]],
+    bufs: &mut [AlignedBlock<B>],
     stream: bool,
 ) {
     let (loaded, steps) = bufs.split_at_mut(ins.len());
@@ -243,7 +249,7 @@ unsafe fn run_rows<T: Float, const B: usize>(
 pub(super) fn eval_block<T: Float>(
     prog: &FusedProgram,
     srcs: &[&[f32]],
-    steps: &mut [[f32; BLOCK]],
+    steps: &mut [AlignedBlock<BLOCK>],
     n: usize,
 ) {
     for (s, step) in prog.steps.iter().enumerate() {
@@ -277,12 +283,18 @@ fn fused<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         && streams(total * T::DTYPE.size());
     let nbufs = ins.len() + prog.steps.len();
     par_rows(&[total], &[[1usize; 1]], |off, len, _| {
-        let mut bufs = vec![[0f32; CHAIN_BLOCK]; nbufs];
-        // SAFETY: the plan made every operand contiguous of the output's shape and the launch
-        // checked their ranges; par_rows hands out disjoint element ranges.
-        simd!(unsafe { run_rows(prog, &ins, po, off[0], len, &mut bufs, stream) });
+        // On cache lines: blocks 16 or 48 bytes off one made a 4-step chain over 16 MiB
+        // 1.4–1.7× slower (every full-width access split across two lines).
         if stream {
+            let mut bufs = vec![AlignedBlock::<STREAM_CHAIN_BLOCK>::ZERO; nbufs];
+            // SAFETY: the plan made every operand contiguous of the output's shape and the
+            // launch checked their ranges; par_rows hands out disjoint element ranges.
+            simd!(unsafe { run_rows(prog, &ins, po, off[0], len, &mut bufs, true) });
             stream_fence();
+        } else {
+            let mut bufs = vec![AlignedBlock::<CHAIN_BLOCK>::ZERO; nbufs];
+            // SAFETY: as above.
+            simd!(unsafe { run_rows(prog, &ins, po, off[0], len, &mut bufs, false) });
         }
     });
     Ok(())

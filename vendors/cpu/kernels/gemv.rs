@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use super::matmul::After;
-use super::util::{axpy, fork_tasks, gather, par_chunks, simd, Float, Ptr};
+use super::util::{axpy, fork_tasks, gather, par_chunks, simd, Float, Ptr, Scratch};
 use crate::tensor::DType;
 
 /// Runs `$body` with `$p` bound to `$b` (a `*mut T`) as a pointer to f32 or to u16 (bf16,
@@ -299,7 +299,7 @@ fn split_k(
     let seg_rows = k.div_ceil(segs).next_multiple_of(4);
     let segs = k.div_ceil(seg_rows);
     // Segment s's partial sums of row r, column j at (s·rows + r)·n + j.
-    let mut partial = vec![0f32; segs * rows * n];
+    let mut partial = Scratch::zeroed(segs * rows * n);
     let parts = Ptr(partial.as_mut_ptr());
     let done: Vec<AtomicUsize> = (0..blocks).map(|_| AtomicUsize::new(0)).collect();
     fork_tasks(segs * blocks, &|t| {
@@ -382,7 +382,7 @@ pub(super) unsafe fn gemv<T: Float>(
             .next_multiple_of(64)
             .clamp(512, 2048);
         par_chunks(n.div_ceil(cols), k * cols, |blocks| {
-            let (mut acc, mut row) = (vec![0f32; cols], vec![0f32; cols]);
+            let (mut acc, mut row) = (Scratch::zeroed(cols), Scratch::zeroed(cols));
             for blk in blocks {
                 let (j0, w) = (blk * cols, cols.min(n - blk * cols));
                 acc[..w].fill(0.0);

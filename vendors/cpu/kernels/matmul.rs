@@ -22,8 +22,8 @@ use super::fused::eval_block;
 use super::gemv::{gemv, gemv_rows, gemv_rows_t, FEW_ROWS, FEW_ROWS_MIN};
 use super::sgemm::{own_gemm, sgemm_par, Mat};
 use super::util::{
-    bcast, coalesce, floats, gather, offsets, par_chunks, par_rows, scatter, simd, Float, Ptr,
-    BLOCK,
+    bcast, coalesce, floats, gather, offsets, par_chunks, par_rows, scatter, simd, AlignedBlock,
+    Float, Ptr, Scratch, BLOCK,
 };
 use crate::error::{Error, Result};
 use crate::ops::fused::{FusedProgram, MAX_FUSED_INPUTS};
@@ -98,8 +98,8 @@ impl<T: Float> Epilogue<'_, T> {
         cols: Range<usize>,
     ) {
         let ne = self.extras.len();
-        let mut loaded = vec![[0f32; BLOCK]; 1 + ne];
-        let mut steps = vec![[0f32; BLOCK]; self.prog.steps.len()];
+        let mut loaded = vec![AlignedBlock::<BLOCK>::ZERO; 1 + ne];
+        let mut steps = vec![AlignedBlock::<BLOCK>::ZERO; self.prog.steps.len()];
         let last = self.prog.steps.len() - 1;
         for r in rows {
             let mut j = cols.start;
@@ -303,7 +303,7 @@ fn gemm<T: Float>(
                 continue;
             }
             if m == 1 {
-                let mut x = vec![0f32; k];
+                let mut x = Scratch::zeroed(k);
                 gather(pa.at(oa), acs, &mut x);
                 gemv(
                     &x,
@@ -322,7 +322,7 @@ fn gemm<T: Float>(
             // Few rows over a large B with contiguous rows or columns: B read in place, once
             // for all rows.
             if reads_b_in_place(m, k, n, brs, bcs) {
-                let mut rows = vec![0f32; m * k];
+                let mut rows = Scratch::zeroed(m * k);
                 for (r, row) in rows.chunks_mut(k).enumerate() {
                     gather(pa.at(oa + r * ars), acs, row);
                 }

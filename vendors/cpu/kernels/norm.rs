@@ -4,6 +4,7 @@
 
 use super::util::{
     dot, floats, gather, par_chunks, prefetch_l2, scatter, simd, sum_f32, Float, Lanes, Ptr,
+    Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -64,8 +65,8 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
     let axis = x.layout.ndim() - 1;
     let lanes = Lanes::new([&out.layout, &x.layout], axis);
     let d = lanes.len;
-    let mut w = vec![0f32; d];
-    let mut b = vec![0f32; if layer { d } else { 0 }];
+    let mut w = Scratch::zeroed(d);
+    let mut b = Scratch::zeroed(if layer { d } else { 0 });
     // SAFETY: the weight (and bias) are checked views of d elements.
     unsafe {
         let wt = &call.inputs[1];
@@ -99,7 +100,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
         return Ok(());
     }
     par_chunks(lanes.count(), d, |range| {
-        let mut buf = vec![0f32; d];
+        let mut buf = Scratch::zeroed(d);
         for i in range {
             let [oo, ox] = lanes.offsets(i);
             // SAFETY: the rows lie in their checked views; read before write.

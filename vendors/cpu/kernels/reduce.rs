@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::util::{
     coalesce, first_index_f32, floats, gather, max_f32, min_f32, offsets, par_chunks, simd, Float,
-    Ptr,
+    Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -210,7 +210,7 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
     par_chunks(lanes * segs, segment, |range| {
         // A contiguous f32 lane is read where it lies; others pass through `buf`.
         let in_place = T::DTYPE == DType::F32 && run == Some(1);
-        let mut buf = vec![0f32; if in_place { 0 } else { segment.min(BLOCK) }];
+        let mut buf = Scratch::zeroed(if in_place { 0 } else { segment.min(BLOCK) });
         for item in range {
             let (i, seg) = (item / segs, item % segs);
             let mut base = 0usize;

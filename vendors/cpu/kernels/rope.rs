@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::util::{
     floats, gather, par_chunks, read_index, scatter, simd, stream_fence, streams,
-    write_streaming_unfenced, Float, Lanes, Ptr,
+    write_streaming_unfenced, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -73,8 +73,8 @@ const TABLES_KEPT: usize = 4;
 /// cos and sin of `p · inv_freq[i]` for positions `p < positions`, row-major by position.
 struct AngleTable {
     positions: usize,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    cos: Scratch,
+    sin: Scratch,
 }
 
 /// A table's key: theta's bits and the head dim.
@@ -109,7 +109,10 @@ fn angle_table(theta: f64, d: usize, inv_freq: &[f64], needed: usize) -> Option<
         }
     }
     let positions = needed.next_power_of_two().clamp(256, max_positions);
-    let (mut cos, mut sin) = (vec![0f32; positions * half], vec![0f32; positions * half]);
+    let (mut cos, mut sin) = (
+        Scratch::zeroed(positions * half),
+        Scratch::zeroed(positions * half),
+    );
     cos.par_chunks_mut(half)
         .zip(sin.par_chunks_mut(half))
         .enumerate()
@@ -175,8 +178,8 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     // pay for entering the vector code once per row.
     par_chunks(lanes.count(), d, |range| {
         simd!({
-            let mut own = (vec![0f32; half], vec![0f32; half]);
-            let mut buf = vec![0f32; if in_place_f32 && !stream { 0 } else { d }];
+            let mut own = (Scratch::zeroed(half), Scratch::zeroed(half));
+            let mut buf = Scratch::zeroed(if in_place_f32 && !stream { 0 } else { d });
             let mut angles_of = usize::MAX;
             // The next row's head and sequence index, counted along rather than divided out
             // of the row's index (as `walk` counts the offsets).

@@ -1,6 +1,6 @@
 //! random_sample over the last dimension (see `ops::sample` for the rule), one row per item.
 
-use super::util::{floats, gather, par_chunks, Float, Lanes, Ptr};
+use super::util::{floats, gather, par_chunks, Float, Lanes, Ptr, Scratch};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -139,7 +139,7 @@ fn random_sample<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let lanes = Lanes::new([&x.layout], x.layout.ndim() - 1);
     let (px, po) = (Ptr::<T>::of(x), Ptr::<i64>::of(out));
     par_chunks(lanes.count(), lanes.len * 8, |range| {
-        let mut buf = vec![0f32; lanes.len];
+        let mut buf = Scratch::zeroed(lanes.len);
         for i in range {
             let [ox] = lanes.offsets(i);
             // SAFETY: row i of the checked input; element i of the contiguous output.

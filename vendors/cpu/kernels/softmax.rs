@@ -2,7 +2,8 @@
 //! and written in place (input → output, no buffer); other lanes go through an f32 buffer.
 
 use super::util::{
-    exp_f32, floats, gather, max_f32, par_chunks, prefetch_l2, scatter, simd, Float, Lanes, Ptr,
+    exp_f32, floats, gather, max_f32, par_chunks, prefetch_l2, scatter, simd, AlignedBlock, Float,
+    Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -100,7 +101,7 @@ unsafe fn scale_store<T: Float>(v: &[f32], scaled: usize, inv: f32, dst: *mut T)
     let out = unsafe { std::slice::from_raw_parts_mut(dst, v.len()) };
     let (vs, rest) = v.split_at(scaled);
     let (os, orest) = out.split_at_mut(scaled);
-    let mut block = [0f32; 256];
+    let mut block = AlignedBlock::<256>::ZERO;
     for (x, o) in vs.chunks(256).zip(os.chunks_mut(256)) {
         let b = &mut block[..x.len()];
         for (b, &x) in b.iter_mut().zip(x) {
@@ -201,7 +202,7 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         return Ok(());
     }
     par_chunks(lanes.count(), lanes.len, |range| {
-        let mut buf = vec![0f32; lanes.len];
+        let mut buf = Scratch::zeroed(lanes.len);
         for i in range {
             let [oo, ox] = lanes.offsets(i);
             // SAFETY: both lanes lie in their checked views; the input lane is read whole

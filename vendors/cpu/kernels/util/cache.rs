@@ -78,8 +78,8 @@ pub fn write_streaming_unfenced(
         let mut i = head;
         // Four lines per step: a 64-element loop the compiler vectorises like any other.
         while i + 64 <= n {
-            let mut r = [0f32; 64];
-            compute(i, &mut r);
+            let mut r = super::AlignedBlock::<64>::ZERO;
+            compute(i, &mut r[..]);
             // SAFETY: out[i..i + 64] is in bounds and 64-byte aligned (i ≥ head keeps the
             // alignment in steps of 16 f32s); SSE is baseline x86-64. Each run of four
             // 16-byte streaming stores fills one whole line, which the CPU then writes

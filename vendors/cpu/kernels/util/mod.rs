@@ -1,13 +1,14 @@
 //! What the CPU kernels share: raw pointers that cross threads, the layouts of strided
 //! operands (coalesced rows, lanes along an axis, gathers and scatters), and the registration
-//! macro; element conversion, the SIMD tier, the parallel walks, the cache helpers and the
-//! vectorisable math each have a file of their own, re-exported here so a kernel imports
+//! macro; element conversion, the SIMD tier, the parallel walks, the cache helpers, the
+//! line-aligned scratch buffers and the vectorisable math each have a file of their own, re-exported here so a kernel imports
 //! what it uses from one place.
 
 mod cache;
 mod dtype;
 mod math;
 mod parallel;
+mod scratch;
 mod simd;
 
 pub(super) use cache::*;
@@ -15,6 +16,7 @@ pub(super) use dtype::*;
 pub(super) use math::*;
 pub(super) use parallel::*;
 pub(crate) use parallel::{help_open_forks, roomy_stack};
+pub(super) use scratch::*;
 pub(super) use simd::*;
 
 use crate::error::{Error, Result};
