@@ -91,3 +91,20 @@ fn large_rope_streamed_matches_in_place() -> unirt::Result<()> {
     }
     Ok(())
 }
+
+/// rms_norm outputs past the last-level cache's share are written with non-temporal stores
+/// from each row's first 64-byte boundary on; in place they are not. Rows of 4096 (whole
+/// lines), of 4196 (a pitch 16 bytes past a multiple of 64: rows start at every offset
+/// within a line) and of 37, 16 MiB each: the same bits either way.
+#[test]
+fn large_rms_norm_streamed_matches_in_place() -> unirt::Result<()> {
+    for d in [4096, 4196, 37] {
+        let rows = (16 << 20) / (4 * d) + 1;
+        let x = Tensor::rand_uniform(&[rows, d], -2.0, 2.0, 5, DType::F32, cpu())?;
+        let w = Tensor::rand_uniform(&[d], 0.5, 1.5, 6, DType::F32, cpu())?;
+        let plan = ops::norm::rms_norm(&x.desc(), &w.desc(), 1e-6)?;
+        let (out, in_place) = both_ways(&plan, &[&x, &w])?;
+        assert!(out == in_place, "rows of {d}");
+    }
+    Ok(())
+}

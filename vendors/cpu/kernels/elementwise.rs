@@ -11,16 +11,21 @@ use crate::ops::{KernelCall, KernelRegistry};
 
 /// A binary function of f32s, as a type so each kernel is monomorphised.
 pub(super) trait Bin: Send + Sync + 'static {
-    /// Cheap enough that large outputs are memory-bound: written with non-temporal stores
-    /// (`write_streaming`). Transcendental functions are not: measured, their large
-    /// outputs ran slower through the streaming buffer.
+    /// Large outputs are written with non-temporal stores (`write_streaming`): true for the
+    /// cheap operators, whose large outputs are memory-bound, and for swiglu (two inputs per
+    /// output: 0.82–0.97× the time streamed, 16 and 64 MiB). The other transcendental ones
+    /// ran 3–8 % slower streamed (silu, gelu; full-width streaming stores), so they keep
+    /// plain stores.
     const STREAM: bool;
+    /// Cheap enough that bf16 rows are converted element by element in one pass
+    /// ([`row2`]); transcendental operators ran slower that way (measured).
+    const CHEAP: bool = Self::STREAM;
     fn f(a: f32, b: f32) -> f32;
 }
 
 /// A unary function of f32s.
 pub(super) trait Un: Send + Sync + 'static {
-    /// As [`Bin::STREAM`].
+    /// As [`Bin::STREAM`]; every streaming unary operator is also cheap ([`Bin::CHEAP`]).
     const STREAM: bool;
     fn f(x: f32) -> f32;
 }
@@ -58,9 +63,20 @@ bin! { true;
 
 bin! { false;
     Pow(a, b) = a.powf(b);
-    // One division rather than `· sigmoid(gate)` (a division and a multiply): measured on
-    // AVX-512, the division and the exponential are what bound these ops' loops.
-    Swiglu(up, gate) = up * gate / (1.0 + exp_f32(-gate));
+}
+
+/// `up · silu(gate)`.
+pub(super) struct Swiglu;
+
+impl Bin for Swiglu {
+    const STREAM: bool = true;
+    const CHEAP: bool = false;
+    #[inline(always)]
+    fn f(up: f32, gate: f32) -> f32 {
+        // One division rather than `· sigmoid(gate)` (a division and a multiply): measured
+        // on AVX-512, the division and the exponential are what bound these ops' loops.
+        up * gate / (1.0 + exp_f32(-gate))
+    }
 }
 
 /// `x · sigmoid(x)` as one division (one rounding fewer, and 6 % less time per element on
@@ -350,11 +366,11 @@ unsafe fn row1<T: Float>(
     }
 }
 
-/// `binary_with` and `unary_with`: a `cheap` op streams a large output (non-temporal stores)
-/// and converts bf16 rows in one pass.
+/// `binary_with` and `unary_with`: with `streams_out` a large output is written with
+/// non-temporal stores; a `cheap` op converts bf16 rows in one pass.
 fn binary_with<T: Float>(
     call: &KernelCall<'_>,
-    cheap: bool,
+    (cheap, streams_out): (bool, bool),
     f: impl Fn(f32, f32) -> f32 + Sync + Copy,
 ) -> Result<()> {
     let out = &call.outputs[0];
@@ -369,7 +385,7 @@ fn binary_with<T: Float>(
         Ptr::<T>::of(&call.inputs[0]),
         Ptr::<T>::of(&call.inputs[1]),
     );
-    let stream = cheap && streams(out.layout.numel() * T::DTYPE.size());
+    let stream = streams_out && streams(out.layout.numel() * T::DTYPE.size());
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: par_rows hands out rows inside the (checked) views; tasks write disjoint
         // output elements.
@@ -390,7 +406,7 @@ fn binary_with<T: Float>(
 
 fn unary_with<T: Float>(
     call: &KernelCall<'_>,
-    cheap: bool,
+    (cheap, streams_out): (bool, bool),
     f: impl Fn(f32) -> f32 + Sync + Copy,
 ) -> Result<()> {
     let out = &call.outputs[0];
@@ -398,7 +414,7 @@ fn unary_with<T: Float>(
     let a = bcast(&call.inputs[0], shape)?;
     let (shape, strides) = coalesce(shape, [out.layout.strides(), a.strides()]);
     let (po, pa) = (Ptr::<T>::of(out), Ptr::<T>::of(&call.inputs[0]));
-    let stream = cheap && streams(out.layout.numel() * T::DTYPE.size());
+    let stream = streams_out && streams(out.layout.numel() * T::DTYPE.size());
     par_rows(&shape, &strides, |off, len, st| {
         // SAFETY: as in binary_with.
         simd!(unsafe { row1(po.at(off[0]), pa.at(off[1]), len, st, (cheap, stream), f) })
@@ -407,16 +423,16 @@ fn unary_with<T: Float>(
 }
 
 fn binary<T: Float, O: Bin>(call: &KernelCall<'_>) -> Result<()> {
-    binary_with::<T>(call, O::STREAM, O::f)
+    binary_with::<T>(call, (O::CHEAP, O::STREAM), O::f)
 }
 
 fn binary_scalar<T: Float, O: Bin>(call: &KernelCall<'_>) -> Result<()> {
     let s = scalar_param(call)? as f32;
-    unary_with::<T>(call, O::STREAM, move |x| O::f(x, s))
+    unary_with::<T>(call, (O::CHEAP, O::STREAM), move |x| O::f(x, s))
 }
 
 fn unary<T: Float, O: Un>(call: &KernelCall<'_>) -> Result<()> {
-    unary_with::<T>(call, O::STREAM, O::f)
+    unary_with::<T>(call, (O::STREAM, O::STREAM), O::f)
 }
 
 /// `where(cond, a, b)` and `masked_fill(x, mask)`: a u8 condition selects per element.

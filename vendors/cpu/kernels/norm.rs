@@ -1,10 +1,10 @@
 //! rms_norm and layer_norm over the last dimension, one row at a time (contiguous f32 rms_norm
-//! rows input → output, others through f32 buffers), with vectorised f32 sums (eight
-//! accumulators) for the statistics.
+//! rows input → output, a large output written past the cache; others through f32 buffers),
+//! with vectorised f32 sums (eight accumulators) for the statistics.
 
 use super::util::{
-    dot, floats, gather, par_chunks, prefetch_l2, scatter, simd, sum_f32, Float, Lanes, Ptr,
-    Scratch,
+    dot, floats, gather, par_chunks, prefetch_l2, scatter, simd, stream_fence, streams, sum_f32,
+    write_streaming_unfenced, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -33,25 +33,34 @@ fn normalize(buf: &mut [f32], w: &[f32], b: &[f32], layer: bool, eps: f64) {
 
 /// RMS norm of the f32 row `x` into `o` (distinct, same length), without a buffer: the same
 /// arithmetic as [`normalize`]. The scale pass (on `x`, now in L1) prefetches the row at
-/// `next` when it is not null.
+/// `next` when it is not null, and writes `o` with non-temporal stores when `stream` (the
+/// caller fences): over 16 and 64 MiB that ran 0.65–0.82× the time of plain stores, which
+/// read each output line before writing it (one process, switched per launch).
 #[inline(always)]
-fn rms_to(x: &[f32], o: &mut [f32], w: &[f32], eps: f64, next: *const f32) {
+fn rms_to(x: &[f32], o: &mut [f32], w: &[f32], eps: f64, next: *const f32, stream: bool) {
     let ms = dot(x, x) as f64 / x.len() as f64;
     let inv = (1.0 / (ms + eps).sqrt()) as f32;
-    // 16 elements (one cache line) per step.
-    for (j, ((ys, xs), ws)) in o
-        .chunks_mut(16)
-        .zip(x.chunks(16))
-        .zip(w.chunks(16))
-        .enumerate()
-    {
-        if !next.is_null() {
-            prefetch_l2(next.wrapping_add(16 * j));
-        }
-        for ((y, &v), w) in ys.iter_mut().zip(xs).zip(ws) {
-            *y = v * (inv * w);
-        }
-    }
+    write_streaming_unfenced(
+        o,
+        stream,
+        #[inline(always)]
+        |s, o| {
+            // 16 elements (one cache line) per step.
+            for (j, ((ys, xs), ws)) in o
+                .chunks_mut(16)
+                .zip(x[s..].chunks(16))
+                .zip(w[s..].chunks(16))
+                .enumerate()
+            {
+                if !next.is_null() {
+                    prefetch_l2(next.wrapping_add(s + 16 * j));
+                }
+                for ((y, &v), w) in ys.iter_mut().zip(xs).zip(ws) {
+                    *y = v * (inv * w);
+                }
+            }
+        },
+    );
 }
 
 fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
@@ -79,6 +88,7 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
     if !layer && T::DTYPE == DType::F32 && lanes.stride == [1, 1] && d > 0 {
         let (po, px) = (Ptr::<f32>::of(out), Ptr::<f32>::of(x));
+        let stream = streams(out.layout.numel() * 4);
         par_chunks(lanes.count(), d, |range| {
             for (_, [oo, ox], next) in lanes.walk(range) {
                 // SAFETY: T is f32 (checked above); both rows are contiguous runs of d
@@ -92,9 +102,12 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
                     } else {
                         let x = std::slice::from_raw_parts(px.at(ox), d);
                         let next = next.map_or(std::ptr::null(), |[_, nx]| px.0.wrapping_add(nx));
-                        simd!(rms_to(x, o, &w, eps, next));
+                        simd!(rms_to(x, o, &w, eps, next, stream));
                     }
                 }
+            }
+            if stream {
+                stream_fence();
             }
         });
         return Ok(());
