@@ -4,8 +4,8 @@
 //! decode (one query over a long cache) streams K and V once per head at memory speed.
 
 use super::util::{
-    axpy, dot, exp_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32, Float, Ptr,
-    Scratch,
+    axpy, dot, exp_nonpositive_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32,
+    Float, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -15,7 +15,8 @@ use crate::tensor::DType;
 #[inline(always)]
 fn exp_normalised(s: &mut [f32]) -> f32 {
     let max = max_f32(s);
-    s.iter_mut().for_each(|x| *x = exp_f32(*x - max));
+    s.iter_mut()
+        .for_each(|x| *x = exp_nonpositive_f32(*x - max));
     sum_f32(s)
 }
 

@@ -2,8 +2,8 @@
 //! and written in place (input → output, no buffer); other lanes go through an f32 buffer.
 
 use super::util::{
-    exp_f32, floats, gather, max_f32, par_chunks, prefetch_l2, scatter, simd, AlignedBlock, Float,
-    Lanes, Ptr, Scratch,
+    exp_nonpositive_f32, floats, gather, max_f32, par_chunks, prefetch_l2, scatter, simd,
+    AlignedBlock, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -37,7 +37,11 @@ fn softmax_lane_unscaled(v: &mut [f32], visible: usize, log: bool) -> f32 {
     if log {
         // (x − max) − ln Σ, never x − (max + ln Σ): beside a large max, ln Σ would be lost
         // in the rounding of their sum.
-        let ln_sum = seen.iter().map(|&x| exp_f32(x - max)).sum::<f32>().ln();
+        let ln_sum = seen
+            .iter()
+            .map(|&x| exp_nonpositive_f32(x - max))
+            .sum::<f32>()
+            .ln();
         seen.iter_mut().for_each(|x| *x = (*x - max) - ln_sum);
         return 1.0;
     }
@@ -58,13 +62,13 @@ fn exp_sum_in_place(v: &mut [f32], max: f32) -> f32 {
     }
     if j + 8 <= v.len() {
         for l in 0..8 {
-            v[j + l] = exp_f32(v[j + l] - max);
+            v[j + l] = exp_nonpositive_f32(v[j + l] - max);
             acc[l] += v[j + l];
         }
         j += 8;
     }
     for y in v[j..].iter_mut() {
-        *y = exp_f32(*y - max);
+        *y = exp_nonpositive_f32(*y - max);
     }
     let tail: f32 = v[j..].iter().sum();
     acc.iter().sum::<f32>() + tail
@@ -78,7 +82,7 @@ fn exp_sum_in_place(v: &mut [f32], max: f32) -> f32 {
 fn exp_line(xs: &[f32], max: f32, acc: &mut [f32; 8]) -> [f32; 16] {
     let mut e = [0f32; 16];
     for (v, &a) in e.iter_mut().zip(xs) {
-        *v = exp_f32(a - max);
+        *v = exp_nonpositive_f32(a - max);
     }
     for l in 0..8 {
         acc[l] += e[l];
@@ -129,7 +133,11 @@ fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool, next: *c
     let x = &x[..v];
     let max = max_f32(x);
     if log {
-        let ln_sum = x.iter().map(|&a| exp_f32(a - max)).sum::<f32>().ln();
+        let ln_sum = x
+            .iter()
+            .map(|&a| exp_nonpositive_f32(a - max))
+            .sum::<f32>()
+            .ln();
         seen.iter_mut()
             .zip(x)
             .for_each(|(y, &a)| *y = (a - max) - ln_sum);
@@ -148,13 +156,13 @@ fn softmax_lane_to(x: &[f32], o: &mut [f32], visible: usize, log: bool, next: *c
     }
     if j + 8 <= v {
         for l in 0..8 {
-            seen[j + l] = exp_f32(x[j + l] - max);
+            seen[j + l] = exp_nonpositive_f32(x[j + l] - max);
             acc[l] += seen[j + l];
         }
         j += 8;
     }
     for (y, &a) in seen[j..].iter_mut().zip(&x[j..]) {
-        *y = exp_f32(a - max);
+        *y = exp_nonpositive_f32(a - max);
     }
     let tail: f32 = seen[j..].iter().sum();
     let inv = 1.0 / (acc.iter().sum::<f32>() + tail);

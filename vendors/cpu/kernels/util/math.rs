@@ -39,6 +39,20 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 /// `e^∞ = ∞` exactly; NaN stays NaN.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
+    exp_upto::<true>(x)
+}
+
+/// [`exp_f32`] for `x ≤ 0` (softmax's `x − max`): the same bits there (and NaN for NaN),
+/// without the upper clamp and the overflow select, which a non-positive argument never
+/// reaches: two of the function's twenty-odd vector operations.
+#[inline(always)]
+pub fn exp_nonpositive_f32(x: f32) -> f32 {
+    exp_upto::<false>(x)
+}
+
+/// [`exp_f32`], with its upper clamp and overflow select only when `HIGH`.
+#[inline(always)]
+fn exp_upto<const HIGH: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -50,7 +64,7 @@ pub fn exp_f32(x: f32) -> f32 {
     // Comparisons rather than f32::clamp, whose form LLVM does not vectorise; NaN passes
     // both and stays NaN.
     let xc = if x < LO { LO } else { x };
-    let xc = if xc > HI { HI } else { xc };
+    let xc = if HIGH && xc > HI { HI } else { xc };
     let t = xc.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
@@ -71,7 +85,7 @@ pub fn exp_f32(x: f32) -> f32 {
     let k = t.to_bits().wrapping_sub(ROUND.to_bits());
     let half_scale = f32::from_bits(k.wrapping_add(126) << 23);
     let e = y * half_scale * 2.0;
-    if x > HI {
+    if HIGH && x > HI {
         f32::INFINITY
     } else if x < LO {
         0.0
@@ -252,6 +266,24 @@ mod tests {
         assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
         assert!(erf_f32(f32::NAN).is_nan());
         assert_eq!(erf_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+
+    /// exp_nonpositive_f32 is exp_f32 bit for bit on the non-positive f32s (one bit pattern
+    /// in 101 with the sign set, −0 to −∞ and the negative NaNs: every exponent, 21 million
+    /// values) and on the edges.
+    #[test]
+    fn exp_nonpositive_matches_exp() {
+        for bits in (0x8000_0000u32..=0xffff_ffff).step_by(101) {
+            let x = f32::from_bits(bits);
+            assert_eq!(
+                exp_nonpositive_f32(x).to_bits(),
+                exp_f32(x).to_bits(),
+                "x = {x:e} ({bits:#x})"
+            );
+        }
+        for x in [-0.0, 0.0, -86.6, -86.600_01, f32::NEG_INFINITY, f32::NAN] {
+            assert_eq!(exp_nonpositive_f32(x).to_bits(), exp_f32(x).to_bits());
+        }
     }
 
     #[test]
