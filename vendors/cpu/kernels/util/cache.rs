@@ -76,12 +76,13 @@ pub fn write_streaming_unfenced(
         compute(0, &mut out[..head]);
         let mut i = head;
         let mut r = super::AlignedBlock::<64>::ZERO;
+        let tier = super::simd_tier();
         // Four lines per step: a 64-element loop the compiler vectorises like any other.
         while i + 64 <= n {
             compute(i, &mut r[..]);
             // SAFETY: out[i..i + 64] is in bounds and 64-byte aligned (i ≥ head keeps the
-            // alignment in steps of 16 f32s).
-            unsafe { stream_lines(out.as_mut_ptr().add(i), &r) };
+            // alignment in steps of 16 f32s); `tier` is the CPU's.
+            unsafe { stream_lines(out.as_mut_ptr().add(i), &r, tier) };
             i += 64;
         }
         compute(i, &mut out[i..]);
@@ -97,17 +98,17 @@ pub fn write_streaming_unfenced(
 /// swiglu, rms_norm over 16 MiB, one process, switched per launch).
 ///
 /// # Safety
-/// `dst` is valid for 64 f32s and 64-byte aligned.
+/// `dst` is valid for 64 f32s and 64-byte aligned; `tier` is [`super::simd_tier`]'s.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn stream_lines(dst: *mut f32, r: &super::AlignedBlock<64>) {
-    use super::{simd_tier, SimdTier};
+unsafe fn stream_lines(dst: *mut f32, r: &super::AlignedBlock<64>, tier: super::SimdTier) {
+    use super::SimdTier;
     use std::arch::x86_64::*;
     let src = r.as_ptr();
     // SAFETY: dst is valid and aligned (the caller's promise), r is a 64-byte aligned block
     // of 64 f32s; each arm runs only on the tier whose features simd_tier() found in the CPU.
     unsafe {
-        match simd_tier() {
+        match tier {
             SimdTier::Avx512 => {
                 for q in (0..64).step_by(16) {
                     _mm512_stream_ps(dst.add(q), _mm512_load_ps(src.add(q)));

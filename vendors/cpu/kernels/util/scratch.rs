@@ -40,7 +40,6 @@ type Line = AlignedBlock<{ LINE / 4 }>;
 
 /// A zeroed f32 buffer of run-time length whose first element starts a cache line (a
 /// `vec![0f32; n]` that vector code may read and write at full width).
-#[derive(Clone)]
 pub struct Scratch {
     lines: Vec<Line>,
     len: usize,
