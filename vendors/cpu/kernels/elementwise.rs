@@ -3,8 +3,9 @@
 //! vectorises; f16/bf16 rows convert in blocks through f32; strided rows go element by element.
 
 use super::util::{
-    bcast, bf16_bits_to_f32, coalesce, erf_f32, exp_f32, f32_to_bf16_bits, floats, par_rows,
-    scalar_param, sigmoid_f32, simd, streams, write_streaming, AlignedBlock, Float, Ptr, BLOCK,
+    bcast, bf16_bits_to_f32, coalesce, erf_f32, exp_f32, exp_nan_unused_f32, f32_to_bf16_bits,
+    floats, par_rows, scalar_param, sigmoid_f32, simd, streams, write_streaming, AlignedBlock,
+    Float, Ptr, BLOCK,
 };
 use crate::error::Result;
 use crate::ops::{KernelCall, KernelRegistry};
@@ -75,7 +76,7 @@ impl Bin for Swiglu {
     fn f(up: f32, gate: f32) -> f32 {
         // One division rather than `· sigmoid(gate)` (a division and a multiply): measured
         // on AVX-512, the division and the exponential are what bound these ops' loops.
-        up * gate / (1.0 + exp_f32(-gate))
+        up * gate / (1.0 + exp_nan_unused_f32(-gate))
     }
 }
 
@@ -83,7 +84,7 @@ impl Bin for Swiglu {
 /// AVX-512 than a reciprocal and a multiply).
 #[inline(always)]
 pub(super) fn silu(x: f32) -> f32 {
-    x / (1.0 + exp_f32(-x))
+    x / (1.0 + exp_nan_unused_f32(-x))
 }
 
 un! { true;
@@ -104,7 +105,7 @@ un! { false;
     Sigmoid(x) = sigmoid_f32(x);
     Gelu(x) = 0.5 * x * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2));
     // 0.5·(1 + tanh(z)) = sigmoid(2z), with z = sqrt(2/pi)·(x + 0.044715·x³).
-    GeluTanh(x) = x / (1.0 + exp_f32(-2.0 * 0.797_884_6 * (x + 0.044715 * x * x * x)));
+    GeluTanh(x) = x / (1.0 + exp_nan_unused_f32(-2.0 * 0.797_884_6 * (x + 0.044715 * x * x * x)));
     Silu(x) = silu(x);
 }
 
