@@ -512,3 +512,27 @@ pub(super) fn register(reg: &mut KernelRegistry) {
     floats!(reg, "where", where_);
     floats!(reg, "masked_fill", masked_fill);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{silu, Bin, GeluTanh, Swiglu, Un};
+
+    /// silu, swiglu and gelu's tanh form take `exp_nan_unused_f32`, whose value for a NaN
+    /// is not NaN: they stay NaN for NaNs of any payload all the same.
+    #[test]
+    fn exp_nan_unused_callers_stay_nan() {
+        for payload in [
+            0x7fc0_0000u32,
+            0x7fc0_0001,
+            0x7f80_0001,
+            0xffc0_01ff,
+            0x7fff_ffff,
+        ] {
+            let nan = f32::from_bits(payload);
+            assert!(silu(nan).is_nan(), "{payload:#x}");
+            assert!(GeluTanh::f(nan).is_nan(), "{payload:#x}");
+            assert!(Swiglu::f(1.0, nan).is_nan(), "{payload:#x}");
+            assert!(Swiglu::f(nan, 1.0).is_nan(), "{payload:#x}");
+        }
+    }
+}
