@@ -46,6 +46,7 @@ mod cases_ops_large;
 mod cases_ops_limits;
 mod cases_ops_linalg;
 mod cases_ops_matmul;
+mod cases_ops_matmul_weights;
 mod cases_ops_reduce;
 mod cases_ops_registry;
 mod cases_ops_specials;

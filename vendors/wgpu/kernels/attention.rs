@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::rowwise;
 use super::textures::{textures_for, TexturedRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
@@ -24,7 +25,7 @@ use crate::ops::{Params, PlanSpec, PreparedKernel};
 const DIMS_PER_ITEM: usize = 4;
 
 /// What both forms start with: the query row's batch, head and position, its kv head, the
-/// keys it sees, and where its q, k and v start ([`wgsl::row_kernel`] gives `row`).
+/// keys it sees, and where its q, k and v start ([`rowwise::row_kernel`] gives `row`).
 const HEAD: &str = "
     if (row >= cfg[0]) { return; }
     let hq = cfg[1]; let lq = cfg[2]; let hkv = cfg[3]; let lkv = cfg[4]; let d = cfg[5];
@@ -219,14 +220,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let host = super::host_form(
         spec,
         host_dims.then_some(lkv as u64),
-        d as u64 + blocks * (d as u64 + 4 * 256 + wgsl::WG_REDUCE_LOOPS),
+        d as u64 + blocks * (d as u64 + 4 * 256 + rowwise::WG_REDUCE_LOOPS),
         || format!("attention over {lkv} keys of dim {d}"),
     )?;
     let dialect = wgsl::Dialect::of(spec);
     let (source, grid) = if host {
         let body = format!("{HEAD}{}", host_body(d, false));
         let prelude = wgsl::prelude(&binds, dialect);
-        let (source, grid) = wgsl::row_kernel(&prelude, &body, 1, rows, dialect);
+        let (source, grid) = rowwise::row_kernel(&prelude, &body, 1, rows, dialect);
         let mut src = OpSource::plain("attention", vec![(source, grid)], cfg);
         // k and v four elements at a time where their rows are contiguous quads, and through
         // textures where they are wholly contiguous (see `TexRead`): a decode step reads the
@@ -240,7 +241,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             .flatten()
         {
             let body = format!("{HEAD}{}", host_body(d, true));
-            let (aligned, grid) = wgsl::row_kernel(&prelude, &body, 1, rows, dialect);
+            let (aligned, grid) = rowwise::row_kernel(&prelude, &body, 1, rows, dialect);
             let through: Vec<Option<TexturedRead>> = [None, Some(k), Some(v)]
                 .iter()
                 .map(|t| {
@@ -265,7 +266,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         let prelude = format!("{}{GPU_SHARED}", wgsl::prelude(&binds, dialect));
         let body = format!("{HEAD}{GPU_BODY}");
-        wgsl::row_kernel(&prelude, &body, wgsl::GPU_ROW_LANES, rows, dialect)
+        rowwise::row_kernel(&prelude, &body, rowwise::GPU_ROW_LANES, rows, dialect)
     };
     prepare_op(
         spec,

@@ -20,6 +20,7 @@ mod op_launch;
 mod rearrange;
 mod reduce;
 mod rope;
+mod rowwise;
 mod sample;
 mod softmax;
 mod textures;
@@ -134,11 +135,11 @@ pub(crate) fn host_form(
 const LONG_ROW: u64 = 4096;
 
 /// Invocations that share each of `rows` rows of `len` elements in a row kernel
-/// ([`wgsl::row_kernel`]) that sweeps its row `sweeps` times.
+/// ([`rowwise::row_kernel`]) that sweeps its row `sweeps` times.
 ///
-/// On a GPU, [`wgsl::GPU_ROW_LANES`]. On the host's cores, 1 (one invocation walks the row
+/// On a GPU, [`rowwise::GPU_ROW_LANES`]. On the host's cores, 1 (one invocation walks the row
 /// alone, no barrier) where the loop limiter allows it, unless the rows are too few to fill
-/// the SIMD batches of every core ([`wgsl::HOST_ROWS_WG`] rows per workgroup) and long
+/// the SIMD batches of every core ([`rowwise::HOST_ROWS_WG`] rows per workgroup) and long
 /// ([`LONG_ROW`]); otherwise the fewest lanes from 8 (one SIMD batch on lavapipe) that fit.
 /// On lavapipe (AMD EPYC, 2 cores), f32, launch and wait: softmax of 1 × 16 384 655 → 266 µs
 /// with 8 lanes, of 2 × 4096 342 → 215, 64 × 32 000 (too long for one lane) 101 → 8.2 ms
@@ -152,12 +153,12 @@ pub(crate) fn row_lanes(
 ) -> Result<u32> {
     let loops = |w: u32| match w {
         1 => sweeps * len,
-        w => sweeps * len.div_ceil(u64::from(w)) + wgsl::WG_REDUCE_LOOPS,
+        w => sweeps * len.div_ceil(u64::from(w)) + rowwise::WG_REDUCE_LOOPS,
     };
     let fits = |w: u32| !loop_limited(spec) || loops(w) <= LOOP_BUDGET;
-    let gpu = wgsl::GPU_ROW_LANES;
+    let gpu = rowwise::GPU_ROW_LANES;
     if on_host_cores(spec) {
-        let few = rows < wgsl::HOST_ROWS_WG as usize * host_cores() && len >= LONG_ROW;
+        let few = rows < rowwise::HOST_ROWS_WG as usize * host_cores() && len >= LONG_ROW;
         let alone = (!few).then_some(1);
         let shared = (3..=gpu.ilog2()).map(|s| 1u32 << s);
         if let Some(w) = alone.into_iter().chain(shared).find(|&w| fits(w)) {

@@ -1,7 +1,7 @@
 //! rms_norm and layer_norm over the last dimension in WGSL: one workgroup per row, the row
 //! read in place (strided), the statistics reduced in workgroup memory, then written (on
 //! adapters on the host's cores, one invocation per row, or a few where the row is long:
-//! [`wgsl::row_kernel`]).
+//! [`rowwise::row_kernel`]).
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the row length, `cfg[2]` / `cfg[3]` the last-axis
 //! strides of the input and the output, `cfg[4]` / `cfg[5]` where the rows' views start,
@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, texture_binding, texture_rows, OpSource, TexRead};
+use super::rowwise;
 use super::textures::row_texture;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
@@ -115,13 +116,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let lanes = super::row_lanes(spec, rows, len, sweeps)?;
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
-    let (source, grid) = wgsl::row_kernel(&prelude, &body, lanes, rows, dialect);
+    let (source, grid) = rowwise::row_kernel(&prelude, &body, lanes, rows, dialect);
     let quads =
         super::on_host_cores(spec) && spec.inputs.iter().chain(spec.outputs).all(wgsl::quad_rows);
     let (aligned, textured) = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = format!("{HEAD}{}", if layer { LAYER_QUADS } else { RMS_QUADS });
-            let aligned = vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)];
+            let aligned = vec![rowwise::row_kernel(&prelude, &body, lanes, rows, dialect)];
             let textured = textured_rows(spec, &binds, &prelude, &body, (rows, lanes), shape[axis]);
             (Some(aligned), textured)
         }
@@ -154,7 +155,7 @@ fn textured_rows(
 ) -> Option<TexRead> {
     let kernel = |decls: &str, body: &str| {
         let prelude = format!("{prelude}{decls}");
-        vec![wgsl::row_kernel(
+        vec![rowwise::row_kernel(
             &prelude,
             body,
             lanes,

@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use super::elementwise::groups_for;
 use super::op::{prepare as prepare_op, OpSource, TexRead, MAX_TENSORS};
+use super::rowwise::{self, MAIN_ROWS};
 use super::textures::{textures_for, TexturedRead};
-use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D, MAIN_ROWS};
+use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
@@ -241,7 +242,7 @@ impl Transpose {
              tile[lane * 33u + step + k]); }}\n    }}\n}}\n",
             prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
         );
-        one_pass(source, wgsl::rows_grid(tiles), cfg)
+        one_pass(source, rowwise::rows_grid(tiles), cfg)
     }
 }
 

@@ -21,6 +21,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, prepare_scratch, OpSource, PassSources, TexRead};
+use super::rowwise;
 use super::textures::{textures_for, TexturedRead};
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
@@ -110,7 +111,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let host_loops = match row_lanes {
         Some(1) if shared => Some(n / 4 + 3),
         Some(1) => Some(n),
-        Some(w) => Some(n.div_ceil(4).div_ceil(u64::from(w)) + wgsl::WG_REDUCE_LOOPS + 3),
+        Some(w) => Some(n.div_ceil(4).div_ceil(u64::from(w)) + rowwise::WG_REDUCE_LOOPS + 3),
         None => None,
     };
     let literal = super::loop_limited(spec);
@@ -118,7 +119,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         chunk.div_ceil(1024) + 4
     } else {
         chunk.div_ceil(256) * (1 + rs.len() as u64)
-    } + wgsl::WG_REDUCE_LOOPS;
+    } + rowwise::WG_REDUCE_LOOPS;
     let host = super::host_form(spec, host_loops, gpu_loops, || {
         format!("a reduction of {n} elements")
     })?;
@@ -194,8 +195,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let head = |prelude: &str| {
         format!(
             "{prelude}{}{ARGMAX_SHARED}{ARGMAX}{funcs}{part}\n{}",
-            wgsl::wg_reduce(d),
-            wgsl::main_rows_open(d)
+            rowwise::wg_reduce(d),
+            rowwise::main_rows_open(d)
         )
     };
     let parts = gpu_parts(spec.op)?;
@@ -249,7 +250,7 @@ fn gpu_passes(
             parts.tree,
             parts.to_out
         );
-        return vec![(src, wgsl::rows_grid(lanes))];
+        return vec![(src, rowwise::rows_grid(lanes))];
     }
     // Pass 1: workgroup w reduces chunk w % chunks of output w / chunks into part[w]; pass 2:
     // one workgroup per output combines its chunks' results (in the order of the chunks: the
@@ -270,8 +271,8 @@ fn gpu_passes(
         parts.from_part, parts.tree, parts.to_out
     );
     vec![
-        (first, wgsl::rows_grid((lanes as u64 * chunks) as usize)),
-        (second, wgsl::rows_grid(lanes)),
+        (first, rowwise::rows_grid((lanes as u64 * chunks) as usize)),
+        (second, rowwise::rows_grid(lanes)),
     ]
 }
 /// How many workgroups share each output's reduced elements in the GPU form: enough that
@@ -424,7 +425,7 @@ fn gpu_parts(op: &str) -> Result<GpuParts> {
     })
 }
 
-/// The host form ([`wgsl::row_kernel`]'s): one invocation per output element walks its
+/// The host form ([`rowwise::row_kernel`]'s): one invocation per output element walks its
 /// reduced elements alone, no barrier, both views' offsets computed with their extents in
 /// the code ([`wgsl::view_index`]). On lavapipe the 256-invocation workgroup ran on one core
 /// all the same, behind nine barriers: argmax over one row of 512 floats took 84 µs, 30 µs
@@ -553,7 +554,7 @@ fn host_source(
         String::new()
     };
     let prelude = format!("{prelude}{ARGMAX}{pairs}{funcs}");
-    Ok(Some(wgsl::row_kernel(
+    Ok(Some(rowwise::row_kernel(
         &prelude,
         &format!("{head}    let base = {base};\n{body}"),
         row_lanes,

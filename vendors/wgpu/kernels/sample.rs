@@ -25,6 +25,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::rowwise;
 use super::textures::flat_textures;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
@@ -193,7 +194,7 @@ MAIN {
 ";
 
 /// [`BODY`]'s workgroup sum of three (count, weight) pairs, with subgroup operations where
-/// the adapter has them (as [`wgsl::wg_reduce`]'s sums: every lane combines the subgroups'
+/// the adapter has them (as [`rowwise::wg_reduce`]'s sums: every lane combines the subgroups'
 /// results in the same order).
 fn wg_sum_prefix(d: wgsl::Dialect) -> &'static str {
     if d.subgroups {
@@ -329,14 +330,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Bind::read("x", x.dtype),
         Bind::write("out", spec.outputs[0].dtype),
     ];
-    let body = BODY.replace("MAIN {\n", &wgsl::main_rows_open_sized(d, wg));
+    let body = BODY.replace("MAIN {\n", &rowwise::main_rows_open_sized(d, wg));
     let head = format!(
         "{}{}const SAMPLE_WG: u32 = {wg}u;\n{}",
         wgsl::prelude(&binds, d),
-        wgsl::wg_reduce(d),
+        rowwise::wg_reduce(d),
         wg_sum_prefix(d)
     );
-    let pass = |body: &str| vec![(format!("{head}{body}"), wgsl::rows_grid(rows))];
+    let pass = |body: &str| vec![(format!("{head}{body}"), rowwise::rows_grid(rows))];
     let mut src = OpSource::plain("random_sample", pass(&body), cfg);
     // On the host's cores a wholly contiguous input of whole quads is read through a texture
     // (see `TexRead`): every sweep loads the row again, and lavapipe gathers texel loads in

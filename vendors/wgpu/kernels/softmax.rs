@@ -1,6 +1,6 @@
 //! softmax, log_softmax and causal_softmax in WGSL: one workgroup per row (every index but
 //! the axis; on the host's cores one invocation per row, or a few where the row is long:
-//! [`wgsl::row_kernel`]), three strided sweeps of the row (max, sum of exponentials,
+//! [`rowwise::row_kernel`]), three strided sweeps of the row (max, sum of exponentials,
 //! write), so the input is read in place and the output may be the input's very view.
 //!
 //! Constants: `cfg[0]` rows, `cfg[1]` the axis length, `cfg[2]` / `cfg[3]` the axis strides of
@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::rowwise;
 use super::textures::row_texture;
 use super::wgsl::{self, Bind};
 use super::{reg_all, FLOATS};
@@ -97,7 +98,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let lanes = super::row_lanes(spec, rows, len, 3)?;
     let dialect = wgsl::Dialect::of(spec);
     let prelude = wgsl::prelude(&binds, dialect);
-    let (source, grid) = wgsl::row_kernel(&prelude, &body, lanes, rows, dialect);
+    let (source, grid) = rowwise::row_kernel(&prelude, &body, lanes, rows, dialect);
     let quads = super::on_host_cores(spec)
         && causal.is_none()
         && axis + 1 == shape.len()
@@ -106,14 +107,14 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (aligned, textured) = match (quads, wgsl::prelude_quads(&binds)) {
         (true, Some(prelude)) => {
             let body = BODY_QUADS.replace("RESULT", result);
-            let aligned = vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)];
+            let aligned = vec![rowwise::row_kernel(&prelude, &body, lanes, rows, dialect)];
             // The rows through a texture (see `TexRead`) when they are contiguous and many.
             let textured =
                 row_texture(x, &binds, (rows, shape[axis])).map(|(inputs, decl, read)| {
                     let body = body.replace("ld4_x(xb + j)", read);
                     let prelude = format!("{prelude}{decl}");
                     TexRead {
-                        passes: vec![wgsl::row_kernel(&prelude, &body, lanes, rows, dialect)],
+                        passes: vec![rowwise::row_kernel(&prelude, &body, lanes, rows, dialect)],
                         inputs,
                     }
                 });
