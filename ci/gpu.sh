@@ -8,6 +8,8 @@
 #   ci/gpu.sh [OUT_DIR]          (default: $OUT if set, else target/gpu-results)
 #   UNIRT_GPU_CONFORMANCE_REPEATS=8 ci/gpu.sh   (the CUDA suite 8 more times: a crash hunt)
 #   UNIRT_GPU_FUZZ_SECONDS=120 ci/gpu.sh        (`unirt fuzz` per GPU device; default 30 s)
+#   UNIRT_GPU_MEMCHECK=ops:: ci/gpu.sh          (also: the CUDA conformance cases matching the
+#       filter under compute-sanitizer's memcheck, with exact-size allocations; slow)
 #
 # Binaries: $UNIRT_BIN (default target/release/unirt) and libinfinirt.so beside it. Without
 # UNIRT_BIN and with cargo present they are built in release first; on a GPU machine without
@@ -116,6 +118,27 @@ for dev in $cuda_devs; do
   done
   [ "$repeats" -gt 0 ] && echo "gpu.sh: $dev: $repeats more whole-suite runs, $crashed ended by a signal"
 done
+
+# Out-of-bounds accesses of CUDA kernels (opt-in: memcheck slows every launch many times):
+# with UNIRT_ALLOC_EXACT=1 each tensor is a cuMemAlloc of exactly its size, so an access past
+# its end leaves the allocation, where memcheck reports it (docs/RELIABILITY.md).
+memcheck_filter="${UNIRT_GPU_MEMCHECK:-}"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -n "$memcheck_filter" ]; then
+  for dev in $cuda_devs; do
+    tag=${dev/:/-}
+    step "compute-sanitizer memcheck on $dev, cases matching $memcheck_filter (exact-size allocations)"
+    if [ ! -x "$sanitizer" ]; then
+      fail "UNIRT_GPU_MEMCHECK set but no compute-sanitizer found"
+      break
+    fi
+    UNIRT_ALLOC_EXACT=1 "$sanitizer" --tool memcheck --error-exitcode 99 \
+      "$bin" conformance --device "$dev" --filter "$memcheck_filter" \
+      >"$out/memcheck-$tag.txt" 2>&1 \
+      || fail "memcheck on $dev (see $out/memcheck-$tag.txt)"
+    tail -n 4 "$out/memcheck-$tag.txt"
+  done
+fi
 
 # The random-sequence fuzzer on every GPU device (`unirt fuzz`: the test binary's fuzzer,
 # built into the CLI because this machine has no cargo). UNIRT_GPU_FUZZ_SECONDS per device.

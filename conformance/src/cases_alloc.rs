@@ -17,8 +17,13 @@ use unirt::stream::{BackendExt, Event, Stream};
 
 pub(super) const MIB: u64 = 1 << 20;
 
+/// A new allocator with the default policy, whatever `UNIRT_ALLOC_STRICT` and
+/// `UNIRT_ALLOC_EXACT` say: the cases check rounding, splitting and reuse as documented.
 pub(super) fn fresh(ctx: &Ctx) -> Arc<CachingAllocator> {
-    CachingAllocator::new(ctx.backend.clone())
+    let a = CachingAllocator::new(ctx.backend.clone());
+    a.set_strict(None);
+    a.set_exact(false);
+    a
 }
 
 /// Writes a pattern through the HAL and reads it back.
@@ -357,7 +362,77 @@ pub(super) const CASES: &[Case] = &[
         needs: &[],
         run: strict_mode,
     },
+    Case {
+        name: "alloc::exact_mode_sizes_blocks_to_the_byte",
+        needs: &[],
+        run: exact_mode,
+    },
 ];
+
+/// Exact mode (`UNIRT_ALLOC_EXACT`, here switched on per allocator): each request that misses
+/// the cache is a segment of exactly its bytes (odd sizes included, which every backend's raw
+/// allocation must take), that holds data like any block, and a freed block serves only a
+/// request of its own size again.
+fn exact_mode(ctx: &Ctx) -> Result<(), Failure> {
+    let a = fresh(ctx);
+    let s = ctx.default_stream();
+    a.set_exact(true);
+    ensure!(a.exact(), "set_exact(true) did not turn exact mode on");
+    let sizes = [1usize, 6, 513, 4098, 3 * MIB as usize + 2];
+    let mut ptrs = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let p = a.malloc(n, s)?;
+        let got = a.block(p).map(|b| b.size);
+        ensure!(
+            got == Some(n as u64),
+            "a {n} B request got a {got:?} B block"
+        );
+        roundtrip(ctx, p, n, 30 + i as u32)?;
+        ptrs.push(p);
+    }
+    let total: u64 = sizes.iter().map(|&n| n as u64).sum();
+    let st = a.stats();
+    ensure!(
+        st.reserved_bytes.current == total
+            && st.allocated_bytes.current == total
+            && st.segments.current == sizes.len() as u64,
+        "{} exact blocks of {total} B in all: {st:?}",
+        sizes.len()
+    );
+    let freed = ptrs[2];
+    a.free(freed)?;
+    let smaller = a.malloc(512, s)?;
+    ensure!(
+        smaller != freed,
+        "a 512 B request reused the freed 513 B block"
+    );
+    let same = a.malloc(513, s)?;
+    ensure!(
+        same == freed,
+        "a 513 B request did not reuse the freed 513 B block: {same:?} vs {freed:?}"
+    );
+    roundtrip(ctx, same, 513, 40)?;
+    ptrs[2] = same;
+    ptrs.push(smaller);
+    for p in ptrs {
+        a.free(p)?;
+    }
+    a.empty_cache()?;
+    let st = a.stats();
+    ensure!(
+        st.reserved_bytes.current == 0 && st.segments.current == 0,
+        "empty_cache kept segments in exact mode: {st:?}"
+    );
+    a.set_exact(false);
+    let p = a.malloc(1, s)?;
+    let got = a.block(p).map(|b| b.size);
+    a.free(p)?;
+    ensure!(
+        got == Some(512),
+        "with exact mode off again, 1 B got a {got:?} B block, not 512"
+    );
+    Ok(())
+}
 
 /// Strict mode (`UNIRT_ALLOC_STRICT`, here switched on per allocator): a pointer kept after
 /// its block was freed is a typed error instead of an alias of the next allocation, and the

@@ -28,6 +28,7 @@
 //! every parked block, before the best-fit search, so split and coalesce behave as without it.
 
 mod block;
+pub mod exact;
 mod fault;
 mod host;
 mod pool;
@@ -42,7 +43,7 @@ pub use fault::FaultInjector;
 pub use host::PinnedHostPool;
 pub use stats::{HostStats, MemoryStats, Stat};
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -105,11 +106,14 @@ pub struct CachingAllocator {
     pinned: Mutex<Option<Arc<PrivatePool>>>,
     /// Strict mode's quarantine limit in bytes, 0 when off ([`strict`]).
     strict: AtomicU64,
+    /// Exact mode: a segment of exactly the requested size per block ([`exact`]).
+    exact: AtomicBool,
 }
 
 impl CachingAllocator {
     /// An allocator over `raw` (an `Arc<AnyBackend>` or a wrapper of one); strict mode
-    /// ([`strict`]) is on when `UNIRT_ALLOC_STRICT` asks for it.
+    /// ([`strict`]) is on when `UNIRT_ALLOC_STRICT` asks for it, exact mode ([`exact`]) when
+    /// `UNIRT_ALLOC_EXACT` does.
     pub fn new(raw: Arc<dyn RawAllocator>) -> Arc<Self> {
         let device = device_of(raw.backend());
         Arc::new(CachingAllocator {
@@ -118,6 +122,7 @@ impl CachingAllocator {
             state: Mutex::new(State::default()),
             pinned: Mutex::new(None),
             strict: AtomicU64::new(strict::limit_from_env().map_or(0, |l| l.max(1))),
+            exact: AtomicBool::new(exact::from_env()),
         })
     }
 
@@ -137,7 +142,13 @@ impl CachingAllocator {
             return Ok(DevicePtr::NULL);
         }
         let requested = bytes as u64;
-        let size = round_size(requested).ok_or_else(|| self.too_large(requested))?;
+        // Exact mode: the block is the request, in a segment of its own, reused only at its size.
+        let exact = self.exact.load(Ordering::Relaxed);
+        let size = if exact {
+            requested
+        } else {
+            round_size(requested).ok_or_else(|| self.too_large(requested))?
+        };
         let mut st = self.state.lock();
         if !st.pending.is_empty() {
             self.process_events(&mut st, false);
@@ -151,10 +162,14 @@ impl CachingAllocator {
             st.flush_quick(&mut out);
             st.deferred_raw.extend(out);
         }
-        if let Some(a) = st.take_free(pool, stream.0, size, requested) {
+        if let Some(a) = st.take_free(pool, stream.0, size, requested, exact) {
             return self.checked(a);
         }
-        let seg = segment_size(size).ok_or_else(|| self.too_large(requested))?;
+        let seg = if exact {
+            size
+        } else {
+            segment_size(size).ok_or_else(|| self.too_large(requested))?
+        };
         let seg_usize = usize::try_from(seg).map_err(|_| self.too_large(requested))?;
         let first = match self.raw.raw_malloc(seg_usize) {
             Ok(p) => {
@@ -174,7 +189,7 @@ impl CachingAllocator {
         self.free_raw(out);
         let mut st = self.state.lock();
         let pool = st.pool_for(size);
-        if let Some(a) = st.take_free(pool, stream.0, size, requested) {
+        if let Some(a) = st.take_free(pool, stream.0, size, requested, exact) {
             return self.checked(a);
         }
         match self.raw.raw_malloc(seg_usize) {

@@ -172,13 +172,21 @@ impl State {
     }
 
     /// Best fit from the free set of `pool` for `stream`: the smallest free block of at least
-    /// `size` bytes, lowest address first. Splits it when the rest is worth keeping and marks
-    /// it allocated. `None` on a miss.
-    pub fn take_free(&mut self, pool: u32, stream: u64, size: u64, requested: u64) -> Option<u64> {
+    /// `size` bytes (`exact`: of `size` bytes), lowest address first. Splits it when the rest
+    /// is worth keeping and marks it allocated. `None` on a miss.
+    pub fn take_free(
+        &mut self,
+        pool: u32,
+        stream: u64,
+        size: u64,
+        requested: u64,
+        exact: bool,
+    ) -> Option<u64> {
         let p = self.pool_mut(pool)?;
+        let largest = if exact { size } else { u64::MAX };
         let key = *p
             .free
-            .range((stream, size, 0, 0)..=(stream, u64::MAX, u64::MAX, u32::MAX))
+            .range((stream, size, 0, 0)..=(stream, largest, u64::MAX, u32::MAX))
             .next()?;
         if key.3 == NIL {
             return None; // the sentinel (only reachable for a stream handle of u64::MAX)
