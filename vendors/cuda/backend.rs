@@ -1,15 +1,13 @@
 //! The [`Backend`] implementation of [`CudaBackend`]: validation against the handle and
 //! allocation tables (`checks.rs`), ordering across streams where a call needs it
-//! (`sync.rs`), then one driver call each.
-
-use std::sync::Arc;
+//! (`sync.rs`), then one driver call each. Capture and graph calls live with the graph
+//! objects (`graph.rs`).
 
 use super::driver_launch::ArgValue;
 use super::driver_memory::host_copy;
 use super::event::{cu_flags, CudaEvent};
-use super::graph::{CudaGraph, CudaGraphExec};
 use super::memory::AllocKind;
-use super::stream::{CaptureLog, CudaStream};
+use super::stream::CudaStream;
 use super::CudaBackend;
 use crate::checked;
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
@@ -500,198 +498,26 @@ impl Backend for CudaBackend {
     }
 
     fn begin_capture(&self, stream: StreamId, mode: CaptureMode) -> Result<()> {
-        let s = self.stream(stream)?;
-        self.bind()?;
-        // Module loading is not allowed inside a global-mode capture: load the kernels first.
-        self.preload_kernels();
-        // Waits for a device-wide synchronize that is waiting on this stream right now; the
-        // capture state is checked under it (a check before could be stale by now).
-        let _gate = s.gate.exclusive(StreamId::KIND, s.raw)?;
-        let mut cap = s.capture.lock();
-        if cap.is_some() {
-            return Err(Error::Capturing(
-                "begin_capture on a stream that is already capturing".into(),
-            ));
-        }
-        let entry = self.mark_queued_work(&s)?;
-        // CaptureMode uses CUstreamCaptureMode's numbering (global 0, thread-local 1, relaxed 2).
-        // SAFETY: the stream came from the stream table and is not capturing (checked above).
-        if let Err(e) = unsafe { self.drv.begin_capture(s.raw, mode as i32) } {
-            if let Some(ev) = entry {
-                self.destroy_marker(ev);
-            }
-            return Err(e);
-        }
-        *cap = Some(CaptureLog {
-            owner: crate::checked::CaptureOwner::new(mode),
-            entry,
-            ..Default::default()
-        });
-        Ok(())
+        self.start_capture(stream, mode)
     }
 
     fn end_capture(&self, stream: StreamId) -> Result<GraphId> {
-        let s = self.stream(stream)?;
-        // Until the driver has ended the capture, no device synchronize may take the stream
-        // for one that is not capturing.
-        let _gate = s.gate.exclusive(StreamId::KIND, s.raw)?;
-        let rec = {
-            let mut cap = s.capture.lock();
-            // The driver would refuse another thread (and the capture would go on).
-            cap.as_ref().ok_or(Error::NotCapturing)?.owner.check_end()?;
-            cap.take().ok_or(Error::NotCapturing)?
-        };
-        for e in &rec.events {
-            e.captured.leave();
-        }
-        self.bind()?;
-        // SAFETY: the stream came from the stream table and is capturing (checked above).
-        let raw = unsafe { self.drv.end_capture(s.raw) };
-        if let Some(ev) = rec.entry {
-            self.destroy_marker(ev);
-        }
-        let raw = raw?;
-        self.graphs.insert_with(
-            raw,
-            CudaGraph {
-                raw,
-                ranges: rec.ranges.into(),
-                pinned: rec.pinned.into(),
-                events: rec.events.into(),
-                waits: rec.waits.into(),
-                checks: rec.checks.into(),
-                gate: Default::default(),
-                family: Default::default(),
-            },
-        );
-        Ok(GraphId(raw))
+        self.finish_capture(stream)
     }
 
     fn graph_instantiate(&self, graph: GraphId) -> Result<GraphExecId> {
-        let g = self.graphs.get(graph.0)?;
-        // Exclusive: CUDA graph objects are not internally synchronised, and no call on one
-        // graph — cuGraphInstantiate included — may run on two threads at once.
-        let _g_use = g.gate.exclusive(GraphId::KIND, g.raw)?;
-        let _events_use = enter_events(&g.events, &g.waits)?;
-        // From the check to the driver's instantiate, a free on another thread waits (its
-        // exclusive turn): the driver never reads nodes on memory released in between. Without
-        // it the C ABI fuzzer's four threads had libcuda instantiate a graph on a freed
-        // allocation over the fake driver (1 seed in 185).
-        let _gate = self.enqueue_gate.read();
-        self.check_graph(&g.ranges, &g.events)?;
-        self.check_graph(&[], &g.waits)?;
-        self.check_pinned(&g.pinned)?;
-        self.bind()?;
-        // Ordered with the graph's execs and every graph creation/destruction (`GraphFamily`).
-        let _order = g.family.lifecycle();
-        // SAFETY: the graph came from the live graph table.
-        let raw = unsafe { self.drv.graph_instantiate(g.raw) }?;
-        self.execs.insert_with(
-            raw,
-            CudaGraphExec {
-                raw,
-                ranges: g.ranges.clone(),
-                pinned: g.pinned.clone(),
-                events: g.events.clone(),
-                waits: g.waits.clone(),
-                checks: g.checks.clone(),
-                gate: Default::default(),
-                family: g.family.clone(),
-            },
-        );
-        Ok(GraphExecId(raw))
+        self.instantiate_graph(graph)
     }
 
     fn graph_launch(&self, exec: GraphExecId, stream: StreamId) -> Result<()> {
-        let (x, s) = (self.execs.get(exec.0)?, self.stream(stream)?);
-        // The driver refuses a graph launched into a capture (CUDA 13 on an H200:
-        // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and a refused call there may invalidate the
-        // capture; refused here, the capture goes on intact.
-        if s.is_capturing() {
-            return Err(Error::Capturing(
-                "launching a graph into a capturing stream (CUDA cannot capture a graph launch)"
-                    .into(),
-            ));
-        }
-        // Exclusive: an exec is not internally synchronised either; launches of one exec from
-        // two threads are serialised here instead of racing inside the driver.
-        let _x_use = x.gate.exclusive(GraphExecId::KIND, x.raw)?;
-        let _s_use = s.gate.enter(StreamId::KIND, s.raw)?;
-        let _events_use = enter_events(&x.events, &x.waits)?;
-        let _gate = self.enqueue_gate.read();
-        // A replay must not touch memory freed (or events destroyed) since the capture.
-        self.check_graph(&x.ranges, &x.events)?;
-        self.check_graph(&[], &x.waits)?;
-        self.check_pinned(&x.pinned)?;
-        self.bind()?;
-        // Ordered with the calls on the other execs of its graph (`GraphFamily`).
-        let order = x.family.launch();
-        // SAFETY: the exec and the stream came from their tables and the graph's ranges were
-        // re-checked above.
-        let launched = unsafe { self.drv.graph_launch(x.raw, s.raw) };
-        drop(order);
-        launched?;
-        s.note_faults(&x.checks);
-        for e in x.events.iter() {
-            if !s.note_event(e) {
-                e.mark_recorded();
-            }
-        }
-        // Launched into a capture, the graph's event waits become the new graph's too: its
-        // instantiate and launches must see them (a destroyed one is refused, never handed to
-        // the driver).
-        for e in x.waits.iter() {
-            s.note_wait(e);
-        }
-        Ok(())
+        self.launch_graph(exec, stream)
     }
 
     fn graph_destroy(&self, graph: GraphId) -> Result<()> {
-        self.bind()?;
-        let g = self.graphs.remove(graph.0)?;
-        // Waits for an instantiate of it on another thread.
-        let _excl = g.gate.exclusive(GraphId::KIND, g.raw)?;
-        // Ordered with the calls on its execs and every graph creation/destruction (libcuda
-        // crashes otherwise: `GraphFamily`).
-        let order = g.family.lifecycle();
-        // SAFETY: the graph came out of the graph table, which no longer lists it, and no call
-        // is using it (gate held exclusively): destroyed once (on failure it goes back to the
-        // table).
-        let destroyed = unsafe { self.drv.graph_destroy(g.raw) };
-        drop(order);
-        destroyed
-            .map(|()| g.gate.mark_destroyed())
-            .inspect_err(|_| self.graphs.restore(graph.0, g.clone()))
+        self.destroy_graph(graph)
     }
 
     fn graph_exec_destroy(&self, exec: GraphExecId) -> Result<()> {
-        self.bind()?;
-        let x = self.execs.remove(exec.0)?;
-        // Waits for a launch of it on another thread.
-        let _excl = x.gate.exclusive(GraphExecId::KIND, x.raw)?;
-        // Ordered with the calls on its graph's other execs and every graph creation and
-        // destruction (libcuda crashes otherwise: `GraphFamily`).
-        let order = x.family.lifecycle();
-        // SAFETY: the exec came out of the exec table, which no longer lists it, and no call is
-        // using it (gate held exclusively): destroyed once (on failure it goes back to the
-        // table).
-        let destroyed = unsafe { self.drv.graph_exec_destroy(x.raw) };
-        drop(order);
-        destroyed
-            .map(|()| x.gate.mark_destroyed())
-            .inspect_err(|_| self.execs.restore(exec.0, x.clone()))
+        self.destroy_graph_exec(exec)
     }
-}
-
-/// Enters the gates of the events a graph records and waits on, so none is destroyed while the
-/// driver instantiates or launches the graph; a destroyed one is refused.
-fn enter_events<'a>(
-    recorded: &'a [Arc<CudaEvent>],
-    waited: &'a [Arc<CudaEvent>],
-) -> Result<Vec<parking_lot::RwLockReadGuard<'a, ()>>> {
-    recorded
-        .iter()
-        .chain(waited)
-        .map(|e| e.gate.enter(EventId::KIND, e.raw))
-        .collect()
 }
