@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# AddressSanitizer over the CPU backend (and the first wgpu adapter's host side): the CLI built with nightly's -Zsanitizer=address (into
-# target/asan), then the CPU conformance suite (also at the narrower SIMD tiers), random
-# operator graphs and the Rust API fuzzer, all with exact-size allocations
+# AddressSanitizer over the CPU backend (and the first wgpu adapter's host side): the CLI
+# built with nightly's -Zsanitizer=address (into target/asan), then the CPU conformance suite
+# (also at the narrower SIMD tiers), random operator graphs, the Rust API fuzzer and the
+# first wgpu adapter's suite, all with exact-size allocations
 # (UNIRT_ALLOC_EXACT=1): each tensor is then a host allocation of its own, so a kernel that
 # reads or writes past a tensor's end touches ASan's red zone instead of a neighbour.
 # Not part of ci/test.sh: it needs a nightly toolchain and its build takes several minutes.

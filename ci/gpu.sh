@@ -123,8 +123,8 @@ done
 # with UNIRT_ALLOC_EXACT=1 each tensor is a cuMemAlloc of exactly its size, so an access past
 # its end leaves the allocation, where memcheck reports it (docs/RELIABILITY.md).
 memcheck_filter="${UNIRT_GPU_MEMCHECK:-}"
-sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -n "$memcheck_filter" ]; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for dev in $cuda_devs; do
     tag=${dev/:/-}
     step "compute-sanitizer memcheck on $dev, cases matching $memcheck_filter (exact-size allocations)"

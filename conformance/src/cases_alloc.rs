@@ -17,10 +17,14 @@ use unirt::stream::{BackendExt, Event, Stream};
 
 pub(super) const MIB: u64 = 1 << 20;
 
-/// A new allocator with the default policy, whatever `UNIRT_ALLOC_STRICT` and
-/// `UNIRT_ALLOC_EXACT` say: the cases check rounding, splitting and reuse as documented.
+/// A new allocator with the default policy ([`default_policy`]).
 pub(super) fn fresh(ctx: &Ctx) -> Arc<CachingAllocator> {
-    let a = CachingAllocator::new(ctx.backend.clone());
+    default_policy(CachingAllocator::new(ctx.backend.clone()))
+}
+
+/// `a` with strict and exact mode off, whatever `UNIRT_ALLOC_STRICT` and `UNIRT_ALLOC_EXACT`
+/// say: the allocator cases check rounding, splitting and reuse as documented.
+pub(super) fn default_policy(a: Arc<CachingAllocator>) -> Arc<CachingAllocator> {
     a.set_strict(None);
     a.set_exact(false);
     a

@@ -15,14 +15,12 @@ use unirt::hal::{CaptureMode, DevicePtr, EventStatus, HostPtr};
 use unirt::runtime::Runtime;
 use unirt::stream::{BackendExt, Event, Stream};
 
-use super::cases_alloc::{fresh, keep_busy, roundtrip, MIB};
+use super::cases_alloc::{default_policy, fresh, keep_busy, roundtrip, MIB};
 
 fn private_pool_address_stability(ctx: &Ctx) -> Result<(), Failure> {
     let rt = Runtime::standalone(ctx.backend.clone());
-    let a = rt.allocator().clone();
     // The segment arithmetic below is the default policy's.
-    a.set_strict(None);
-    a.set_exact(false);
+    let a = default_policy(rt.allocator().clone());
     let s = Stream::new(&ctx.backend)?;
     let n = 1024u32;
     let bytes = 4 * n as usize;
@@ -133,9 +131,7 @@ fn pin_mode_keeps_addresses(ctx: &Ctx) -> Result<(), Failure> {
 
 fn oom_retry_frees_cache(ctx: &Ctx) -> Result<(), Failure> {
     let faulty = Arc::new(FaultInjector::new(ctx.backend.clone(), 2, 1));
-    let a = CachingAllocator::new(faulty.clone());
-    a.set_strict(None);
-    a.set_exact(false);
+    let a = default_policy(CachingAllocator::new(faulty.clone()));
     let s = ctx.default_stream();
     let small = a.malloc(4096, s)?;
     a.free(small)?;

@@ -5,7 +5,7 @@
 //! so they check behaviour, not exact allocator statistics; the allocator's arithmetic is
 //! checked in `cases_alloc.rs` on private allocators.
 
-use super::cases_alloc::roundtrip;
+use super::cases_alloc::{default_policy, roundtrip};
 use super::*;
 use crate::ensure;
 use unirt::context;
@@ -260,6 +260,8 @@ fn context_thread_locality(ctx: &Ctx) -> Result<(), Failure> {
 
 fn memory_handle_raii(ctx: &Ctx) -> Result<(), Failure> {
     let rt = Runtime::standalone(ctx.backend.clone());
+    // The reuse checked below is the default policy's (strict mode would quarantine the block).
+    default_policy(rt.allocator().clone());
     let m = rt.allocate_memory(1000)?;
     let m2 = m.clone();
     ensure!(

@@ -26,19 +26,9 @@ use super::CachingAllocator;
 /// `no` or empty, as [`STRICT_ENV`](super::strict::STRICT_ENV)).
 pub const EXACT_ENV: &str = "UNIRT_ALLOC_EXACT";
 
-/// Whether `value` (of [`EXACT_ENV`]) asks for exact mode.
-fn on(value: Option<&str>) -> bool {
-    value.is_some_and(|v| {
-        !matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "" | "0" | "off" | "false" | "no"
-        )
-    })
-}
-
 /// Whether the environment asks for exact mode.
 pub fn from_env() -> bool {
-    on(std::env::var(EXACT_ENV).ok().as_deref())
+    super::switch_on(std::env::var(EXACT_ENV).ok().as_deref())
 }
 
 impl CachingAllocator {
@@ -69,10 +59,12 @@ impl CachingAllocator {
 
 #[cfg(test)]
 mod tests {
+    use super::super::switch_on as on;
+
     #[test]
     fn env_values() {
         for v in ["1", "on", "TRUE", " yes ", "exact"] {
-            assert!(super::on(Some(v)), "{v}");
+            assert!(on(Some(v)), "{v}");
         }
         for v in [
             None,
@@ -82,7 +74,7 @@ mod tests {
             Some("false"),
             Some("no"),
         ] {
-            assert!(!super::on(v), "{v:?}");
+            assert!(!on(v), "{v:?}");
         }
     }
 }

@@ -55,6 +55,17 @@ use crate::vendors::AnyBackend;
 use block::BlockState;
 use pool::{Released, State};
 
+/// Whether a debugging switch's value (`UNIRT_ALLOC_STRICT`, `UNIRT_ALLOC_EXACT`) turns it on:
+/// any value but the "off" words `0`, `off`, `false`, `no` and the empty one; absent is off.
+fn switch_on(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "" | "0" | "off" | "false" | "no"
+        )
+    })
+}
+
 /// Where the allocator gets and returns whole segments: the backend's raw allocation, or a
 /// wrapper around it (such as the [`FaultInjector`]).
 pub trait RawAllocator: Send + Sync {

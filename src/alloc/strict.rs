@@ -61,8 +61,7 @@ impl Quarantine {
 /// Unknown words for `UNIRT_ALLOC_STRICT` other than the "off" ones (`0`, `off`, `false`,
 /// `no`, empty) turn it on; a size that is not a whole number of MiB is the default.
 pub fn limit_from(strict: Option<&str>, mib: Option<&str>) -> Option<u64> {
-    let on = strict.map(|s| s.trim().to_ascii_lowercase())?;
-    if matches!(on.as_str(), "" | "0" | "off" | "false" | "no") {
+    if !super::switch_on(strict) {
         return None;
     }
     let mib = mib
