@@ -45,11 +45,6 @@ pub(super) fn cases() -> Vec<Case> {
             run: segments,
         },
         Case {
-            name: "graph::memory_plan_reuses_intermediates",
-            needs: &[],
-            run: memory_plan,
-        },
-        Case {
             name: "graph::fusion_matches_unfused",
             needs: &[],
             run: fusion,
@@ -101,11 +96,11 @@ pub fn unsupported_here(kind: DeviceKind, case: &str) -> Option<String> {
     })
 }
 
-fn bytes(t: &Tensor) -> Result<Vec<u8>, Failure> {
+pub(super) fn bytes(t: &Tensor) -> Result<Vec<u8>, Failure> {
     Ok(t.to_bytes()?)
 }
 
-fn rand(ctx: &Ctx, shape: &[usize], seed: u64) -> Result<Tensor, Failure> {
+pub(super) fn rand(ctx: &Ctx, shape: &[usize], seed: u64) -> Result<Tensor, Failure> {
     Ok(Tensor::rand_uniform(
         shape,
         -2.0,
@@ -227,62 +222,6 @@ fn segments(ctx: &Ctx) -> Result<(), Failure> {
     ensure!(
         eager >= 1 && (captured == 2 || !caps),
         "{captured} captured and {eager} eager segments"
-    );
-    Ok(())
-}
-
-fn memory_plan(ctx: &Ctx) -> Result<(), Failure> {
-    let rt = Runtime::get(ctx.device)?;
-    let x = rand(ctx, &[1024], 5)?;
-    rt.start_graph_recording()?;
-    let r = (|| -> unirt::Result<Tensor> {
-        let mut h = x.clone();
-        for i in 0..12 {
-            h = if i % 2 == 0 { h.tanh()? } else { h.add(&x)? };
-        }
-        Ok(h)
-    })();
-    let mut g = rt.stop_graph_recording()?;
-    let y = r?;
-    g.mark_input("x", &x)?;
-    g.mark_output("y", &y)?;
-    let plan = unirt::CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
-    let m = plan.memory();
-    ensure!(
-        m.naive_bytes == 12 * 4096,
-        "naive bytes {} for 12 intermediates of 4 KiB",
-        m.naive_bytes
-    );
-    ensure!(
-        m.arena_bytes * 2 <= m.naive_bytes,
-        "planned {} bytes against {} naive",
-        m.arena_bytes,
-        m.naive_bytes
-    );
-    // Live intermediates never share bytes.
-    for (i, s) in plan.steps().iter().enumerate() {
-        for o in &s.outputs {
-            for inp in &s.inputs {
-                let (Some(a), Some(b)) = (m.offset_of(o.buffer.0), m.offset_of(inp.buffer.0))
-                else {
-                    continue;
-                };
-                ensure!(a != b, "step {i} writes the arena slot it reads");
-            }
-        }
-    }
-    rt.run(&g)?;
-    let want = bytes(&y)?;
-    let exec = plan.instantiate()?;
-    exec.replay()?;
-    ensure!(
-        bytes(exec.output("y")?)? == want,
-        "replay differs from eager"
-    );
-    ensure!(
-        exec.arena_bytes() == m.arena_bytes,
-        "arena of {} bytes",
-        exec.arena_bytes()
     );
     Ok(())
 }
@@ -517,6 +456,7 @@ fn builder_state(ctx: &Ctx) -> Result<(), Failure> {
     let exec = g.plan()?.instantiate_with(ExecOptions {
         warmups: 0,
         capture: true,
+        ..Default::default()
     })?;
     let one = Tensor::full(&[64], 1.0, DType::F32, ctx.device)?;
     exec.set_input("x", &one)?;
@@ -551,6 +491,7 @@ fn recorded_write_to_external(ctx: &Ctx) -> Result<(), Failure> {
     let exec = g.plan()?.instantiate_with(ExecOptions {
         warmups: 0,
         capture: true,
+        ..Default::default()
     })?;
     exec.replay()?;
     ensure!(

@@ -312,6 +312,7 @@ pub fn run_device(device: Device, cfg: Config, steps: usize, timed: usize) -> Re
     let exec = plan.instantiate_with(unirt::graph::ExecOptions {
         warmups: 0,
         capture: true,
+        ..Default::default()
     })?;
     let mut replayed = Vec::with_capacity(steps);
     for _ in 0..steps {
@@ -339,6 +340,7 @@ pub fn run_device(device: Device, cfg: Config, steps: usize, timed: usize) -> Re
     let exec2 = g2.plan()?.instantiate_with(unirt::graph::ExecOptions {
         warmups: 0,
         capture: true,
+        ..Default::default()
     })?;
     let t0 = std::time::Instant::now();
     for _ in 0..timed {

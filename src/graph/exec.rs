@@ -1,7 +1,8 @@
 //! [`GraphExec`]: a [`CapturePlan`] instantiated on its device and replayed.
 //!
-//! Instantiating allocates, and holds while the exec lives, the arena of the memory plan, the shared workspace and a static copy of every named
-//! input; binds every step to its tensors (arena views, static inputs, external tensors held
+//! Instantiating allocates, and holds while the exec lives, the arena of the memory plan, the
+//! shared workspace and a static copy of every named input (with exact memory, see
+//! [`ExecOptions::exact_memory`], a block per intermediate and per workspace size instead); binds every step to its tensors (arena views, static inputs, external tensors held
 //! by the exec); runs the steps eagerly `warmups` times; then captures every capture-safe
 //! segment through the HAL's stream capture — a recorded call list on the CPU, prepared
 //! command buffers on wgpu, a CUDA graph on CUDA. A replay launches the captured segments and
@@ -33,6 +34,13 @@ pub struct ExecOptions {
     /// Capture the capture-safe segments (default true); false runs every step eagerly on
     /// replay (the bound, pre-planned eager path).
     pub capture: bool,
+    /// Give every intermediate a block of exactly its bytes, and every step a workspace of
+    /// exactly its size, instead of packing the intermediates into one arena and sharing one
+    /// workspace of the largest size: a kernel that writes past its tensor then leaves the
+    /// allocation, where AddressSanitizer or compute-sanitizer sees it, instead of landing in
+    /// the next intermediate. Costs the memory plan's saving. `None` (the default) follows
+    /// the device allocator's exact mode (`UNIRT_ALLOC_EXACT`, see `crate::alloc`).
+    pub exact_memory: Option<bool>,
 }
 
 impl Default for ExecOptions {
@@ -40,6 +48,7 @@ impl Default for ExecOptions {
         ExecOptions {
             warmups: 1,
             capture: true,
+            exact_memory: None,
         }
     }
 }
@@ -49,6 +58,8 @@ enum Bound {
         plan: Plan,
         ins: Vec<Tensor>,
         outs: Vec<Tensor>,
+        /// Index into the exec's `workspaces`, when the operator takes one.
+        workspace: Option<usize>,
     },
     Host {
         f: HostFn,
@@ -68,9 +79,11 @@ pub struct GraphExec {
     segments: Vec<SegmentExec>,
     inputs: Vec<(String, Tensor)>,
     outputs: Vec<(String, Tensor)>,
-    workspace: Option<Tensor>,
-    /// With `workspace` and the static inputs: memory the exec holds while it lives.
-    arena: Option<Tensor>,
+    /// One shared workspace of the largest size, or with exact memory one per distinct size.
+    workspaces: Vec<Tensor>,
+    /// The arena of the memory plan, or with exact memory one block per intermediate. With
+    /// the workspaces and the static inputs: memory the exec holds while it lives.
+    arena: Vec<Tensor>,
     /// Held while a replay or input copy is enqueued (see [`GraphExec::replay`]), so that
     /// two threads' enqueues do not interleave.
     turn: Mutex<()>,
@@ -93,28 +106,56 @@ impl GraphExec {
         }
         let rt = Runtime::get(device)?;
         let stream = rt.stream()?;
+        let exact = options
+            .exact_memory
+            .unwrap_or_else(|| rt.allocator().exact());
         // The exec holds its arena, workspace and static inputs for its whole life, so no
         // other allocation can be handed their addresses while it lives. (It does not route
         // the device's allocations into a private pool meanwhile: that switch is device-wide
         // and exclusive, and two threads instantiating at once would refuse each other.)
-        let owned = (|| -> Result<_> {
-            let arena = match plan.memory.arena_bytes {
-                0 => None,
-                n => Some(alloc_in(&rt, n)?),
-            };
-            let workspace = match plan.workspace {
-                0 => None,
-                n => Some(alloc_in(&rt, n)?),
-            };
+        let memory = (|| -> Result<_> {
+            let mut arena = Vec::new();
+            // (buffer index, index into `arena`, byte offset there) of every intermediate.
+            let mut placed = Vec::with_capacity(plan.memory.offsets.len());
+            if exact {
+                for &(b, _) in &plan.memory.offsets {
+                    placed.push((b, arena.len(), 0));
+                    arena.push(alloc_in(&rt, graph.buffers()[b].tensor.storage_bytes())?);
+                }
+            } else if plan.memory.arena_bytes > 0 {
+                arena.push(alloc_in(&rt, plan.memory.arena_bytes)?);
+                placed.extend(plan.memory.offsets.iter().map(|&(b, off)| (b, 0, off)));
+            }
+            // The workspace sizes the steps need: the largest alone (shared), or each one.
+            let mut sizes: Vec<usize> = plan
+                .steps
+                .iter()
+                .filter_map(|s| match &s.kind {
+                    NodeKind::Op(p) if p.workspace_size() > 0 => Some(p.workspace_size()),
+                    _ => None,
+                })
+                .collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            if !exact {
+                sizes = sizes
+                    .last()
+                    .map(|&n| vec![n.max(plan.workspace)])
+                    .unwrap_or_default();
+            }
+            let workspaces = sizes
+                .iter()
+                .map(|&n| alloc_in(&rt, n))
+                .collect::<Result<Vec<_>>>()?;
             let mut statics = Vec::new();
             for (i, b) in graph.buffers().iter().enumerate() {
                 if let BufferRole::Input(_) = b.role {
                     statics.push((i, alloc_in(&rt, b.tensor.storage_bytes())?));
                 }
             }
-            Ok((arena, workspace, statics))
+            Ok((arena, placed, sizes, workspaces, statics))
         })();
-        let (arena, workspace, statics) = owned?;
+        let (arena, placed, workspace_sizes, workspaces, statics) = memory?;
         // The static inputs start with the graph's values.
         for (i, s) in &statics {
             let src = &graph.buffers()[*i].tensor;
@@ -137,15 +178,13 @@ impl GraphExec {
                     None => Err(Error::Internal("a static input is missing".into())),
                 },
                 BufferRole::External => o.view_in(&b.tensor, 0),
-                BufferRole::Intermediate => {
-                    match (plan.memory.offset_of(o.buffer.0), arena.as_ref()) {
-                        (Some(off), Some(a)) => o.view_in(a, off),
-                        _ => Err(Error::Internal(format!(
-                            "intermediate buffer {} has no arena offset",
-                            o.buffer.0
-                        ))),
-                    }
-                }
+                BufferRole::Intermediate => match placed.iter().find(|(i, ..)| *i == o.buffer.0) {
+                    Some(&(_, block, off)) => o.view_in(&arena[block], off),
+                    None => Err(Error::Internal(format!(
+                        "intermediate buffer {} has no place in the arena",
+                        o.buffer.0
+                    ))),
+                },
             }
         };
         let mut steps = Vec::with_capacity(plan.steps.len());
@@ -157,6 +196,11 @@ impl GraphExec {
                     plan: p.clone(),
                     ins,
                     outs,
+                    // The smallest workspace that holds the step's (with one shared, that one).
+                    workspace: match p.workspace_size() {
+                        0 => None,
+                        n => Some(workspace_sizes.partition_point(|&have| have < n)),
+                    },
                 },
                 NodeKind::Host { f, .. } => Bound::Host {
                     f: f.clone(),
@@ -187,7 +231,7 @@ impl GraphExec {
             segments: Vec::new(),
             inputs,
             outputs,
-            workspace,
+            workspaces,
             arena,
             turn: Mutex::new(()),
         };
@@ -221,7 +265,7 @@ impl GraphExec {
                 Bound::Op { ins, outs, .. } => ins.iter().chain(outs.iter()),
                 Bound::Host { tensors, .. } => tensors.iter().chain([].iter()),
             };
-            for t in tensors.chain(self.workspace.as_slice()) {
+            for t in tensors.chain(&self.workspaces) {
                 t.order_on(stream)?;
             }
         }
@@ -236,14 +280,15 @@ impl GraphExec {
     fn run_steps(&self, steps: std::ops::Range<usize>, stream: StreamId) -> Result<()> {
         for b in &self.steps[steps] {
             match b {
-                Bound::Op { plan, ins, outs } => {
+                Bound::Op {
+                    plan,
+                    ins,
+                    outs,
+                    workspace,
+                } => {
                     let ins: Vec<&Tensor> = ins.iter().collect();
                     let outs: Vec<&Tensor> = outs.iter().collect();
-                    let ws = if plan.workspace_size() > 0 {
-                        self.workspace.as_ref()
-                    } else {
-                        None
-                    };
+                    let ws = workspace.and_then(|i| self.workspaces.get(i));
                     plan.launch(&ins, &outs, ws, stream)?;
                 }
                 Bound::Host { f, tensors } => {
@@ -293,7 +338,7 @@ impl GraphExec {
         let stream = self.rt.stream()?;
         let _turn = self.turn.lock();
         let statics = self.inputs.iter().chain(&self.outputs).map(|(_, t)| t);
-        for t in self.arena.iter().chain(&self.workspace).chain(statics) {
+        for t in self.arena.iter().chain(&self.workspaces).chain(statics) {
             t.order_on(stream)?;
         }
         enqueue(stream)
@@ -362,9 +407,16 @@ impl GraphExec {
         (captured, self.segments.len() - captured)
     }
 
-    /// Bytes of the arena holding the intermediates.
+    /// Bytes holding the intermediates: the memory plan's arena, or with exact memory the
+    /// sum of the intermediates' own blocks.
     pub fn arena_bytes(&self) -> usize {
-        self.arena.as_ref().map_or(0, |a| a.storage_bytes())
+        self.arena.iter().map(Tensor::storage_bytes).sum()
+    }
+
+    /// Bytes of the workspaces: the one shared by every step, or with exact memory one per
+    /// distinct size the steps take.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspaces.iter().map(Tensor::storage_bytes).sum()
     }
 
     /// Waits for the replays queued on the calling thread's stream.

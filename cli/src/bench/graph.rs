@@ -270,6 +270,7 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     let captured = ExecOptions {
         warmups: 0,
         capture: true,
+        ..Default::default()
     };
     let (row, plan) = replay_row(
         "decode_step",
