@@ -2,7 +2,7 @@
 //! fuses elementwise chains into, checked bitwise against the unfused operators it replaces.
 
 use unirt::ops::elementwise::{binary, binary_scalar, swiglu, unary};
-use unirt::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep};
+use unirt::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep, MAX_FUSED_STEPS};
 use unirt::ops::{BinaryOp, UnaryOp};
 use unirt::tensor::{DType, Tensor};
 
@@ -58,6 +58,25 @@ fn fused_op(ctx: &Ctx, dtype: DType) -> Result<(), Failure> {
         fused_elementwise(&[a.desc()], FusedProgram::default()),
         &["bad_param"],
         "an empty program",
+    )?;
+    // As many steps as one kernel runs, and one more.
+    let long = |n: usize| FusedProgram {
+        steps: (0..n)
+            .map(|i| match i {
+                0 => FusedStep::Unary(UnaryOp::Tanh, FusedSrc::Input(0)),
+                _ => FusedStep::Scalar(BinaryOp::Mul, FusedSrc::Step(i - 1), 0.99),
+            })
+            .collect(),
+    };
+    let got = fused_elementwise(&[a.desc()], long(MAX_FUSED_STEPS))?.run1(&[&a])?;
+    ensure!(
+        got.to_bytes()? == unfused(&long(MAX_FUSED_STEPS), &[&a])?.to_bytes()?,
+        "a program of {MAX_FUSED_STEPS} steps differs from the unfused operators"
+    );
+    expect_err(
+        fused_elementwise(&[a.desc()], long(MAX_FUSED_STEPS + 1)),
+        &["bad_param"],
+        "a program longer than one kernel runs",
     )?;
     let t = Tensor::rand_uniform(&[10, 20], -1.0, 1.0, 3, dtype, ctx.device)?.transpose(0, 1)?;
     let prog = FusedProgram {

@@ -9,9 +9,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use unirt::graph::memory::GREEDY_MAX_BUFFERS;
 use unirt::graph::{self, ExecOptions, GraphExec, PlanOptions};
+use unirt::ops::fused::MAX_FUSED_STEPS;
 use unirt::ops::BinaryOp;
 use unirt::tensor::{DType, Tensor};
+use unirt::CapturePlan;
 use unirt::{DeviceKind, Runtime};
 
 use crate::{ensure, expect_err, Case, Ctx, Failure};
@@ -43,6 +46,11 @@ pub(super) fn cases() -> Vec<Case> {
             name: "graph::safe_and_unsafe_segments",
             needs: &[],
             run: segments,
+        },
+        Case {
+            name: "graph::long_chains_fuse_in_pieces",
+            needs: &[],
+            run: long_chains,
         },
         Case {
             name: "graph::fusion_matches_unfused",
@@ -266,6 +274,87 @@ fn fusion(ctx: &Ctx) -> Result<(), Failure> {
             bytes(exec.output("y")?)? == want,
             "{what} replay differs from eager"
         );
+    }
+    Ok(())
+}
+
+/// Chains longer than one fused kernel runs ([`MAX_FUSED_STEPS`]) fuse in pieces of at most
+/// that many steps — a matmul's epilogue too — and replay bitwise as eager. (Fused whole, a
+/// chain of 20 000 steps kept the software adapters' shader compilers busy for minutes.)
+/// Unfused, the chain has more intermediates than the memory plan's largest-first search
+/// takes ([`GREEDY_MAX_BUFFERS`]): placed in step order, they still reuse the arena and
+/// replay bitwise.
+fn long_chains(ctx: &Ctx) -> Result<(), Failure> {
+    let rt = Runtime::get(ctx.device)?;
+    let (x, z) = (rand(ctx, &[3000], 8)?, rand(ctx, &[3000], 9)?);
+    let (a, w) = (rand(ctx, &[8, 16], 10)?, rand(ctx, &[16, 24], 11)?);
+    let chain = (GREEDY_MAX_BUFFERS / MAX_FUSED_STEPS + 1) * MAX_FUSED_STEPS + 5;
+    let tail = MAX_FUSED_STEPS + 6;
+    rt.start_graph_recording()?;
+    let r = (|| -> unirt::Result<(Tensor, Tensor)> {
+        let mut h = x.clone();
+        for i in 0..chain {
+            h = match i % 4 {
+                0 => h.tanh()?,
+                1 => h.mul(&z)?,
+                2 => h.add_scalar(0.25)?,
+                _ => h.relu()?,
+            };
+        }
+        let mut k = a.matmul(&w)?;
+        for i in 0..tail {
+            k = match i % 3 {
+                0 => k.tanh()?,
+                1 => k.mul_scalar(1.5)?,
+                _ => k.add_scalar(-0.25)?,
+            };
+        }
+        Ok((h, k))
+    })();
+    let mut g = rt.stop_graph_recording()?;
+    let (y, k) = r?;
+    g.mark_input("x", &x)?;
+    g.mark_output("y", &y)?;
+    g.mark_output("k", &k)?;
+    rt.run(&g)?;
+    let want = (bytes(&y)?, bytes(&k)?);
+    let plan = g.plan()?;
+    let kind = ctx.device.kind;
+    let (chains, epilogues) = match (
+        unirt::ops::is_registered("fused_elementwise", kind, DType::F32),
+        unirt::ops::is_registered("matmul_epilogue", kind, DType::F32),
+    ) {
+        // y: pieces of 64 steps and one of 5; k: the matmul with 64 in its epilogue, then 6
+        // fused.
+        (true, true) => (chain.div_ceil(MAX_FUSED_STEPS) + 1, 1),
+        (true, false) => (chain.div_ceil(MAX_FUSED_STEPS) + 2, 0),
+        (false, true) => (0, 1),
+        (false, false) => (0, 0),
+    };
+    ensure!(
+        plan.fused_chains() == chains && plan.fused_epilogues() == epilogues,
+        "{} fused chains and {} epilogues, expected {chains} and {epilogues}",
+        plan.fused_chains(),
+        plan.fused_epilogues()
+    );
+    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let m = unfused.memory();
+    ensure!(
+        m.offsets.len() > GREEDY_MAX_BUFFERS && m.arena_bytes * 100 <= m.naive_bytes,
+        "{} intermediates planned in {} bytes against {} naive",
+        m.offsets.len(),
+        m.arena_bytes,
+        m.naive_bytes
+    );
+    for (what, plan) in [("fused", &plan), ("unfused", &unfused)] {
+        let exec = plan.instantiate()?;
+        for round in 0..2 {
+            exec.replay()?;
+            ensure!(
+                (bytes(exec.output("y")?)?, bytes(exec.output("k")?)?) == want,
+                "replay {round} of the long chains ({what}) differs from eager"
+            );
+        }
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! The addresses never change while the exec lives, so the exec outlives its graph and its
 //! plan, and new inputs are copied in ([`GraphExec::set_input`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -115,16 +116,16 @@ impl GraphExec {
         // and exclusive, and two threads instantiating at once would refuse each other.)
         let memory = (|| -> Result<_> {
             let mut arena = Vec::new();
-            // (buffer index, index into `arena`, byte offset there) of every intermediate.
-            let mut placed = Vec::with_capacity(plan.memory.offsets.len());
+            // Buffer index → (index into `arena`, byte offset there) of every intermediate.
+            let mut placed = HashMap::with_capacity(plan.memory.offsets.len());
             if exact {
                 for &(b, _) in &plan.memory.offsets {
-                    placed.push((b, arena.len(), 0));
+                    placed.insert(b, (arena.len(), 0));
                     arena.push(alloc_in(&rt, graph.buffers()[b].tensor.storage_bytes())?);
                 }
             } else if plan.memory.arena_bytes > 0 {
                 arena.push(alloc_in(&rt, plan.memory.arena_bytes)?);
-                placed.extend(plan.memory.offsets.iter().map(|&(b, off)| (b, 0, off)));
+                placed.extend(plan.memory.offsets.iter().map(|&(b, off)| (b, (0, off))));
             }
             // The workspace sizes the steps need: the largest alone (shared), or each one.
             let mut sizes: Vec<usize> = plan
@@ -170,16 +171,22 @@ impl GraphExec {
                 )?;
             }
         }
+        // Buffer index → index into `statics` (lookups stay constant-time in long graphs).
+        let static_of: HashMap<usize, usize> = statics
+            .iter()
+            .enumerate()
+            .map(|(k, (i, _))| (*i, k))
+            .collect();
         let tensor = |o: &Operand| -> Result<Tensor> {
             let b = &graph.buffers()[o.buffer.0];
             match &b.role {
-                BufferRole::Input(_) => match statics.iter().find(|(i, _)| *i == o.buffer.0) {
-                    Some((_, s)) => o.view_in(s, 0),
+                BufferRole::Input(_) => match static_of.get(&o.buffer.0) {
+                    Some(&k) => o.view_in(&statics[k].1, 0),
                     None => Err(Error::Internal("a static input is missing".into())),
                 },
                 BufferRole::External => o.view_in(&b.tensor, 0),
-                BufferRole::Intermediate => match placed.iter().find(|(i, ..)| *i == o.buffer.0) {
-                    Some(&(_, block, off)) => o.view_in(&arena[block], off),
+                BufferRole::Intermediate => match placed.get(&o.buffer.0) {
+                    Some(&(block, off)) => o.view_in(&arena[block], off),
                     None => Err(Error::Internal(format!(
                         "intermediate buffer {} has no place in the arena",
                         o.buffer.0
@@ -213,7 +220,8 @@ impl GraphExec {
             .iter()
             .zip(0..)
             .filter_map(|(b, i)| match &b.role {
-                BufferRole::Input(name) => statics.iter().find(|(k, _)| *k == i).map(|(_, s)| {
+                BufferRole::Input(name) => static_of.get(&i).map(|&k| {
+                    let s = &statics[k].1;
                     s.view_storage(b.tensor.layout().clone(), b.tensor.dtype())
                         .map(|t| (name.clone(), t))
                 }),

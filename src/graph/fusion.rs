@@ -9,6 +9,10 @@
 //!   step ([`crate::ops::fused`]). Only chains whose operands are all contiguous and of the
 //!   output's shape fuse.
 //!
+//! A fused kernel runs at most [`MAX_FUSED_STEPS`] steps: a longer chain (or epilogue) is cut
+//! into kernels of that many, each reading the previous one's result, so a long graph never
+//! asks a shader compiler for one enormous kernel.
+//!
 //! Each pass fuses only where the device registers the fused operator's kernel for the
 //! dtype: a backend without one runs the steps unfused, with the same result.
 
@@ -17,7 +21,9 @@ use std::collections::HashMap;
 use super::graph::{BufferId, BufferRole, Graph, NodeKind, Operand};
 use super::plan::Step;
 use crate::error::Result;
-use crate::ops::fused::{fused_elementwise, FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE};
+use crate::ops::fused::{
+    fused_elementwise, FusedProgram, FusedSrc, FusedStep, FUSED_ELEMENTWISE, MAX_FUSED_STEPS,
+};
 use crate::ops::matmul::{matmul_epilogue, MATMUL_EPILOGUE, MAX_EPILOGUE_OPERANDS};
 use crate::ops::{BinaryOp, Params, Plan, UnaryOp};
 use crate::tensor::Layout;
@@ -118,9 +124,11 @@ pub(crate) fn fuse_chains(
         });
         match elem {
             Some(e) => {
-                let joins = chain.last().is_some_and(|(prev, _)| {
-                    private_link(prev, &step) && prev.outputs[0].dtype == step.outputs[0].dtype
-                });
+                // A chain as long as one kernel runs ends here; the next begins with this step.
+                let joins = chain.len() < MAX_FUSED_STEPS
+                    && chain.last().is_some_and(|(prev, _)| {
+                        private_link(prev, &step) && prev.outputs[0].dtype == step.outputs[0].dtype
+                    });
                 if !joins {
                     flush(&mut chain, &mut out, &mut fused)?;
                 }
@@ -252,8 +260,13 @@ impl Epilogue {
     }
 
     /// Adds `next`, which reads `prev`'s result, if it is an elementwise step that fits (its
-    /// other operands within [`MAX_EPILOGUE_OPERANDS`]).
+    /// other operands within [`MAX_EPILOGUE_OPERANDS`], the program within
+    /// [`MAX_FUSED_STEPS`]).
     fn push(&mut self, prev: &Step, next: &Step) -> bool {
+        // As long as one kernel runs: the rest of the chain fuses on its own.
+        if self.program.steps.len() >= MAX_FUSED_STEPS {
+            return false;
+        }
         let Some(op) = as_epilogue_op(next, &self.shape, self.dtype) else {
             return false;
         };

@@ -29,6 +29,12 @@ pub const FUSED_ELEMENTWISE: &str = "fused_elementwise";
 /// chain): a wgpu operator kernel binds at most eight tensors, the output included.
 pub const MAX_FUSED_INPUTS: usize = 7;
 
+/// The most steps one fused kernel runs (the planner splits a longer chain into kernels of at
+/// most this many): each step is code in the generated kernel, and the shader compilers'
+/// time grows faster than the code — a chain of 20 000 steps fused whole kept lavapipe's and
+/// llvmpipe's compilers busy for minutes, and GPU register pressure grows with it too.
+pub const MAX_FUSED_STEPS: usize = 64;
+
 /// Where a step reads an operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusedSrc {
@@ -84,6 +90,12 @@ impl FusedProgram {
         if self.steps.is_empty() {
             return Err(Error::BadParam(format!(
                 "{FUSED_ELEMENTWISE}: an empty program"
+            )));
+        }
+        if self.steps.len() > MAX_FUSED_STEPS {
+            return Err(Error::BadParam(format!(
+                "{FUSED_ELEMENTWISE}: {} steps (at most {MAX_FUSED_STEPS} in one kernel)",
+                self.steps.len()
             )));
         }
         for (i, s) in self.steps.iter().enumerate() {

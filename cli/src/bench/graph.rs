@@ -16,6 +16,10 @@
 //!   projection's epilogue over a 1 MiB result), eager, replayed fused (one
 //!   `matmul_epilogue` kernel) and replayed unfused (matmul and three elementwise passes).
 //!
+//! - `planning`: a chain of 100 000 elementwise operators on 16 floats (10 000 with
+//!   `--quick`) — what recording, planning (unfused and fused), instantiating and one replay
+//!   cost on a long graph, beside one eager run of it (`Runtime::run`), timed once each.
+//!
 //! Every figure is the median of repeated timed runs, each ending with a stream sync; the
 //! sides of a workload are sampled in turn, so load from other processes hits them alike, and
 //! each timed run follows untimed runs of the same side (the steady state of a replay loop).
@@ -350,6 +354,7 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         println!("note: {device} registers no matmul_epilogue kernel; the projection ran unfused");
     }
 
+    let planning = planning(device, if quick { 10_000 } else { 100_000 })?;
     println!(
         "{:<26} {:>11} {:>11} {:>8}  extra",
         "workload", "eager ms", "replay ms", "speedup"
@@ -391,9 +396,86 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
             r.eager_ms / r.replay_ms
         );
     }
+    println!(
+        "planning, a chain of {} operators: record {:.1} ms, eager run {:.1} ms, plan unfused \
+         {:.1} ms, plan fused {:.1} ms ({} steps), instantiate {:.1} ms, replay {:.1} ms",
+        planning.operators,
+        planning.record_ms,
+        planning.eager_run_ms,
+        planning.plan_unfused_ms,
+        planning.plan_fused_ms,
+        planning.fused_steps,
+        planning.instantiate_ms,
+        planning.replay_ms
+    );
     if let Some(p) = json {
-        let report = serde_json::json!({ "device": device.to_string(), "rows": rows });
+        let report = serde_json::json!({
+            "device": device.to_string(),
+            "rows": rows,
+            "planning": planning,
+        });
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a long graph costs to record, plan and instantiate (see the module docs).
+#[derive(Serialize)]
+struct Planning {
+    operators: usize,
+    record_ms: f64,
+    eager_run_ms: f64,
+    plan_unfused_ms: f64,
+    plan_fused_ms: f64,
+    fused_steps: usize,
+    instantiate_ms: f64,
+    replay_ms: f64,
+}
+
+fn planning(device: Device, operators: usize) -> CliResult<Planning> {
+    let rt = Runtime::get(device)?;
+    let x = Tensor::rand_uniform(&[16], -1.0, 1.0, 8, DType::F32, device)?;
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let g = record(device, &[&x], || {
+        let mut h = x.clone();
+        for i in 0..operators {
+            h = match i % 3 {
+                0 => h.add_scalar(0.001)?,
+                1 => h.mul_scalar(0.999)?,
+                _ => h.relu()?,
+            };
+        }
+        Ok(h)
+    })?;
+    let record_ms = ms(t);
+    let t = Instant::now();
+    rt.run(&g)?;
+    rt.sync_stream()?;
+    let eager_run_ms = ms(t);
+    let t = Instant::now();
+    let unfused = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
+    let plan_unfused_ms = ms(t);
+    let t = Instant::now();
+    let fused = g.plan()?;
+    let plan_fused_ms = ms(t);
+    let t = Instant::now();
+    let exec = unfused.instantiate_with(ExecOptions {
+        warmups: 0,
+        ..Default::default()
+    })?;
+    let instantiate_ms = ms(t);
+    let t = Instant::now();
+    exec.replay()?;
+    exec.synchronize()?;
+    Ok(Planning {
+        operators,
+        record_ms,
+        eager_run_ms,
+        plan_unfused_ms,
+        plan_fused_ms,
+        fused_steps: fused.steps().len(),
+        instantiate_ms,
+        replay_ms: ms(t),
+    })
 }
