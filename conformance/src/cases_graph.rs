@@ -108,6 +108,23 @@ pub(super) fn bytes(t: &Tensor) -> Result<Vec<u8>, Failure> {
     Ok(t.to_bytes()?)
 }
 
+/// Records `f` with `x` as input `"x"` and its result as output `"y"`, runs the graph
+/// eagerly, and returns it with the bytes of `"y"` (what every replay must give).
+pub(super) fn recorded_xy(
+    rt: &Runtime,
+    x: &Tensor,
+    f: impl FnOnce() -> unirt::Result<Tensor>,
+) -> Result<(unirt::Graph, Vec<u8>), Failure> {
+    rt.start_graph_recording()?;
+    let r = f();
+    let mut g = rt.stop_graph_recording()?;
+    let y = r?;
+    g.mark_input("x", x)?;
+    g.mark_output("y", &y)?;
+    rt.run(&g)?;
+    Ok((g, bytes(&y)?))
+}
+
 pub(super) fn rand(ctx: &Ctx, shape: &[usize], seed: u64) -> Result<Tensor, Failure> {
     Ok(Tensor::rand_uniform(
         shape,
@@ -237,15 +254,9 @@ fn segments(ctx: &Ctx) -> Result<(), Failure> {
 fn fusion(ctx: &Ctx) -> Result<(), Failure> {
     let rt = Runtime::get(ctx.device)?;
     let (x, w) = (rand(ctx, &[3000], 6)?, rand(ctx, &[3000], 7)?);
-    rt.start_graph_recording()?;
-    let r =
-        (|| -> unirt::Result<Tensor> { x.mul(&w)?.add_scalar(0.25)?.tanh()?.sub(&x)?.relu() })();
-    let mut g = rt.stop_graph_recording()?;
-    let y = r?;
-    g.mark_input("x", &x)?;
-    g.mark_output("y", &y)?;
-    rt.run(&g)?;
-    let want = bytes(&y)?;
+    let (g, want) = recorded_xy(&rt, &x, || {
+        x.mul(&w)?.add_scalar(0.25)?.tanh()?.sub(&x)?.relu()
+    })?;
     let fused = g.plan()?;
     let unfused = unirt::CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
     let can_fuse = unirt::ops::is_registered("fused_elementwise", ctx.device.kind, DType::F32);

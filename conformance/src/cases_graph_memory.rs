@@ -5,7 +5,7 @@ use unirt::graph::{ExecOptions, GraphExec, NodeKind, PlanOptions};
 use unirt::tensor::{DType, Tensor};
 use unirt::{CapturePlan, Runtime};
 
-use crate::cases_graph::{bytes, rand};
+use crate::cases_graph::{bytes, rand, recorded_xy};
 use crate::{ensure, Case, Ctx, Failure};
 
 pub(super) fn cases() -> Vec<Case> {
@@ -102,21 +102,14 @@ fn exact_memory(ctx: &Ctx) -> Result<(), Failure> {
     };
     let x = rand(&[48, 40], 11)?;
     let (w1, w2) = (rand(&[40, 72], 12)?, rand(&[72, 24], 13)?);
-    rt.start_graph_recording()?;
     // Odd byte sizes for the intermediates (48 × 72, 48 × 24 and 48 elements, never a
     // multiple of the arena's alignment), two products of different shapes and a reduction:
     // workspaces of several sizes where the backend's kernels take them.
-    let r = (|| -> unirt::Result<Tensor> {
+    let (g, want) = recorded_xy(&rt, &x, || {
         let h = x.matmul(&w1)?.tanh()?;
         let k = h.matmul(&w2)?.add_scalar(0.5)?;
         k.sum(&[1], false)?.relu()
-    })();
-    let mut g = rt.stop_graph_recording()?;
-    let y = r?;
-    g.mark_input("x", &x)?;
-    g.mark_output("y", &y)?;
-    rt.run(&g)?;
-    let want = bytes(&y)?;
+    })?;
     let plan = CapturePlan::with_options(&g, PlanOptions { fuse: false })?;
     let m = plan.memory();
     let own: usize = m

@@ -2,8 +2,9 @@
 //!
 //! Instantiating allocates, and holds while the exec lives, the arena of the memory plan, the
 //! shared workspace and a static copy of every named input (with exact memory, see
-//! [`ExecOptions::exact_memory`], a block per intermediate and per workspace size instead); binds every step to its tensors (arena views, static inputs, external tensors held
-//! by the exec); runs the steps eagerly `warmups` times; then captures every capture-safe
+//! [`ExecOptions::exact_memory`], a block per intermediate and per workspace size instead);
+//! binds every step to its tensors (arena views, static inputs, external tensors held by the
+//! exec); runs the steps eagerly `warmups` times; then captures every capture-safe
 //! segment through the HAL's stream capture — a recorded call list on the CPU, prepared
 //! command buffers on wgpu, a CUDA graph on CUDA. A replay launches the captured segments and
 //! runs the unsafe ones eagerly between them, in stream order on the calling thread's stream,

@@ -185,17 +185,22 @@ fn give_back(free: &mut BTreeMap<usize, usize>, mut at: usize, mut size: usize) 
 mod tests {
     use super::*;
 
-    #[test]
-    fn reuses_dead_buffers_and_never_overlaps_live_ones() {
-        // A chain a -> b -> c -> d of 1 KiB each: two slots suffice.
-        let lts: Vec<Lifetime> = (0..4)
+    /// A chain of `n` buffers of 1 KiB, each read by the next step.
+    fn chain(n: usize) -> Vec<Lifetime> {
+        (0..n)
             .map(|i| Lifetime {
                 buffer: i,
                 bytes: 1024,
                 first: i,
                 last: i + 1,
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn reuses_dead_buffers_and_never_overlaps_live_ones() {
+        // A chain a -> b -> c -> d: two slots suffice.
+        let lts = chain(4);
         let p = plan_memory(&lts);
         assert_eq!(p.naive_bytes, 4096);
         assert_eq!(p.arena_bytes, 2048);
@@ -289,18 +294,10 @@ mod tests {
 
     #[test]
     fn long_and_wide_graphs_place_in_step_order() {
-        // A chain of 10 000 buffers of 1 KiB: two slots, as the largest-first search gives.
-        let chain: Vec<Lifetime> = (0..10_000)
-            .map(|i| Lifetime {
-                buffer: i,
-                bytes: 1024,
-                first: i,
-                last: i + 1,
-            })
-            .collect();
-        let p = plan_memory(&chain);
-        assert_eq!(p.arena_bytes, 2048);
-        check(&chain[..300], &in_step_order(&chain[..300]), "chain");
+        // A chain of 10 000 buffers: two slots, as the largest-first search gives.
+        let long = chain(10_000);
+        assert_eq!(plan_memory(&long).arena_bytes, 2048);
+        check(&long[..300], &in_step_order(&long[..300]), "chain");
         // 5 000 outputs alive to the end, each made from a short-lived buffer: the outputs
         // plus one slot.
         let wide: Vec<Lifetime> = (0..10_000)
