@@ -128,23 +128,12 @@ impl GraphExec {
                 arena.push(alloc_in(&rt, plan.memory.arena_bytes)?);
                 placed.extend(plan.memory.offsets.iter().map(|&(b, off)| (b, (0, off))));
             }
-            // The workspace sizes the steps need: the largest alone (shared), or each one.
-            let mut sizes: Vec<usize> = plan
-                .steps
-                .iter()
-                .filter_map(|s| match &s.kind {
-                    NodeKind::Op(p) if p.workspace_size() > 0 => Some(p.workspace_size()),
-                    _ => None,
-                })
-                .collect();
-            sizes.sort_unstable();
-            sizes.dedup();
-            if !exact {
-                sizes = sizes
-                    .last()
-                    .map(|&n| vec![n.max(plan.workspace)])
-                    .unwrap_or_default();
-            }
+            // The workspace sizes: each one the steps take, or the largest alone (shared).
+            let sizes = match (exact, plan.workspace_size()) {
+                (true, _) => plan.workspace_sizes().to_vec(),
+                (false, 0) => Vec::new(),
+                (false, n) => vec![n],
+            };
             let workspaces = sizes
                 .iter()
                 .map(|&n| alloc_in(&rt, n))

@@ -86,7 +86,8 @@ pub struct CapturePlan {
     pub(crate) steps: Vec<Step>,
     pub(crate) segments: Vec<Segment>,
     pub(crate) memory: MemoryPlan,
-    pub(crate) workspace: usize,
+    /// Distinct, ascending (see [`CapturePlan::workspace_sizes`]).
+    pub(crate) workspace_sizes: Vec<usize>,
     pub(crate) outputs: Vec<(String, Operand)>,
     pub(crate) fused_chains: usize,
     pub(crate) fused_epilogues: usize,
@@ -243,20 +244,21 @@ impl CapturePlan {
         let mut lifetimes: Vec<Lifetime> = life.into_values().collect();
         lifetimes.sort_by_key(|l| l.buffer);
         let memory = plan_memory(&lifetimes);
-        let workspace = steps
+        let mut workspace_sizes: Vec<usize> = steps
             .iter()
-            .map(|s| match &s.kind {
-                NodeKind::Op(p) => p.workspace_size(),
-                NodeKind::Host { .. } => 0,
+            .filter_map(|s| match &s.kind {
+                NodeKind::Op(p) if p.workspace_size() > 0 => Some(p.workspace_size()),
+                _ => None,
             })
-            .max()
-            .unwrap_or(0);
+            .collect();
+        workspace_sizes.sort_unstable();
+        workspace_sizes.dedup();
         Ok(CapturePlan {
             graph: graph.clone(),
             steps,
             segments,
             memory,
-            workspace,
+            workspace_sizes,
             outputs,
             fused_chains,
             fused_epilogues,
@@ -282,9 +284,15 @@ impl CapturePlan {
         &self.memory
     }
 
-    /// Bytes of the one workspace every step shares.
+    /// Bytes of the one workspace every step shares (the largest any step takes).
     pub fn workspace_size(&self) -> usize {
-        self.workspace
+        self.workspace_sizes.last().copied().unwrap_or(0)
+    }
+
+    /// The distinct workspace sizes the steps take, ascending (an exec in exact memory
+    /// allocates one block of each).
+    pub fn workspace_sizes(&self) -> &[usize] {
+        &self.workspace_sizes
     }
 
     /// How many elementwise chains became one fused step.
