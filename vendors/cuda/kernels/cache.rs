@@ -4,6 +4,12 @@
 //! the target architecture, the NVRTC version and the options, so a second process skips the
 //! compile. The cache directory is created mode 0700 and used only when it is owned by this
 //! user and not writable by anyone else: a cached image is code the GPU will run.
+//!
+//! Each file is *sealed*: a magic, the image's length and its SHA-256 precede the image, and a
+//! file whose seal does not match (truncated by a full disk, damaged, written by something
+//! else) is deleted and compiled again. The driver is never handed such bytes: a CUBIN is an
+//! ELF image whose header tells libcuda where its sections lie, so a truncated one would send
+//! `cuModuleLoadData` reading past the buffer — a crash in the driver, not an error code.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,9 +40,24 @@ fn memory_cache() -> &'static Mutex<HashMap<ImageKey, Arc<Vec<u8>>>> {
 /// The options string that is part of the cache key (keep in step with `Nvrtc::compile`).
 const OPTIONS_KEY: &str = "--std=c++14";
 
+/// The on-disk format, part of the key: files of another format (the unsealed images of
+/// earlier versions) have other names, so no version reads another's files.
+const FORMAT_KEY: &str = "sealed-1";
+
+/// The first bytes of a sealed file; then the image's length (u64, little-endian), its
+/// SHA-256, and the image.
+const SEAL_MAGIC: &[u8; 8] = b"unirtimg";
+const SEAL_LEN: usize = 8 + 8 + 32;
+
 fn cache_key(nv: &Nvrtc, k: &Source<'_>, target: Target) -> String {
     let mut h = Sha256::new();
-    for part in [k.text, &target.arch(), &nv.version_string(), OPTIONS_KEY] {
+    for part in [
+        k.text,
+        &target.arch(),
+        &nv.version_string(),
+        OPTIONS_KEY,
+        FORMAT_KEY,
+    ] {
         h.update(part.as_bytes());
         h.update([0u8]);
     }
@@ -116,11 +137,54 @@ fn cache_file(dir: &Path, nv: &Nvrtc, k: &Source<'_>, target: Target) -> PathBuf
     ))
 }
 
-/// Writes through a temporary file and a rename, so a reader never sees half an image.
+/// `image` behind its seal (see the module docs).
+fn seal(image: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SEAL_LEN + image.len());
+    out.extend_from_slice(SEAL_MAGIC);
+    out.extend_from_slice(&(image.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(image));
+    out.extend_from_slice(image);
+    out
+}
+
+/// The image inside a sealed file, or `None` when the seal does not match the bytes (an
+/// empty image is refused too: NVRTC never produces one).
+fn unseal(file: &[u8]) -> Option<&[u8]> {
+    let (head, image) = file.split_at_checked(SEAL_LEN)?;
+    let (magic, rest) = head.split_at(8);
+    let (len, digest) = rest.split_at(8);
+    let len = u64::from_le_bytes(len.try_into().ok()?);
+    let whole = magic == SEAL_MAGIC
+        && len == image.len() as u64
+        && !image.is_empty()
+        && Sha256::digest(image).as_slice() == digest;
+    whole.then_some(image)
+}
+
+/// Writes through a temporary file and a rename, so a reader never sees half an image; a
+/// write that fails (a full disk) leaves no temporary file behind.
 fn store(path: &Path, image: &[u8]) {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, image).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    if std::fs::write(&tmp, seal(image)).is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// The image cached in `path`, when the file is there and its seal holds. A file whose seal
+/// fails is removed (it is recompiled and stored again by the caller).
+fn load(path: &Path) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    match unseal(&bytes) {
+        Some(image) => Some(image.to_vec()),
+        None => {
+            tracing::warn!(
+                "cuda kernel cache {}: damaged ({} bytes, seal does not match); compiling again",
+                path.display(),
+                bytes.len()
+            );
+            let _ = std::fs::remove_file(path);
+            None
+        }
     }
 }
 
@@ -145,12 +209,10 @@ fn image_in(
     }
     let file = dir.as_ref().map(|d| cache_file(d, nv, k, target));
     if !fresh {
-        if let Some(bytes) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
-            if !bytes.is_empty() {
-                let img = Arc::new(bytes);
-                memory_cache().lock().insert(key, img.clone());
-                return Ok(img);
-            }
+        if let Some(bytes) = file.as_deref().and_then(load) {
+            let img = Arc::new(bytes);
+            memory_cache().lock().insert(key, img.clone());
+            return Ok(img);
         }
     }
     let (bytes, log) = nv.compile(k.file, k.text, target)?;
@@ -168,6 +230,26 @@ fn image_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seal holds for exactly the bytes it was made for.
+    #[test]
+    fn seal_matches_only_its_image() {
+        let image = b"\x7fELF and the rest of an image".to_vec();
+        let sealed = seal(&image);
+        assert_eq!(unseal(&sealed), Some(&image[..]));
+        for cut in 0..sealed.len() {
+            assert_eq!(unseal(&sealed[..cut]), None, "cut at {cut}");
+        }
+        for i in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 1;
+            assert_eq!(unseal(&bad), None, "byte {i} flipped");
+        }
+        let mut longer = sealed.clone();
+        longer.push(0);
+        assert_eq!(unseal(&longer), None);
+        assert_eq!(unseal(&seal(b"")), None, "an empty image is never valid");
+    }
 
     /// Images land in a private directory and a later process (an empty memory cache) reads
     /// them back from disk instead of compiling.
@@ -193,15 +275,38 @@ mod tests {
         let img = image_in(nv, &k, target, true, Some(dir.clone())).unwrap();
         assert!(img.starts_with(b"\x7fELF"));
         let file = cache_file(&dir, nv, &k, target);
-        assert_eq!(std::fs::read(&file).unwrap(), *img);
+        assert_eq!(std::fs::read(&file).unwrap(), seal(&img));
+        let forget = || memory_cache().lock().remove(&(k.name.to_string(), target));
         // Mark the disk copy, forget the memory copy: the next lookup must come from disk.
-        std::fs::write(&file, b"from disk").unwrap();
-        memory_cache().lock().remove(&(k.name.to_string(), target));
+        std::fs::write(&file, seal(b"from disk")).unwrap();
+        forget();
         let again = image_in(nv, &k, target, false, Some(dir.clone())).unwrap();
         assert_eq!(&again[..], b"from disk");
         // `fresh` recompiles and repairs the entry.
         let repaired = image_in(nv, &k, target, true, Some(dir.clone())).unwrap();
         assert_eq!(*repaired, *img);
+        // Damaged files never reach the caller: each is compiled again and the entry repaired.
+        let sealed = seal(&img);
+        let mut flipped = sealed.clone();
+        *flipped.last_mut().unwrap() ^= 0x40;
+        let damaged: [(&str, Vec<u8>); 5] = [
+            ("truncated", sealed[..sealed.len() - 100].to_vec()),
+            ("one bit flipped", flipped),
+            ("unsealed (an earlier format)", img.to_vec()),
+            ("seal only", sealed[..SEAL_LEN].to_vec()),
+            ("empty", Vec::new()),
+        ];
+        for (what, bytes) in damaged {
+            std::fs::write(&file, bytes).unwrap();
+            forget();
+            let got = image_in(nv, &k, target, false, Some(dir.clone())).unwrap();
+            assert_eq!(*got, *img, "{what}");
+            assert_eq!(
+                std::fs::read(&file).unwrap(),
+                sealed,
+                "{what}: entry repaired"
+            );
+        }
         std::fs::remove_dir_all(&base).unwrap();
     }
 }
