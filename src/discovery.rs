@@ -144,10 +144,16 @@ impl Discovery {
     }
 }
 
+/// `UNIRT_BACKENDS` as text. A value that is not UTF-8 is read lossily rather than ignored:
+/// ignoring it would enable every vendor, the opposite of what setting it asks for.
+fn backends_var() -> Option<String> {
+    std::env::var_os("UNIRT_BACKENDS").map(|v| v.to_string_lossy().into_owned())
+}
+
 /// The vendors `UNIRT_BACKENDS` enables (all when unset or empty).
 fn enabled(kind: DeviceKind) -> bool {
-    match std::env::var("UNIRT_BACKENDS") {
-        Ok(v) if !v.trim().is_empty() => v
+    match backends_var() {
+        Some(v) if !v.trim().is_empty() => v
             .split(',')
             .any(|s| s.trim().eq_ignore_ascii_case(kind.as_str())),
         _ => true,
@@ -156,7 +162,7 @@ fn enabled(kind: DeviceKind) -> bool {
 
 fn probe_one(kind: DeviceKind) -> Probe {
     if !enabled(kind) {
-        let list = std::env::var("UNIRT_BACKENDS").unwrap_or_default();
+        let list = backends_var().unwrap_or_default();
         let unknown: Vec<&str> = list
             .split(',')
             .map(str::trim)

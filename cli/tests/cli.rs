@@ -89,6 +89,27 @@ fn unirt_backends_restricts_probing() {
     let table = unirt(&["devices"], &[("UNIRT_BACKENDS", "cpu")]);
     assert!(table.status.success());
     assert!(String::from_utf8_lossy(&table.stdout).contains("cpu   available"));
+    // A value that is not UTF-8 restricts too (it was once ignored, enabling every vendor).
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = std::ffi::OsStr::from_bytes(b"cpu\xff");
+        for var in ["UNIRT_BACKENDS", "UNIRT_WGPU_BACKENDS"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_unirt"))
+                .args(["devices", "--json"])
+                .env(var, bad)
+                .output()
+                .unwrap();
+            no_panic(&out);
+            let v = json_of(&out);
+            let wgpu = v["backends"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["kind"] == "wgpu");
+            assert_eq!(wgpu.unwrap()["status"], "unavailable", "{var}: {v}");
+        }
+    }
 }
 
 #[test]

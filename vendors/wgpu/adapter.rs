@@ -115,11 +115,13 @@ pub(crate) fn adapter(index: usize) -> Result<&'static Found> {
     }
 }
 
-/// The backends `UNIRT_WGPU_BACKENDS` selects (all when unset).
+/// The backends `UNIRT_WGPU_BACKENDS` selects (all when unset). A value that is not UTF-8 is
+/// read lossily, so it names an unknown backend instead of selecting all of them.
 fn wanted_backends() -> std::result::Result<wgpu::Backends, String> {
-    let Ok(list) = std::env::var("UNIRT_WGPU_BACKENDS") else {
+    let Some(list) = std::env::var_os("UNIRT_WGPU_BACKENDS") else {
         return Ok(wgpu::Backends::all());
     };
+    let list = list.to_string_lossy();
     if list.trim().is_empty() {
         return Ok(wgpu::Backends::all());
     }
