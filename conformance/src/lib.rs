@@ -37,6 +37,7 @@ mod cases_event_races;
 mod cases_fused;
 mod cases_graph;
 mod cases_graph_memory;
+mod cases_graph_names;
 mod cases_graph_random;
 mod cases_lifetime;
 mod cases_memcpy;
@@ -201,6 +202,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_ops_linalg::cases());
     all.extend(cases_graph::cases());
     all.extend(cases_graph_memory::cases());
+    all.extend(cases_graph_names::cases());
     all.extend(cases_graph_random::cases());
     all.extend(cases_ops_threads::cases());
     all.extend(cases_ops_limits::cases());

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 
 use super::capture::{CapturedExec, CapturedGraph};
 use super::graph::{BufferRole, HostFn, NodeKind, Operand};
+use super::named::Named;
 use super::plan::CapturePlan;
 use crate::error::{Error, Result};
 use crate::hal::{Backend, CaptureMode, DevicePtr, StreamId};
@@ -79,8 +80,8 @@ pub struct GraphExec {
     rt: Arc<Runtime>,
     steps: Vec<Bound>,
     segments: Vec<SegmentExec>,
-    inputs: Vec<(String, Tensor)>,
-    outputs: Vec<(String, Tensor)>,
+    inputs: Named<Tensor>,
+    outputs: Named<Tensor>,
     /// One shared workspace of the largest size, or with exact memory one per distinct size.
     workspaces: Vec<Tensor>,
     /// The arena of the memory plan, or with exact memory one block per intermediate. With
@@ -217,12 +218,12 @@ impl GraphExec {
                 }),
                 _ => None,
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Named<_>>>()?;
         let outputs = plan
             .outputs
             .iter()
             .map(|(n, o)| Ok((n.clone(), tensor(o)?)))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Named<_>>>()?;
         let mut exec = GraphExec {
             rt: rt.clone(),
             steps,
@@ -335,7 +336,8 @@ impl GraphExec {
     fn in_order(&self, enqueue: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
         let stream = self.rt.stream()?;
         let _turn = self.turn.lock();
-        let statics = self.inputs.iter().chain(&self.outputs).map(|(_, t)| t);
+        let statics = self.inputs.list().iter().chain(self.outputs.list());
+        let statics = statics.map(|(_, t)| t);
         for t in self.arena.iter().chain(&self.workspaces).chain(statics) {
             t.order_on(stream)?;
         }
@@ -372,26 +374,26 @@ impl GraphExec {
     /// The static tensor of input `name` (its address never changes while the exec lives).
     pub fn input(&self, name: &str) -> Result<&Tensor> {
         self.inputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
+            .get(name)
             .ok_or_else(|| Error::BadParam(format!("the graph has no input {name:?}")))
     }
 
     /// The static tensor of output `name`, which every replay rewrites.
     pub fn output(&self, name: &str) -> Result<&Tensor> {
         self.outputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
+            .get(name)
             .ok_or_else(|| Error::BadParam(format!("the graph has no output {name:?}")))
     }
 
     /// The names of the inputs and of the outputs.
     pub fn names(&self) -> (Vec<&str>, Vec<&str>) {
         (
-            self.inputs.iter().map(|(n, _)| n.as_str()).collect(),
-            self.outputs.iter().map(|(n, _)| n.as_str()).collect(),
+            self.inputs.list().iter().map(|(n, _)| n.as_str()).collect(),
+            self.outputs
+                .list()
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect(),
         )
     }
 

@@ -10,8 +10,9 @@
 //! [`Runtime::run`]: crate::Runtime::run
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use super::named::Named;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{Plan, TensorDesc};
@@ -116,7 +117,15 @@ pub(crate) struct GraphInner {
     pub device: Device,
     pub buffers: Vec<Buffer>,
     pub nodes: Vec<Node>,
-    pub outputs: Vec<(String, Operand)>,
+    /// The outputs named by the user.
+    pub outputs: Named<Operand>,
+    /// The buffer of each storage, by its base address (the graph holds every storage it
+    /// maps, so no address is reused while it lives).
+    pub by_addr: HashMap<u64, BufferId>,
+    /// The buffer of each named input (the names the buffers' roles hold).
+    pub input_names: HashMap<String, BufferId>,
+    /// The default outputs (see [`Graph::outputs`]), found once when first asked for.
+    pub default_outputs: OnceLock<Named<Operand>>,
 }
 
 /// Operators over tensors on one device. Cheap to clone (shared).
@@ -158,9 +167,20 @@ impl Graph {
     /// The named outputs: those marked, or else every intermediate no node reads
     /// (`output0`, `output1`, … in buffer order).
     pub fn outputs(&self) -> Vec<(String, Operand)> {
+        self.named_outputs().list().to_vec()
+    }
+
+    /// The outputs by name: those marked, else the default ones (found once).
+    fn named_outputs(&self) -> &Named<Operand> {
         if !self.0.outputs.is_empty() {
-            return self.0.outputs.clone();
+            return &self.0.outputs;
         }
+        self.0
+            .default_outputs
+            .get_or_init(|| self.default_outputs())
+    }
+
+    fn default_outputs(&self) -> Named<Operand> {
         let mut read = vec![false; self.0.buffers.len()];
         for n in &self.0.nodes {
             for o in &n.inputs {
@@ -176,7 +196,7 @@ impl Graph {
                 }
             }
         }
-        out
+        out.into_iter().collect()
     }
 
     /// The named inputs.
@@ -194,27 +214,37 @@ impl Graph {
 
     /// The buffer holding `t`'s storage, if the graph uses it.
     pub fn buffer_of(&self, t: &Tensor) -> Option<BufferId> {
-        self.0
-            .buffers
-            .iter()
-            .position(|b| b.tensor.shares_storage(t))
-            .map(BufferId)
+        let by_addr = self.0.by_addr.get(&t.base_addr()).copied();
+        match by_addr.filter(|id| self.0.buffers[id.0].tensor.shares_storage(t)) {
+            Some(id) => Some(id),
+            // Storages without bytes may share an address; the search finds them.
+            None => self
+                .0
+                .buffers
+                .iter()
+                .position(|b| b.tensor.shares_storage(t))
+                .map(BufferId),
+        }
     }
 
     fn inner_mut(&mut self) -> &mut GraphInner {
         // Copy on write: a plan made earlier keeps the graph as it was.
-        Arc::make_mut(&mut self.0)
+        let g = Arc::make_mut(&mut self.0);
+        g.default_outputs = OnceLock::new();
+        g
     }
 
-    /// Names the external tensor `t` (the whole storage it views) as input `name`, which an
-    /// exec feeds with [`GraphExec::set_input`](super::GraphExec::set_input).
+    /// Names the external tensor `t` as input `name`, which an exec feeds with
+    /// [`GraphExec::set_input`](super::GraphExec::set_input). `t` is the contiguous tensor
+    /// that owns the storage (the nodes may read views of it: slices, transposes, reshapes);
+    /// the exec's static input has its shape. Naming a named input again renames it.
     pub fn mark_input(&mut self, name: &str, t: &Tensor) -> Result<()> {
         let id = self.buffer_of(t).ok_or_else(|| {
             Error::BadParam(format!(
                 "input {name:?}: the graph does not use this tensor"
             ))
         })?;
-        if self.inputs().iter().any(|(n, b)| n == name && *b != id) {
+        if self.0.input_names.get(name).is_some_and(|&b| b != id) {
             return Err(Error::BadParam(format!("input {name:?} is already named")));
         }
         let g = self.inner_mut();
@@ -224,12 +254,22 @@ impl Graph {
                 "input {name:?}: the tensor is computed by the graph, not fed to it"
             )));
         }
-        if b.tensor.layout() != &Layout::contiguous(b.tensor.shape()) {
+        // The tensor named, not the view the graph met first (a slice or a transpose of it,
+        // say), is what an exec's static input looks like and what `set_input` feeds: all of
+        // the storage, so that no view the graph reads keeps stale values.
+        if t.layout() != &Layout::contiguous(t.shape()) || t.nbytes() != t.storage_bytes() {
             return Err(Error::BadParam(format!(
-                "input {name:?}: name the contiguous tensor that owns the storage"
+                "input {name:?}: name the contiguous tensor that owns the storage (not a view \
+                 of part of it, or of it reordered)"
             )));
         }
+        b.tensor = t.clone();
+        // Naming a named input again renames it.
+        if let BufferRole::Input(old) = &b.role {
+            g.input_names.remove(old);
+        }
         b.role = BufferRole::Input(name.into());
+        g.input_names.insert(name.into(), id);
         Ok(())
     }
 
@@ -245,7 +285,7 @@ impl Graph {
                 "output {name:?}: the tensor is not computed by the graph"
             )));
         }
-        if self.0.outputs.iter().any(|(n, _)| n == name) {
+        if self.0.outputs.get(name).is_some() {
             return Err(Error::BadParam(format!("output {name:?} is already named")));
         }
         let op = Operand {
@@ -253,7 +293,7 @@ impl Graph {
             dtype: t.dtype(),
             layout: t.layout().clone(),
         };
-        self.inner_mut().outputs.push((name.into(), op));
+        self.inner_mut().outputs.insert(name, op);
         Ok(())
     }
 
@@ -262,10 +302,9 @@ impl Graph {
     ///
     /// [`Runtime::run`]: crate::Runtime::run
     pub fn output(&self, name: &str) -> Result<Tensor> {
-        let (_, op) = self
-            .outputs()
-            .into_iter()
-            .find(|(n, _)| n == name)
+        let op = self
+            .named_outputs()
+            .get(name)
             .ok_or_else(|| Error::BadParam(format!("the graph has no output {name:?}")))?;
         op.view_in(&self.0.buffers[op.buffer.0].tensor, 0)
     }
@@ -317,10 +356,11 @@ pub struct GraphBuilder {
     device: Device,
     buffers: Vec<Buffer>,
     nodes: Vec<Node>,
-    outputs: Vec<(String, Operand)>,
+    outputs: Named<Operand>,
     /// Buffer of each storage, by its address (the builder holds every storage it maps, so
     /// an address is not reused while the builder lives).
     by_addr: HashMap<u64, BufferId>,
+    input_names: HashMap<String, BufferId>,
 }
 
 impl GraphBuilder {
@@ -329,8 +369,9 @@ impl GraphBuilder {
             device,
             buffers: Vec::new(),
             nodes: Vec::new(),
-            outputs: Vec::new(),
+            outputs: Named::default(),
             by_addr: HashMap::new(),
+            input_names: HashMap::new(),
         }
     }
 
@@ -383,15 +424,13 @@ impl GraphBuilder {
 
     /// A named input of `shape` and `dtype` (a contiguous tensor the builder allocates).
     pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<Operand> {
-        if self
-            .buffers
-            .iter()
-            .any(|b| b.role == BufferRole::Input(name.into()))
-        {
+        if self.input_names.contains_key(name) {
             return Err(Error::BadParam(format!("input {name:?} is already named")));
         }
         let t = Tensor::zeros(shape, dtype, self.device)?;
-        self.operand_of(&t, BufferRole::Input(name.into()))
+        let o = self.operand_of(&t, BufferRole::Input(name.into()))?;
+        self.input_names.insert(name.into(), o.buffer);
+        Ok(o)
     }
 
     /// An external tensor the graph reads (or writes) by address.
@@ -521,10 +560,9 @@ impl GraphBuilder {
                 "output {name:?}: the operand is not computed by the graph"
             )));
         }
-        if self.outputs.iter().any(|(n, _)| n == name) {
+        if !self.outputs.insert(name, o.clone()) {
             return Err(Error::BadParam(format!("output {name:?} is already named")));
         }
-        self.outputs.push((name.into(), o.clone()));
         Ok(())
     }
 
@@ -535,6 +573,9 @@ impl GraphBuilder {
             buffers: self.buffers,
             nodes: self.nodes,
             outputs: self.outputs,
+            by_addr: self.by_addr,
+            input_names: self.input_names,
+            default_outputs: OnceLock::new(),
         })))
     }
 }

@@ -33,6 +33,7 @@ pub mod fusion;
 #[allow(clippy::module_inception)]
 pub mod graph;
 pub mod memory;
+mod named;
 pub mod plan;
 pub mod record;
 
