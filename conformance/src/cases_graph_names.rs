@@ -1,5 +1,6 @@
 //! Names of a graph's inputs and outputs (`graph::…`): many of them, found by name in the
-//! graph and in its exec, the default names of unmarked outputs, renaming an input.
+//! graph and in its exec, the default names of unmarked outputs, renaming an input, an input
+//! first read through a view, inputs fed from the host.
 
 use unirt::graph::{ExecOptions, GraphExec, PlanOptions};
 use unirt::{CapturePlan, Runtime};
@@ -148,7 +149,10 @@ fn input_through_view(ctx: &Ctx) -> Result<(), Failure> {
             exec.input("x")?.shape()
         );
         let feed = rand(ctx, &[4, 6], 44)?;
-        exec.set_input("x", &feed)?;
+        // Fed from the host (another device, except on the CPU), then the static input fed
+        // with itself (nothing to copy).
+        exec.set_input("x", &feed.to(unirt::Device::CPU)?)?;
+        exec.set_input("x", exec.input("x")?)?;
         exec.replay()?;
         // The same work done eagerly on the fed tensor.
         let v = match first {

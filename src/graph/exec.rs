@@ -345,7 +345,8 @@ impl GraphExec {
     }
 
     /// Copies `t` into static input `name` (in stream order, before the next replay; ordered
-    /// with the exec's replays as [`replay`](Self::replay) says).
+    /// with the exec's replays as [`replay`](Self::replay) says). `t` may have any layout and
+    /// live on any device (another device's tensor is transferred first).
     pub fn set_input(&self, name: &str, t: &Tensor) -> Result<()> {
         let dst = self.input(name)?;
         if t.dtype() != dst.dtype() {
@@ -367,6 +368,18 @@ impl GraphExec {
                 "feeding a graph exec while this thread records a graph".into(),
             ));
         }
+        // The static input itself: nothing to copy.
+        if t.shares_storage(dst) && t.layout() == dst.layout() {
+            return Ok(());
+        }
+        // A tensor of another device (host data for a GPU exec, say) comes over first.
+        let moved;
+        let t = if t.device() == dst.device() {
+            t
+        } else {
+            moved = t.to(dst.device())?;
+            &moved
+        };
         let copy = crate::ops::rearrange::copy_into(&t.desc(), &dst.desc())?;
         self.in_order(|stream| copy.launch(&[t], &[dst], None, stream))
     }
