@@ -16,6 +16,11 @@ use crate::{Ctx, Failure};
 /// Elements of the large cases' operands (64 Ki: past the texture threshold, 16 Ki).
 const N: usize = 64 * 1024;
 
+/// Lengths whose quads fill no whole number of texture rows (textures are a power of two
+/// texels wide): 5 001 quads (one partly filled row) and 24 581 (three rows of 8 192 and 5
+/// texels), so that the copy of a last, partial row is checked.
+const ODD_LENGTHS: [usize; 2] = [20_004, 98_324];
+
 /// `f` applied to `a` and `b` element by element.
 fn zip(a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64) -> Vec<f64> {
     a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
@@ -48,6 +53,32 @@ pub(crate) fn large_binary(
         .map(|i| f(vrow_a[i % 4096], vrows_b[i]))
         .collect();
     close("[4096] with [6, 4096]", &values(&out, op)?, &want, dt, None)?;
+    // A bias row whose texture row is partly filled, under 3 rows of it.
+    let (rows, vrows) = random(&[3, 6004], ra.0, ra.1, 704, dt, dev)?;
+    let (row, vrow) = random(&[6004], rb.0, rb.1, 705, dt, dev)?;
+    let out = plan(&rows, &row)
+        .and_then(|p| p.run1(&[&rows, &row]))
+        .map_err(err("[3, 6004] with [6004]"))?;
+    let want: Vec<f64> = (0..3 * 6004).map(|i| f(vrows[i], vrow[i % 6004])).collect();
+    close("[3, 6004] with [6004]", &values(&out, op)?, &want, dt, None)?;
+    // Lengths that end inside a texture row, from the buffers' start and a texel in.
+    for (len, shift) in ODD_LENGTHS.iter().flat_map(|&l| [(l, 0usize), (l, 4)]) {
+        let seed = 760 + len as u64 + shift as u64;
+        let (abase, va) = random(&[len + shift], ra.0, ra.1, seed, dt, dev)?;
+        let (b, vb) = random(&[len], rb.0, rb.1, seed + 1, dt, dev)?;
+        let a = abase.narrow(0, shift, len).map_err(err("narrow"))?;
+        let what = format!("{op} over {len} elements, {shift} in");
+        let out = plan(&a, &b)
+            .and_then(|p| p.run1(&[&a, &b]))
+            .map_err(err(&what))?;
+        close(
+            &what,
+            &values(&out, &what)?,
+            &zip(&va[shift..], &vb, f),
+            dt,
+            None,
+        )?;
+    }
     // Views 4 elements (a texel) and 1 element into their buffers.
     for shift in [4usize, 1] {
         let (abase, va) = random(&[N + shift], ra.0, ra.1, 710 + shift as u64, dt, dev)?;
@@ -99,10 +130,11 @@ pub(crate) fn large_binary(
 pub(crate) fn large_unary(ctx: &Ctx, u: UnaryOp, dt: DType, r: (f64, f64)) -> Result<(), Failure> {
     let dev = ctx.device;
     let map = |v: &[f64]| -> Vec<f64> { v.iter().map(|&x| u.eval(x)).collect() };
-    for shift in [0usize, 4, 1] {
-        let (base, v) = random(&[N + shift], r.0, r.1, 740 + shift as u64, dt, dev)?;
-        let a = base.narrow(0, shift, N).map_err(err("narrow"))?;
-        let what = format!("{} on a view {shift} elements in", u.name());
+    let lengths = [N].into_iter().chain(ODD_LENGTHS);
+    for (len, shift) in lengths.flat_map(|l| [(l, 0usize), (l, 4), (l, 1)]) {
+        let (base, v) = random(&[len + shift], r.0, r.1, 740 + shift as u64, dt, dev)?;
+        let a = base.narrow(0, shift, len).map_err(err("narrow"))?;
+        let what = format!("{} over {len} elements, a view {shift} in", u.name());
         let out = ew::unary(u, &a.desc())
             .and_then(|p| p.run1(&[&a]))
             .map_err(err(&what))?;

@@ -73,32 +73,57 @@ pub(crate) struct TexCopy {
     /// Texels per row and rows.
     pub width: u32,
     pub height: u32,
+    /// Texels in the last row (`width` unless a run of quads ends inside it).
+    pub last_width: u32,
+    pub texel_bytes: u64,
 }
 
 impl TexCopy {
     /// The source range this copy reads, as `contents.rs` names it.
     pub fn source(&self) -> TexSource {
-        let end = self.src_off + u64::from(self.bytes_per_row) * u64::from(self.height);
+        let full_rows = u64::from(self.height - 1) * u64::from(self.bytes_per_row);
+        let end = self.src_off + full_rows + u64::from(self.last_width) * self.texel_bytes;
         (self.src_id, self.src_off, end, self.bytes_per_row)
     }
 
+    /// The copy: whole rows, then a last row that may be partly filled (a second copy of
+    /// its texels alone, which reads nothing past the source's end).
     pub fn encode(&self, enc: &mut wgpu::CommandEncoder) {
-        enc.copy_buffer_to_texture(
-            wgpu::TexelCopyBufferInfo {
-                buffer: &self.src,
-                layout: wgpu::TexelCopyBufferLayout {
-                    offset: self.src_off,
-                    bytes_per_row: Some(self.bytes_per_row),
-                    rows_per_image: None,
+        let whole = if self.last_width == self.width {
+            self.height
+        } else {
+            self.height - 1
+        };
+        let copy = |enc: &mut wgpu::CommandEncoder, offset: u64, y: u32, width: u32, height| {
+            enc.copy_buffer_to_texture(
+                wgpu::TexelCopyBufferInfo {
+                    buffer: &self.src,
+                    layout: wgpu::TexelCopyBufferLayout {
+                        offset,
+                        bytes_per_row: Some(self.bytes_per_row),
+                        rows_per_image: None,
+                    },
                 },
-            },
-            self.texture.as_image_copy(),
-            wgpu::Extent3d {
-                width: self.width,
-                height: self.height,
-                depth_or_array_layers: 1,
-            },
-        );
+                wgpu::TexelCopyTextureInfo {
+                    texture: &self.texture,
+                    mip_level: 0,
+                    origin: wgpu::Origin3d { x: 0, y, z: 0 },
+                    aspect: wgpu::TextureAspect::All,
+                },
+                wgpu::Extent3d {
+                    width,
+                    height,
+                    depth_or_array_layers: 1,
+                },
+            );
+        };
+        if whole > 0 {
+            copy(enc, self.src_off, 0, self.width, whole);
+        }
+        if whole < self.height {
+            let offset = self.src_off + u64::from(whole) * u64::from(self.bytes_per_row);
+            copy(enc, offset, whole, self.last_width, 1);
+        }
     }
 }
 

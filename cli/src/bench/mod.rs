@@ -7,6 +7,7 @@ mod graph;
 mod memcpy;
 mod ops;
 mod ops_floor;
+mod ops_growing;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -542,6 +542,19 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         }
         rows.push(attention_row(dev, DType::F32, *kv)?);
     }
+    // Decode attention over a cache that grows a key per step (a new shape every step).
+    if !gpu {
+        let (ms, shape) =
+            super::ops_growing::decode_growing_cache(dev, if quick { 16 } else { 64 })?;
+        rows.push(Row {
+            op: "decode_growing_cache".into(),
+            dtype: "f32".into(),
+            shape,
+            ms,
+            gflops: None,
+            gbps: None,
+        });
+    }
     // Sampling one token from an LLM-sized vocabulary: nucleus (top-p) and top-k.
     for (top_k, top_p) in [(0, 0.9), (50, 1.0)] {
         rows.push(sample_row(dev, 32_000, top_k, top_p)?);

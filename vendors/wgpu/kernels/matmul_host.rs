@@ -428,6 +428,7 @@ pub(super) fn host_quads(
                         input: 1,
                         width,
                         height,
+                        last_width: width,
                         row_stride: brs as u64,
                         // B is most often a weight: the same matrix launch after launch.
                         reusable: true,
@@ -437,6 +438,7 @@ pub(super) fn host_quads(
                             input: 0,
                             width: height / 4,
                             height: a_height,
+                            last_width: height / 4,
                             row_stride: k as u64,
                             reusable: false,
                         });
@@ -446,6 +448,7 @@ pub(super) fn host_quads(
                             input: 2 + q,
                             width,
                             height: if per_row { m as u32 } else { 1 },
+                            last_width: width,
                             row_stride: n as u64,
                             // A bias row is a weight; a residual is an activation.
                             reusable: !per_row,

@@ -530,6 +530,7 @@ fn textured(
         let bytes_per_row = i.row_stride * dt.size() as u64;
         let usable = (1..=max).contains(&i.width)
             && (1..=max).contains(&i.height)
+            && (1..=i.width).contains(&i.last_width)
             && bytes_per_row.is_multiple_of(u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT))
             && bytes_per_row >= u64::from(i.width) * texel_bytes;
         let bytes_per_row = match u32::try_from(bytes_per_row) {
@@ -544,6 +545,7 @@ fn textured(
             input: i.input,
             width: i.width,
             height: i.height,
+            last_width: i.last_width,
             bytes_per_row,
             texel_bytes,
             format,

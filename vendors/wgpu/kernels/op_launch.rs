@@ -161,6 +161,8 @@ impl WgpuBackend {
                                 reusable: s.reusable,
                                 width: s.width,
                                 height: s.height,
+                                last_width: s.last_width,
+                                texel_bytes: s.texel_bytes,
                             };
                             (tex, copy)
                         })

@@ -38,6 +38,9 @@ pub(crate) struct TexInput {
     /// Texels per row (a row's values / 4) and rows.
     pub width: u32,
     pub height: u32,
+    /// Texels in the last row: `width`, or fewer where a run of quads ends inside it
+    /// ([`flat_texture`]).
+    pub last_width: u32,
     /// Elements from one row's start to the next's in the input.
     pub row_stride: u64,
     /// Whether the input is usually the same from launch to launch (a weight matrix): it gets
@@ -46,25 +49,38 @@ pub(crate) struct TexInput {
     pub reusable: bool,
 }
 
-/// The `(texels per row, rows)` of a texture that holds a contiguous input of `quads` quads
-/// (four values each) of `texel_bytes` per texel as whole rows, for adapters whose textures
-/// are at most `max` texels wide and high: rows are a multiple of 256 bytes, as
-/// buffer-to-texture copies require, and the widest such that divides `quads`. `None` when
-/// no width fits.
-pub(crate) fn flat_texture(quads: usize, texel_bytes: u64, max: u32) -> Option<(u32, u32)> {
+/// The `(texels per row, rows, texels in the last row)` of a texture that holds a contiguous
+/// input of `quads` quads (four values each) of `texel_bytes` per texel as one run, for
+/// adapters whose textures are at most `max` texels wide and high; `None` when it does not fit.
+///
+/// The width is a power of two (the smallest that holds the run in one row, up to the largest
+/// power of two within `max`), so a row is a multiple of 256 bytes, as buffer-to-texture
+/// copies require, and a kernel finds quad `q` at `(q & (width - 1), q >> log2(width))`. The
+/// last row may be partly filled (a second copy). The width depends on the size *class*, not
+/// the exact size: it is written into the kernel's code, and a width that divided the size
+/// exactly (as it once was) gave every new size its own kernel — a decode loop whose KV cache
+/// grows by a row per token compiled a new attention kernel per token (58 ms each on
+/// lavapipe).
+pub(crate) fn flat_texture(quads: usize, texel_bytes: u64, max: u32) -> Option<(u32, u32, u32)> {
     let align = (u64::from(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT) / texel_bytes).max(1) as usize;
-    let max = max as usize;
-    let mut width = quads.min(max) / align * align;
-    while width >= align {
-        if quads.is_multiple_of(width) && quads / width <= max {
-            return Some((
-                u32::try_from(width).ok()?,
-                u32::try_from(quads / width).ok()?,
-            ));
-        }
-        width -= align;
+    if quads == 0 || max == 0 {
+        return None;
     }
-    None
+    let widest = 1usize << (usize::BITS - 1 - (max as usize).leading_zeros());
+    let width = quads.next_power_of_two().max(align).min(widest);
+    if !width.is_multiple_of(align) {
+        return None;
+    }
+    let height = quads.div_ceil(width);
+    if height > max as usize {
+        return None;
+    }
+    let last = quads - (height - 1) * width;
+    Some((
+        u32::try_from(width).ok()?,
+        u32::try_from(height).ok()?,
+        u32::try_from(last).ok()?,
+    ))
 }
 
 /// How a [`TexRead`] input of one dtype is held: four values per texel.
@@ -144,10 +160,12 @@ pub(crate) fn texture_rows(
         ty = texel.texture_type,
         to_f32 = texel.to_f32,
     );
+    let width = u32::try_from(row_len / 4).ok()?;
     let input = TexInput {
         input,
-        width: u32::try_from(row_len / 4).ok()?,
+        width,
         height: u32::try_from(rows).ok()?,
+        last_width: width,
         row_stride: row_len as u64,
         reusable: false,
     };
@@ -222,6 +240,7 @@ pub(super) struct TexSlot {
     pub(super) input: usize,
     pub(super) width: u32,
     pub(super) height: u32,
+    pub(super) last_width: u32,
     pub(super) bytes_per_row: u32,
     /// Bytes per texel: the copy starts on a multiple of it.
     pub(super) texel_bytes: u64,
@@ -367,7 +386,7 @@ fn new_texture(
 
 /// The inputs of a quad kernel that are read through textures on the host's cores (see
 /// [`super::op::TexRead`]): each copied whole into a texture of [`flat_texture`]'s rows, quad
-/// `q` at texel `(q % width, q / width)`.
+/// `q` at texel `(q & (width - 1), q >> log2(width))`.
 pub(crate) struct FlatTextures {
     pub inputs: Vec<TexInput>,
     /// The textures' declarations and their load functions `tex4_<name>(i)`.
@@ -445,11 +464,12 @@ pub(crate) fn textures_for(
         let Some(texel) = texel(bind.dtype) else {
             continue;
         };
-        let Some((width, height)) =
+        let Some((width, height, last_width)) =
             flat_texture(read.elements / 4, texel.bytes, PLANNED_TEXTURE_DIM)
         else {
             continue;
         };
+        let (mask, shift) = (width - 1, width.trailing_zeros());
         let (name, binding) = (
             bind.name,
             texture_binding(binds.len() + after, t.inputs.len()),
@@ -457,7 +477,7 @@ pub(crate) fn textures_for(
         t.decls += &format!(
             "@group(0) @binding({binding}) var tex_{name}: {ty};\n\
              fn tex4_{name}(i: u32) -> vec4<f32> {{ let q = i >> 2u; \
-             let t = textureLoad(tex_{name}, vec2<u32>(q % {width}u, q / {width}u), 0); \
+             let t = textureLoad(tex_{name}, vec2<u32>(q & {mask}u, q >> {shift}u), 0); \
              return {to_f32}; }}\n",
             ty = texel.texture_type,
             to_f32 = texel.to_f32,
@@ -467,9 +487,49 @@ pub(crate) fn textures_for(
             input: k,
             width,
             height,
+            last_width,
             row_stride: u64::from(width) * 4,
             reusable: read.reusable,
         });
     }
     (!t.inputs.is_empty()).then_some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flat_texture;
+
+    /// Every run fits its texture exactly (whole rows, then a last row of `last` texels), rows
+    /// are 256-byte multiples, and sizes of one class share a width, so the kernels reading
+    /// them (whose code holds the width) are one kernel.
+    #[test]
+    fn flat_textures_hold_every_run_in_widths_of_its_class() {
+        for texel_bytes in [16u64, 8, 4] {
+            let align = 256 / texel_bytes as usize;
+            for quads in (1..40_000).step_by(7).chain([8192, 8193, 1 << 20, 3 << 22]) {
+                let (w, h, last) = flat_texture(quads, texel_bytes, 8192).unwrap();
+                let (w, h, last) = (w as usize, h as usize, last as usize);
+                assert!(
+                    w.is_power_of_two() && w.is_multiple_of(align),
+                    "{quads}: {w}"
+                );
+                assert!(
+                    (1..=w).contains(&last) && h <= 8192,
+                    "{quads}: {w} {h} {last}"
+                );
+                assert_eq!((h - 1) * w + last, quads);
+                assert!(h == 1 || w == 8192, "{quads}: wider rows before more rows");
+            }
+        }
+        // A KV cache that grows by one row: the same width throughout.
+        let widths: std::collections::HashSet<u32> = (600..720)
+            .map(|l| flat_texture(4 * l * 32 / 4, 16, 8192).unwrap().0)
+            .collect();
+        assert_eq!(widths.len(), 1);
+        // Past 8192 × 8192 texels, and an adapter without textures: none.
+        assert_eq!(flat_texture((8192 * 8192) + 1, 16, 8192), None);
+        assert_eq!(flat_texture(16, 16, 0), None);
+        // The largest power of two within an odd limit.
+        assert_eq!(flat_texture(1 << 20, 16, 5000).map(|t| t.0), Some(4096));
+    }
 }
