@@ -218,6 +218,25 @@ fn user_kernel_bad_input(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result
                 },
                 &["bad_param"],
             ),
+            // Registered larger than declared: the dispatch would cover a quarter of the grid.
+            (
+                "user_other_workgroup",
+                KernelImpl::Wgsl {
+                    source: AFFINE_WGSL.into(),
+                    entry: "affine".into(),
+                    workgroup: [16, 16, 1],
+                },
+                &["bad_param"],
+            ),
+            (
+                "user_bad_entry",
+                KernelImpl::Wgsl {
+                    source: AFFINE_WGSL.into(),
+                    entry: "not_there".into(),
+                    workgroup: [8, 8, 1],
+                },
+                &["bad_param", "kernel_compile"],
+            ),
         ],
         _ => Vec::new(),
     };
@@ -230,6 +249,46 @@ fn user_kernel_bad_input(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result
         )?;
     }
     Ok(())
+}
+
+/// A grid of more blocks or workgroups than the device dispatches is refused at plan time.
+/// On wgpu it once reached the command encoder, whose validation error also dropped the work
+/// batched before it: a sum queued earlier on the stream read back as an error, and an
+/// operator that used the sum afterwards read zeros.
+fn user_kernel_huge_grid(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result<(), Failure> {
+    if ctx.device.kind == DeviceKind::Cpu {
+        return Ok(()); // the CPU runs any grid (one call per point)
+    }
+    let before = a.add_scalar(5.0).map_err(err("add_scalar"))?;
+    // y beyond 65 535 blocks on both; x beyond 65 535 workgroups on wgpu (CUDA's x goes to
+    // 2^31 - 1 blocks).
+    let grids: &[[u32; 3]] = match ctx.device.kind {
+        DeviceKind::Wgpu => &[[u32::MAX, 1, 1], [8, u32::MAX, 1]],
+        _ => &[[8, u32::MAX, 1]],
+    };
+    for &grid in grids {
+        expect_kind(
+            ops::custom(
+                "user_affine",
+                DType::F32,
+                &[a.desc()],
+                &[a.desc()],
+                scalars,
+                grid,
+            ),
+            &["bad_param"],
+            &format!("a grid of {grid:?}"),
+        )?;
+    }
+    let after = before.mul_scalar(2.0).map_err(err("mul_scalar"))?;
+    let want: Vec<f64> = values(a, "a")?.iter().map(|v| (v + 5.0) * 2.0).collect();
+    close(
+        "work queued around the refused plans",
+        &values(&after, "after")?,
+        &want,
+        DType::F32,
+        None,
+    )
 }
 
 fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
@@ -270,6 +329,7 @@ fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
         KernelArg::F16(half::f16::from_f32(0.25)),
     ];
     user_kernel_bad_input(ctx, &a, &scalars)?;
+    user_kernel_huge_grid(ctx, &a, &scalars)?;
     let plan = ops::custom(
         "user_affine",
         DType::F32,

@@ -101,8 +101,9 @@ pub enum KernelImpl {
     Host(HostKernel),
     /// A Rust function run for every grid point.
     HostPerItem(HostItemKernel),
-    /// WGSL source for the wgpu backend: `entry` with the given workgroup size, launched over
-    /// the plan's grid. It is compiled after a prelude that gives it its tensors (`ld_t0(i)`,
+    /// WGSL source for the wgpu backend: `entry` with the given workgroup size (which its
+    /// `@workgroup_size` must declare: checked at plan time, as is a grid of more workgroups
+    /// than the adapter dispatches), launched over the plan's grid. It is compiled after a prelude that gives it its tensors (`ld_t0(i)`,
     /// `st_t1(i, v)`, `shape_t0(d)`, `stride_t0(d)`, inputs then outputs), `grid()` and its
     /// scalars (`arg0()`, …); see the wgpu vendor's `kernels/user.rs`. On Mesa's llvmpipe
     /// (lavapipe, and llvmpipe through GL) one invocation may run at most 65535 loop

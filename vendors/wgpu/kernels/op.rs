@@ -431,6 +431,24 @@ fn prepare_unguarded(
             DeviceKind::Wgpu,
         ));
     }
+    // A dispatch of more workgroups than the adapter allows fails when its command buffer is
+    // encoded, and takes the work batched with it down too (launches queued before it on the
+    // stream were lost, and later reads of their results saw zeros): refused here instead.
+    let max_groups = limits.max_compute_workgroups_per_dimension;
+    let variants = [
+        Some(&src.passes),
+        src.aligned.as_ref(),
+        src.textured.as_ref().map(|t| &t.passes),
+    ];
+    for (_, groups) in variants.into_iter().flatten().flatten() {
+        if groups.iter().any(|&g| g > max_groups) {
+            return Err(Error::BadParam(format!(
+                "{} on {}: a dispatch of {groups:?} workgroups (the adapter allows {max_groups} \
+                 per dimension)",
+                src.name, spec.device
+            )));
+        }
+    }
     let cache = &gpu.kernels.ops;
     // The fault word or the scratch buffer is one more read-write binding after the tensors.
     let (bgl, pl) = cache.layout(device, bindings - 1, &[]);

@@ -112,6 +112,7 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
         "{}{pre}\n{source}\n",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec))
     );
+    check_workgroup(spec.op, &src, entry, *workgroup)?;
     prepare_op(
         spec,
         OpSource {
@@ -124,4 +125,33 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
             textured: None,
         },
     )
+}
+
+/// The entry point's declared `@workgroup_size` must be the registered one: the dispatch is
+/// sized with the registered one, so a kernel declaring a smaller size would silently leave
+/// part of its grid unprocessed (seen: `[16, 16, 1]` registered, `(8, 8, 1)` declared, half
+/// of a 64-element grid untouched). Source that does not parse is left to the compiler,
+/// whose error names the problem; sizes set by pipeline-overridable constants are not
+/// known here and pass.
+fn check_workgroup(op: &str, src: &str, entry: &str, workgroup: [u32; 3]) -> Result<()> {
+    let Ok(module) = naga::front::wgsl::parse_str(src) else {
+        return Ok(());
+    };
+    let Some(ep) = module.entry_points.iter().find(|e| e.name == entry) else {
+        return Err(Error::BadParam(format!(
+            "{op}: the WGSL source has no entry point {entry:?}"
+        )));
+    };
+    if ep.stage != naga::ShaderStage::Compute {
+        return Err(Error::BadParam(format!(
+            "{op}: entry point {entry:?} is not a compute shader"
+        )));
+    }
+    if ep.workgroup_size_overrides.is_none() && ep.workgroup_size != workgroup {
+        return Err(Error::BadParam(format!(
+            "{op}: entry point {entry:?} declares @workgroup_size{:?}, registered as {workgroup:?}",
+            ep.workgroup_size
+        )));
+    }
+    Ok(())
 }
