@@ -9,6 +9,7 @@ use crate::{Ctx, Failure};
 crate::op_cases! {
     cast = "cast": [f32, f16, bf16, i32, i64, u8, bool] => [all_targets] via cast_case;
     cast_special = "cast": [f32, f16, bf16] => [nan_inf_zero] via cast_case;
+    cast_wide = "cast": [i64] => [wide_integers] via cast_case;
     rearrange = "rearrange": [f32, f16, bf16, i32, i64, u8, bool] => [layouts] via rearrange_case;
     rearrange_bad = "rearrange": [f32] => [bad_input] via rearrange_case;
     rearrange_big = "rearrange": [f32, f16, i64, u8] => [large_transposes] via rearrange_case;
@@ -45,6 +46,9 @@ fn as_dtype(v: f64, dt: DType) -> f64 {
 }
 
 fn cast_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
+    if what == "wide_integers" {
+        return cast_wide_integers(ctx, dt);
+    }
     if what == "nan_inf_zero" {
         // NaN (0 as an integer, true as bool), infinities (saturated), signed zeros and
         // values past each integer type's range, to every dtype: as `encode` stores them.
@@ -84,6 +88,47 @@ fn cast_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), 
             let want: Vec<f64> = src.iter().map(|&x| as_dtype(x, to)).collect();
             close(&what, &values(&out, &what)?, &want, to, None)?;
         }
+    }
+    Ok(())
+}
+
+/// i64 values of every bit length (ties and near-ties of f32's and bf16's rounding among
+/// them) to every float dtype, bitwise as through f64 (`as_dtype` of the stored value, which
+/// reads back as f64): the wgpu kernel once added its two words in f32, a unit in the last
+/// place off for large values, and the host's f64 to bf16 conversion dropped low bits.
+fn cast_wide_integers(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    let mut r = SplitMix64::new(21);
+    let mut v: Vec<i64> = (0..4000)
+        .map(|_| (r.next_u64() as i64) >> r.below(64))
+        .collect();
+    for k in 25..63 {
+        let base = (1i64 << k) | (1i64 << (k - 24)) | (1i64 << (k - 8));
+        v.extend([-1, 0, 1].map(|d| base + d));
+        v.extend([-1, 0, 1].map(|d| -(base + d)));
+    }
+    v.extend([i64::MIN, i64::MAX, 0, -1, 1 << 53, (1 << 53) + 1]);
+    let x = Tensor::from_slice(&v, &[v.len()], ctx.device).map_err(err("from_slice"))?;
+    let vx = values(&x, "stored values")?;
+    for to in [DType::F32, DType::F16, DType::BF16] {
+        let what = format!("cast {dt} of every bit length to {to}");
+        let out = x.to_dtype(to).map_err(err(&what))?;
+        let got = values(&out, &what)?;
+        for (i, (&g, &x)) in got.iter().zip(&vx).enumerate() {
+            let want = as_dtype(x, to);
+            if g.to_bits() != want.to_bits() {
+                return Err(fail(format!("{what}: {} became {g}, want {want}", v[i])));
+            }
+        }
+    }
+    // An empty broadcast copied (a transpose-like layout of no elements).
+    let empty = Tensor::zeros(&[0, 1], dt, ctx.device)
+        .and_then(|t| t.broadcast_to(&[0, 4]))
+        .and_then(|t| t.contiguous())
+        .map_err(err(
+            "contiguous copy of a [0, 1] tensor broadcast to [0, 4]",
+        ))?;
+    if empty.shape() != [0, 4] {
+        return Err(fail(format!("empty copy has shape {:?}", empty.shape())));
     }
     Ok(())
 }

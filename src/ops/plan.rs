@@ -129,7 +129,13 @@ impl PlanBuilder {
             workspace: self.workspace,
         };
         crate::vendors::check_plan(&spec)?;
+        // Nothing to compute (every output empty: a launch returns at once), so no device
+        // kernel either: a generator asked for a kernel over a zero-sized dimension could
+        // divide by it (the wgpu transpose once made `i % 0u`, which failed to compile).
+        let nothing =
+            !self.outputs.is_empty() && self.outputs.iter().all(|o| o.layout.numel() == 0);
         let prepared = match &kernel {
+            KernelImpl::Prepared { .. } if nothing => None,
             KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
             // User kernels in a device language are prepared by their vendor, as built-ins.
             KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {

@@ -51,6 +51,9 @@ fn convert(from: DType, to: DType) -> String {
     if from == DType::I64 {
         let w = "let w = ldr_src(j);\n    let lo = bitcast<i32>(w.x);\n    let hi = bitcast<i32>(w.y);\n    ";
         return match to {
+            // bf16 keeps 8 bits: rounded once from the f64 value, as the CPU does (through
+            // f32 first, a value could round twice).
+            DType::BF16 => "st_dst(i, i64_f32_src(ldr_src(j), 8u));".into(),
             t if is_float(t) => "st_dst(i, ld_src(j));".into(),
             DType::I32 => format!(
                 "{w}sti_dst(i, select(select(2147483647, -2147483647 - 1, hi < 0), lo, hi == (lo >> 31u)));"

@@ -325,10 +325,11 @@ fn accessors(s: &mut String, k: usize, b: &Bind) {
                 s,
                 "fn ldr_{n}(i: u32) -> vec2<u32> {{ let e = 2u * ({off} + i); \
                  return vec2<u32>(bitcast<u32>({n}[e]), bitcast<u32>({n}[e + 1u])); }}\n\
-                 fn ldi_{n}(i: u32) -> i32 {{ return {n}[2u * ({off} + i)]; }}\n\
+                 fn ldi_{n}(i: u32) -> i32 {{ return {n}[2u * ({off} + i)]; }}\n{}\
                  fn ld_{n}(i: u32) -> f32 {{ let w = ldr_{n}(i); let lo = bitcast<i32>(w.x); \
-                 let hi = bitcast<i32>(w.y); if (hi == (lo >> 31u)) {{ return f32(lo); }} \
-                 return f32(hi) * 4294967296.0 + f32(w.x); }}"
+                 if (bitcast<i32>(w.y) == (lo >> 31u) && abs(lo) < 16777216) {{ return f32(lo); }} \
+                 return i64_f32_{n}(w, 24u); }}",
+                i64_to_f32(n)
             );
             if b.write {
                 let _ = writeln!(
@@ -498,6 +499,36 @@ pub(crate) fn merge_view(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec
         return (shape.to_vec(), strides.to_vec());
     }
     merged.into_iter().map(|(n, d)| (n, strides[d])).unzip()
+}
+
+/// WGSL `fn i64_f32_<n>(w: vec2<u32>, keep: u32) -> f32`: the i64 in words `w` (low, high) the
+/// way the CPU and CUDA kernels convert it, through f64: rounded to 53 significant bits, then
+/// to `keep` (24 for f32, 8 for a bf16 destination, whose f32 then stores exactly), each to
+/// nearest-even. (The sum `f32(hi) · 2^32 + f32(lo)` it replaces rounded `lo`
+/// first and was a unit in the last place off for large values: a `cast` from i64 differed
+/// from the CPU's.) Helpers are suffixed per binding so that two i64 bindings can share a
+/// kernel.
+fn i64_to_f32(n: &str) -> String {
+    format!(
+        "fn u64len_{n}(a: vec2<u32>) -> u32 {{ if (a.y != 0u) {{ return 64u - countLeadingZeros(a.y); }} \
+         return 32u - countLeadingZeros(a.x); }}\n\
+         fn u64bit_{n}(a: vec2<u32>, k: u32) -> bool {{ if (k >= 32u) {{ return ((a.y >> (k - 32u)) & 1u) != 0u; }} \
+         return ((a.x >> k) & 1u) != 0u; }}\n\
+         fn u64below_{n}(a: vec2<u32>, k: u32) -> bool {{ if (k == 0u) {{ return false; }} \
+         if (k >= 32u) {{ return a.x != 0u || (a.y & ((1u << (k - 32u)) - 1u)) != 0u; }} \
+         return (a.x & ((1u << k) - 1u)) != 0u; }}\n\
+         fn u64round_{n}(a: vec2<u32>, keep: u32) -> vec3<u32> {{ let p = u64len_{n}(a); \
+         if (p <= keep) {{ return vec3<u32>(a, 0u); }} let d = p - keep; \
+         var q: vec2<u32>; if (d >= 32u) {{ q = vec2<u32>(a.y >> (d - 32u), 0u); }} \
+         else {{ q = vec2<u32>((a.x >> d) | (a.y << (32u - d)), a.y >> d); }} \
+         if (u64bit_{n}(a, d - 1u) && (u64below_{n}(a, d - 1u) || (q.x & 1u) == 1u)) {{ \
+         q.x = q.x + 1u; if (q.x == 0u) {{ q.y = q.y + 1u; }} }} \
+         return vec3<u32>(q, d); }}\n\
+         fn i64_f32_{n}(w: vec2<u32>, keep: u32) -> f32 {{ let neg = (w.y >> 31u) == 1u; var m = w; \
+         if (neg) {{ m = vec2<u32>(~w.x + 1u, ~w.y + select(0u, 1u, w.x == 0u)); }} \
+         let r1 = u64round_{n}(m, 53u); let r2 = u64round_{n}(r1.xy, keep); \
+         let f = ldexp(f32(r2.x), i32(r1.z + r2.z)); return select(f, -f, neg); }}\n"
+    )
 }
 
 #[cfg(test)]
