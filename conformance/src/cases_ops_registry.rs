@@ -75,14 +75,7 @@ fn missing_kernel_is_typed(ctx: &Ctx) -> Result<(), Failure> {
         }
     }
     expect_kind(
-        ops::custom(
-            "no_such_operator",
-            DType::F32,
-            &[x.desc()],
-            &[x.desc()],
-            &[],
-            [4, 1, 1],
-        ),
+        plan_over("no_such_operator", &x, &[], [4, 1, 1]),
         &["unsupported_kernel"],
         "an operator nobody registered",
     )?;
@@ -153,6 +146,16 @@ extern \"C\" __global__ void affine(UNIRT_PARAMS) {
     st_t1(io, ld_t0(ia) * arg0() + (float)arg1() + arg2() + (float)x);
 }
 ";
+
+/// `op` planned over `a` in, a tensor like it out, with `scalars` over `grid`.
+fn plan_over(
+    op: &str,
+    a: &Tensor,
+    scalars: &[KernelArg],
+    grid: [u32; 3],
+) -> unirt::Result<unirt::ops::Plan> {
+    ops::custom(op, DType::F32, &[a.desc()], &[a.desc()], scalars, grid)
+}
 
 /// Kernels in the device's own language that cannot be planned: each is a typed error at
 /// plan time (compile error, a launch shape the device cannot run, a kernel declared with
@@ -242,11 +245,7 @@ fn user_kernel_bad_input(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result
     };
     for (op, kernel, kinds) in cases {
         ops::register_kernel(op, ctx.device.kind, DType::F32, kernel).map_err(err("register"))?;
-        expect_kind(
-            ops::custom(op, DType::F32, &[a.desc()], &[a.desc()], scalars, [7, 5, 1]),
-            kinds,
-            op,
-        )?;
+        expect_kind(plan_over(op, a, scalars, [7, 5, 1]), kinds, op)?;
     }
     Ok(())
 }
@@ -268,14 +267,7 @@ fn user_kernel_huge_grid(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result
     };
     for &grid in grids {
         expect_kind(
-            ops::custom(
-                "user_affine",
-                DType::F32,
-                &[a.desc()],
-                &[a.desc()],
-                scalars,
-                grid,
-            ),
+            plan_over("user_affine", a, scalars, grid),
             &["bad_param"],
             &format!("a grid of {grid:?}"),
         )?;
@@ -330,15 +322,7 @@ fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
     ];
     user_kernel_bad_input(ctx, &a, &scalars)?;
     user_kernel_huge_grid(ctx, &a, &scalars)?;
-    let plan = ops::custom(
-        "user_affine",
-        DType::F32,
-        &[a.desc()],
-        &[a.desc()],
-        &scalars,
-        [7, 5, 1],
-    )
-    .map_err(err("plan"))?;
+    let plan = plan_over("user_affine", &a, &scalars, [7, 5, 1]).map_err(err("plan"))?;
     let out = plan.run1(&[&a]).map_err(err("launch"))?;
     let ha = host_view(&vb, a.layout());
     let want: Vec<f64> = (0..35)
@@ -352,14 +336,7 @@ fn user_kernel(ctx: &Ctx) -> Result<(), Failure> {
         None,
     )?;
     expect_kind(
-        ops::custom(
-            "user_affine",
-            DType::F32,
-            &[a.desc()],
-            &[a.desc()],
-            &scalars,
-            [7, 0, 1],
-        ),
+        plan_over("user_affine", &a, &scalars, [7, 0, 1]),
         &["bad_param"],
         "an empty grid dimension",
     )
