@@ -55,6 +55,7 @@ mod cases_ops_specials;
 mod cases_ops_threads;
 mod cases_ops_views;
 mod cases_robust;
+mod cases_same_as_cpu;
 mod cases_streams;
 mod cases_stress;
 mod cases_tensor_io;
@@ -209,6 +210,7 @@ pub fn cases() -> Vec<Case> {
     all.extend(cases_fused::cases());
     all.extend(cases_epilogue::cases());
     all.extend(cases_ops_views::cases());
+    all.extend(cases_same_as_cpu::cases());
     all
 }
 

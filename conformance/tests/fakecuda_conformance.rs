@@ -31,12 +31,14 @@ const NEEDS_A_GPU: &str = "the CUDA operator kernels are CUDA C, compiled by NVR
 const GPU_ONLY_ERROR: &str = "cuModuleGetFunction failed: CUDA_ERROR_NOT_SUPPORTED";
 
 /// Whether `case` is an operator case (`ops::<op>::<dtype>::…`) of a CUDA C kernel, or an
-/// operator-graph case (`graph::…`) or `ops::random_views`, which run such kernels.
+/// operator-graph case (`graph::…`), `ops::random_views` or `ops::data_movement_same_as_cpu`,
+/// which run such kernels.
 fn needs_a_gpu(case: &str) -> bool {
     // User kernels: the CUDA C one is registered by the case itself (its bad input is checked
     // before the launch, against the real NVRTC and the fake driver's module loader).
     if case.starts_with("graph::")
         || case == "ops::random_views"
+        || case == "ops::data_movement_same_as_cpu"
         // Plans only, but a CUDA plan fetches its compiled kernels' functions.
         || case == "ops::loop_limits"
         || case.starts_with("ops::tensors_")
