@@ -16,9 +16,16 @@ use unirt::{Device, DeviceKind};
 
 use crate::{env_u64, Case, Ctx, Failure};
 
+/// The case's name (declared unsupported on the CPU, the reference).
+pub(crate) const SAME_AS_CPU_CASE: &str = "ops::data_movement_same_as_cpu";
+
+/// Why the case does not run on the CPU.
+pub(crate) const CPU_IS_THE_REFERENCE: &str =
+    "cpu:0 is the reference these programs are compared with";
+
 pub(super) fn cases() -> Vec<Case> {
     vec![Case {
-        name: "ops::data_movement_same_as_cpu",
+        name: SAME_AS_CPU_CASE,
         needs: &[],
         run: same_as_cpu,
     }]
@@ -120,9 +127,7 @@ fn program(seed: u64, dev: Device) -> unirt::Result<Vec<Step>> {
 
 fn same_as_cpu(ctx: &Ctx) -> Result<(), Failure> {
     if ctx.device.kind == DeviceKind::Cpu {
-        return Err(Failure::Unsupported(
-            "cpu:0 is the reference these programs are compared with".into(),
-        ));
+        return Err(Failure::Unsupported(CPU_IS_THE_REFERENCE.into()));
     }
     let seeds = env_u64("UNIRT_SAME_AS_CPU_SEEDS").unwrap_or(150);
     let first = env_u64("UNIRT_SAME_AS_CPU_SEED").unwrap_or(0x5eed_0000);

@@ -273,6 +273,11 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             "capture::execs_sharing_read_backs_replay_back_to_back",
             NO_NESTED_LAUNCH_CUDA,
         ),
+        (
+            DeviceKind::Cpu,
+            cases_same_as_cpu::SAME_AS_CPU_CASE,
+            cases_same_as_cpu::CPU_IS_THE_REFERENCE,
+        ),
     ];
     LOSS.iter()
         .find(|(k, c, _)| *k == kind && *c == case)
