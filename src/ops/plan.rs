@@ -132,8 +132,7 @@ impl PlanBuilder {
         // Nothing to compute (every output empty: a launch returns at once), so no device
         // kernel either: a generator asked for a kernel over a zero-sized dimension could
         // divide by it (the wgpu transpose once made `i % 0u`, which failed to compile).
-        let nothing =
-            !self.outputs.is_empty() && self.outputs.iter().all(|o| o.layout.numel() == 0);
+        let nothing = computes_nothing(&self.outputs);
         let prepared = match &kernel {
             KernelImpl::Prepared { .. } if nothing => None,
             KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
@@ -158,6 +157,12 @@ impl PlanBuilder {
             prepared,
         })))
     }
+}
+
+/// Whether a plan with these outputs has nothing to compute: it has outputs and every one is
+/// empty. Such a plan prepares no device kernel and its launches return at once.
+fn computes_nothing(outputs: &[TensorDesc]) -> bool {
+    !outputs.is_empty() && outputs.iter().all(|o| o.layout.numel() == 0)
 }
 
 /// Byte range `[start, end)` a tensor addresses (empty for no elements).
@@ -318,7 +323,8 @@ impl Plan {
                 })
             }
         };
-        if outputs.iter().all(|o| o.numel() == 0) && !p.outputs.is_empty() {
+        // The tensors have the plan's shapes (checked above).
+        if computes_nothing(&p.outputs) {
             return Ok(());
         }
         let rt = match inputs.first().or(outputs.first()) {
