@@ -114,12 +114,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         Some(w) => Some(n.div_ceil(4).div_ceil(u64::from(w)) + rowwise::WG_REDUCE_LOOPS + 3),
         None => None,
     };
-    let literal = super::loop_limited(spec);
+    // The GPU form's offsets: `view_off`'s loops, or straight-line code where a loop limiter
+    // would count those loops — on the host's cores always (there a run-time division is a
+    // loop of scalar divisions), elsewhere only where they would not fit, so that
+    // `UNIRT_WGPU_GPU_FORMS=1` on the Mesa adapters runs the form a GPU runs.
+    let generic_loops = chunk.div_ceil(256) * (1 + rs.len() as u64) + rowwise::WG_REDUCE_LOOPS;
+    let literal = super::loop_limited(spec)
+        && (super::on_host_cores(spec) || generic_loops > super::LOOP_BUDGET);
     let gpu_loops = if literal {
-        chunk.div_ceil(1024) + 4
+        chunk.div_ceil(1024) + 4 + rowwise::WG_REDUCE_LOOPS
     } else {
-        chunk.div_ceil(256) * (1 + rs.len() as u64)
-    } + rowwise::WG_REDUCE_LOOPS;
+        generic_loops
+    };
     let host = super::host_form(spec, host_loops, gpu_loops, || {
         format!("a reduction of {n} elements")
     })?;
@@ -161,7 +167,6 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
                 spec.op,
                 &binds,
                 d,
-                &cfg,
                 (&ks, &kst),
                 (&rs, &rst),
                 (lanes, row_lanes),
@@ -181,8 +186,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         return prepare_op(spec, src);
     }
     let mut funcs = String::new();
-    let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], &ks, &kst, literal);
-    let at = wgsl::view_index(&mut funcs, "red_off", "jj", cfg[3], &rs, &rst, literal);
+    // The views' descriptors start at the indices held in cfg[2] and cfg[3].
+    let base = wgsl::view_index(&mut funcs, "kept_off", "row", 2, &ks, &kst, literal);
+    let at = wgsl::view_index(&mut funcs, "red_off", "jj", 3, &rs, &rst, literal);
     // The chunks' results, in the plan's scratch buffer (bound after the tensors).
     let part = if chunks > 1 {
         format!(
@@ -437,15 +443,14 @@ fn host_source(
     op: &str,
     binds: &[Bind],
     d: wgsl::Dialect,
-    cfg: &[u32],
     (ks, kst): (&[usize], &[usize]),
     (rs, rst): (&[usize], &[usize]),
     (lanes, row_lanes): (usize, u32),
     quads: bool,
 ) -> Result<Option<(String, [u32; 3])>> {
     let mut funcs = String::new();
-    let base = wgsl::view_index(&mut funcs, "kept_off", "row", cfg[2], ks, kst, true);
-    let at = wgsl::view_index(&mut funcs, "red_off", "j", cfg[3], rs, rst, true);
+    let base = wgsl::view_index(&mut funcs, "kept_off", "row", 2, ks, kst, true);
+    let at = wgsl::view_index(&mut funcs, "red_off", "j", 3, rs, rst, true);
     let ld = format!("ld_x(base + {at})");
     // Elements j … j + 3 as `x0` … `x3`: read one at a time, or (quads) as one quad.
     let four = if quads {
