@@ -23,12 +23,22 @@ pub(crate) const SAME_AS_CPU_CASE: &str = "ops::data_movement_same_as_cpu";
 pub(crate) const CPU_IS_THE_REFERENCE: &str =
     "cpu:0 is the reference these programs are compared with";
 
+/// The case of shapes that change every step (declared unsupported on the CPU too).
+pub(crate) const CHANGING_SHAPES_CASE: &str = "ops::changing_shapes_same_as_cpu";
+
 pub(super) fn cases() -> Vec<Case> {
-    vec![Case {
-        name: SAME_AS_CPU_CASE,
-        needs: &[],
-        run: same_as_cpu,
-    }]
+    vec![
+        Case {
+            name: SAME_AS_CPU_CASE,
+            needs: &[],
+            run: same_as_cpu,
+        },
+        Case {
+            name: CHANGING_SHAPES_CASE,
+            needs: &[],
+            run: changing_shapes,
+        },
+    ]
 }
 
 /// A tensor of `shape` holding seeded bytes that are valid values of `dt` (finite floats,
@@ -160,6 +170,55 @@ fn same_as_cpu(ctx: &Ctx) -> Result<(), Failure> {
             show(got.get(i)),
             show(want.get(i))
         )));
+    }
+    Ok(())
+}
+
+/// What an eager loop over a growing view computes at one length: strided views of a
+/// preallocated `[heads, capacity, dim]` cache narrowed to `len` keys, through the operators
+/// whose kernels take their shapes from the plan (elementwise, cast, reduction, copy of a
+/// transposed view, concatenation), each result's bytes.
+fn growing_step(cache: &Tensor, len: usize) -> unirt::Result<Vec<Vec<u8>>> {
+    let k = cache.narrow(1, 0, len)?;
+    let kt = k.transpose(1, 2)?;
+    let bias = cache.narrow(1, 0, 1)?.narrow(2, 0, 1)?;
+    Ok(vec![
+        k.add(&k)?.to_bytes()?,
+        k.mul(&bias)?.to_bytes()?,
+        k.to_dtype(DType::F16)?.to_bytes()?,
+        // Small integers: exact in any order of summation.
+        k.sum(&[1], false)?.to_bytes()?,
+        kt.sum(&[2], true)?.to_bytes()?,
+        kt.contiguous()?.to_bytes()?,
+        Tensor::concat(&[&k, &kt.transpose(1, 2)?], 1)?.to_bytes()?,
+    ])
+}
+
+/// `ops::changing_shapes_same_as_cpu`: a loop whose shapes change every step, as an eager
+/// decode loop over a growing KV cache has them. On the software adapters the first few
+/// shapes of a kernel's structure get kernels with their extents in the code and the later
+/// ones a shape-generic kernel that reads them from the plan's constants (see the wgpu
+/// backend's `shapes.rs`); every step's results must be cpu:0's, bytes for bytes, in both
+/// forms, at small sizes and past the texture threshold (whose variants twin too).
+fn changing_shapes(ctx: &Ctx) -> Result<(), Failure> {
+    if ctx.device.kind == DeviceKind::Cpu {
+        return Err(Failure::Unsupported(CPU_IS_THE_REFERENCE.into()));
+    }
+    for (heads, capacity, dim, first) in [(2, 48, 12, 30), (4, 160, 64, 130)] {
+        let shape = [heads, capacity, dim];
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|i| ((i * 7919) % 61) as f32 - 30.0).collect();
+        let on_cpu = Tensor::from_slice(&values, &shape, Device::CPU)?;
+        let here = Tensor::from_slice(&values, &shape, ctx.device)?;
+        for len in first..first + 8 {
+            let (want, got) = (growing_step(&on_cpu, len)?, growing_step(&here, len)?);
+            if let Some(i) = (0..want.len()).find(|&i| want[i] != got[i]) {
+                return Err(Failure::Failed(format!(
+                    "cache [{heads}, {capacity}, {dim}] narrowed to {len} keys: result {i} \
+                     differs from cpu:0's"
+                )));
+            }
+        }
     }
     Ok(())
 }

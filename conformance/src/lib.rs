@@ -278,6 +278,11 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             cases_same_as_cpu::SAME_AS_CPU_CASE,
             cases_same_as_cpu::CPU_IS_THE_REFERENCE,
         ),
+        (
+            DeviceKind::Cpu,
+            cases_same_as_cpu::CHANGING_SHAPES_CASE,
+            cases_same_as_cpu::CPU_IS_THE_REFERENCE,
+        ),
     ];
     LOSS.iter()
         .find(|(k, c, _)| *k == kind && *c == case)

@@ -31,7 +31,7 @@ const NEEDS_A_GPU: &str = "the CUDA operator kernels are CUDA C, compiled by NVR
 const GPU_ONLY_ERROR: &str = "cuModuleGetFunction failed: CUDA_ERROR_NOT_SUPPORTED";
 
 /// Whether `case` is an operator case (`ops::<op>::<dtype>::…`) of a CUDA C kernel, or an
-/// operator-graph case (`graph::…`), `ops::random_views` or `ops::data_movement_same_as_cpu`,
+/// operator-graph case (`graph::…`), `ops::random_views` or one of the `…_same_as_cpu` cases,
 /// which run such kernels.
 fn needs_a_gpu(case: &str) -> bool {
     // User kernels: the CUDA C one is registered by the case itself (its bad input is checked
@@ -39,6 +39,7 @@ fn needs_a_gpu(case: &str) -> bool {
     if case.starts_with("graph::")
         || case == "ops::random_views"
         || case == "ops::data_movement_same_as_cpu"
+        || case == "ops::changing_shapes_same_as_cpu"
         // Plans only, but a CUDA plan fetches its compiled kernels' functions.
         || case == "ops::loop_limits"
         || case.starts_with("ops::tensors_")

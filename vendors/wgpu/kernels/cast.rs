@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use super::elementwise::groups_for;
 use super::op::{prepare as prepare_op, OpSource};
-use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::shapes::{self, Numbers};
+use super::wgsl::{self, Bind, ViewCode, LINEAR_ID, MAIN_1D};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 use crate::tensor::DType;
@@ -81,6 +82,15 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             spec.params
         )));
     };
+    prepare_op(
+        spec,
+        shapes::twin(spec, |numbers| Ok(source(spec, to, numbers)))?,
+    )
+}
+
+/// The kernel casting the plan's input to `to`, a strided source's shape held as `numbers`
+/// says on the host's cores.
+fn source(spec: &PlanSpec<'_>, to: DType, numbers: Numbers) -> OpSource {
     let (src, dst) = (&spec.inputs[0], &spec.outputs[0]);
     let n = dst.layout.numel();
     let mut cfg = vec![n as u32, 0];
@@ -91,8 +101,8 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         "i".to_string()
     } else {
         let (shape, strides) = (src.layout.shape(), src.layout.strides());
-        let host = super::on_host_cores(spec);
-        wgsl::view_index(&mut views, "view_src", "i", 1, shape, strides, host)
+        let code = ViewCode::of(super::on_host_cores(spec), numbers);
+        wgsl::view_index(&mut views, "view_src", "i", (&cfg, 1), shape, strides, code)
     };
     let source = format!(
         "{}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[0]) {{ return; }}\n    \
@@ -100,13 +110,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
         convert(src.dtype, to),
     );
-    prepare_op(
-        spec,
-        OpSource::plain(
-            format!("cast {} to {to}", src.dtype),
-            vec![(source, groups_for(n as u64))],
-            cfg,
-        ),
+    OpSource::plain(
+        format!("cast {} to {to}", src.dtype),
+        vec![(source, groups_for(n as u64))],
+        cfg,
     )
 }
 

@@ -9,11 +9,12 @@
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource, TexRead};
+use super::shapes::{self, Numbers};
 use super::textures::{textures_for, TexturedRead};
-use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::wgsl::{self, Bind, ViewCode, LINEAR_ID, MAIN_1D};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
-use crate::ops::{BinaryOp, Params, PlanSpec, PreparedKernel, UnaryOp};
+use crate::ops::{BinaryOp, Params, PlanSpec, PreparedKernel, TensorDesc, UnaryOp};
 
 /// Functions WGSL lacks, shared by the unary expressions.
 pub(super) const MATH: &str = "
@@ -115,6 +116,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     if spec.inputs.len() > NAMES.len() {
         return Err(Error::Internal(format!("{}: too many inputs", spec.op)));
     }
+    let src = shapes::twin(spec, |numbers| Ok(source(spec, &body, out, numbers)))?;
+    prepare_op(spec, src)
+}
+
+/// The kernel computing `body` into `out`, with its quad and texture variants; strided and
+/// broadcast inputs' shapes held as `numbers` says on the host's cores.
+fn source(spec: &PlanSpec<'_>, body: &str, out: &TensorDesc, numbers: Numbers) -> OpSource {
     let shape = out.layout.shape();
     let n = out.layout.numel();
     let scalar = match spec.params {
@@ -128,7 +136,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let mut views = String::new();
     let host = super::on_host_cores(spec);
     // Each input's quad load, while every input has one (see `QuadRead`).
-    let mut quad_reads: Option<Vec<QuadRead>> = (n % 4 == 0).then(Vec::new);
+    let mut quad_reads: Option<Vec<QuadRead>> = n.is_multiple_of(4).then(Vec::new);
     for (k, d) in spec.inputs.iter().enumerate() {
         binds.push(Bind::read(NAMES[k], d.dtype));
         let direct = d.layout.is_contiguous() && d.layout.shape() == shape;
@@ -147,7 +155,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             "i".to_string()
         } else {
             let name = format!("view_{}", NAMES[k]);
-            wgsl::view_index(&mut views, &name, "i", 2 + k as u32, shape, &strides, host)
+            let code = ViewCode::of(host, numbers);
+            let at = (&cfg[..], 2 + k as u32);
+            wgsl::view_index(&mut views, &name, "i", at, shape, &strides, code)
         };
         loads += &format!("    let x{k} = ld_{}({index});\n", NAMES[k]);
     }
@@ -164,7 +174,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         let loads: Vec<String> = reads
             .iter()
             .enumerate()
-            .map(|(k, r)| r.load(k, NAMES[k], host, &mut cfg, &mut helpers))
+            .map(|(k, r)| r.load(k, NAMES[k], numbers, &mut cfg, &mut helpers))
             .collect();
         if host {
             // Whole inputs through textures, and rows broadcast along the leading dimensions
@@ -175,7 +185,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
                     QuadRead::Direct => Some(TexturedRead::whole(n)),
                     QuadRead::Rows { len } => Some(TexturedRead {
                         elements: len,
-                        index: format!("i % {len}u"),
+                        index: numbers.rem(&mut cfg, "i", len),
                         reusable: true,
                     }),
                     QuadRead::Spread { .. } => None,
@@ -184,7 +194,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             textured = textures_for(&binds, &through, n, 0).and_then(|t| {
                 let passes = quads(
                     &binds,
-                    &body,
+                    body,
                     n,
                     &t.loads(&loads),
                     &(helpers.clone() + &t.decls),
@@ -195,20 +205,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
                 })
             });
         }
-        quads(&binds, &body, n, &loads, &helpers)
+        quads(&binds, body, n, &loads, &helpers)
     });
-    prepare_op(
-        spec,
-        OpSource {
-            name: spec.op.to_string(),
-            passes: vec![(source, groups)],
-            cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            aligned,
-            textured,
-        },
-    )
+    OpSource {
+        name: spec.op.to_string(),
+        passes: vec![(source, groups)],
+        cfg,
+        entry: None,
+        zero_workgroup_memory: false,
+        shape_generic: None,
+        aligned,
+        textured,
+    }
 }
 
 /// How the quad variant reads one input at the output's element `i` (a multiple of four):
@@ -268,31 +276,24 @@ impl QuadRead {
     }
 
     /// The WGSL expression of input `k`'s quad at `i`; a helper function it calls goes to
-    /// `helpers`, and `len` is written into the code on the host's cores (a division by a
-    /// constant is a multiply there) or read from `cfg` on a GPU (one pipeline per dtype).
+    /// `helpers`, and `len` is held as `numbers` says: written into the code on the host's
+    /// cores (a division by a constant is a multiply there) until the structure has met
+    /// several shapes, read from `cfg` on a GPU (one pipeline per dtype).
     fn load(
         self,
         k: usize,
         name: &str,
-        host: bool,
+        numbers: Numbers,
         cfg: &mut Vec<u32>,
         helpers: &mut String,
     ) -> String {
-        let mut lit = |v: usize| {
-            if host {
-                format!("{v}u")
-            } else {
-                cfg.push(v as u32);
-                format!("cfg[{}u]", cfg.len() - 1)
-            }
-        };
         match self {
             QuadRead::Direct => format!("ld4_{name}(i)"),
-            QuadRead::Rows { len } => format!("ld4_{name}(i % {})", lit(len)),
+            QuadRead::Rows { len } => format!("ld4_{name}({})", numbers.rem(cfg, "i", len)),
             QuadRead::Spread { len } => {
-                let len = lit(len);
+                let q = numbers.div(cfg, "i", len);
                 helpers.push_str(&format!(
-                    "fn spread_{name}(i: u32) -> vec4<f32> {{ let j = imm.o{k} + i / {len}; \
+                    "fn spread_{name}(i: u32) -> vec4<f32> {{ let j = imm.o{k} + {q}; \
                      return vec4<f32>(ldq_{name}(j >> 2u)[j & 3u]); }}\n"
                 ));
                 format!("spread_{name}(i)")

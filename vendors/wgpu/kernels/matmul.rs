@@ -358,6 +358,7 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             cfg,
             entry: None,
             zero_workgroup_memory: false,
+            shape_generic: None,
             aligned,
             textured,
         },

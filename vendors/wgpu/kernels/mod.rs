@@ -22,6 +22,7 @@ mod reduce;
 mod rope;
 mod rowwise;
 mod sample;
+mod shapes;
 mod softmax;
 mod textures;
 mod user;

@@ -27,6 +27,7 @@ use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::vendors::AnyBackend;
 
+use super::shapes::{ShapeHistory, UNIFORM_CFG_BINDING};
 pub(crate) use super::textures::{
     texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
 };
@@ -66,6 +67,10 @@ pub(crate) struct OpSource {
     /// zeroing: on GL, naga writes it as one array constructor per variable, which llvmpipe
     /// took 18 s to compile for the tiled GEMM (0.3 s without).
     pub zero_workgroup_memory: bool,
+    /// The same kernel with its shape's numbers read from `cfg` instead of written into its
+    /// code, where a family on the host's cores makes one ([`super::shapes`]): [`prepare`]
+    /// compiles it instead once its structure has been met in several shapes.
+    pub shape_generic: Option<Box<OpSource>>,
 }
 
 impl OpSource {
@@ -80,6 +85,7 @@ impl OpSource {
             aligned: None,
             textured: None,
             zero_workgroup_memory: false,
+            shape_generic: None,
         }
     }
 }
@@ -117,6 +123,8 @@ pub(crate) struct OpCache {
     pub(super) dummy: Mutex<Option<DevBuf>>,
     /// Constants buffers by their words (see [`OpCache::constants`]).
     constants: Mutex<ConstantsMap>,
+    /// Which structures have met enough shapes to take their shape-generic kernels.
+    shapes: ShapeHistory,
 }
 
 /// [`OpCache`]'s constants buffers: each read-only once written, so kernels whose constants
@@ -160,6 +168,17 @@ impl OpCache {
                         count: None,
                     })
                     .collect();
+                // The constants again, as a uniform buffer (read by shape-generic kernels).
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: UNIFORM_CFG_BINDING,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
                 for (slot, format) in textures.iter().enumerate() {
                     let sample_type = match format {
                         wgpu::TextureFormat::Rgba16Uint => wgpu::TextureSampleType::Uint,
@@ -257,8 +276,10 @@ impl OpCache {
         if let Some(b) = map.buffers.get(words).and_then(Weak::upgrade) {
             return Ok(b);
         }
-        let bytes = ceil4((words.len().max(1) * 4) as u64);
-        let cfg = create_buffer(device, bytes, wgpu::BufferUsages::STORAGE, true, who)?;
+        // Whole 16-byte rows: the uniform binding reads `array<vec4<u32>, N>`.
+        let bytes = ((words.len().max(1) * 4) as u64).next_multiple_of(16);
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM;
+        let cfg = create_buffer(device, bytes, usage, true, who)?;
         {
             let mut view = cfg
                 .slice(..)
@@ -406,6 +427,7 @@ fn prepare_unguarded(
         )));
     };
     let gpu = &b.gpu;
+    let src = gpu.kernels.ops.shapes.choose(src);
     let device = &gpu.device;
     let limits = device.limits();
     if !device.features().contains(wgpu::Features::IMMEDIATES)

@@ -12,6 +12,7 @@ use super::super::memory::{ceil4, create_buffer, wgpu_error, DevBuf};
 use super::super::stream::{enqueue, Cmd, Imm, TexCopy};
 use super::super::WgpuBackend;
 use super::op::{texture_binding, GroupKey, OpKernel, MAX_CACHED_GROUPS, MAX_TENSORS};
+use super::shapes::UNIFORM_CFG_BINDING;
 use super::textures::MatrixTexture;
 use crate::checked::Pins;
 use crate::error::{Error, Result};
@@ -211,6 +212,17 @@ impl WgpuBackend {
         entries.push(wgpu::BindGroupEntry {
             binding: 0,
             resource: k.cfg.as_entire_binding(),
+        });
+        // The constants as a uniform buffer: as much as the adapter binds (a shape-generic
+        // kernel, the one reader, has at most a quarter of WebGPU's default; see `shapes`).
+        let limit = device.limits().max_uniform_buffer_binding_size / 16 * 16;
+        entries.push(wgpu::BindGroupEntry {
+            binding: UNIFORM_CFG_BINDING,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &k.cfg,
+                offset: 0,
+                size: NonZeroU64::new(k.cfg.size().min(limit)),
+            }),
         });
         for (i, b) in bound.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {

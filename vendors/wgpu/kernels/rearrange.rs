@@ -12,14 +12,24 @@ use std::sync::Arc;
 use super::elementwise::groups_for;
 use super::op::{prepare as prepare_op, OpSource, TexRead, MAX_TENSORS};
 use super::rowwise::{self, MAIN_ROWS};
+use super::shapes::{self, Numbers};
 use super::textures::{textures_for, TexturedRead};
-use super::wgsl::{self, Bind, LINEAR_ID, MAIN_1D};
+use super::wgsl::{self, Bind, ViewCode, LINEAR_ID, MAIN_1D};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
 use crate::tensor::DType;
 
 fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
+    prepare_op(
+        spec,
+        shapes::twin(spec, |numbers| Ok(rearrange_source(spec, numbers)))?,
+    )
+}
+
+/// The copy from the plan's input view into its output view, the views' shapes held as
+/// `numbers` says on the host's cores.
+fn rearrange_source(spec: &PlanSpec<'_>, numbers: Numbers) -> OpSource {
     let (src, dst) = (&spec.inputs[0], &spec.outputs[0]);
     let n = dst.layout.numel();
     let mut cfg = vec![n as u32, 0, 0];
@@ -29,12 +39,11 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let host = super::on_host_cores(spec);
     if dst.layout.is_contiguous() {
         if let Some(t) = Transpose::of(src.layout.shape(), src.layout.strides()) {
-            let source = if host {
-                t.per_invocation(&binds, spec, cfg)
+            return if host {
+                t.per_invocation(&binds, spec, cfg, numbers)
             } else {
                 t.per_workgroup(&binds, spec, cfg)
             };
-            return prepare_op(spec, source);
         }
     }
     let mut views = String::new();
@@ -43,7 +52,15 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             "i".to_string()
         } else {
             let (shape, strides) = (d.layout.shape(), d.layout.strides());
-            wgsl::view_index(&mut views, name, "i", at, shape, strides, host)
+            wgsl::view_index(
+                &mut views,
+                name,
+                "i",
+                (&cfg, at),
+                shape,
+                strides,
+                ViewCode::of(host, numbers),
+            )
         }
     };
     let (di, si) = (index("view_dst", dst, 2), index("view_src", src, 1));
@@ -52,7 +69,7 @@ fn rearrange(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
          str_dst({di}, ldr_src({si}));\n}}\n",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec)),
     );
-    prepare_op(spec, one_pass(source, groups_for(n as u64), cfg))
+    one_pass(source, groups_for(n as u64), cfg)
 }
 
 /// A copy of a transposed view into a contiguous tensor: the source, without its size-1
@@ -115,7 +132,14 @@ impl Transpose {
     }
 
     /// Tiles of [`TILE_ROWS`] × [`TILE_COLS`] per invocation (the host's cores).
-    fn per_invocation(self, binds: &[Bind], spec: &PlanSpec<'_>, cfg: Vec<u32>) -> OpSource {
+    /// The transpose's extents and strides are held as `numbers` says.
+    fn per_invocation(
+        self,
+        binds: &[Bind],
+        spec: &PlanSpec<'_>,
+        mut cfg: Vec<u32>,
+        numbers: Numbers,
+    ) -> OpSource {
         let Transpose {
             batch,
             rows,
@@ -124,23 +148,32 @@ impl Transpose {
             col_stride,
         } = self;
         let (row_tiles, col_tiles) = (rows.div_ceil(TILE_ROWS), cols.div_ceil(TILE_COLS));
-        let tiles = batch * row_tiles * col_tiles;
-        let source = format!(
-            "{prelude}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= {tiles}u) {{ return; }}\n    \
-             let t = i % {per_batch}u;\n    let b = i / {per_batch}u;\n    \
-             let r0 = (t % {row_tiles}u) * {TILE_ROWS}u;\n    let c0 = (t / {row_tiles}u) * {TILE_COLS}u;\n    \
-             let src_b = b * {batch_stride}u;\n    let dst_b = b * {plane}u;\n    \
-             for (var a = 0u; a < {TILE_COLS}u; a++) {{\n        let c = c0 + a;\n        \
-             if (c >= {cols}u) {{ break; }}\n        \
-             for (var k = 0u; k < {TILE_ROWS}u; k++) {{\n            let r = r0 + k;\n            \
-             if (r >= {rows}u) {{ break; }}\n            \
-             str_dst(dst_b + r * {cols}u + c, ldr_src(src_b + r + c * {col_stride}u));\n        }}\n    }}\n}}\n",
-            prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
-            per_batch = row_tiles * col_tiles,
-            plane = rows * cols,
+        let tiles_n = batch * row_tiles * col_tiles;
+        let mut num = |v: usize| numbers.num(&mut cfg, v);
+        let (tiles, per_batch, row_tiles_c) =
+            (num(tiles_n), num(row_tiles * col_tiles), num(row_tiles));
+        let (batch_stride, plane, cols_c, rows_c, col_stride) = (
+            num(batch_stride),
+            num(rows * cols),
+            num(cols),
+            num(rows),
+            num(col_stride),
         );
-        let mut src = one_pass(source, groups_for(tiles as u64), cfg);
-        src.textured = self.through_texture(binds, spec);
+        let source = format!(
+            "{prelude}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= {tiles}) {{ return; }}\n    \
+             let t = i % {per_batch};\n    let b = i / {per_batch};\n    \
+             let r0 = (t % {row_tiles_c}) * {TILE_ROWS}u;\n    let c0 = (t / {row_tiles_c}) * {TILE_COLS}u;\n    \
+             let src_b = b * {batch_stride};\n    let dst_b = b * {plane};\n    \
+             for (var a = 0u; a < {TILE_COLS}u; a++) {{\n        let c = c0 + a;\n        \
+             if (c >= {cols_c}) {{ break; }}\n        \
+             for (var k = 0u; k < {TILE_ROWS}u; k++) {{\n            let r = r0 + k;\n            \
+             if (r >= {rows_c}) {{ break; }}\n            \
+             str_dst(dst_b + r * {cols_c} + c, ldr_src(src_b + r + c * {col_stride}));\n        }}\n    }}\n}}\n",
+            prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
+        );
+        let textured = self.through_texture(binds, spec, &mut cfg, numbers);
+        let mut src = one_pass(source, groups_for(tiles_n as u64), cfg);
+        src.textured = textured;
         src
     }
 
@@ -152,7 +185,13 @@ impl Transpose {
     /// lavapipe a storage load is a per-lane scalar loop, a texel load a gather (see
     /// `TexRead`); the copy moves the bits unchanged (f32 values are only bitcast, never
     /// computed with), so the result is the element-wise kernel's, bitwise.
-    fn through_texture(self, binds: &[Bind], spec: &PlanSpec<'_>) -> Option<TexRead> {
+    fn through_texture(
+        self,
+        binds: &[Bind],
+        spec: &PlanSpec<'_>,
+        cfg: &mut Vec<u32>,
+        numbers: Numbers,
+    ) -> Option<TexRead> {
         let (batch, rows, cols) = (self.batch, self.rows, self.cols);
         let plane = rows * cols;
         let n = batch * plane;
@@ -167,13 +206,17 @@ impl Transpose {
         let flat = textures_for(binds, &[Some(TexturedRead::whole(n))], n, 0)?;
         let row_tiles = rows / 4;
         let col_tiles = cols.div_ceil(TILE_COLS);
-        let tiles = batch * row_tiles * col_tiles;
+        let tiles_n = batch * row_tiles * col_tiles;
+        let mut num = |v: usize| numbers.num(cfg, v);
+        let (tiles, per_batch, row_tiles_c) =
+            (num(tiles_n), num(row_tiles * col_tiles), num(row_tiles));
+        let (plane, cols, rows) = (num(plane), num(cols), num(rows));
         let mut body = String::new();
         for j in 0..4 {
-            body += &format!("        let t{j} = tex4_src(src_c + {j}u * {rows}u);\n");
+            body += &format!("        let t{j} = tex4_src(src_c + {j}u * {rows});\n");
         }
         for k in 0..4 {
-            body += &format!("        let o{k} = dst_b + (r0 + {k}u) * {cols}u + c;\n");
+            body += &format!("        let o{k} = dst_b + (r0 + {k}u) * {cols} + c;\n");
             for j in 0..4 {
                 body += &format!(
                     "        str_dst(o{k} + {j}u, vec2<u32>(bitcast<u32>(t{j}[{k}]), 0u));\n"
@@ -181,20 +224,19 @@ impl Transpose {
             }
         }
         let source = format!(
-            "{prelude}{decls}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= {tiles}u) {{ return; }}\n    \
-             let t = i % {per_batch}u;\n    let b = i / {per_batch}u;\n    \
-             let r0 = (t % {row_tiles}u) * 4u;\n    let c0 = (t / {row_tiles}u) * {TILE_COLS}u;\n    \
-             let dst_b = b * {plane}u;\n    \
+            "{prelude}{decls}\n{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= {tiles}) {{ return; }}\n    \
+             let t = i % {per_batch};\n    let b = i / {per_batch};\n    \
+             let r0 = (t % {row_tiles_c}) * 4u;\n    let c0 = (t / {row_tiles_c}) * {TILE_COLS}u;\n    \
+             let dst_b = b * {plane};\n    \
              for (var a = 0u; a < {TILE_COLS}u; a = a + 4u) {{\n        let c = c0 + a;\n        \
-             if (c >= {cols}u) {{ break; }}\n        \
-             let src_c = dst_b + c * {rows}u + r0;\n{body}    }}\n}}\n",
+             if (c >= {cols}) {{ break; }}\n        \
+             let src_c = dst_b + c * {rows} + r0;\n{body}    }}\n}}\n",
             prelude = wgsl::prelude(binds, wgsl::Dialect::of(spec)),
             decls = flat.decls,
-            per_batch = row_tiles * col_tiles,
         );
         Some(TexRead {
             inputs: flat.inputs,
-            passes: vec![(source, groups_for(tiles as u64))],
+            passes: vec![(source, groups_for(tiles_n as u64))],
         })
     }
 
@@ -268,6 +310,15 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             DeviceKind::Wgpu,
         ));
     }
+    prepare_op(
+        spec,
+        shapes::twin(spec, |numbers| Ok(concat_source(spec, axis, numbers)))?,
+    )
+}
+
+/// One pass per non-empty input, writing its slice of the output; strided inputs' shapes held
+/// as `numbers` says on the host's cores.
+fn concat_source(spec: &PlanSpec<'_>, axis: usize, numbers: Numbers) -> OpSource {
     let out = &spec.outputs[0];
     let shape = out.layout.shape();
     let inner: usize = shape[axis + 1..].iter().product();
@@ -305,7 +356,16 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         } else {
             let (shape, strides) = (d.layout.shape(), d.layout.strides());
             let slot = (at + 3) as u32;
-            wgsl::view_index(&mut views, "view_in", "i", slot, shape, strides, host)
+            let code = ViewCode::of(host, numbers);
+            wgsl::view_index(
+                &mut views,
+                "view_in",
+                "i",
+                (&cfg, slot),
+                shape,
+                strides,
+                code,
+            )
         };
         let source = format!(
             "{prelude}\n{views}{MAIN_1D} {{\n    let i = {LINEAR_ID};\n    if (i >= cfg[{at}u]) {{ return; }}\n    \
@@ -319,7 +379,7 @@ fn concat(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         );
         passes.push((source, groups_for(numel as u64)));
     }
-    prepare_op(spec, OpSource::plain("concat", passes, cfg))
+    OpSource::plain("concat", passes, cfg)
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

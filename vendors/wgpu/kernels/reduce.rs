@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, prepare_scratch, OpSource, PassSources, TexRead};
 use super::rowwise;
+use super::shapes::{self, Numbers};
 use super::textures::{textures_for, TexturedRead};
-use super::wgsl::{self, Bind};
+use super::wgsl::{self, Bind, ViewCode};
 use super::{reg_all, FLOATS};
 use crate::error::{Error, Result};
 use crate::ops::{Params, PlanSpec, PreparedKernel};
@@ -162,33 +163,72 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     if host {
         let row_lanes = row_lanes.unwrap_or(1);
-        let form = |quads: bool| {
-            host_source(
-                spec.op,
-                &binds,
-                d,
-                (&ks, &kst),
-                (&rs, &rst),
-                (lanes, row_lanes),
-                quads,
-            )
-        };
-        let scalar =
-            form(false)?.ok_or_else(|| Error::Internal("wgpu reduce: no host form".into()))?;
-        let aligned = if quad {
-            form(true)?.map(|pass| vec![pass])
-        } else {
-            None
-        };
-        let mut src = OpSource::plain(spec.op.to_string(), vec![scalar], cfg);
-        src.textured = aligned.as_ref().and_then(through_texture);
-        src.aligned = aligned;
+        let src = shapes::twin(spec, |numbers| {
+            let form = |quads: bool| {
+                host_source(
+                    spec.op,
+                    &binds,
+                    d,
+                    &cfg,
+                    [(&ks, &kst), (&rs, &rst)],
+                    (lanes, row_lanes),
+                    quads,
+                    numbers,
+                )
+            };
+            let scalar =
+                form(false)?.ok_or_else(|| Error::Internal("wgpu reduce: no host form".into()))?;
+            let aligned = if quad {
+                form(true)?.map(|pass| vec![pass])
+            } else {
+                None
+            };
+            let mut src = OpSource::plain(spec.op.to_string(), vec![scalar], cfg.clone());
+            src.textured = aligned.as_ref().and_then(through_texture);
+            src.aligned = aligned;
+            Ok(src)
+        })?;
         return prepare_op(spec, src);
     }
+    let src = shapes::twin(spec, |numbers| {
+        let code = match literal {
+            true => ViewCode::Unrolled(numbers),
+            false => ViewCode::Loop,
+        };
+        gpu_source(
+            spec,
+            &binds,
+            cfg.clone(),
+            [(&ks, &kst), (&rs, &rst)],
+            (chunks, lanes, quad),
+            code,
+            &through_texture,
+        )
+    })?;
+    if chunks > 1 {
+        let words = if spec.op == "argmax" { 2 } else { 1 };
+        prepare_scratch(spec, src, 4 * words * lanes as u64 * chunks)
+    } else {
+        prepare_op(spec, src)
+    }
+}
+
+/// The GPU form's kernel: one workgroup per output, or per chunk of one (see [`gpu_passes`]);
+/// the views' offsets computed as `code` says.
+fn gpu_source(
+    spec: &PlanSpec<'_>,
+    binds: &[Bind],
+    cfg: Vec<u32>,
+    [(ks, kst), (rs, rst)]: [(&[usize], &[usize]); 2],
+    (chunks, lanes, quad): (u64, usize, bool),
+    code: ViewCode,
+    through_texture: &dyn Fn(&PassSources) -> Option<TexRead>,
+) -> Result<OpSource> {
+    let d = wgsl::Dialect::of(spec);
     let mut funcs = String::new();
     // The views' descriptors start at the indices held in cfg[2] and cfg[3].
-    let base = wgsl::view_index(&mut funcs, "kept_off", "row", 2, &ks, &kst, literal);
-    let at = wgsl::view_index(&mut funcs, "red_off", "jj", 3, &rs, &rst, literal);
+    let base = wgsl::view_index(&mut funcs, "kept_off", "row", (&cfg, 2), ks, kst, code);
+    let at = wgsl::view_index(&mut funcs, "red_off", "jj", (&cfg, 3), rs, rst, code);
     // The chunks' results, in the plan's scratch buffer (bound after the tensors).
     let part = if chunks > 1 {
         format!(
@@ -209,23 +249,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let passes_of =
         |prelude: &str, how: &Walk| gpu_passes(&head(prelude), &parts, how, &base, chunks, lanes);
     let aligned = quad
-        .then(|| wgsl::prelude_mixed(&binds, &[true, false], d))
+        .then(|| wgsl::prelude_mixed(binds, &[true, false], d))
         .flatten()
         .map(|prelude| passes_of(&prelude, &Walk::Quads));
     let scalar = Walk::Scalar(format!("ld_x(base + {at})"));
     let mut src = OpSource::plain(
         spec.op.to_string(),
-        passes_of(&wgsl::prelude(&binds, d), &scalar),
+        passes_of(&wgsl::prelude(binds, d), &scalar),
         cfg,
     );
     src.textured = aligned.as_ref().and_then(through_texture);
     src.aligned = aligned;
-    if chunks > 1 {
-        let words = if spec.op == "argmax" { 2 } else { 1 };
-        prepare_scratch(spec, src, 4 * words * lanes as u64 * chunks)
-    } else {
-        prepare_op(spec, src)
-    }
+    Ok(src)
 }
 
 /// How the GPU form's lanes read their elements (see [`walk`]).
@@ -443,14 +478,16 @@ fn host_source(
     op: &str,
     binds: &[Bind],
     d: wgsl::Dialect,
-    (ks, kst): (&[usize], &[usize]),
-    (rs, rst): (&[usize], &[usize]),
+    cfg: &[u32],
+    [(ks, kst), (rs, rst)]: [(&[usize], &[usize]); 2],
     (lanes, row_lanes): (usize, u32),
     quads: bool,
+    numbers: Numbers,
 ) -> Result<Option<(String, [u32; 3])>> {
     let mut funcs = String::new();
-    let base = wgsl::view_index(&mut funcs, "kept_off", "row", 2, ks, kst, true);
-    let at = wgsl::view_index(&mut funcs, "red_off", "j", 3, rs, rst, true);
+    let code = ViewCode::Unrolled(numbers);
+    let base = wgsl::view_index(&mut funcs, "kept_off", "row", (cfg, 2), ks, kst, code);
+    let at = wgsl::view_index(&mut funcs, "red_off", "j", (cfg, 3), rs, rst, code);
     let ld = format!("ld_x(base + {at})");
     // Elements j … j + 3 as `x0` … `x3`: read one at a time, or (quads) as one quad.
     let four = if quads {

@@ -15,6 +15,7 @@
 //! bits with two atomic operations, so neighbouring elements written by other invocations are
 //! never lost (WGSL has no 8- or 16-bit stores).
 
+use super::shapes::Numbers;
 use std::fmt::Write;
 
 use crate::tensor::DType;
@@ -235,6 +236,18 @@ fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u
 fn is_nan4(v: vec4<f32>) -> vec4<bool> {
     return (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
 }
+// n / d for a divisor given by its magic numbers (see `shapes::magic`): a multiply-high
+// and shifts, where a CPU divides vector lanes one at a time.
+fn unirt_udiv(n: u32, m: u32, s: u32) -> u32 {
+    let t = unirt_mulhi(n, m);
+    return (t + ((n - t) >> (s & 31u))) >> (s >> 16u);
+}
+fn unirt_mulhi(a: u32, b: u32) -> u32 {
+    let al = a & 0xffffu; let ah = a >> 16u; let bl = b & 0xffffu; let bh = b >> 16u;
+    let lh = al * bh; let hl = ah * bl;
+    let mid = ((al * bl) >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return ah * bh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
+}
 // The element offset of row-major index `i` in a view: rank at cfg[d], then the
 // shape, then the strides (in elements; 0 for broadcast dimensions).
 fn view_off(i: u32, d: u32) -> u32 {
@@ -384,48 +397,99 @@ pub(crate) const LINEAR_ID: &str = "gid.x + gid.y * nwg.x * 256u";
 pub(crate) const MAIN_1D: &str = "@compute @workgroup_size(256)\n\
     fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>)";
 
+/// How [`view_index`] computes a view's element offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ViewCode {
+    /// `view_off`'s loop over the view's descriptor in `cfg` (a GPU: one kernel for every
+    /// view of every rank).
+    Loop,
+    /// Straight-line code over the view's dimensions, their extents and strides written into
+    /// it or read from `cfg` ([`Numbers`]; the host's cores, and adapters with a loop
+    /// limiter, which would count `view_off`'s loops).
+    Unrolled(Numbers),
+}
+
+impl ViewCode {
+    /// The host forms' code (`host`), with `numbers`; else `view_off`'s loop.
+    pub(crate) fn of(host: bool, numbers: Numbers) -> ViewCode {
+        match host {
+            true => ViewCode::Unrolled(numbers),
+            false => ViewCode::Loop,
+        }
+    }
+}
+
 /// The WGSL expression of element `i`'s offset in a view of `shape` / `strides` whose
-/// descriptor starts at the index held in `cfg[at]`. With `literal` (on the host's cores), a
-/// function `name` with the shape and strides written into the code is added to `funcs` and
-/// called: the compiler then turns each division by an extent into a multiply and a shift,
-/// where `view_off`'s run-time divisions are loops of scalar divisions on a CPU (strided
-/// kernels ran 6–9× slower than contiguous ones on lavapipe). The source then differs per
-/// shape, so such a pipeline is compiled per shape.
+/// descriptor ([`push_view`]) starts at the index held in `cfg[at]` (`view` is the plan's
+/// `cfg` and `at`). Unrolled, a function `name` is added to
+/// `funcs` and called: with [`Numbers::Literal`] (on the host's cores) its extents and strides
+/// are written into the code, and the compiler turns each division by an extent into a
+/// multiply and a shift, where `view_off`'s run-time divisions are loops of scalar divisions
+/// on a CPU (strided kernels ran 6–9× slower than contiguous ones on lavapipe) — but the
+/// source then differs per shape, so such a pipeline is compiled per shape. With
+/// [`Numbers::Uniform`] the same code reads them from the descriptor: one pipeline for every
+/// view whose extents of 1, strides of 0 and strides of 1 lie in the same dimensions.
 pub(crate) fn view_index(
     funcs: &mut String,
     name: &str,
     i: &str,
-    at: u32,
+    (cfg, at): (&[u32], u32),
     shape: &[usize],
     strides: &[usize],
-    literal: bool,
+    code: ViewCode,
 ) -> String {
-    if !literal {
+    let ViewCode::Unrolled(numbers) = code else {
         return format!("view_off({i}, cfg[{at}u])");
-    }
+    };
     if shape.contains(&0) {
         // No element to index (and no extent to divide by).
         let _ = writeln!(funcs, "fn {name}(i: u32) -> u32 {{ return 0u; }}");
         return format!("{name}({i})");
     }
-    let mut body = String::new();
-    let dims: Vec<(usize, usize)> = shape
-        .iter()
-        .zip(strides)
-        .map(|(&n, &s)| (n, s))
-        .filter(|&(n, _)| n != 1)
-        .collect();
-    for (k, &(n, s)) in dims.iter().enumerate().rev() {
-        let outermost = k == 0;
-        if s != 0 {
-            if outermost {
-                let _ = writeln!(body, "    off = off + rem * {s}u;");
-            } else {
-                let _ = writeln!(body, "    off = off + (rem % {n}u) * {s}u;");
+    let rank = shape.len();
+    let uniform = numbers != Numbers::Literal;
+    // Words of the descriptor at indices written into the code (the descriptor's place
+    // follows from the kernel's structure), through the uniform binding (`shapes::word`).
+    let d = cfg.get(at as usize).copied().unwrap_or(0) as usize;
+    let word = |k: usize| numbers.word(d + k);
+    // Extent and stride of dimension `p`: literals, or words of the descriptor.
+    let extent = |p: usize| match uniform {
+        false => format!("{}u", shape[p]),
+        true => word(1 + p),
+    };
+    let stride = |p: usize| match uniform {
+        false => format!("{}u", strides[p]),
+        true => word(1 + rank + p),
+    };
+    let mut body = match uniform {
+        false => String::new(),
+        true => "    var q = 0u;\n".to_string(),
+    };
+    let dims: Vec<usize> = (0..rank).filter(|&p| shape[p] != 1).collect();
+    for (k, &p) in dims.iter().enumerate().rev() {
+        let times = match strides[p] {
+            1 => String::new(),
+            _ => format!(" * {}", stride(p)),
+        };
+        if k == 0 {
+            // The outermost dimension: what is left of the index is its coordinate.
+            if strides[p] != 0 {
+                let _ = writeln!(body, "    off = off + rem{times};");
             }
-        }
-        if !outermost {
-            let _ = writeln!(body, "    rem = rem / {n}u;");
+        } else if !uniform {
+            if strides[p] != 0 {
+                let _ = writeln!(body, "    off = off + (rem % {}){times};", extent(p));
+            }
+            let _ = writeln!(body, "    rem = rem / {};", extent(p));
+        } else {
+            // The quotient through the extent's magic numbers, the remainder from it.
+            let m = 1 + 2 * rank + 2 * p;
+            let (magic, shifts) = (word(m), word(m + 1));
+            let _ = writeln!(body, "    q = unirt_udiv(rem, {magic}, {shifts});");
+            if strides[p] != 0 {
+                let _ = writeln!(body, "    off = off + (rem - q * {}){times};", extent(p));
+            }
+            let _ = writeln!(body, "    rem = q;");
         }
     }
     let _ = writeln!(
@@ -435,12 +499,18 @@ pub(crate) fn view_index(
     format!("{name}({i})")
 }
 
-/// Appends a view descriptor (rank, shape, strides) to `cfg`, returning its index.
+/// Appends a view descriptor to `cfg`, returning its index: the rank, the shape, the strides,
+/// then each extent's [`magic`](super::shapes::magic) numbers (two words per dimension; read by
+/// [`view_index`]'s code for [`Numbers::Uniform`]).
 pub(crate) fn push_view(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
     let at = cfg.len() as u32;
     cfg.push(shape.len() as u32);
     cfg.extend(shape.iter().map(|&n| n as u32));
     cfg.extend(strides.iter().map(|&s| s as u32));
+    for &n in shape {
+        let (m, s) = super::shapes::magic(n as u32);
+        cfg.extend([m, s]);
+    }
     at
 }
 
