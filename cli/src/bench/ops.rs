@@ -22,14 +22,14 @@ use crate::CliResult;
 /// both for a product with one row (a GEMV, bound by reading its matrix).
 #[derive(Serialize)]
 pub struct Row {
-    op: String,
-    dtype: String,
-    shape: String,
-    ms: f64,
+    pub(super) op: String,
+    pub(super) dtype: String,
+    pub(super) shape: String,
+    pub(super) ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    gflops: Option<f64>,
+    pub(super) gflops: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    gbps: Option<f64>,
+    pub(super) gbps: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -542,18 +542,9 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
         }
         rows.push(attention_row(dev, DType::F32, *kv)?);
     }
-    // Decode attention over a cache that grows a key per step (a new shape every step).
+    // Decode loops whose shapes change every step.
     if !gpu {
-        let (ms, shape) =
-            super::ops_growing::decode_growing_cache(dev, if quick { 16 } else { 64 })?;
-        rows.push(Row {
-            op: "decode_growing_cache".into(),
-            dtype: "f32".into(),
-            shape,
-            ms,
-            gflops: None,
-            gbps: None,
-        });
+        rows.extend(super::ops_growing::rows(dev, if quick { 16 } else { 64 })?);
     }
     // Sampling one token from an LLM-sized vocabulary: nucleus (top-p) and top-k.
     for (top_k, top_p) in [(0, 0.9), (50, 1.0)] {

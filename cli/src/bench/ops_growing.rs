@@ -1,15 +1,43 @@
-//! The `decode_growing_cache` row of `unirt bench ops`: eager decode attention over a KV cache
-//! that grows by one key per step (appended with `concat`, as an eager generation loop keeps
-//! it), so every step is a new shape and a new plan. It measures what a kernel specialised
-//! per shape costs such a loop: on the software adapters a flat texture's width once followed
-//! the exact size, and each step compiled a new attention kernel.
+//! The rows of `unirt bench ops` whose shapes change every step, as an eager generation
+//! loop's do, so every step is a new shape and a new plan; they measure what a kernel
+//! specialised per shape costs such a loop.
+//!
+//! - `decode_growing_cache`: decode attention over a KV cache that grows by one key per step
+//!   (appended with `concat`). On the software adapters a flat texture's width once followed
+//!   the exact size, and each step compiled a new attention kernel.
+//! - `decode_f16_cache`: a preallocated f16 cache (each step's key and value written into
+//!   it), read through views narrowed to the keys so far and cast to f32 for the attention.
+//!   On the software adapters the strided cast's kernel held the view's extents in its code,
+//!   and each step compiled one; now the structure's fourth shape on takes a shape-generic
+//!   kernel (the wgpu backend's `kernels/shapes.rs`).
 
 use std::time::Instant;
 
 use unirt::tensor::{DType, Tensor};
 use unirt::Device;
 
+use super::ops::Row;
 use crate::CliResult;
+
+/// Both rows, `steps` steps each.
+pub(super) fn rows(dev: Device, steps: usize) -> CliResult<Vec<Row>> {
+    let row = |op: &str, dtype: &str, (ms, shape): (f64, String)| Row {
+        op: op.into(),
+        dtype: dtype.into(),
+        shape,
+        ms,
+        gflops: None,
+        gbps: None,
+    };
+    Ok(vec![
+        row(
+            "decode_growing_cache",
+            "f32",
+            decode_growing_cache(dev, steps)?,
+        ),
+        row("decode_f16_cache", "f16", decode_f16_cache(dev, steps)?),
+    ])
+}
 
 /// Heads and head dim of the row (a small model's, so the row times planning more than math).
 const HEADS: usize = 8;
@@ -19,7 +47,7 @@ const DIM: usize = 64;
 const FIRST: usize = 512;
 
 /// Milliseconds per step over `steps` steps, and the row's shape.
-pub(super) fn decode_growing_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
+fn decode_growing_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
     let r = |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, dev);
     let q = r(&[1, HEADS, 1, DIM], 1)?;
     let mut k = r(&[1, HEADS, FIRST, DIM], 2)?;
@@ -36,6 +64,41 @@ pub(super) fn decode_growing_cache(dev: Device, steps: usize) -> CliResult<(f64,
     let mut out = None;
     for _ in 0..steps {
         out = Some(step(&mut k, &mut v)?);
+    }
+    if let Some(o) = out {
+        o.to_vec::<f32>()?;
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
+    let shape = format!("1x{HEADS}x{}..{}x{DIM}", FIRST + 2, FIRST + 1 + steps);
+    Ok((ms, shape))
+}
+
+/// Keys the f16 cache holds.
+const CAPACITY: usize = 1024;
+
+/// Milliseconds per step of `decode_f16_cache` over `steps` steps, and the row's shape.
+fn decode_f16_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
+    let r = |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, dev);
+    let q = r(&[1, HEADS, 1, DIM], 1)?;
+    let k_cache = r(&[1, HEADS, CAPACITY, DIM], 2)?.to_dtype(DType::F16)?;
+    let v_cache = r(&[1, HEADS, CAPACITY, DIM], 3)?.to_dtype(DType::F16)?;
+    let (k_new, v_new) = (
+        r(&[1, HEADS, 1, DIM], 4)?.to_dtype(DType::F16)?,
+        r(&[1, HEADS, 1, DIM], 5)?.to_dtype(DType::F16)?,
+    );
+    let step = |len: usize| -> CliResult<Tensor> {
+        k_cache.narrow(2, len - 1, 1)?.copy_from(&k_new)?;
+        v_cache.narrow(2, len - 1, 1)?.copy_from(&v_new)?;
+        let k = k_cache.narrow(2, 0, len)?.to_dtype(DType::F32)?;
+        let v = v_cache.narrow(2, 0, len)?.to_dtype(DType::F32)?;
+        Ok(q.attention(&k, &v, false)?)
+    };
+    // One step untimed (the kernels every step shares).
+    step(FIRST + 1)?.to_vec::<f32>()?;
+    let t = Instant::now();
+    let mut out = None;
+    for len in FIRST + 2..FIRST + 2 + steps {
+        out = Some(step(len)?);
     }
     if let Some(o) = out {
         o.to_vec::<f32>()?;

@@ -78,10 +78,11 @@ impl Numbers {
         match self {
             Numbers::Literal => format!("({x} / {v}u)"),
             Numbers::Uniform => {
-                let (m, s) = magic(v as u32);
-                cfg.extend([m, s]);
-                let (m, s) = (self.word(cfg.len() - 2), self.word(cfg.len() - 1));
-                format!("unirt_udiv({x}, {m}, {s})")
+                let (w0, w1) = self.divisor(cfg, v);
+                match v.is_power_of_two() {
+                    true => format!("({x} >> {w1})"),
+                    false => format!("unirt_udiv({x}, {w0}, {w1})"),
+                }
             }
             Numbers::Storage => format!("({x} / {})", self.num(cfg, v)),
         }
@@ -91,12 +92,23 @@ impl Numbers {
     pub(crate) fn rem(self, cfg: &mut Vec<u32>, x: &str, v: usize) -> String {
         match self {
             Numbers::Literal => format!("({x} % {v}u)"),
+            Numbers::Uniform if v.is_power_of_two() => {
+                let (mask, _) = self.divisor(cfg, v);
+                format!("({x} & {mask})")
+            }
             Numbers::Uniform => {
                 let q = self.div(cfg, x, v);
                 format!("({x} - {q} * {})", self.num(cfg, v))
             }
             Numbers::Storage => format!("({x} % {})", self.num(cfg, v)),
         }
+    }
+
+    /// `v`'s [`divisor_words`] appended to `cfg`, as the code reads them.
+    fn divisor(self, cfg: &mut Vec<u32>, v: usize) -> (String, String) {
+        let (w0, w1) = divisor_words(v as u32);
+        cfg.extend([w0, w1]);
+        (self.word(cfg.len() - 2), self.word(cfg.len() - 1))
     }
 }
 
@@ -108,6 +120,16 @@ pub(crate) const UNIFORM_CFG_BINDING: u32 = 31;
 /// The most constants a shape-generic kernel may have (16 KiB, a quarter of WebGPU's
 /// default uniform binding size): a larger plan keeps its literal kernels.
 const MAX_UNIFORM_WORDS: usize = 4096;
+
+/// The two words by which a shape-generic kernel divides by an extent `d`: for a power of
+/// two, `d − 1` and log₂ d (a mask and a shift: whether an extent is a power of two is part
+/// of the kernel's structure, and head dims and the like are), else its [`magic`] numbers.
+pub(crate) fn divisor_words(d: u32) -> (u32, u32) {
+    match d.is_power_of_two() {
+        true => (d - 1, d.trailing_zeros()),
+        false => magic(d),
+    }
+}
 
 /// The magic numbers by which WGSL's `unirt_udiv(n, m, s)` divides any `u32` `n` by `d` > 0
 /// exactly: `m` = ⌊2³²·(2ˡ − d)/d⌋ + 1 with l = ⌈log₂ d⌉, and `s` the two shifts, min(l, 1)
@@ -121,7 +143,11 @@ pub(crate) fn magic(d: u32) -> (u32, u32) {
     (m, l.min(1) | ((l.max(1) - 1) << 16))
 }
 
-/// Distinct shapes of one structure that get a kernel with their numbers in its code.
+/// Distinct shapes of one structure that get a kernel with their numbers in its code, unless
+/// `UNIRT_WGPU_LITERAL_SHAPES` says how many: a program that runs a fixed set of more shapes
+/// of one strided structure (and compiles once) may raise it, since a twin runs up to 2×
+/// slower than a literal kernel (a strided add: 2.4 against 1.3 ms on lavapipe; a transposed
+/// copy or a reduction runs alike).
 pub(crate) const LITERAL_SHAPES: usize = 3;
 
 /// Structures remembered per device before the history starts afresh (a program that plans
@@ -199,15 +225,33 @@ fn code_hash(src: &OpSource) -> u64 {
 }
 
 /// Per device: for each shape-generic kernel (by its code), the literal kernels it has stood
-/// for (by theirs), up to [`LITERAL_SHAPES`].
-#[derive(Default)]
+/// for (by theirs), up to `literal_shapes` ([`LITERAL_SHAPES`]).
 pub(crate) struct ShapeHistory {
     seen: Mutex<HashMap<u64, Vec<u64>>>,
+    literal_shapes: usize,
+}
+
+impl Default for ShapeHistory {
+    fn default() -> Self {
+        let n = std::env::var("UNIRT_WGPU_LITERAL_SHAPES").ok();
+        ShapeHistory::with_limit(
+            n.and_then(|n| n.trim().parse().ok())
+                .unwrap_or(LITERAL_SHAPES),
+        )
+    }
 }
 
 impl ShapeHistory {
+    /// A history that gives each structure's first `literal_shapes` shapes literal kernels.
+    pub(crate) fn with_limit(literal_shapes: usize) -> Self {
+        ShapeHistory {
+            seen: Mutex::default(),
+            literal_shapes,
+        }
+    }
+
     /// The kernel a plan compiles: `src`, or its shape-generic twin once the twin's structure
-    /// has been met in [`LITERAL_SHAPES`] other shapes.
+    /// has been met in `literal_shapes` other shapes.
     pub(crate) fn choose<'a>(&self, src: &'a OpSource) -> &'a OpSource {
         let Some(generic) = src.shape_generic.as_deref() else {
             return src;
@@ -221,7 +265,7 @@ impl ShapeHistory {
         if shapes.contains(&shape) {
             // A shape met before: its literal kernel is likely still compiled.
             src
-        } else if shapes.len() < LITERAL_SHAPES {
+        } else if shapes.len() < self.literal_shapes {
             shapes.push(shape);
             src
         } else {
@@ -242,7 +286,7 @@ mod tests {
 
     #[test]
     fn a_structure_takes_its_twin_after_its_literal_shapes() {
-        let h = ShapeHistory::default();
+        let h = ShapeHistory::with_limit(LITERAL_SHAPES);
         let shapes: Vec<OpSource> = (0..6)
             .map(|n| source(&format!("x % {n}u"), Some("x % cfg[3u]")))
             .collect();
@@ -324,5 +368,9 @@ mod tests {
             format!("(i - {q} * cfgu[1u].z)")
         );
         assert_eq!(cfg[4..], [magic(5).0, magic(5).1, 5]);
+        // Powers of two: a mask and a shift.
+        assert_eq!(Numbers::Uniform.rem(&mut cfg, "i", 64), "(i & cfgu[1u].w)");
+        assert_eq!(Numbers::Uniform.div(&mut cfg, "i", 64), "(i >> cfgu[2u].z)");
+        assert_eq!(cfg[7..], [63, 6, 63, 6]);
     }
 }

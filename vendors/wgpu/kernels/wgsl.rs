@@ -482,14 +482,23 @@ pub(crate) fn view_index(
             }
             let _ = writeln!(body, "    rem = rem / {};", extent(p));
         } else {
-            // The quotient through the extent's magic numbers, the remainder from it.
+            // The extent's divisor words (`shapes::divisor_words`): a mask and a shift for a
+            // power of two (which is then part of the structure, as head dims are), else the
+            // quotient through its magic numbers and the remainder from it.
             let m = 1 + 2 * rank + 2 * p;
-            let (magic, shifts) = (word(m), word(m + 1));
-            let _ = writeln!(body, "    q = unirt_udiv(rem, {magic}, {shifts});");
-            if strides[p] != 0 {
-                let _ = writeln!(body, "    off = off + (rem - q * {}){times};", extent(p));
+            let (w0, w1) = (word(m), word(m + 1));
+            if shape[p].is_power_of_two() {
+                if strides[p] != 0 {
+                    let _ = writeln!(body, "    off = off + (rem & {w0}){times};");
+                }
+                let _ = writeln!(body, "    rem = rem >> {w1};");
+            } else {
+                let _ = writeln!(body, "    q = unirt_udiv(rem, {w0}, {w1});");
+                if strides[p] != 0 {
+                    let _ = writeln!(body, "    off = off + (rem - q * {}){times};", extent(p));
+                }
+                let _ = writeln!(body, "    rem = q;");
             }
-            let _ = writeln!(body, "    rem = q;");
         }
     }
     let _ = writeln!(
@@ -500,15 +509,15 @@ pub(crate) fn view_index(
 }
 
 /// Appends a view descriptor to `cfg`, returning its index: the rank, the shape, the strides,
-/// then each extent's [`magic`](super::shapes::magic) numbers (two words per dimension; read by
-/// [`view_index`]'s code for [`Numbers::Uniform`]).
+/// then each extent's [divisor words](super::shapes::divisor_words) (two per dimension; read
+/// by [`view_index`]'s code for [`Numbers::Uniform`]).
 pub(crate) fn push_view(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
     let at = cfg.len() as u32;
     cfg.push(shape.len() as u32);
     cfg.extend(shape.iter().map(|&n| n as u32));
     cfg.extend(strides.iter().map(|&s| s as u32));
     for &n in shape {
-        let (m, s) = super::shapes::magic(n as u32);
+        let (m, s) = super::shapes::divisor_words(n as u32);
         cfg.extend([m, s]);
     }
     at
