@@ -207,16 +207,13 @@ fn source(spec: &PlanSpec<'_>, body: &str, out: &TensorDesc, numbers: Numbers) -
         }
         quads(&binds, body, n, &loads, &helpers)
     });
-    OpSource {
-        name: spec.op.to_string(),
-        passes: vec![(source, groups)],
+    OpSource::variants(
+        spec.op.to_string(),
+        vec![(source, groups)],
         cfg,
-        entry: None,
-        zero_workgroup_memory: false,
-        shape_generic: None,
         aligned,
         textured,
-    }
+    )
 }
 
 /// How the quad variant reads one input at the output's element `i` (a multiple of four):

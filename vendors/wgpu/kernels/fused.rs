@@ -148,16 +148,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     prepare_op(
         spec,
-        OpSource {
-            name: spec.op.to_string(),
-            passes: vec![(source, groups_for(n as u64))],
+        OpSource::variants(
+            spec.op.to_string(),
+            vec![(source, groups_for(n as u64))],
             cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            shape_generic: None,
             aligned,
             textured,
-        },
+        ),
     )
 }
 

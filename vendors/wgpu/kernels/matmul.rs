@@ -352,16 +352,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let (aligned, textured) = quads.map_or((None, None), |(a, t)| (Some(a), t));
     prepare_op(
         spec,
-        OpSource {
-            name: spec.op.to_string(),
-            passes: vec![(source, [tiles as u32, batch.max(1) as u32, 1])],
+        OpSource::variants(
+            spec.op.to_string(),
+            vec![(source, [tiles as u32, batch.max(1) as u32, 1])],
             cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            shape_generic: None,
             aligned,
             textured,
-        },
+        ),
     )
 }
 

@@ -130,16 +130,13 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     prepare_op(
         spec,
-        OpSource {
-            name: spec.op.to_string(),
-            passes: vec![(source, grid)],
+        OpSource::variants(
+            spec.op.to_string(),
+            vec![(source, grid)],
             cfg,
-            entry: None,
-            zero_workgroup_memory: false,
-            shape_generic: None,
             aligned,
             textured,
-        },
+        ),
     )
 }
 

@@ -88,6 +88,22 @@ impl OpSource {
             shape_generic: None,
         }
     }
+
+    /// [`OpSource::plain`] with a quad variant and a texture variant, where the family has
+    /// them.
+    pub fn variants(
+        name: impl Into<String>,
+        passes: PassSources,
+        cfg: Vec<u32>,
+        aligned: Option<PassSources>,
+        textured: Option<TexRead>,
+    ) -> OpSource {
+        OpSource {
+            aligned,
+            textured,
+            ..OpSource::plain(name, passes, cfg)
+        }
+    }
 }
 
 /// A plan's [`TexRead`] variant, compiled.

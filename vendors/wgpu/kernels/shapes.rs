@@ -12,7 +12,7 @@
 //! its kernel too: the same code with those numbers read from the plan's constants
 //! ([`Numbers::Uniform`]; [`twin`]). [`ShapeHistory`] remembers, per device, how many
 //! distinct literal kernels each twin has stood for: the first [`LITERAL_SHAPES`] shapes of a
-//! structure get their literal kernels (a loop of fixed shapes compiles once and runs at
+//! structure (`UNIRT_WGPU_LITERAL_SHAPES`) get their literal kernels (a loop of fixed shapes compiles once and runs at
 //! full speed), and from the next on the structure takes its twin, compiled once for all
 //! later shapes — as PyTorch's compiler marks a dimension dynamic once it has changed. Both
 //! kernels compute the same values in the same order, so which one a plan took never shows
@@ -60,8 +60,8 @@ impl Numbers {
     /// second time as a uniform buffer ([`UNIFORM_CFG_BINDING`]): lavapipe loads such a
     /// word once for all the lanes of a SIMD batch, a storage word lane by lane, which made
     /// a strided add whose extents were read from `cfg` 3.2× slower than with them in its
-    /// code (4.2 against 1.3 ms, [8, 700, 64] f32; 2.6 through `cfgu`, the rest being the
-    /// divisions by [`magic`] numbers).
+    /// code (4.2 against 1.3 ms, [8, 700, 64] f32; 2.4 through `cfgu`, what is left being
+    /// the compiler not knowing the numbers: the same code with them written in ran 1.3).
     pub(crate) fn word(self, k: usize) -> String {
         match self {
             Numbers::Uniform => format!("cfgu[{}u].{}", k / 4, ["x", "y", "z", "w"][k % 4]),
