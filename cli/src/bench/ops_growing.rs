@@ -46,54 +46,13 @@ const DIM: usize = 64;
 /// threshold (16 Ki elements of K).
 const FIRST: usize = 512;
 
-/// Milliseconds per step over `steps` steps, and the row's shape.
-fn decode_growing_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
-    let r = |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, dev);
-    let q = r(&[1, HEADS, 1, DIM], 1)?;
-    let mut k = r(&[1, HEADS, FIRST, DIM], 2)?;
-    let mut v = r(&[1, HEADS, FIRST, DIM], 3)?;
-    let (k_new, v_new) = (r(&[1, HEADS, 1, DIM], 4)?, r(&[1, HEADS, 1, DIM], 5)?);
-    // One step untimed: the kernels every step shares (concat's, attention's plain forms).
-    let step = |k: &mut Tensor, v: &mut Tensor| -> CliResult<Tensor> {
-        *k = Tensor::concat(&[&*k, &k_new], 2)?;
-        *v = Tensor::concat(&[&*v, &v_new], 2)?;
-        Ok(q.attention(k, v, false)?)
-    };
-    step(&mut k, &mut v)?.to_vec::<f32>()?;
-    let t = Instant::now();
-    let mut out = None;
-    for _ in 0..steps {
-        out = Some(step(&mut k, &mut v)?);
-    }
-    if let Some(o) = out {
-        o.to_vec::<f32>()?;
-    }
-    let ms = t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
-    let shape = format!("1x{HEADS}x{}..{}x{DIM}", FIRST + 2, FIRST + 1 + steps);
-    Ok((ms, shape))
-}
-
-/// Keys the f16 cache holds.
-const CAPACITY: usize = 1024;
-
-/// Milliseconds per step of `decode_f16_cache` over `steps` steps, and the row's shape.
-fn decode_f16_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
-    let r = |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, dev);
-    let q = r(&[1, HEADS, 1, DIM], 1)?;
-    let k_cache = r(&[1, HEADS, CAPACITY, DIM], 2)?.to_dtype(DType::F16)?;
-    let v_cache = r(&[1, HEADS, CAPACITY, DIM], 3)?.to_dtype(DType::F16)?;
-    let (k_new, v_new) = (
-        r(&[1, HEADS, 1, DIM], 4)?.to_dtype(DType::F16)?,
-        r(&[1, HEADS, 1, DIM], 5)?.to_dtype(DType::F16)?,
-    );
-    let step = |len: usize| -> CliResult<Tensor> {
-        k_cache.narrow(2, len - 1, 1)?.copy_from(&k_new)?;
-        v_cache.narrow(2, len - 1, 1)?.copy_from(&v_new)?;
-        let k = k_cache.narrow(2, 0, len)?.to_dtype(DType::F32)?;
-        let v = v_cache.narrow(2, 0, len)?.to_dtype(DType::F32)?;
-        Ok(q.attention(&k, &v, false)?)
-    };
-    // One step untimed (the kernels every step shares).
+/// Milliseconds per step of `step(len)` over `steps` steps, `len` the keys the cache holds
+/// after the step (one step untimed first: the kernels every step shares), and the row's
+/// shape.
+fn time_steps(
+    steps: usize,
+    mut step: impl FnMut(usize) -> CliResult<Tensor>,
+) -> CliResult<(f64, String)> {
     step(FIRST + 1)?.to_vec::<f32>()?;
     let t = Instant::now();
     let mut out = None;
@@ -106,4 +65,41 @@ fn decode_f16_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
     let ms = t.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
     let shape = format!("1x{HEADS}x{}..{}x{DIM}", FIRST + 2, FIRST + 1 + steps);
     Ok((ms, shape))
+}
+
+/// `decode_growing_cache`: the cache grows by `concat`, a key per step.
+fn decode_growing_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
+    let r = |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, dev);
+    let q = r(&[1, HEADS, 1, DIM], 1)?;
+    let mut k = r(&[1, HEADS, FIRST, DIM], 2)?;
+    let mut v = r(&[1, HEADS, FIRST, DIM], 3)?;
+    let (k_new, v_new) = (r(&[1, HEADS, 1, DIM], 4)?, r(&[1, HEADS, 1, DIM], 5)?);
+    time_steps(steps, |_| {
+        k = Tensor::concat(&[&k, &k_new], 2)?;
+        v = Tensor::concat(&[&v, &v_new], 2)?;
+        Ok(q.attention(&k, &v, false)?)
+    })
+}
+
+/// Keys the f16 cache holds.
+const CAPACITY: usize = 1024;
+
+/// `decode_f16_cache`: the key and value written into the preallocated cache, which is read
+/// through views narrowed to `len` keys.
+fn decode_f16_cache(dev: Device, steps: usize) -> CliResult<(f64, String)> {
+    let r = |shape: &[usize], seed| Tensor::rand_uniform(shape, -1.0, 1.0, seed, DType::F32, dev);
+    let q = r(&[1, HEADS, 1, DIM], 1)?;
+    let k_cache = r(&[1, HEADS, CAPACITY, DIM], 2)?.to_dtype(DType::F16)?;
+    let v_cache = r(&[1, HEADS, CAPACITY, DIM], 3)?.to_dtype(DType::F16)?;
+    let (k_new, v_new) = (
+        r(&[1, HEADS, 1, DIM], 4)?.to_dtype(DType::F16)?,
+        r(&[1, HEADS, 1, DIM], 5)?.to_dtype(DType::F16)?,
+    );
+    time_steps(steps, |len| {
+        k_cache.narrow(2, len - 1, 1)?.copy_from(&k_new)?;
+        v_cache.narrow(2, len - 1, 1)?.copy_from(&v_new)?;
+        let k = k_cache.narrow(2, 0, len)?.to_dtype(DType::F32)?;
+        let v = v_cache.narrow(2, 0, len)?.to_dtype(DType::F32)?;
+        Ok(q.attention(&k, &v, false)?)
+    })
 }

@@ -27,7 +27,7 @@ use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::vendors::AnyBackend;
 
-use super::shapes::{ShapeHistory, UNIFORM_CFG_BINDING};
+use super::shapes::{ShapeGeneric, ShapeHistory, UNIFORM_CFG_BINDING};
 pub(crate) use super::textures::{
     texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
 };
@@ -70,7 +70,7 @@ pub(crate) struct OpSource {
     /// The same kernel with its shape's numbers read from `cfg` instead of written into its
     /// code, where a family on the host's cores makes one ([`super::shapes`]): [`prepare`]
     /// compiles it instead once its structure has been met in several shapes.
-    pub shape_generic: Option<Box<OpSource>>,
+    pub shape_generic: Option<Box<ShapeGeneric>>,
 }
 
 impl OpSource {

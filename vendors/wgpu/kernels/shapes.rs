@@ -148,7 +148,7 @@ pub(crate) fn magic(d: u32) -> (u32, u32) {
 /// of one strided structure (and compiles once) may raise it, since a twin runs up to 2×
 /// slower than a literal kernel (a strided add: 2.4 against 1.3 ms on lavapipe; a transposed
 /// copy or a reduction runs alike).
-pub(crate) const LITERAL_SHAPES: usize = 3;
+const LITERAL_SHAPES: usize = 3;
 
 /// Structures remembered per device before the history starts afresh (a program that plans
 /// ever new structures must not grow it without end; forgetting only costs literal kernels).
@@ -167,7 +167,8 @@ pub(crate) fn twin(
     }
     let mut literal = build(Numbers::Literal)?;
     let mut generic = build(Numbers::Uniform)?;
-    if code_hash(&generic) != code_hash(&literal) && generic.cfg.len() <= MAX_UNIFORM_WORDS {
+    let (structure, shape) = (code_hash(&generic), code_hash(&literal));
+    if structure != shape && generic.cfg.len() <= MAX_UNIFORM_WORDS {
         let decl = format!(
             "@group(0) @binding({UNIFORM_CFG_BINDING}) var<uniform> cfgu: array<vec4<u32>, {}>;\n",
             generic.cfg.len().div_ceil(4).max(1)
@@ -182,9 +183,21 @@ pub(crate) fn twin(
             let at = directives_end(code);
             code.insert_str(at, &decl);
         }
-        literal.shape_generic = Some(Box::new(generic));
+        literal.shape_generic = Some(Box::new(ShapeGeneric {
+            source: generic,
+            structure,
+            shape,
+        }));
     }
     Ok(literal)
+}
+
+/// A kernel's shape-generic twin ([`twin`]), with the hashes [`ShapeHistory`] keys it by:
+/// the twin's code (its structure) and the literal kernel's (its shape).
+pub(crate) struct ShapeGeneric {
+    pub source: OpSource,
+    structure: u64,
+    shape: u64,
 }
 
 /// Where the leading directive lines of WGSL `code` (`enable …;`, `requires …;`,
@@ -256,7 +269,7 @@ impl ShapeHistory {
         let Some(generic) = src.shape_generic.as_deref() else {
             return src;
         };
-        let (structure, shape) = (code_hash(generic), code_hash(src));
+        let (structure, shape) = (generic.structure, generic.shape);
         let mut seen = self.seen.lock();
         if seen.len() >= MAX_STRUCTURES && !seen.contains_key(&structure) {
             seen.clear();
@@ -269,7 +282,7 @@ impl ShapeHistory {
             shapes.push(shape);
             src
         } else {
-            generic
+            &generic.source
         }
     }
 }
@@ -280,7 +293,14 @@ mod tests {
 
     fn source(code: &str, generic: Option<&str>) -> OpSource {
         let mut s = OpSource::plain("k", vec![(code.to_string(), [1, 1, 1])], vec![]);
-        s.shape_generic = generic.map(|g| Box::new(source(g, None)));
+        s.shape_generic = generic.map(|g| {
+            let source = source(g, None);
+            Box::new(ShapeGeneric {
+                structure: code_hash(&source),
+                shape: code_hash(&s),
+                source,
+            })
+        });
         s
     }
 
