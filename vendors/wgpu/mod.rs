@@ -31,10 +31,10 @@
 //!   decide, in submission order (`contents.rs`).
 //! - **Shapes in the code, until they change** (`kernels/shapes.rs`): on those adapters the
 //!   host forms write extents and strides into their code (a division by a constant is a
-//!   multiply), so every shape is a new kernel, 15–30 ms of compiling. Such a family also
-//!   generates a shape-generic twin that reads them from the constants, bound a second time
-//!   as a uniform buffer, and divides by magic numbers; a structure met in three shapes takes
-//!   its twin from the fourth on, so a loop whose shapes change every step compiles once.
+//!   multiply), so every shape is a new kernel, 15–30 ms of compiling. From a structure's
+//!   fourth shape on, its kernel reads the numbers that changed between its shapes from the
+//!   constants (bound a second time as a uniform buffer; divisions by magic numbers) and
+//!   keeps the others in its code, so a loop whose shapes change every step compiles once.
 //! - **Mesa's loop limiter**: gallivm (lavapipe, llvmpipe) ends every loop of an invocation
 //!   once it has run 65535 iterations in all, and the kernel returns a partial result
 //!   silently. Every kernel whose loops grow with the data states its per-invocation count

@@ -27,7 +27,7 @@ use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::vendors::AnyBackend;
 
-use super::shapes::{ShapeGeneric, ShapeHistory, UNIFORM_CFG_BINDING};
+use super::shapes::{ShapeHistory, UNIFORM_CFG_BINDING};
 pub(crate) use super::textures::{
     texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
 };
@@ -67,10 +67,6 @@ pub(crate) struct OpSource {
     /// zeroing: on GL, naga writes it as one array constructor per variable, which llvmpipe
     /// took 18 s to compile for the tiled GEMM (0.3 s without).
     pub zero_workgroup_memory: bool,
-    /// The same kernel with its shape's numbers read from `cfg` instead of written into its
-    /// code, where a family on the host's cores makes one ([`super::shapes`]): [`prepare`]
-    /// compiles it instead once its structure has been met in several shapes.
-    pub shape_generic: Option<Box<ShapeGeneric>>,
 }
 
 impl OpSource {
@@ -85,7 +81,6 @@ impl OpSource {
             aligned: None,
             textured: None,
             zero_workgroup_memory: false,
-            shape_generic: None,
         }
     }
 
@@ -139,7 +134,7 @@ pub(crate) struct OpCache {
     pub(super) dummy: Mutex<Option<DevBuf>>,
     /// Constants buffers by their words (see [`OpCache::constants`]).
     constants: Mutex<ConstantsMap>,
-    /// Which structures have met enough shapes to take their shape-generic kernels.
+    /// Which structures have met enough shapes to read numbers from their constants.
     shapes: ShapeHistory,
 }
 
@@ -372,6 +367,18 @@ impl PreparedKernel for OpKernel {
     }
 }
 
+/// `f` of the shape history of the plan's device (`None` where it is not a wgpu device).
+pub(super) fn with_shape_history<T>(
+    spec: &PlanSpec<'_>,
+    f: impl FnOnce(&ShapeHistory) -> T,
+) -> Option<T> {
+    let backend = backend_of(spec).ok()?;
+    match &*backend {
+        AnyBackend::Wgpu(b) => Some(f(&b.gpu.kernels.ops.shapes)),
+        _ => None,
+    }
+}
+
 /// The wgpu backend of a plan's device.
 fn backend_of(spec: &PlanSpec<'_>) -> Result<Arc<AnyBackend>> {
     let rt = crate::Runtime::get(spec.device)?;
@@ -443,7 +450,6 @@ fn prepare_unguarded(
         )));
     };
     let gpu = &b.gpu;
-    let src = gpu.kernels.ops.shapes.choose(src);
     let device = &gpu.device;
     let limits = device.limits();
     if !device.features().contains(wgpu::Features::IMMEDIATES)

@@ -2,23 +2,30 @@
 //! the code — "automatic dynamic shapes" for the adapters on the host's cores.
 //!
 //! On lavapipe and llvmpipe the host forms write extents and strides into their code
-//! ([`Numbers::Literal`]): the compiler then turns each division by an extent into a multiply
+//! ([`Read::None`]): the compiler then turns each division by an extent into a multiply
 //! and a shift (with run-time divisors, strided kernels ran 6–9× slower), but every new shape
 //! is a new kernel, and a kernel costs 15–30 ms to compile there. A loop whose shapes change
 //! every step — an eager decode step over a KV cache that grows by a key, read through
 //! `narrow` views of a preallocated cache — paid that per operator per step.
 //!
-//! So a family that writes numbers into its code generates, on the host's cores, a twin of
-//! its kernel too: the same code with those numbers read from the plan's constants
-//! ([`Numbers::Uniform`]; [`twin`]). [`ShapeHistory`] remembers, per device, how many
-//! distinct literal kernels each twin has stood for: the first [`LITERAL_SHAPES`] shapes of a
-//! structure (`UNIRT_WGPU_LITERAL_SHAPES`) get their literal kernels (a loop of fixed shapes compiles once and runs at
-//! full speed), and from the next on the structure takes its twin, compiled once for all
-//! later shapes — as PyTorch's compiler marks a dimension dynamic once it has changed. Both
-//! kernels compute the same values in the same order, so which one a plan took never shows
-//! in its results. On a GPU the families read shapes from the constants anyway (a pipeline
-//! compiles in milliseconds there) and generate one kernel.
+//! So a family that writes numbers into its code builds its kernel through [`twin`], once
+//! per kind of [`Numbers`]: all written in (the literal kernel, which also records them, in
+//! order — its [`Slots`]), all read from the plan's constants (bound a second time as a
+//! uniform buffer, since lavapipe loads storage words lane by lane: this build's code names
+//! the *structure*), and, once the structure has met [`LITERAL_SHAPES`] shapes
+//! (`UNIRT_WGPU_LITERAL_SHAPES`), one that reads only the numbers that have changed between
+//! them and keeps the rest in its code. [`ShapeHistory`] remembers per device, for each
+//! structure, its literal shapes and which of its numbers changed — as PyTorch's compiler
+//! marks a dimension dynamic once it has changed, per number here: over a KV cache read
+//! through `narrow`, the length is read and the head dim, the strides and the other extents
+//! stay literal (a strided add ran about 1.25× faster than with every number read; the
+//! literal kernel's divisions by constants are what is left). A loop of fixed shapes
+//! compiles once and runs literal kernels; a number that changes later adds itself (one
+//! kernel more). Every form computes the same values in the same order, so which one a plan
+//! took never shows in its results. On a GPU the families read shapes from the constants
+//! anyway (a pipeline compiles in milliseconds there) and generate one kernel.
 
+use std::cell::RefCell;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -30,77 +37,151 @@ use crate::error::Result;
 use crate::ops::PlanSpec;
 
 /// How a kernel's code holds the numbers of its plan's shapes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Numbers {
-    /// Written into the code: divisions by them compile to multiplies; one kernel per shape.
-    Literal,
-    /// Read from the plan's constants through their uniform binding ([`Numbers::word`]): one
-    /// kernel for every shape of the structure (the host's cores' shape-generic twins).
-    Uniform,
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Numbers<'a> {
+    /// The host's cores: each number is written into the code or read from the plan's
+    /// constants through their uniform binding, as `slots` says for it ([`Slots`]), and is
+    /// recorded there.
+    Host(&'a Slots),
     /// Read from the plan's constants as every kernel binds them (`cfg`, a storage buffer):
     /// the GPU forms, compiled once per structure anyway.
     Storage,
 }
 
-impl Numbers {
-    /// `v` as a WGSL `u32` expression: a literal, or a `cfg` word appended to `cfg` (read
-    /// as [`Numbers::word`] says).
-    pub(crate) fn num(self, cfg: &mut Vec<u32>, v: usize) -> String {
-        match self {
-            Numbers::Literal => format!("{v}u"),
-            _ => {
-                cfg.push(v as u32);
-                self.word(cfg.len() - 1)
-            }
+/// The numbers one build of a host-form kernel meets, in the order its code uses them, and
+/// which of them the code reads from the plan's constants instead of writing them in. Every
+/// build of a structure meets the same sequence (whether a number is 0, 1 or a power of two
+/// changes the code, so it is part of the structure, and such numbers are not slots); a
+/// build that reads its `k`th number from the constants reads it there for every shape.
+#[derive(Debug)]
+pub(crate) struct Slots {
+    met: RefCell<Vec<usize>>,
+    read: Read,
+}
+
+/// Which of a build's numbers its code reads from the plan's constants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// None: every number written into the code (the literal kernel).
+    None,
+    /// All of them (the shape-generic kernel of the structure).
+    All,
+    /// Those marked (a number past the end is read too): the numbers that have changed
+    /// between the shapes met so far.
+    Some(Vec<bool>),
+}
+
+impl Slots {
+    pub(crate) fn new(read: Read) -> Self {
+        Slots {
+            met: RefCell::default(),
+            read,
         }
     }
 
+    /// The numbers met so far, in order.
+    pub(crate) fn met(&self) -> Vec<usize> {
+        self.met.borrow().clone()
+    }
+}
+
+impl Numbers<'_> {
+    /// Meets the build's next number `v`: whether the code writes it in (else it reads it from
+    /// the constants).
+    fn literal(self, v: usize) -> bool {
+        let Numbers::Host(slots) = self else {
+            return false;
+        };
+        let mut met = slots.met.borrow_mut();
+        let k = met.len();
+        met.push(v);
+        match &slots.read {
+            Read::None => true,
+            Read::All => false,
+            Read::Some(read) => !read.get(k).copied().unwrap_or(true),
+        }
+    }
+
+    /// `v` as a WGSL `u32` expression: a literal, or a `cfg` word appended to `cfg` (read
+    /// as [`Numbers::word`] says).
+    pub(crate) fn num(self, cfg: &mut Vec<u32>, v: usize) -> String {
+        match self.literal(v) {
+            true => format!("{v}u"),
+            false => self.push(cfg, v),
+        }
+    }
+
+    /// `v` appended to `cfg`, as the code reads it.
+    fn push(self, cfg: &mut Vec<u32>, v: usize) -> String {
+        cfg.push(v as u32);
+        self.word(cfg.len() - 1)
+    }
+
     /// Word `k` of the plan's constants, at an index written into the code. A shape-generic
-    /// kernel ([`Numbers::Uniform`]) reads it through `cfgu`, the constants buffer bound a
-    /// second time as a uniform buffer ([`UNIFORM_CFG_BINDING`]): lavapipe loads such a
-    /// word once for all the lanes of a SIMD batch, a storage word lane by lane, which made
-    /// a strided add whose extents were read from `cfg` 3.2× slower than with them in its
-    /// code (4.2 against 1.3 ms, [8, 700, 64] f32; 2.4 through `cfgu`, what is left being
-    /// the compiler not knowing the numbers: the same code with them written in ran 1.3).
+    /// kernel (one that reads numbers on the host's cores) reads it through `cfgu`, the
+    /// constants buffer bound a second time as a uniform buffer ([`UNIFORM_CFG_BINDING`]):
+    /// lavapipe loads such a word once for all the lanes of a SIMD batch, a storage word lane
+    /// by lane, which made a strided add whose extents were read from `cfg` 3.2× slower than
+    /// with them in its code (4.2 against 1.3 ms, [8, 700, 64] f32; 2.4 through `cfgu`, what
+    /// is left being the compiler not knowing the numbers: the same code with them written
+    /// in ran 1.3).
     pub(crate) fn word(self, k: usize) -> String {
         match self {
-            Numbers::Uniform => format!("cfgu[{}u].{}", k / 4, ["x", "y", "z", "w"][k % 4]),
+            Numbers::Host(slots) if slots.read != Read::None => {
+                format!("cfgu[{}u].{}", k / 4, ["x", "y", "z", "w"][k % 4])
+            }
             _ => format!("cfg[{k}u]"),
         }
     }
 
-    /// `x / v` as WGSL (`x` a `u32` expression, `v` > 0): by a literal; in a shape-generic
-    /// kernel through `v`'s [`magic`] numbers and `unirt_udiv`, a multiply-high and shifts as
+    /// Meets `v`, an extent a view's code divides by: `Some((w0, w1))`, the words of
+    /// `v`'s [`divisor_words`] at descriptor words `at` and `at + 1`, where the code reads it
+    /// on the host's cores; `None` where it writes it in.
+    pub(crate) fn divisor_at(self, v: usize, at: usize) -> Option<(String, String)> {
+        (!self.literal(v)).then(|| (self.word(at), self.word(at + 1)))
+    }
+
+    /// `x / v` as WGSL (`x` a `u32` expression, `v` > 0): by a literal; read on the host's
+    /// cores through `v`'s [`magic`] numbers and `unirt_udiv`, a multiply-high and shifts as
     /// a compiler divides by a constant (a CPU has no vector division; with the numbers
     /// written in, a strided add through `unirt_udiv` ran at the literal kernel's speed); on
     /// a GPU by the word.
     pub(crate) fn div(self, cfg: &mut Vec<u32>, x: &str, v: usize) -> String {
+        if self.literal(v) {
+            return format!("({x} / {v}u)");
+        }
+        self.read_div(cfg, x, v)
+    }
+
+    /// `x % v` as WGSL, as [`Numbers::div`] divides (`x` is evaluated twice).
+    pub(crate) fn rem(self, cfg: &mut Vec<u32>, x: &str, v: usize) -> String {
+        if self.literal(v) {
+            return format!("({x} % {v}u)");
+        }
         match self {
-            Numbers::Literal => format!("({x} / {v}u)"),
-            Numbers::Uniform => {
+            Numbers::Host(_) if v.is_power_of_two() => {
+                let (mask, _) = self.divisor(cfg, v);
+                format!("({x} & {mask})")
+            }
+            Numbers::Host(_) => {
+                let q = self.read_div(cfg, x, v);
+                format!("({x} - {q} * {})", self.push(cfg, v))
+            }
+            Numbers::Storage => format!("({x} % {})", self.push(cfg, v)),
+        }
+    }
+
+    /// `x / v` with `v` read from the constants.
+    fn read_div(self, cfg: &mut Vec<u32>, x: &str, v: usize) -> String {
+        match self {
+            Numbers::Host(_) => {
                 let (w0, w1) = self.divisor(cfg, v);
                 match v.is_power_of_two() {
                     true => format!("({x} >> {w1})"),
                     false => format!("unirt_udiv({x}, {w0}, {w1})"),
                 }
             }
-            Numbers::Storage => format!("({x} / {})", self.num(cfg, v)),
-        }
-    }
-
-    /// `x % v` as WGSL, as [`Numbers::div`] divides (`x` is evaluated twice).
-    pub(crate) fn rem(self, cfg: &mut Vec<u32>, x: &str, v: usize) -> String {
-        match self {
-            Numbers::Literal => format!("({x} % {v}u)"),
-            Numbers::Uniform if v.is_power_of_two() => {
-                let (mask, _) = self.divisor(cfg, v);
-                format!("({x} & {mask})")
-            }
-            Numbers::Uniform => {
-                let q = self.div(cfg, x, v);
-                format!("({x} - {q} * {})", self.num(cfg, v))
-            }
-            Numbers::Storage => format!("({x} % {})", self.num(cfg, v)),
+            Numbers::Storage => format!("({x} / {})", self.push(cfg, v)),
         }
     }
 
@@ -109,6 +190,15 @@ impl Numbers {
         let (w0, w1) = divisor_words(v as u32);
         cfg.extend([w0, w1]);
         (self.word(cfg.len() - 2), self.word(cfg.len() - 1))
+    }
+
+    /// Meets `v`, a number a view's code reads at descriptor word `at`: the literal or the
+    /// word.
+    pub(crate) fn num_at(self, v: usize, at: usize) -> String {
+        match self.literal(v) {
+            true => format!("{v}u"),
+            false => self.word(at),
+        }
     }
 }
 
@@ -145,9 +235,8 @@ pub(crate) fn magic(d: u32) -> (u32, u32) {
 
 /// Distinct shapes of one structure that get a kernel with their numbers in its code, unless
 /// `UNIRT_WGPU_LITERAL_SHAPES` says how many: a program that runs a fixed set of more shapes
-/// of one strided structure (and compiles once) may raise it, since a twin runs up to 2×
-/// slower than a literal kernel (a strided add: 2.4 against 1.3 ms on lavapipe; a transposed
-/// copy or a reduction runs alike).
+/// of one strided structure (and compiles once) may raise it. With 0, every plan of a
+/// structure takes the kernel that reads all its numbers (a test of that form).
 const LITERAL_SHAPES: usize = 3;
 
 /// Structures remembered per device before the history starts afresh (a program that plans
@@ -155,49 +244,49 @@ const LITERAL_SHAPES: usize = 3;
 const MAX_STRUCTURES: usize = 4096;
 
 /// What a family generates for one plan, on the host's cores: the kernel with its shape's
-/// numbers in the code and, where that differs, its twin that reads them from `cfg`
-/// (`OpSource::shape_generic`); elsewhere the one kernel, generated with
+/// numbers in the code while its structure has met few shapes ([`ShapeHistory`]), else the
+/// kernel that reads the numbers that have changed between those shapes from the constants
+/// and keeps the others in its code; elsewhere the one kernel, generated with
 /// [`Numbers::Storage`]. `build` generates the kernel for the numbers it is given.
 pub(crate) fn twin(
     spec: &PlanSpec<'_>,
-    build: impl Fn(Numbers) -> Result<OpSource>,
+    build: impl Fn(Numbers<'_>) -> Result<OpSource>,
 ) -> Result<OpSource> {
     if !super::on_host_cores(spec) {
         return build(Numbers::Storage);
     }
-    let mut literal = build(Numbers::Literal)?;
-    let mut generic = build(Numbers::Uniform)?;
-    let (structure, shape) = (code_hash(&generic), code_hash(&literal));
-    if structure != shape && generic.cfg.len() <= MAX_UNIFORM_WORDS {
-        let decl = format!(
-            "@group(0) @binding({UNIFORM_CFG_BINDING}) var<uniform> cfgu: array<vec4<u32>, {}>;\n",
-            generic.cfg.len().div_ceil(4).max(1)
-        );
-        let variants = [
-            Some(&mut generic.passes),
-            generic.aligned.as_mut(),
-            generic.textured.as_mut().map(|t| &mut t.passes),
-        ];
-        for (code, _) in variants.into_iter().flatten().flatten() {
-            // After the directives (`enable f16;`), which come first.
-            let at = directives_end(code);
-            code.insert_str(at, &decl);
-        }
-        literal.shape_generic = Some(Box::new(ShapeGeneric {
-            source: generic,
-            structure,
-            shape,
-        }));
+    let shape = Slots::new(Read::None);
+    let literal = build(Numbers::Host(&shape))?;
+    // The structure: the code with every number read.
+    let generic = build(Numbers::Host(&Slots::new(Read::All)))?;
+    let (structure, hash) = (code_hash(&generic), code_hash(&literal));
+    if structure == hash || generic.cfg.len() > MAX_UNIFORM_WORDS {
+        return Ok(literal);
     }
-    Ok(literal)
-}
-
-/// A kernel's shape-generic twin ([`twin`]), with the hashes [`ShapeHistory`] keys it by:
-/// the twin's code (its structure) and the literal kernel's (its shape).
-pub(crate) struct ShapeGeneric {
-    pub source: OpSource,
-    structure: u64,
-    shape: u64,
+    let Some(read) = super::op::with_shape_history(spec, |h| h.read(structure, hash, &shape.met()))
+    else {
+        return Ok(literal);
+    };
+    let mut source = match read {
+        Read::None => return Ok(literal),
+        Read::All => generic,
+        read => build(Numbers::Host(&Slots::new(read)))?,
+    };
+    let decl = format!(
+        "@group(0) @binding({UNIFORM_CFG_BINDING}) var<uniform> cfgu: array<vec4<u32>, {}>;\n",
+        source.cfg.len().div_ceil(4).max(1)
+    );
+    let variants = [
+        Some(&mut source.passes),
+        source.aligned.as_mut(),
+        source.textured.as_mut().map(|t| &mut t.passes),
+    ];
+    for (code, _) in variants.into_iter().flatten().flatten() {
+        // After the directives (`enable f16;`), which come first.
+        let at = directives_end(code);
+        code.insert_str(at, &decl);
+    }
+    Ok(source)
 }
 
 /// Where the leading directive lines of WGSL `code` (`enable …;`, `requires …;`,
@@ -237,10 +326,22 @@ fn code_hash(src: &OpSource) -> u64 {
     h.finish()
 }
 
-/// Per device: for each shape-generic kernel (by its code), the literal kernels it has stood
-/// for (by theirs), up to `literal_shapes` ([`LITERAL_SHAPES`]).
+/// What [`ShapeHistory`] knows of one structure.
+#[derive(Default)]
+struct Structure {
+    /// The literal kernels it has had (by their code), at most `literal_shapes`.
+    shapes: Vec<u64>,
+    /// The numbers of the first shape met.
+    first: Vec<usize>,
+    /// Which numbers have differed from `first` in a shape met since.
+    changed: Vec<bool>,
+}
+
+/// Per device, for each structure of host-form kernel (by the code that reads all its
+/// numbers): the shapes it has met and which of its numbers changed between them — PyTorch's
+/// compiler marks a dimension dynamic once it has changed, and this does it per number.
 pub(crate) struct ShapeHistory {
-    seen: Mutex<HashMap<u64, Vec<u64>>>,
+    seen: Mutex<HashMap<u64, Structure>>,
     literal_shapes: usize,
 }
 
@@ -263,26 +364,43 @@ impl ShapeHistory {
         }
     }
 
-    /// The kernel a plan compiles: `src`, or its shape-generic twin once the twin's structure
-    /// has been met in `literal_shapes` other shapes.
-    pub(crate) fn choose<'a>(&self, src: &'a OpSource) -> &'a OpSource {
-        let Some(generic) = src.shape_generic.as_deref() else {
-            return src;
-        };
-        let (structure, shape) = (generic.structure, generic.shape);
+    /// Which numbers the kernel of a plan of `structure` reads from its constants, its shape
+    /// being the literal kernel `shape` of numbers `met`: none while the structure has met at
+    /// most `literal_shapes` shapes (or this one before: its kernel is likely still
+    /// compiled), then those that have changed between the shapes met — one kernel for
+    /// every later shape that changes only those. A number that changes later adds itself
+    /// (one more kernel); a structure whose builds disagree on their count of numbers (which
+    /// the families rule out) reads all of them.
+    pub(crate) fn read(&self, structure: u64, shape: u64, met: &[usize]) -> Read {
         let mut seen = self.seen.lock();
         if seen.len() >= MAX_STRUCTURES && !seen.contains_key(&structure) {
             seen.clear();
         }
-        let shapes = seen.entry(structure).or_default();
-        if shapes.contains(&shape) {
-            // A shape met before: its literal kernel is likely still compiled.
-            src
-        } else if shapes.len() < self.literal_shapes {
-            shapes.push(shape);
-            src
+        let s = seen.entry(structure).or_default();
+        if s.shapes.is_empty() && s.first.is_empty() {
+            s.first = met.to_vec();
+            s.changed = vec![false; met.len()];
+        }
+        if s.first.len() != met.len() {
+            return Read::All;
+        }
+        for ((changed, a), b) in s.changed.iter_mut().zip(&s.first).zip(met) {
+            *changed |= a != b;
+        }
+        if s.shapes.contains(&shape) {
+            Read::None
+        } else if s.shapes.len() < self.literal_shapes {
+            s.shapes.push(shape);
+            Read::None
+        } else if self.literal_shapes == 0
+            || s.changed.iter().all(|&c| c)
+            || !s.changed.contains(&true)
+        {
+            // Nothing known to have changed (a difference outside the numbers): read them
+            // all, as with no literal shapes at all.
+            Read::All
         } else {
-            &generic.source
+            Read::Some(s.changed.clone())
         }
     }
 }
@@ -291,49 +409,59 @@ impl ShapeHistory {
 mod tests {
     use super::*;
 
-    fn source(code: &str, generic: Option<&str>) -> OpSource {
-        let mut s = OpSource::plain("k", vec![(code.to_string(), [1, 1, 1])], vec![]);
-        s.shape_generic = generic.map(|g| {
-            let source = source(g, None);
-            Box::new(ShapeGeneric {
-                structure: code_hash(&source),
-                shape: code_hash(&s),
-                source,
+    /// The history's answers for a structure met in shapes of numbers `shapes`, in order (a
+    /// shape's hash is its numbers').
+    fn reads(h: &ShapeHistory, shapes: &[&[usize]]) -> Vec<Read> {
+        shapes
+            .iter()
+            .map(|met| {
+                let mut hash = DefaultHasher::new();
+                met.hash(&mut hash);
+                h.read(7, hash.finish(), met)
             })
-        });
-        s
+            .collect()
     }
 
     #[test]
-    fn a_structure_takes_its_twin_after_its_literal_shapes() {
+    fn a_structure_reads_the_numbers_that_changed_after_its_literal_shapes() {
         let h = ShapeHistory::with_limit(LITERAL_SHAPES);
-        let shapes: Vec<OpSource> = (0..6)
-            .map(|n| source(&format!("x % {n}u"), Some("x % cfg[3u]")))
-            .collect();
-        let chosen: Vec<String> = shapes
-            .iter()
-            .chain(&shapes[..2])
-            .map(|s| h.choose(s).passes[0].0.clone())
-            .collect();
+        let some = |r: &[bool]| Read::Some(r.to_vec());
         assert_eq!(
-            chosen,
+            reads(
+                &h,
+                &[
+                    &[64, 30, 4],
+                    &[64, 31, 4],
+                    &[64, 32, 4],
+                    // The fourth shape: the one number that changed is read.
+                    &[64, 33, 4],
+                    &[64, 34, 4],
+                    // Shapes met before keep their literal kernels.
+                    &[64, 30, 4],
+                    // A number that changes later is read from then on.
+                    &[64, 35, 8],
+                    &[64, 36, 4],
+                ]
+            ),
             [
-                "x % 0u",
-                "x % 1u",
-                "x % 2u",
-                "x % cfg[3u]",
-                "x % cfg[3u]",
-                "x % cfg[3u]",
-                // Shapes met before keep their literal kernels.
-                "x % 0u",
-                "x % 1u",
+                Read::None,
+                Read::None,
+                Read::None,
+                some(&[false, true, false]),
+                some(&[false, true, false]),
+                Read::None,
+                some(&[false, true, true]),
+                some(&[false, true, true]),
             ]
         );
-        // A kernel without a twin is always itself.
-        let plain = source("y", None);
-        for _ in 0..5 {
-            assert_eq!(h.choose(&plain).passes[0].0, "y");
-        }
+        // Every number changed: the kernel that reads them all.
+        assert_eq!(reads(&h, &[&[1, 2, 3]])[0], Read::All);
+    }
+
+    #[test]
+    fn without_literal_shapes_every_number_is_read() {
+        let h = ShapeHistory::with_limit(0);
+        assert_eq!(reads(&h, &[&[64, 30], &[64, 31]]), [Read::All, Read::All]);
     }
 
     /// `unirt_udiv` as the WGSL computes it, in u32 arithmetic.
@@ -374,23 +502,41 @@ mod tests {
 
     #[test]
     fn numbers_are_literals_or_constants() {
+        let literal = Slots::new(Read::None);
+        let lit = Numbers::Host(&literal);
+        let all = Slots::new(Read::All);
+        let uni = Numbers::Host(&all);
         let mut cfg = vec![7];
-        assert_eq!(Numbers::Literal.num(&mut cfg, 12), "12u");
+        assert_eq!(lit.num(&mut cfg, 12), "12u");
         assert_eq!(cfg, [7]);
-        assert_eq!(Numbers::Uniform.num(&mut cfg, 12), "cfgu[0u].y");
+        assert_eq!(uni.num(&mut cfg, 12), "cfgu[0u].y");
         assert_eq!(Numbers::Storage.num(&mut cfg, 13), "cfg[2u]");
         assert_eq!(cfg, [7, 12, 13]);
-        assert_eq!(Numbers::Literal.rem(&mut cfg, "i", 5), "(i % 5u)");
+        assert_eq!(lit.rem(&mut cfg, "i", 5), "(i % 5u)");
         assert_eq!(Numbers::Storage.div(&mut cfg, "i", 5), "(i / cfg[3u])");
         let q = "unirt_udiv(i, cfgu[1u].x, cfgu[1u].y)";
-        assert_eq!(
-            Numbers::Uniform.rem(&mut cfg, "i", 5),
-            format!("(i - {q} * cfgu[1u].z)")
-        );
+        assert_eq!(uni.rem(&mut cfg, "i", 5), format!("(i - {q} * cfgu[1u].z)"));
         assert_eq!(cfg[4..], [magic(5).0, magic(5).1, 5]);
         // Powers of two: a mask and a shift.
-        assert_eq!(Numbers::Uniform.rem(&mut cfg, "i", 64), "(i & cfgu[1u].w)");
-        assert_eq!(Numbers::Uniform.div(&mut cfg, "i", 64), "(i >> cfgu[2u].z)");
+        assert_eq!(uni.rem(&mut cfg, "i", 64), "(i & cfgu[1u].w)");
+        assert_eq!(uni.div(&mut cfg, "i", 64), "(i >> cfgu[2u].z)");
         assert_eq!(cfg[7..], [63, 6, 63, 6]);
+        // Each call meets one number, whatever it appends.
+        assert_eq!(literal.met(), [12, 5]);
+        assert_eq!(all.met(), [12, 5, 64, 64]);
+        // Numbers read as marked: the second of three.
+        let marked = Slots::new(Read::Some(vec![false, true]));
+        let mixed = Numbers::Host(&marked);
+        let mut cfg = vec![];
+        assert_eq!(
+            [
+                mixed.num(&mut cfg, 3),
+                mixed.num(&mut cfg, 4),
+                mixed.num(&mut cfg, 5)
+            ],
+            // A number past the marks is read.
+            ["3u", "cfgu[0u].x", "cfgu[0u].y"]
+        );
+        assert_eq!(cfg, [4, 5]);
     }
 }

@@ -121,7 +121,6 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
             cfg,
             entry: Some(entry.clone()),
             zero_workgroup_memory: true,
-            shape_generic: None,
             aligned: None,
             textured: None,
         },

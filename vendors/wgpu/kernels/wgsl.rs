@@ -398,20 +398,20 @@ pub(crate) const MAIN_1D: &str = "@compute @workgroup_size(256)\n\
     fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>)";
 
 /// How [`view_index`] computes a view's element offsets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ViewCode {
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ViewCode<'a> {
     /// `view_off`'s loop over the view's descriptor in `cfg` (a GPU: one kernel for every
     /// view of every rank).
     Loop,
     /// Straight-line code over the view's dimensions, their extents and strides written into
     /// it or read from `cfg` ([`Numbers`]; the host's cores, and adapters with a loop
     /// limiter, which would count `view_off`'s loops).
-    Unrolled(Numbers),
+    Unrolled(Numbers<'a>),
 }
 
-impl ViewCode {
+impl<'a> ViewCode<'a> {
     /// The host forms' code (`host`), with `numbers`; else `view_off`'s loop.
-    pub(crate) fn of(host: bool, numbers: Numbers) -> ViewCode {
+    pub(crate) fn of(host: bool, numbers: Numbers<'a>) -> Self {
         match host {
             true => ViewCode::Unrolled(numbers),
             false => ViewCode::Loop,
@@ -421,14 +421,14 @@ impl ViewCode {
 
 /// The WGSL expression of element `i`'s offset in a view of `shape` / `strides` whose
 /// descriptor ([`push_view`]) starts at the index held in `cfg[at]` (`view` is the plan's
-/// `cfg` and `at`). Unrolled, a function `name` is added to
-/// `funcs` and called: with [`Numbers::Literal`] (on the host's cores) its extents and strides
-/// are written into the code, and the compiler turns each division by an extent into a
-/// multiply and a shift, where `view_off`'s run-time divisions are loops of scalar divisions
-/// on a CPU (strided kernels ran 6–9× slower than contiguous ones on lavapipe) — but the
-/// source then differs per shape, so such a pipeline is compiled per shape. With
-/// [`Numbers::Uniform`] the same code reads them from the descriptor: one pipeline for every
-/// view whose extents of 1, strides of 0 and strides of 1 lie in the same dimensions.
+/// `cfg` and `at`). Unrolled, a function `name` is added to `funcs` and called, each extent
+/// and stride held as `numbers` says: written into the code (the host's cores), the compiler
+/// turns each division by an extent into a multiply and a shift, where `view_off`'s run-time
+/// divisions are loops of scalar divisions on a CPU (strided kernels ran 6–9× slower than
+/// contiguous ones on lavapipe) — but the source then differs per shape, so such a pipeline
+/// is compiled per shape; read from the descriptor, one pipeline serves every view whose
+/// extents of 1, strides of 0 and 1 and powers of two lie in the same dimensions (and whose
+/// numbers written in are the same).
 pub(crate) fn view_index(
     funcs: &mut String,
     name: &str,
@@ -436,7 +436,7 @@ pub(crate) fn view_index(
     (cfg, at): (&[u32], u32),
     shape: &[usize],
     strides: &[usize],
-    code: ViewCode,
+    code: ViewCode<'_>,
 ) -> String {
     let ViewCode::Unrolled(numbers) = code else {
         return format!("view_off({i}, cfg[{at}u])");
@@ -447,58 +447,47 @@ pub(crate) fn view_index(
         return format!("{name}({i})");
     }
     let rank = shape.len();
-    let uniform = numbers != Numbers::Literal;
     // Words of the descriptor at indices written into the code (the descriptor's place
-    // follows from the kernel's structure), through the uniform binding (`shapes::word`).
+    // follows from the kernel's structure).
     let d = cfg.get(at as usize).copied().unwrap_or(0) as usize;
-    let word = |k: usize| numbers.word(d + k);
-    // Extent and stride of dimension `p`: literals, or words of the descriptor.
-    let extent = |p: usize| match uniform {
-        false => format!("{}u", shape[p]),
-        true => word(1 + p),
-    };
-    let stride = |p: usize| match uniform {
-        false => format!("{}u", strides[p]),
-        true => word(1 + rank + p),
-    };
-    let mut body = match uniform {
-        false => String::new(),
-        true => "    var q = 0u;\n".to_string(),
-    };
+    let mut body = String::new();
     let dims: Vec<usize> = (0..rank).filter(|&p| shape[p] != 1).collect();
     for (k, &p) in dims.iter().enumerate().rev() {
+        // Strides of 0 and 1 shape the code; the others are numbers.
         let times = match strides[p] {
-            1 => String::new(),
-            _ => format!(" * {}", stride(p)),
+            0 | 1 => String::new(),
+            s => format!(" * {}", numbers.num_at(s, d + 1 + rank + p)),
         };
         if k == 0 {
             // The outermost dimension: what is left of the index is its coordinate.
             if strides[p] != 0 {
                 let _ = writeln!(body, "    off = off + rem{times};");
             }
-        } else if !uniform {
+            continue;
+        }
+        let m = d + 1 + 2 * rank + 2 * p;
+        let Some((w0, w1)) = numbers.divisor_at(shape[p], m) else {
             if strides[p] != 0 {
-                let _ = writeln!(body, "    off = off + (rem % {}){times};", extent(p));
+                let _ = writeln!(body, "    off = off + (rem % {}u){times};", shape[p]);
             }
-            let _ = writeln!(body, "    rem = rem / {};", extent(p));
+            let _ = writeln!(body, "    rem = rem / {}u;", shape[p]);
+            continue;
+        };
+        // The extent's divisor words (`shapes::divisor_words`): a mask and a shift for a
+        // power of two (which is then part of the structure, as head dims are), else the
+        // quotient through its magic numbers and the remainder from it.
+        if shape[p].is_power_of_two() {
+            if strides[p] != 0 {
+                let _ = writeln!(body, "    off = off + (rem & {w0}){times};");
+            }
+            let _ = writeln!(body, "    rem = rem >> {w1};");
         } else {
-            // The extent's divisor words (`shapes::divisor_words`): a mask and a shift for a
-            // power of two (which is then part of the structure, as head dims are), else the
-            // quotient through its magic numbers and the remainder from it.
-            let m = 1 + 2 * rank + 2 * p;
-            let (w0, w1) = (word(m), word(m + 1));
-            if shape[p].is_power_of_two() {
-                if strides[p] != 0 {
-                    let _ = writeln!(body, "    off = off + (rem & {w0}){times};");
-                }
-                let _ = writeln!(body, "    rem = rem >> {w1};");
-            } else {
-                let _ = writeln!(body, "    q = unirt_udiv(rem, {w0}, {w1});");
-                if strides[p] != 0 {
-                    let _ = writeln!(body, "    off = off + (rem - q * {}){times};", extent(p));
-                }
-                let _ = writeln!(body, "    rem = q;");
+            let _ = writeln!(body, "    let q{p} = unirt_udiv(rem, {w0}, {w1});");
+            if strides[p] != 0 {
+                let extent = numbers.word(d + 1 + p);
+                let _ = writeln!(body, "    off = off + (rem - q{p} * {extent}){times};");
             }
+            let _ = writeln!(body, "    rem = q{p};");
         }
     }
     let _ = writeln!(
@@ -510,7 +499,7 @@ pub(crate) fn view_index(
 
 /// Appends a view descriptor to `cfg`, returning its index: the rank, the shape, the strides,
 /// then each extent's [divisor words](super::shapes::divisor_words) (two per dimension; read
-/// by [`view_index`]'s code for [`Numbers::Uniform`]).
+/// by [`view_index`]'s code where it reads the extent).
 pub(crate) fn push_view(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
     let at = cfg.len() as u32;
     cfg.push(shape.len() as u32);
