@@ -10,7 +10,7 @@ use crate::{Ctx, Failure};
 crate::op_cases! {
     rope = "rope": [f32, f16, bf16] => [half, interleaved, strided, bad_input] via rope_case;
     attention = "attention": [f32, f16, bf16] => [prefill_causal, decode, chunk_causal, full, long, wide, bad_input] via attention_case;
-    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, vocabulary, short_rows, masked, bad_input] via sample_case;
+    random_sample = "random_sample": [f32, f16, bf16] => [argmax, top_k_top_p, vocabulary, short_rows, masked, specials, bad_input] via sample_case;
 }
 
 fn rope_ref(vx: &[f64], shape: &[usize], pos: &[f64], theta: f64, interleaved: bool) -> Vec<f64> {
@@ -337,6 +337,7 @@ fn enough_draws(checked: usize, least: usize) -> Result<(), Failure> {
 fn sample_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result<(), Failure> {
     match what {
         "masked" => super::cases_ops_specials::sample_masked(ctx, dt, sample_ref),
+        "specials" => super::cases_ops_specials::sample_specials(ctx, dt),
         "argmax" => {
             for (i, &n) in [1usize, 7, 4099].iter().enumerate() {
                 let (x, vx) = random(&[3, n], -4.0, 4.0, 800 + i as u64, dt, ctx.device)?;

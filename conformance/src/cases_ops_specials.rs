@@ -1,5 +1,5 @@
 //! Rows of special values through softmax, log_softmax, rms_norm, layer_norm and
-//! random_sample: masked
+//! random_sample (whose own rule for them is in `ops::sample`): masked
 //! entries (−∞, as an attention mask leaves them), rows that are all −∞, NaN, +∞, zeros and
 //! values near the dtype's largest. The result is the IEEE value of the textbook formula, as
 //! PyTorch gives it: `exp(x − max) / Σ exp(x − max)` with `max` ignoring NaN, so a row
@@ -204,6 +204,124 @@ pub(crate) fn sample_masked(ctx: &Ctx, dt: DType, reference: SampleRef) -> Resul
                     };
                     if margin >= 1e-4 && at != want {
                         return Err(fail(format!("{w}: row {row} drew {at}, expected {want}")));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The weight of logit `x` in a row of maximum `max` by the rule `ops::sample` states for
+/// special values: NaN 0, the maximum 1, one infinitely below it 0, else exp((x − max) / T).
+fn special_weight(x: f64, max: f64, t: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else if x == max {
+        1.0
+    } else if x - max == f64::NEG_INFINITY {
+        0.0
+    } else {
+        ((x - max) / t).exp()
+    }
+}
+
+/// `random_sample`'s draw by that rule, written plainly (a sort with NaN last), with the
+/// distance of the draw from the nearest boundary relative to the mass drawn from.
+fn special_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usize, f64) {
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by(|&a, &b| match (l[a].is_nan(), l[b].is_nan()) {
+        (false, false) => l[b].partial_cmp(&l[a]).unwrap().then(a.cmp(&b)),
+        (x, y) => x.cmp(&y).then(a.cmp(&b)),
+    });
+    if t == 0.0 || top_k == 1 {
+        return (order[0], 1.0);
+    }
+    order.truncate(if top_k == 0 {
+        l.len()
+    } else {
+        top_k.min(l.len())
+    });
+    let max = l[order[0]];
+    let mut cum = Vec::new();
+    let mut total = 0.0;
+    for &i in &order {
+        total += special_weight(l[i], max, t);
+        cum.push(total);
+    }
+    if total == 0.0 {
+        // Every logit NaN.
+        return (0, 1.0);
+    }
+    let keep = cum
+        .iter()
+        .position(|&c| c >= top_p * total)
+        .map_or(cum.len(), |p| p + 1);
+    let th = random * cum[keep - 1];
+    let at = cum[..keep].iter().position(|&c| c > th).unwrap_or(keep - 1);
+    let margin = cum[..keep]
+        .iter()
+        .map(|c| (c - th).abs() / cum[keep - 1])
+        .fold(f64::INFINITY, f64::min);
+    (order[at], margin)
+}
+
+/// random_sample over rows with NaN, +∞ and −∞ logits, at temperatures 0, 1 and ∞: the draw
+/// `ops::sample`'s rule gives for special values, on every backend (+∞ logits take all the
+/// mass, NaN none, a −∞ mask holds at temperature ∞, a row of NaN only draws 0). Each top-k
+/// runs walked and bisected (CUDA walks the order up to 48 ranks), each row length below and
+/// past one workgroup.
+pub(crate) fn sample_specials(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    for n in [20usize, 64, 300, 5000] {
+        let base: Vec<f64> = (0..n)
+            .map(|i| ((i * 7919) % 61) as f64 / 8.0 - 3.75)
+            .collect();
+        let with = |at: &[(usize, f64)]| {
+            let mut r = base.clone();
+            for &(i, v) in at {
+                r[i] = v;
+            }
+            r
+        };
+        let rows: Vec<(&str, Vec<f64>)> = vec![
+            ("one +inf", with(&[(5, inf)])),
+            ("two +inf", with(&[(n - 2, inf), (7, inf)])),
+            ("NaN first and inside", with(&[(0, nan), (9, nan)])),
+            (
+                "a -inf mask",
+                with(&[(3, -inf), (n / 2, -inf), (n - 1, -inf)]),
+            ),
+            ("NaN only", vec![nan; n]),
+            ("-inf only", vec![-inf; n]),
+            ("-inf and NaN", {
+                let mut r = vec![-inf; n];
+                r[2] = nan;
+                r[4] = nan;
+                r
+            }),
+        ];
+        let flat: Vec<f64> = rows.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+        let x =
+            Tensor::from_f64(&flat, &[rows.len(), n], dt, ctx.device).map_err(err("from_f64"))?;
+        let exact = values(&x, "logits")?;
+        for t in [0.0, 1.0, inf] {
+            for (k, p) in [(0, 1.0), (0, 0.9), (1, 1.0), (10, 0.9), (50, 1.0), (n, 1.0)] {
+                for random in [0.0, 0.37, 0.999_999] {
+                    let w = format!("rows of {n}, random {random} T {t} top_k {k} top_p {p}");
+                    let got = x
+                        .random_sample(random, t, k, p)
+                        .and_then(|t| t.to_vec::<i64>())
+                        .map_err(err(&w))?;
+                    for (row, &g) in got.iter().enumerate() {
+                        let lane = &exact[row * n..(row + 1) * n];
+                        let (want, margin) = special_ref(lane, random, t, k, p);
+                        if margin >= 1e-4 && g != want as i64 {
+                            return Err(fail(format!(
+                                "{w}: row \"{}\" drew {g}, expected {want}",
+                                rows[row].0
+                            )));
+                        }
                     }
                 }
             }

@@ -4,6 +4,12 @@
 //! prefix whose mass reaches `top_p` of the kept mass, and the first token whose cumulative
 //! mass exceeds `random ×` that prefix's mass is chosen. Temperature 0 or `top_k == 1` is
 //! argmax. Output: i64 indices `[..]`.
+//!
+//! Special values, the same on every backend: NaN logits rank last and weigh nothing (a row
+//! of NaN only gives index 0); a logit equal to the maximum weighs 1, so +∞ logits share all
+//! the mass (an overflowed f16 logit is drawn, not a NaN sum) and a row of −∞ only is drawn
+//! from evenly; a logit infinitely below the maximum weighs 0 at every temperature, ∞
+//! included (a −∞ mask holds at `temperature = ∞`, which otherwise weighs every logit 1).
 
 use super::{out_desc, Params, Plan, PlanBuilder, TensorDesc};
 use crate::error::{Error, Result};

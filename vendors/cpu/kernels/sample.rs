@@ -71,13 +71,29 @@ fn key_index(key: u64) -> usize {
     (key & 0xffff_ffff) as usize
 }
 
+/// The weight of logit `x` in a row of maximum `max` (see `ops::sample`): NaN 0, the maximum
+/// 1 (+∞ and −∞ included), one infinitely below it 0 at every temperature, else
+/// exp((x − max) / T).
+fn weight(x: f64, max: f64, temperature: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else if x == max {
+        1.0
+    } else if x - max == f64::NEG_INFINITY {
+        0.0
+    } else {
+        ((x - max) / temperature).exp()
+    }
+}
+
 /// The index picked from one row of logits (at most 2^32 of them: the key holds the index in
 /// 32 bits, and `random_sample` refuses longer rows). NaN logits rank last and weigh nothing.
 fn pick(logits: &[f32], random: f64, temperature: f64, top_k: usize, top_p: f64) -> usize {
+    // The first maximum, NaN ranking last (0 when every logit is NaN).
     let first_max = |v: &[f32]| {
         let mut at = 0;
         for (i, &x) in v.iter().enumerate() {
-            if x > v[at] {
+            if x > v[at] || (v[at].is_nan() && !x.is_nan()) {
                 at = i;
             }
         }
@@ -104,10 +120,7 @@ fn pick(logits: &[f32], random: f64, temperature: f64, top_k: usize, top_p: f64)
     let mut cum = Vec::with_capacity(k);
     let mut total = 0f64;
     for &key in &order {
-        let x = logits[key_index(key)] as f64;
-        if !x.is_nan() {
-            total += ((x - max) / temperature).exp();
-        }
+        total += weight(logits[key_index(key)] as f64, max, temperature);
         cum.push(total);
     }
     let keep = cum

@@ -63,6 +63,18 @@ __device__ void next_in_order(const T *x, const Smp &p, bool first, float pv, i6
     *out_i = bi;
 }
 
+// The weight of logit v in a row of maximum `max` (see `ops::sample`): NaN 0; the maximum 1
+// (+inf and -inf included); one infinitely below it 0 at every temperature (-inf / inf would
+// be NaN); else exp((v - max) / T).
+__device__ __forceinline__ double sample_weight(float v, double max, double t)
+{
+    if (v != v) return 0.0;
+    double d = (double)v - max;
+    if ((double)v == max) return 1.0;
+    if (d < -1.7976931348623157e308) return 0.0;
+    return exp(d / t);
+}
+
 // A logit's place in the order as one u32, ties left to the index: a larger logit gives a
 // smaller key; -0 and +0 the same key, NaN the last.
 __device__ __forceinline__ unsigned order_key(float v)
@@ -73,7 +85,7 @@ __device__ __forceinline__ unsigned order_key(float v)
     return ~((b & 0x80000000u) ? ~b : (b | 0x80000000u));
 }
 
-// The count and the weight (exp((x − max) / T); NaN weighs nothing) of the row's elements at
+// The count and the weight (`sample_weight`) of the row's elements at
 // or before key (ku, ki) in the order; every thread gets the same values (the block sums
 // combine in one fixed tree, the same for every thread).
 __device__ void order_prefix(const T *x, const Smp &p, double max, unsigned ku, i64 ki,
@@ -85,7 +97,7 @@ __device__ void order_prefix(const T *x, const Smp &p, double max, unsigned ku, 
         unsigned u = order_key(v);
         if (u < ku || (u == ku && j <= ki)) {
             c += 1.0;
-            if (v == v) w += exp(((double)v - max) / p.temperature);
+            w += sample_weight(v, max, p.temperature);
         }
     }
     *count = block_sum_f64(c, sd);
@@ -159,8 +171,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i6
         float mv;
         i64 mi;
         next_in_order(x, p, true, 0.0f, 0, &mv, &mi, sv, si);
-        if (mi >= p.n) mi = 0; // every logit NaN
-        if (p.temperature == 0.0 || p.top_k == 1) {
+        // Every logit NaN: they weigh nothing, and the first is drawn (as greedy picks it).
+        bool all_nan = mi >= p.n;
+        if (all_nan) mi = 0;
+        if (p.temperature == 0.0 || p.top_k == 1 || all_nan) {
             if (threadIdx.x == 0) out[r] = mi;
             __syncthreads();
             continue;
@@ -179,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i6
             double s = 0.0;
             for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
                 float v = to_f32(x[j * p.st]);
-                if (v == v) s += exp(((double)v - max) / p.temperature);
+                s += sample_weight(v, max, p.temperature);
             }
             total = block_sum_f64(s, sd);
         } else {
@@ -188,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i6
             for (i64 rank = 0; rank < k; ++rank) {
                 if (rank > 0) next_in_order(x, p, false, v, i, &v, &i, sv, si);
                 if (i >= p.n) break;
-                total += exp(((double)v - max) / p.temperature);
+                total += sample_weight(v, max, p.temperature);
             }
         }
         // Pass 2: the kept prefix and its weight.
@@ -199,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i6
             for (i64 rank = 0; rank < k; ++rank) {
                 if (rank > 0) next_in_order(x, p, false, v, i, &v, &i, sv, si);
                 if (i >= p.n) break;
-                cum += exp(((double)v - max) / p.temperature);
+                cum += sample_weight(v, max, p.temperature);
                 kept = cum;
                 if (cum >= cut) break;
             }
@@ -215,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) op_random_sample(i6
                 if (rank > 0) next_in_order(x, p, false, v, i, &v, &i, sv, si);
                 if (i >= p.n) break;
                 pick = i;
-                cum += exp(((double)v - max) / p.temperature);
+                cum += sample_weight(v, max, p.temperature);
                 if (cum > threshold || cum >= kept) break;
             }
         }

@@ -36,9 +36,20 @@ const BODY: &str = "
 var<workgroup> wg_u: array<u32, 256>;
 var<workgroup> wg_k: array<u32, 256>;
 var<workgroup> wg_v: array<f32, 256>;
-// Whether element (w, j) comes before (v, i) in the order: larger logit, then smaller index.
+// Whether element (w, j) comes before (v, i) in the order: larger logit, then smaller index;
+// NaN last (tested by its bits, see `is_nan`).
 fn before(w: f32, j: u32, v: f32, i: u32) -> bool {
+    if (is_nan(w) || is_nan(v)) { return !is_nan(w) || (is_nan(v) && j < i); }
     return w > v || (w == v && j < i);
+}
+// The weight of logit v in row p (see `ops::sample`): NaN 0; the maximum 1 (+inf and -inf
+// included, compared by bits too); one infinitely below it 0, at every temperature.
+fn weight(v: f32, p: Row) -> f32 {
+    if (is_nan(v)) { return 0.0; }
+    if (v == p.mx || bitcast<u32>(v) == bitcast<u32>(p.mx)) { return 1.0; }
+    let d = v - p.mx;
+    if (bitcast<u32>(d) == 0xff800000u) { return 0.0; }
+    return exp(d / p.t);
 }
 // A logit's place in the order as one u32, ties left to the index: a larger logit gives a
 // smaller key; -0 and +0 the same key, NaN the last.
@@ -64,7 +75,7 @@ fn prefix(p: Row, ku: vec3<u32>, ki: vec3<u32>, weigh: bool, lid: u32) -> Prefix
         let u = vec3<u32>(order_key(v));
         let inc = select(vec3<f32>(0.0), vec3<f32>(1.0), (u < ku) | ((u == ku) & (vec3<u32>(e) <= ki)));
         c = c + inc;
-        if (weigh) { w = w + inc * select(exp((v - p.mx) / p.t), 0.0, is_nan(v)); }
+        if (weigh) { w = w + inc * weight(v, p); }
     }
     return wg_sum_prefix(Prefix(c, w), lid);
 }
@@ -165,7 +176,8 @@ MAIN {
     let mx = wg_v[0];
     let first = wg_u[0];
     workgroupBarrier();
-    if (cfg[4] != 0u) {
+    // Greedy, or a row of NaN only (which weighs nothing: its first index, 0).
+    if (cfg[4] != 0u || is_nan(mx)) {
         if (lid == 0u) { sti_out(row, i32(first)); }
         return;
     }
