@@ -8,20 +8,151 @@
 //! checked for values by the row cases. Reductions split a long reduction among workgroups
 //! and are no longer limited: a sum and an argmax over 9 Mi elements, past what one
 //! workgroup could walk when each offset cost a loop, are checked here.)
+//!
+//! `ops::workspace_checks`: the workspace a plan's launch is given.
 
-use unirt::ops::{matmul, sample, softmax, TensorDesc};
+use unirt::ops::{attention, matmul, reduce, sample, softmax, TensorDesc};
 use unirt::tensor::{DType, Layout, Tensor};
 use unirt::Backend;
 
 use crate::ops_check::{err, expect_kind, fail};
 use crate::{Case, Ctx, Failure};
 
+/// The case of plans' workspaces.
+pub(crate) const WORKSPACE_CASE: &str = "ops::workspace_checks";
+
 pub(super) fn cases() -> Vec<Case> {
-    vec![Case {
-        name: "ops::loop_limits",
-        needs: &[],
-        run: loop_limits,
-    }]
+    vec![
+        Case {
+            name: "ops::loop_limits",
+            needs: &[],
+            run: loop_limits,
+        },
+        Case {
+            name: WORKSPACE_CASE,
+            needs: &[],
+            run: workspace_checks,
+        },
+    ]
+}
+
+/// Why a backend has no case of workspaces.
+pub(crate) const NO_WORKSPACE_WGPU: &str = "no wgpu operator asks for a workspace: its kernels \
+    hand partial results to each other through buffers their plans own";
+
+/// `ops::workspace_checks`: a plan that asks for a workspace (the first of a few operators
+/// that do on some backend: an f16 product on the CPU, split reductions and decode attention
+/// on CUDA) refuses, before any kernel runs, none, one too small, one on another device, a
+/// broadcast view (a few bytes behind many elements: the kernel would write past them), a
+/// strided view and a view that starts off `WORKSPACE_ALIGN` (kernels store words and
+/// vectors there); with a proper one it gives the eager result.
+fn workspace_checks(ctx: &Ctx) -> Result<(), Failure> {
+    let dev = ctx.device;
+    let r = |shape: &[usize], seed, dt| {
+        Tensor::rand_uniform(shape, -1.0, 1.0, seed, dt, dev).map_err(err("rand_uniform"))
+    };
+    let product = [
+        r(&[256, 256], 1, DType::F16)?,
+        r(&[256, 256], 2, DType::F16)?,
+    ];
+    let long = [r(&[2, 1 << 21], 3, DType::F32)?];
+    let q = r(&[1, 32, 1, 128], 4, DType::F32)?;
+    let kv = r(&[1, 32, 4096, 128], 5, DType::F32)?;
+    let candidates: [(&[&Tensor], unirt::Result<unirt::ops::Plan>); 3] = [
+        (
+            &[&product[0], &product[1]],
+            matmul::matmul(&product[0].desc(), &product[1].desc(), 1.0),
+        ),
+        (
+            &[&long[0]],
+            reduce::reduce(reduce::ReduceOp::Sum, &long[0].desc(), &[1], false),
+        ),
+        (
+            &[&q, &kv, &kv],
+            attention::attention(&q.desc(), &kv.desc(), &kv.desc(), false, None),
+        ),
+    ];
+    let mut found = None;
+    for (inputs, plan) in candidates {
+        let plan = plan.map_err(err("plan"))?;
+        if plan.workspace_size() > 0 {
+            found = Some((inputs, plan));
+            break;
+        }
+    }
+    let Some((inputs, plan)) = found else {
+        return Err(Failure::Unsupported(match dev.kind {
+            unirt::DeviceKind::Wgpu => NO_WORKSPACE_WGPU.into(),
+            _ => "no operator planned on this device asks for a workspace".into(),
+        }));
+    };
+    let need = plan.workspace_size();
+    let stream = inputs[0].stream().map_err(err("stream"))?;
+    let outs: Vec<Tensor> = plan
+        .outputs()
+        .iter()
+        .map(|o| Tensor::empty(o.shape(), o.dtype, dev))
+        .collect::<unirt::Result<_>>()
+        .map_err(err("outputs"))?;
+    let outputs: Vec<&Tensor> = outs.iter().collect();
+    let bytes = |n: usize, d| Tensor::empty(&[n], DType::U8, d).map_err(err("workspace"));
+    let whole = bytes(need + 512, dev)?;
+    let other = match dev.kind {
+        unirt::DeviceKind::Cpu => None,
+        _ => Some(bytes(need, unirt::Device::CPU)?),
+    };
+    let bad: Vec<(&str, Option<Tensor>, &[&str])> = vec![
+        ("no workspace", None, &["insufficient_workspace"]),
+        (
+            "one too small",
+            Some(bytes(need - 1, dev)?),
+            &["insufficient_workspace"],
+        ),
+        ("one on another device", other, &["device_mismatch"]),
+        (
+            "a broadcast view of one byte",
+            Some(bytes(1, dev)?.expand(&[need]).map_err(err("expand"))?),
+            &["bad_param"],
+        ),
+        (
+            "a strided view",
+            Some(
+                Tensor::empty(&[need, 2], DType::U8, dev)
+                    .and_then(|t| t.narrow(1, 0, 1))
+                    .map_err(err("strided"))?,
+            ),
+            &["bad_param"],
+        ),
+        (
+            "a view starting off the alignment",
+            Some(whole.narrow(0, 8, need).map_err(err("narrow"))?),
+            &["bad_param"],
+        ),
+    ];
+    for (what, ws, kinds) in bad {
+        if what == "one on another device" && ws.is_none() {
+            continue;
+        }
+        let got = plan.launch(inputs, &outputs, ws.as_ref(), stream);
+        expect_kind(got, kinds, &format!("{} with {what}", plan.op()))?;
+    }
+    // A proper one: an aligned view into a larger buffer, of another dtype.
+    let aligned = whole
+        .narrow(0, unirt::ops::WORKSPACE_ALIGN as usize, need)
+        .map_err(err("narrow"))?;
+    plan.launch(inputs, &outputs, Some(&aligned), stream)
+        .map_err(err("launch with a proper workspace"))?;
+    let eager = plan.run(inputs).map_err(err("eager"))?;
+    for (o, e) in outs.iter().zip(&eager) {
+        let (got, want) = (o.to_bytes(), e.to_bytes());
+        if got.map_err(err("read"))? != want.map_err(err("read"))? {
+            return Err(fail(format!(
+                "{}: the launch with a workspace differs from the eager run",
+                plan.op()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn loop_limits(ctx: &Ctx) -> Result<(), Failure> {

@@ -283,6 +283,11 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             cases_same_as_cpu::CHANGING_SHAPES_CASE,
             cases_same_as_cpu::CPU_IS_THE_REFERENCE,
         ),
+        (
+            DeviceKind::Wgpu,
+            cases_ops_limits::WORKSPACE_CASE,
+            cases_ops_limits::NO_WORKSPACE_WGPU,
+        ),
     ];
     LOSS.iter()
         .find(|(k, c, _)| *k == kind && *c == case)

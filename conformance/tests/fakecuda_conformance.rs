@@ -40,6 +40,8 @@ fn needs_a_gpu(case: &str) -> bool {
         || case == "ops::random_views"
         || case == "ops::data_movement_same_as_cpu"
         || case == "ops::changing_shapes_same_as_cpu"
+        // Planned with kernels, and launched.
+        || case == "ops::workspace_checks"
         // Plans only, but a CUDA plan fetches its compiled kernels' functions.
         || case == "ops::loop_limits"
         || case.starts_with("ops::tensors_")

@@ -42,7 +42,7 @@ pub mod softmax;
 use std::sync::Arc;
 
 pub use elementwise::{BinaryOp, UnaryOp};
-pub use plan::{Plan, PlanBuilder};
+pub use plan::{Plan, PlanBuilder, WORKSPACE_ALIGN};
 pub use registry::{
     is_registered, kernels, lookup, register_kernel, HostItemKernel, HostKernel, KernelCall,
     KernelImpl, KernelKey, KernelRegistry, PlanSpec, PrepareKernel, PreparedKernel, TensorRef,

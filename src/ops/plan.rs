@@ -165,6 +165,11 @@ fn computes_nothing(outputs: &[TensorDesc]) -> bool {
     !outputs.is_empty() && outputs.iter().all(|o| o.layout.numel() == 0)
 }
 
+/// The alignment of a workspace's first byte ([`Plan::launch`]): CUDA's allocation alignment
+/// and the graph arena's ([`crate::graph::memory::ARENA_ALIGN`]), which every backend's
+/// allocations meet.
+pub const WORKSPACE_ALIGN: u64 = 256;
+
 /// Byte range `[start, end)` a tensor addresses (empty for no elements).
 fn byte_range(t: &Tensor) -> (u64, u64) {
     let l = t.layout();
@@ -247,7 +252,9 @@ impl Plan {
 
     /// Enqueues the operator on `stream` (of the plan's device) with tensors that match the
     /// plan's descriptions (device, dtype, shape, strides; the offset may differ) and a
-    /// workspace of at least [`workspace_size`](Self::workspace_size) bytes.
+    /// workspace of at least [`workspace_size`](Self::workspace_size) bytes: a contiguous
+    /// view (of any dtype) whose first byte is aligned to [`WORKSPACE_ALIGN`], as every
+    /// allocation is.
     pub fn launch(
         &self,
         inputs: &[&Tensor],
@@ -312,10 +319,30 @@ impl Plan {
         }
         let ws = match (p.workspace, workspace) {
             (0, _) => None,
-            (need, Some(w)) if w.nbytes() >= need && w.device() == p.device => Some((
-                w.base_addr() + (w.layout().offset() * w.dtype().size()) as u64,
-                need,
-            )),
+            (_, Some(w)) if w.device() != p.device => {
+                return Err(Error::DeviceMismatch {
+                    op: format!("{} (workspace)", p.op),
+                    expected: p.device,
+                    got: w.device(),
+                })
+            }
+            (need, Some(w)) if w.nbytes() >= need => {
+                // A kernel writes `need` bytes from the view's first: a view that is not
+                // contiguous (a broadcast one of a few bytes, a strided one) holds fewer, and
+                // kernels store words (f32, i64) and vectors there.
+                let start = w.base_addr() + (w.layout().offset() * w.dtype().size()) as u64;
+                if !w.is_contiguous() || start % WORKSPACE_ALIGN != 0 {
+                    return Err(Error::BadParam(format!(
+                        "{}: the workspace must be a contiguous view starting on a multiple \
+                         of {WORKSPACE_ALIGN} bytes, got shape {:?} strides {:?} at byte \
+                         {start:#x}",
+                        p.op,
+                        w.shape(),
+                        w.layout().strides()
+                    )));
+                }
+                Some((start, need))
+            }
             (need, w) => {
                 return Err(Error::InsufficientWorkspace {
                     needed: need as u64,
