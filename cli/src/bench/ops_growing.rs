@@ -10,6 +10,8 @@
 //!   On the software adapters the strided cast's kernel held the view's extents in its code,
 //!   and each step compiled one; now the structure's fourth shape on takes a shape-generic
 //!   kernel (the wgpu backend's `kernels/shapes.rs`).
+//! - `narrowed_add_cycling`: the steady state of such a loop, its kernels compiled: an add
+//!   of views narrowed to lengths that cycle.
 
 use std::time::Instant;
 
@@ -19,7 +21,7 @@ use unirt::Device;
 use super::ops::Row;
 use crate::CliResult;
 
-/// Both rows, `steps` steps each.
+/// The rows (the decode rows `steps` steps each).
 pub(super) fn rows(dev: Device, steps: usize) -> CliResult<Vec<Row>> {
     let row = |op: &str, dtype: &str, (ms, shape): (f64, String)| Row {
         op: op.into(),
@@ -36,7 +38,45 @@ pub(super) fn rows(dev: Device, steps: usize) -> CliResult<Vec<Row>> {
             decode_growing_cache(dev, steps)?,
         ),
         row("decode_f16_cache", "f16", decode_f16_cache(dev, steps)?),
+        row("narrowed_add_cycling", "f32", narrowed_add_cycling(dev)?),
     ])
+}
+
+/// Lengths `narrowed_add_cycling` cycles through.
+const CYCLE: std::ops::Range<usize> = 600..610;
+
+/// `narrowed_add_cycling`: `a + b` over views of two `[8, 1024, 64]` caches narrowed to
+/// `len` keys, `len` cycling through ten lengths — the steady state of a loop whose shapes
+/// keep changing, once every kernel it needs is compiled (one pass over the lengths
+/// untimed). On the software adapters it times the kernel that reads the length from the
+/// plan's constants (`UNIRT_WGPU_LITERAL_SHAPES`; the wgpu backend's `kernels/shapes.rs`).
+fn narrowed_add_cycling(dev: Device) -> CliResult<(f64, String)> {
+    let r = |seed| Tensor::rand_uniform(&[8, 1024, 64], -1.0, 1.0, seed, DType::F32, dev);
+    let (a, b) = (r(1)?, r(2)?);
+    let add = |len| -> CliResult<Tensor> { Ok(a.narrow(1, 0, len)?.add(&b.narrow(1, 0, len)?)?) };
+    for len in CYCLE {
+        add(len)?.to_vec::<f32>()?;
+    }
+    // The median of five timed passes of ten rounds each (this row moves little data, so
+    // one stall of the machine would show in a single pass).
+    const ROUNDS: usize = 10;
+    let mut passes = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut out = None;
+        for _ in 0..ROUNDS {
+            for len in CYCLE {
+                out = Some(add(len)?);
+            }
+        }
+        if let Some(o) = out {
+            o.to_vec::<f32>()?;
+        }
+        passes.push(t.elapsed().as_secs_f64() * 1e3 / (ROUNDS * CYCLE.len()) as f64);
+    }
+    passes.sort_by(f64::total_cmp);
+    let ms = passes[2];
+    Ok((ms, format!("8x{}..{}x64", CYCLE.start, CYCLE.end - 1)))
 }
 
 /// Heads and head dim of the row (a small model's, so the row times planning more than math).

@@ -20,8 +20,9 @@
 //! through `narrow`, the length is read and the head dim, the strides and the other extents
 //! stay literal (a strided add ran about 1.25× faster than with every number read; the
 //! literal kernel's divisions by constants are what is left). A loop of fixed shapes
-//! compiles once and runs literal kernels; a number that changes later adds itself (one
-//! kernel more). Every form computes the same values in the same order, so which one a plan
+//! compiles once and runs literal kernels; once a number that had kept still changes (a
+//! count of tiles that follows the length in steps), the structure reads them all: one
+//! kernel more, at most. Every form computes the same values in the same order, so which one a plan
 //! took never shows in its results. On a GPU the families read shapes from the constants
 //! anyway (a pipeline compiles in milliseconds there) and generate one kernel.
 
@@ -335,6 +336,8 @@ struct Structure {
     first: Vec<usize>,
     /// Which numbers have differed from `first` in a shape met since.
     changed: Vec<bool>,
+    /// The numbers the structure's kernel read when it first read some (`None`: not yet).
+    read: Option<Vec<bool>>,
 }
 
 /// Per device, for each structure of host-form kernel (by the code that reads all its
@@ -368,9 +371,9 @@ impl ShapeHistory {
     /// being the literal kernel `shape` of numbers `met`: none while the structure has met at
     /// most `literal_shapes` shapes (or this one before: its kernel is likely still
     /// compiled), then those that have changed between the shapes met — one kernel for
-    /// every later shape that changes only those. A number that changes later adds itself
-    /// (one more kernel); a structure whose builds disagree on their count of numbers (which
-    /// the families rule out) reads all of them.
+    /// every later shape that changes only those. Once another number changes, all of them
+    /// (one more kernel, and no further one); a structure whose builds disagree on their count
+    /// of numbers (which the families rule out) reads all of them too.
     pub(crate) fn read(&self, structure: u64, shape: u64, met: &[usize]) -> Read {
         let mut seen = self.seen.lock();
         if seen.len() >= MAX_STRUCTURES && !seen.contains_key(&structure) {
@@ -395,11 +398,15 @@ impl ShapeHistory {
         } else if self.literal_shapes == 0
             || s.changed.iter().all(|&c| c)
             || !s.changed.contains(&true)
+            || s.read.as_ref().is_some_and(|r| *r != s.changed)
         {
-            // Nothing known to have changed (a difference outside the numbers): read them
-            // all, as with no literal shapes at all.
+            // Nothing known to have changed (a difference outside the numbers), or more than
+            // when the structure first read some — a number that follows the changing ones
+            // in steps, as a count of tiles does, and would cost a kernel at each new one:
+            // read them all, as with no literal shapes at all.
             Read::All
         } else {
+            s.read = Some(s.changed.clone());
             Read::Some(s.changed.clone())
         }
     }
@@ -438,7 +445,7 @@ mod tests {
                     &[64, 34, 4],
                     // Shapes met before keep their literal kernels.
                     &[64, 30, 4],
-                    // A number that changes later is read from then on.
+                    // Once another number changes, every number is read.
                     &[64, 35, 8],
                     &[64, 36, 4],
                 ]
@@ -450,8 +457,8 @@ mod tests {
                 some(&[false, true, false]),
                 some(&[false, true, false]),
                 Read::None,
-                some(&[false, true, true]),
-                some(&[false, true, true]),
+                Read::All,
+                Read::All,
             ]
         );
         // Every number changed: the kernel that reads them all.
