@@ -331,7 +331,7 @@ impl Plan {
                 // contiguous (a broadcast one of a few bytes, a strided one) holds fewer, and
                 // kernels store words (f32, i64) and vectors there.
                 let start = w.base_addr() + (w.layout().offset() * w.dtype().size()) as u64;
-                if !w.is_contiguous() || start % WORKSPACE_ALIGN != 0 {
+                if !w.is_contiguous() || !start.is_multiple_of(WORKSPACE_ALIGN) {
                     return Err(Error::BadParam(format!(
                         "{}: the workspace must be a contiguous view starting on a multiple \
                          of {WORKSPACE_ALIGN} bytes, got shape {:?} strides {:?} at byte \
