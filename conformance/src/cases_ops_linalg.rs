@@ -318,7 +318,14 @@ fn sample_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usiz
 }
 
 /// `x`'s draws (one per row) by `random_sample`; `w` names the draw in an error.
-fn draw(x: &Tensor, random: f64, t: f64, k: usize, p: f64, w: &str) -> Result<Vec<i64>, Failure> {
+pub(crate) fn draw(
+    x: &Tensor,
+    random: f64,
+    t: f64,
+    k: usize,
+    p: f64,
+    w: &str,
+) -> Result<Vec<i64>, Failure> {
     x.random_sample(random, t, k, p)
         .and_then(|t| t.to_vec::<i64>())
         .map_err(err(w))

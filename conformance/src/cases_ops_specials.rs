@@ -13,6 +13,7 @@
 use unirt::tensor::{DType, SplitMix64, Tensor};
 
 use crate::cases_ops_large::NormRef;
+use crate::cases_ops_linalg::draw;
 use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
@@ -186,10 +187,7 @@ pub(crate) fn sample_masked(ctx: &Ctx, dt: DType, reference: SampleRef) -> Resul
         ] {
             for random in [0.0, 0.3, 0.999_999] {
                 let w = format!("rows of {n}, random {random} T {t} top_k {k} top_p {p}");
-                let got = x
-                    .random_sample(random, t, k, p)
-                    .and_then(|t| t.to_vec::<i64>())
-                    .map_err(err(&w))?;
+                let got = draw(&x, random, t, k, p, &w)?;
                 for (row, &g) in got.iter().enumerate() {
                     let lane = &exact[row * n..(row + 1) * n];
                     let picked = usize::try_from(g).ok().filter(|&g| g < n);
@@ -215,14 +213,12 @@ pub(crate) fn sample_masked(ctx: &Ctx, dt: DType, reference: SampleRef) -> Resul
 /// The weight of logit `x` in a row of maximum `max` by the rule `ops::sample` states for
 /// special values: NaN 0, the maximum 1, one infinitely below it 0, else exp((x − max) / T).
 fn special_weight(x: f64, max: f64, t: f64) -> f64 {
-    if x.is_nan() {
-        0.0
-    } else if x == max {
-        1.0
-    } else if x - max == f64::NEG_INFINITY {
-        0.0
-    } else {
-        ((x - max) / t).exp()
+    // (x − max is never positive: an infinite difference is −∞.)
+    match (x.is_nan(), x == max, (x - max).is_infinite()) {
+        (true, ..) => 0.0,
+        (_, true, _) => 1.0,
+        (_, _, true) => 0.0,
+        _ => ((x - max) / t).exp(),
     }
 }
 
@@ -309,13 +305,9 @@ pub(crate) fn sample_specials(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
             for (k, p) in [(0, 1.0), (0, 0.9), (1, 1.0), (10, 0.9), (50, 1.0), (n, 1.0)] {
                 for random in [0.0, 0.37, 0.999_999] {
                     let w = format!("rows of {n}, random {random} T {t} top_k {k} top_p {p}");
-                    let got = x
-                        .random_sample(random, t, k, p)
-                        .and_then(|t| t.to_vec::<i64>())
-                        .map_err(err(&w))?;
-                    for (row, &g) in got.iter().enumerate() {
-                        let lane = &exact[row * n..(row + 1) * n];
-                        let (want, margin) = special_ref(lane, random, t, k, p);
+                    for (row, g) in draw(&x, random, t, k, p, &w)?.into_iter().enumerate() {
+                        let (want, margin) =
+                            special_ref(&exact[row * n..(row + 1) * n], random, t, k, p);
                         if margin >= 1e-4 && g != want as i64 {
                             return Err(fail(format!(
                                 "{w}: row \"{}\" drew {g}, expected {want}",
