@@ -85,11 +85,12 @@ __device__ __forceinline__ unsigned order_key(float v)
     return ~((b & 0x80000000u) ? ~b : (b | 0x80000000u));
 }
 
-// The count and the weight (`sample_weight`) of the row's elements at
-// or before key (ku, ki) in the order; every thread gets the same values (the block sums
-// combine in one fixed tree, the same for every thread).
+// The count and the weight (`sample_weight`) of the row's elements at or before key (ku, ki)
+// in the order; every thread gets the same values (the block sums combine in one fixed tree,
+// the same for every thread). Without `weigh` (the same in every thread: a count's search)
+// the weight is left at 0, and no exp is taken.
 __device__ void order_prefix(const T *x, const Smp &p, double max, unsigned ku, i64 ki,
-                             double *sd, double *count, double *weight)
+                             bool weigh, double *sd, double *count, double *weight)
 {
     double c = 0.0, w = 0.0;
     for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
@@ -97,11 +98,11 @@ __device__ void order_prefix(const T *x, const Smp &p, double max, unsigned ku, 
         unsigned u = order_key(v);
         if (u < ku || (u == ku && j <= ki)) {
             c += 1.0;
-            w += sample_weight(v, max, p.temperature);
+            if (weigh) w += sample_weight(v, max, p.temperature);
         }
     }
     *count = block_sum_f64(c, sd);
-    *weight = block_sum_f64(w, sd);
+    *weight = weigh ? block_sum_f64(w, sd) : 0.0;
 }
 
 // The first key in the order whose prefix passes `mode`'s test (0 count ≥ goal, 1 weight ≥
@@ -114,7 +115,7 @@ __device__ void order_search(const T *x, const Smp &p, double max, int mode, dou
     while (lo < hi) {
         unsigned mid = lo + ((hi - lo) >> 1);
         double c, w;
-        order_prefix(x, p, max, mid, 0x7fffffffffffffffLL, sd, &c, &w);
+        order_prefix(x, p, max, mid, 0x7fffffffffffffffLL, mode != 0, sd, &c, &w);
         bool ok = mode == 0 ? c >= goal : (mode == 1 ? w >= goal : w > goal);
         if (ok) hi = mid; else lo = mid + 1;
     }
@@ -122,7 +123,7 @@ __device__ void order_search(const T *x, const Smp &p, double max, int mode, dou
     while (ilo < ihi) {
         i64 mid = ilo + ((ihi - ilo) >> 1);
         double c, w;
-        order_prefix(x, p, max, lo, mid, sd, &c, &w);
+        order_prefix(x, p, max, lo, mid, mode != 0, sd, &c, &w);
         bool ok = mode == 0 ? c >= goal : (mode == 1 ? w >= goal : w > goal);
         if (ok) ihi = mid; else ilo = mid + 1;
     }
@@ -143,7 +144,7 @@ __device__ i64 pick_by_bisection(const T *x, const Smp &p, i64 k, double max, do
     i64 ki = 0x7fffffffffffffffLL;
     if (k < p.n) order_search(x, p, max, 0, (double)k, sd, &ku, &ki);
     double c, total;
-    order_prefix(x, p, max, ku, ki, sd, &c, &total);
+    order_prefix(x, p, max, ku, ki, true, sd, &c, &total);
     unsigned lu = ku;
     i64 li = ki;
     if (p.top_p < 1.0) {
@@ -153,7 +154,7 @@ __device__ i64 pick_by_bisection(const T *x, const Smp &p, i64 k, double max, do
         if (!key_after(u, i, lu, li)) { lu = u; li = i; }
     }
     double kept;
-    order_prefix(x, p, max, lu, li, sd, &c, &kept);
+    order_prefix(x, p, max, lu, li, true, sd, &c, &kept);
     unsigned u;
     i64 i;
     order_search(x, p, max, 2, p.random * kept, sd, &u, &i);
