@@ -283,15 +283,31 @@ fn attention_case(ctx: &Ctx, _op: &'static str, dt: DType, what: &str) -> Result
     }
 }
 
-/// Where `random` lands among the cumulative masses of the reference rule, and how close it is
-/// to a boundary (so f32 rounding in the kernel cannot be mistaken for a wrong pick).
-fn sample_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usize, f64) {
+/// The weight of logit `x` in a row of maximum `max` by the rule `ops::sample` states for
+/// special values: NaN 0, the maximum 1, one infinitely below it 0, else exp((x − max) / T).
+fn sample_weight(x: f64, max: f64, t: f64) -> f64 {
+    // (x − max is never positive: an infinite difference is −∞.)
+    match (x.is_nan(), x == max, (x - max).is_infinite()) {
+        (true, ..) => 0.0,
+        (_, true, _) => 1.0,
+        (_, _, true) => 0.0,
+        _ => ((x - max) / t).exp(),
+    }
+}
+
+/// Where `random` lands among the cumulative masses of the reference rule (`ops::sample`,
+/// special values included: NaN last and weightless, a row of NaN only draws 0; temperature
+/// 0 is the argmax), and how close it is to a boundary (so f32 rounding in the kernel cannot
+/// be mistaken for a wrong pick).
+pub(crate) fn sample_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usize, f64) {
     let mut order: Vec<usize> = (0..l.len()).collect();
-    order.sort_by(|&a, &b| {
-        l[b].partial_cmp(&l[a])
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.cmp(&b))
+    order.sort_by(|&a, &b| match (l[a].is_nan(), l[b].is_nan()) {
+        (false, false) => l[b].partial_cmp(&l[a]).unwrap().then(a.cmp(&b)),
+        (x, y) => x.cmp(&y).then(a.cmp(&b)),
     });
+    if t == 0.0 {
+        return (order[0], 1.0);
+    }
     let k = if top_k == 0 {
         l.len()
     } else {
@@ -301,8 +317,12 @@ fn sample_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usiz
     let mut cum = Vec::new();
     let mut total = 0.0;
     for &i in &order {
-        total += ((l[i] - l[order[0]]) / t).exp();
+        total += sample_weight(l[i], l[order[0]], t);
         cum.push(total);
+    }
+    if total == 0.0 {
+        // Every logit NaN.
+        return (0, 1.0);
     }
     let keep = cum
         .iter()

@@ -13,7 +13,7 @@
 use unirt::tensor::{DType, SplitMix64, Tensor};
 
 use crate::cases_ops_large::NormRef;
-use crate::cases_ops_linalg::draw;
+use crate::cases_ops_linalg::{draw, sample_ref};
 use crate::ops_check::*;
 use crate::{Ctx, Failure};
 
@@ -210,58 +210,6 @@ pub(crate) fn sample_masked(ctx: &Ctx, dt: DType, reference: SampleRef) -> Resul
     Ok(())
 }
 
-/// The weight of logit `x` in a row of maximum `max` by the rule `ops::sample` states for
-/// special values: NaN 0, the maximum 1, one infinitely below it 0, else exp((x − max) / T).
-fn special_weight(x: f64, max: f64, t: f64) -> f64 {
-    // (x − max is never positive: an infinite difference is −∞.)
-    match (x.is_nan(), x == max, (x - max).is_infinite()) {
-        (true, ..) => 0.0,
-        (_, true, _) => 1.0,
-        (_, _, true) => 0.0,
-        _ => ((x - max) / t).exp(),
-    }
-}
-
-/// `random_sample`'s draw by that rule, written plainly (a sort with NaN last), with the
-/// distance of the draw from the nearest boundary relative to the mass drawn from.
-fn special_ref(l: &[f64], random: f64, t: f64, top_k: usize, top_p: f64) -> (usize, f64) {
-    let mut order: Vec<usize> = (0..l.len()).collect();
-    order.sort_by(|&a, &b| match (l[a].is_nan(), l[b].is_nan()) {
-        (false, false) => l[b].partial_cmp(&l[a]).unwrap().then(a.cmp(&b)),
-        (x, y) => x.cmp(&y).then(a.cmp(&b)),
-    });
-    if t == 0.0 || top_k == 1 {
-        return (order[0], 1.0);
-    }
-    order.truncate(if top_k == 0 {
-        l.len()
-    } else {
-        top_k.min(l.len())
-    });
-    let max = l[order[0]];
-    let mut cum = Vec::new();
-    let mut total = 0.0;
-    for &i in &order {
-        total += special_weight(l[i], max, t);
-        cum.push(total);
-    }
-    if total == 0.0 {
-        // Every logit NaN.
-        return (0, 1.0);
-    }
-    let keep = cum
-        .iter()
-        .position(|&c| c >= top_p * total)
-        .map_or(cum.len(), |p| p + 1);
-    let th = random * cum[keep - 1];
-    let at = cum[..keep].iter().position(|&c| c > th).unwrap_or(keep - 1);
-    let margin = cum[..keep]
-        .iter()
-        .map(|c| (c - th).abs() / cum[keep - 1])
-        .fold(f64::INFINITY, f64::min);
-    (order[at], margin)
-}
-
 /// random_sample over rows with NaN, +∞ and −∞ logits, at temperatures 0, 1 and ∞: the draw
 /// `ops::sample`'s rule gives for special values, on every backend (+∞ logits take all the
 /// mass, NaN none, a −∞ mask holds at temperature ∞, a row of NaN only draws 0). Each top-k
@@ -307,7 +255,7 @@ pub(crate) fn sample_specials(ctx: &Ctx, dt: DType) -> Result<(), Failure> {
                     let w = format!("rows of {n}, random {random} T {t} top_k {k} top_p {p}");
                     for (row, g) in draw(&x, random, t, k, p, &w)?.into_iter().enumerate() {
                         let (want, margin) =
-                            special_ref(&exact[row * n..(row + 1) * n], random, t, k, p);
+                            sample_ref(&exact[row * n..(row + 1) * n], random, t, k, p);
                         if margin >= 1e-4 && g != want as i64 {
                             return Err(fail(format!(
                                 "{w}: row \"{}\" drew {g}, expected {want}",

@@ -330,7 +330,7 @@ impl Plan {
                 // A kernel writes `need` bytes from the view's first: a view that is not
                 // contiguous (a broadcast one of a few bytes, a strided one) holds fewer, and
                 // kernels store words (f32, i64) and vectors there.
-                let start = w.base_addr() + (w.layout().offset() * w.dtype().size()) as u64;
+                let start = byte_range(w).0;
                 if !w.is_contiguous() || !start.is_multiple_of(WORKSPACE_ALIGN) {
                     return Err(Error::BadParam(format!(
                         "{}: the workspace must be a contiguous view starting on a multiple \
