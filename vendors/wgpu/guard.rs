@@ -31,6 +31,16 @@ pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> R
     }
 }
 
+/// Drops `x` (wgpu objects, or what holds them) inside a guard. wgpu's GL backend destroys a
+/// buffer, texture or pipeline under the same 6 s context lock, so a drop can panic too; in a
+/// destructor that panic would reach whoever dropped a plan, and during unwinding it aborts
+/// the process ("panic in a destructor during cleanup"). Here it is caught and what was left
+/// of `x` is leaked. Drop collections element by element, each through its own `release`: a
+/// collection's remaining elements are dropped during the unwind of one that panicked.
+pub(crate) fn release<T>(x: T) {
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(x)));
+}
+
 /// wgpu-hal's message when a thread gave up waiting for the GL context.
 const GL_LOCK_TIMEOUT: &str = "Could not lock adapter context";
 
@@ -71,6 +81,30 @@ mod tests {
             other => panic!("expected a driver error, got {other:?}"),
         }
         assert_eq!(guarded("free", || Ok(7)).ok(), Some(7));
+    }
+
+    /// A drop that panics is caught, also while the thread is already unwinding (where an
+    /// uncaught one aborts the process).
+    #[test]
+    fn release_catches_a_panicking_drop_even_while_unwinding() {
+        struct Panics;
+        impl Drop for Panics {
+            fn drop(&mut self) {
+                panic!("{GL_LOCK_TIMEOUT}. This is most-likely a deadlock.");
+            }
+        }
+        struct Holder(Option<Panics>);
+        impl Drop for Holder {
+            fn drop(&mut self) {
+                release(self.0.take());
+            }
+        }
+        release(Panics);
+        let r = catch_unwind(|| {
+            let _held = Holder(Some(Panics));
+            panic!("the caller's own panic");
+        });
+        assert!(r.is_err());
     }
 
     #[test]

@@ -14,12 +14,13 @@
 //! writes (its outputs') for `contents.rs`.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use super::super::fault::FaultWord;
-use super::super::guard::guarded_retry;
+use super::super::guard::{guarded_retry, release};
 use super::super::memory::{ceil4, create_buffer, DevBuf};
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
@@ -327,9 +328,10 @@ pub(crate) struct OpKernel {
     pub(super) aligned: Option<Passes>,
     /// The quad passes that read an input through a texture (see [`TexRead`]).
     pub(super) textured: Option<Textured>,
-    pub(super) bgl: wgpu::BindGroupLayout,
+    /// Released by [`OpKernel`]'s drop (see there), hence `ManuallyDrop`.
+    pub(super) bgl: ManuallyDrop<wgpu::BindGroupLayout>,
     /// The constants (shared with the kernels whose constants are equal).
-    pub(super) cfg: Arc<wgpu::Buffer>,
+    pub(super) cfg: ManuallyDrop<Arc<wgpu::Buffer>>,
     /// This kernel's key in the bind group cache (its own, though `cfg` may be shared: a
     /// bind group is made for one layout).
     pub(super) cfg_id: u64,
@@ -342,10 +344,54 @@ pub(crate) struct OpKernel {
     pub(super) writes_inputs: bool,
 }
 
+/// A plan is dropped wherever its owner drops it, outside the guarded backend calls: each
+/// wgpu object the kernel holds is released through [`release`], so that wgpu's GL backend
+/// timing out on its context lock (another thread's long dispatch) leaks the object instead
+/// of panicking in the caller's thread, or aborting the process if that thread was already
+/// unwinding.
 impl Drop for OpKernel {
     fn drop(&mut self) {
         let id = self.cfg_id;
-        self.groups.lock().retain(|k, _| k.0 != id);
+        let gone: Vec<wgpu::BindGroup> = {
+            let mut groups = self.groups.lock();
+            let keys: Vec<GroupKey> = groups.keys().filter(|k| k.0 == id).cloned().collect();
+            keys.iter().filter_map(|k| groups.remove(k)).collect()
+        };
+        for g in gone {
+            release(g);
+        }
+        for p in std::mem::take(&mut self.passes) {
+            release(p);
+        }
+        for p in self.aligned.take().into_iter().flatten() {
+            release(p);
+        }
+        if let Some(Textured {
+            inputs,
+            passes,
+            bgl,
+        }) = self.textured.take()
+        {
+            for t in inputs {
+                release(t);
+            }
+            for p in passes {
+                release(p);
+            }
+            release(bgl);
+        }
+        release(self.scratch.take());
+        release(self.fault.take());
+        // SAFETY: `bgl` and `cfg` are taken once, here, and never used again: the kernel is
+        // being dropped.
+        let (bgl, cfg) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.bgl),
+                ManuallyDrop::take(&mut self.cfg),
+            )
+        };
+        release(bgl);
+        release(cfg);
     }
 }
 
@@ -549,8 +595,8 @@ fn prepare_unguarded(
         passes,
         aligned,
         textured,
-        bgl,
-        cfg,
+        bgl: ManuallyDrop::new(bgl),
+        cfg: ManuallyDrop::new(cfg),
         cfg_id: crate::handles::fresh_id(),
         groups: cache.groups.clone(),
     }))
