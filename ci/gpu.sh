@@ -214,6 +214,24 @@ for dev in $wgpu_devs; do
   "$bin" bench dispatch --device "$dev" --json "$out/bench-dispatch-$tag.json" || fail "bench dispatch on $dev"
 done
 
+# The cooperative-matrix GEMM (opt-in, UNIRT_WGPU_COOP=1; never yet run on matrix units): the
+# matmul cases and the GEMM rows with it, where the adapter offers a configuration (elsewhere
+# the tiled kernel runs, and the two runs match).
+for dev in $wgpu_devs; do
+  tag=${dev/:/-}
+  step "matmul conformance on $dev with cooperative matrices (UNIRT_WGPU_COOP=1)"
+  UNIRT_WGPU_COOP=1 "$bin" conformance --device "$dev" --filter matmul \
+    >"$out/conformance-$tag-coop.txt" 2>&1 \
+    || fail "matmul conformance on $dev with cooperative matrices (see $out/conformance-$tag-coop.txt)"
+  tail -n 2 "$out/conformance-$tag-coop.txt"
+  for coop in 0 1; do
+    UNIRT_WGPU_COOP=$coop "$bin" bench ops --device "$dev" --quick \
+      --json "$out/bench-ops-$tag-quick-coop$coop.json" >"$out/bench-ops-$tag-quick-coop$coop.txt" 2>&1 \
+      || fail "bench ops on $dev, UNIRT_WGPU_COOP=$coop"
+    grep matmul "$out/bench-ops-$tag-quick-coop$coop.txt" | head -n 4
+  done
+done
+
 step "C ABI test against libinfinirt.so"
 cc="${CC:-cc}"
 if [ -f "$lib/libinfinirt.so" ] && command -v "$cc" >/dev/null 2>&1; then

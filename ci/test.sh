@@ -42,6 +42,13 @@ echo "== wgpu operator conformance with the GPU kernel forms on the Mesa adapter
 UNIRT_WGPU_GPU_FORMS=1 UNIRT_CONFORMANCE_DEVICES=wgpu cargo test -p unirt-conformance --test conformance -- ops::
 UNIRT_WGPU_GPU_FORMS=1 UNIRT_CONFORMANCE_DEVICES=wgpu cargo test -p unirt-conformance --test conformance -- graph::random_graphs
 
+# The cooperative-matrix GEMM (vendors/wgpu/kernels/matmul_coop.rs) with its matrix operations
+# emulated in plain WGSL: no adapter here has matrix units, so this checks its tiling, strides,
+# edges, subgroup assignment and epilogue (about 40 s on lavapipe; the first wgpu adapter only:
+# on llvmpipe's GL the emulation's longer dispatches would hold the GL context past wgpu's 6 s).
+echo "== wgpu matmul conformance through the cooperative-matrix kernel, emulated (UNIRT_WGPU_COOP=emulate)"
+UNIRT_WGPU_COOP=emulate UNIRT_CONFORMANCE_DEVICES=wgpu:0 cargo test -p unirt-conformance --test conformance -- matmul
+
 # Random operator graphs, more of them than the suite's 10: each recorded, planned fused and
 # unfused, replayed and checked bitwise against eager execution. On a 2-vCPU VM, 200
 # programs per device took 6 minutes before the software adapters read reductions and

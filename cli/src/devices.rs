@@ -90,6 +90,9 @@ fn print_backend(b: &unirt::BackendReport) {
                     if let Some((_, blas)) = dev.details.iter().find(|(k, _)| k == "blas") {
                         println!("        blas: {blas}");
                     }
+                    if let Some((_, m)) = dev.details.iter().find(|(k, _)| k == "matrix_units") {
+                        println!("        matrix units: {m}");
+                    }
                 }
             }
         }

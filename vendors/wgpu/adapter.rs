@@ -202,6 +202,11 @@ fn vendor_name(id: u32) -> String {
 /// The features unirt asks for when the adapter has them (`SHADER_F16`: f16 tensors read and
 /// written natively; `SUBGROUP`: workgroup reductions through subgroup operations; see
 /// `kernels/wgsl.rs`. `UNIRT_WGPU_NO_F16=1` / `UNIRT_WGPU_NO_SUBGROUPS=1` leave them off).
+///
+/// `EXPERIMENTAL_COOPERATIVE_MATRIX` (matrix products on the adapter's matrix units,
+/// `kernels/matmul_coop.rs`) only with `UNIRT_WGPU_COOP=1`: wgpu marks the feature
+/// experimental, and enabling it moves every shader of the device to the Vulkan memory model,
+/// so it stays opt-in until a GPU run has checked the whole suite with it.
 pub(crate) fn wanted_features(adapter: &wgpu::Features) -> wgpu::Features {
     let mut want = wgpu::Features::TIMESTAMP_QUERY
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
@@ -211,6 +216,9 @@ pub(crate) fn wanted_features(adapter: &wgpu::Features) -> wgpu::Features {
     }
     if std::env::var_os("UNIRT_WGPU_NO_SUBGROUPS").is_none_or(|v| v != "1") {
         want |= wgpu::Features::SUBGROUP;
+    }
+    if std::env::var_os("UNIRT_WGPU_COOP").is_some_and(|v| v == "1") {
+        want |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
     *adapter & want
 }
@@ -278,6 +286,42 @@ fn unusable(a: &wgpu::Adapter, reason: String) -> UnusableDevice {
     }
 }
 
+/// The adapter's cooperative-matrix configurations (M×N×K, operands → accumulator), and
+/// whether unirt's GEMM may use them (`kernels/matmul_coop.rs`; opt-in, `wanted_features`).
+fn matrix_units(a: &wgpu::Adapter, f: &wgpu::Features) -> String {
+    let name = |t: wgpu::CooperativeScalarType| match t {
+        wgpu::CooperativeScalarType::F32 => "f32",
+        wgpu::CooperativeScalarType::F16 => "f16",
+        wgpu::CooperativeScalarType::I32 => "i32",
+        wgpu::CooperativeScalarType::U32 => "u32",
+    };
+    let configs: Vec<String> = a
+        .cooperative_matrix_properties()
+        .iter()
+        .map(|c| {
+            format!(
+                "{}x{}x{} {}->{}",
+                c.m_size,
+                c.n_size,
+                c.k_size,
+                name(c.ab_type),
+                name(c.cr_type)
+            )
+        })
+        .collect();
+    if configs.is_empty() {
+        return "none".into();
+    }
+    let usable = if !f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        "wgpu does not enable them on this adapter"
+    } else if wanted_features(f).contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        "f16/f32 products use them (UNIRT_WGPU_COOP=1)"
+    } else {
+        "unused: UNIRT_WGPU_COOP=1 lets f16/f32 products use them"
+    };
+    format!("{} ({usable})", configs.join(", "))
+}
+
 fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
     let i = a.get_info();
     let l = a.limits();
@@ -323,6 +367,7 @@ fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
     if !i.device_pci_bus_id.is_empty() {
         details.push(("pci_bus_id".into(), i.device_pci_bus_id.clone()));
     }
+    details.push(("matrix_units".into(), matrix_units(a, &f)));
     let driver = match (i.driver.is_empty(), i.driver_info.is_empty()) {
         (false, false) => format!("{} ({})", i.driver, i.driver_info),
         (false, true) => i.driver.clone(),

@@ -106,7 +106,14 @@ pub(crate) fn request(
         label: Some("unirt"),
         required_features: features,
         required_limits: adapter.limits(),
-        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        experimental_features: if features.intersects(wgpu::Features::all_experimental_mask()) {
+            // SAFETY: the only experimental feature asked for is the cooperative matrices
+            // (`wanted_features`, opt-in), used by kernels whose operands lie in workgroup
+            // arrays sized for every load and store they make (`kernels/matmul_coop.rs`).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        },
         memory_hints: wgpu::MemoryHints::Performance,
         trace: wgpu::Trace::Off,
     };

@@ -29,6 +29,10 @@
 //!   through textures, copied in before the kernel; a weight's copy is skipped while the
 //!   texture still holds its unchanged bytes, which every command list's stated writes
 //!   decide, in submission order (`contents.rs`).
+//! - **Matrix units, opt-in** (`kernels/matmul_coop.rs`): with `UNIRT_WGPU_COOP=1`, an
+//!   adapter that offers cooperative matrices (wgpu's experimental feature) runs f16 and f32
+//!   products on them, tiles chosen from the configurations the adapter reports; CI checks
+//!   the kernel with its matrix operations emulated (`UNIRT_WGPU_COOP=emulate`).
 //! - **Shapes in the code, until they change** (`kernels/shapes.rs`): on those adapters the
 //!   host forms write extents and strides into their code (a division by a constant is a
 //!   multiply), so every shape is a new kernel, 15–30 ms of compiling. From a structure's
@@ -159,6 +163,8 @@ pub struct WgpuBackend {
     /// Fault words noted on streams destroyed before they were synchronised: checked by the
     /// next device-wide synchronisation (see `fault.rs`).
     orphan_faults: parking_lot::Mutex<Vec<Arc<fault::FaultWord>>>,
+    /// What the adapter's cooperative matrices offer the GEMM.
+    coop: kernels::CoopCaps,
 }
 
 impl WgpuBackend {
@@ -171,6 +177,7 @@ impl WgpuBackend {
             found.take_opened(),
             format!("{name} ({})", found.info.name),
         )?;
+        let coop = kernels::CoopCaps::of(&found.adapter, &gpu.device);
         let name_for_mem = name.clone();
         let streams = HandleTable::new(StreamId::KIND);
         let (default_stream, _) = streams.insert(WStream::new())?;
@@ -186,6 +193,7 @@ impl WgpuBackend {
             execs: HandleTable::new(GraphExecId::KIND),
             default_stream,
             orphan_faults: Default::default(),
+            coop,
         })
     }
 
@@ -196,6 +204,11 @@ impl WgpuBackend {
     /// Whether the device was opened with `feature` (see `adapter::wanted_features`).
     pub(crate) fn has_feature(&self, feature: wgpu::Features) -> bool {
         self.gpu.device.features().contains(feature)
+    }
+
+    /// What the adapter's cooperative matrices offer (empty without the feature).
+    pub(crate) fn coop_caps(&self) -> &kernels::CoopCaps {
+        &self.coop
     }
 
     fn event(&self, e: EventId) -> Result<Arc<WEvent>> {

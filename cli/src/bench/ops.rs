@@ -464,11 +464,14 @@ pub fn run(device: &str, json: Option<&Path>, quick: bool) -> CliResult<ExitCode
     // a GPU adapter runs that size too (a software one would take minutes per product).
     let gpu_adapter = dev.kind == unirt::DeviceKind::Wgpu
         && rt.backend().info().class != unirt::DeviceClass::Software;
-    if !quick && gpu_adapter {
+    // The quick run takes 2048³ there: enough work for matrix units (`UNIRT_WGPU_COOP`) to
+    // show, in a smoke test's time.
+    if gpu_adapter {
+        let s = if quick { 2048 } else { 4096 };
         for dt in [DType::F32, DType::F16] {
-            match gemm_row(dev, dt, 4096, 4096, 4096) {
+            match gemm_row(dev, dt, s, s, s) {
                 Ok(r) => rows.push(r),
-                Err(e) => println!("matmul {dt} 4096x4096x4096: not run ({e})"),
+                Err(e) => println!("matmul {dt} {s}x{s}x{s}: not run ({e})"),
             }
         }
     }

@@ -4,7 +4,8 @@
 //! read in place through their strides. The batch index is the grid's second dimension.
 //!
 //! Products with enough tiles to fill a large GPU take the 128×128 kernel of
-//! [`large`] instead.
+//! [`large`] instead, and f16 / f32 products on an adapter whose cooperative matrices are
+//! enabled (opt-in) the kernel of [`coop`], with or without an epilogue.
 //!
 //! On adapters that run on the host's cores a barrier-free variant is chosen at plan time,
 //! and with it, where the layouts allow, a quad variant that launches whose operands start
@@ -17,6 +18,7 @@
 use std::sync::Arc;
 
 use super::elementwise::MATH;
+use super::matmul_coop as coop;
 use super::matmul_host::{self as host, Product};
 use super::matmul_large as large;
 use super::op::{prepare as prepare_op, OpSource};
@@ -237,9 +239,19 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     let k = a.shape()[a.shape().len() - 1];
     let batch_shape = &cs[..nd - 2];
     let batch: usize = batch_shape.iter().product();
-    let host = super::on_host_cores(spec);
-    let large = !host && large::chosen(m, n, batch);
-    let (tile_m, tile_n) = if host {
+    // Products with an epilogue take the same kernel as without: the fused result is
+    // bitwise the unfused operators'.
+    let coop_plan = if a.dtype == b.dtype {
+        coop_plan(spec, a.dtype)
+            .filter(|p| super::check_loops(spec, p.loops(k) + 128, String::new).is_ok())
+    } else {
+        None
+    };
+    let host = coop_plan.is_none() && super::on_host_cores(spec);
+    let large = !host && coop_plan.is_none() && large::chosen(m, n, batch);
+    let (tile_m, tile_n) = if let Some(p) = &coop_plan {
+        (p.tile(), p.tile())
+    } else if host {
         (4, 256)
     } else if large {
         (large::TILE, large::TILE)
@@ -248,7 +260,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     };
     // Loop iterations per invocation: along k (one step per element on the host's cores,
     // a block of 16 or 8 with its inner loops on a GPU), then the stores and the epilogue.
-    let k_loops = if host {
+    let k_loops = if let Some(p) = &coop_plan {
+        p.loops(k)
+    } else if host {
         k as u64
     } else if large {
         (k as u64).div_ceil(8) * 9
@@ -306,14 +320,18 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         binds.push(Bind::read(name, e.dtype));
     }
     binds.push(Bind::write("c", c.dtype));
-    let mut kernel = if host {
+    let mut kernel = if let Some(p) = &coop_plan {
+        coop::kernel(p, epi.is_some())
+    } else if host {
         host::scalar_kernel(bcs, n)
     } else if large {
         large::kernel().to_string()
     } else {
         KERNEL.to_string()
     };
-    if let Some(e) = &epi {
+    if let (Some(e), Some(_)) = (&epi, &coop_plan) {
+        kernel += &e.scalar;
+    } else if let Some(e) = &epi {
         let tile = if large {
             large::EPILOGUE_TILE.to_string()
         } else {
@@ -337,7 +355,11 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
         };
         kernel = with_epilogue(&kernel, &tile) + &e.scalar;
     }
-    let source = format!("{}{kernel}", wgsl::prelude(&binds, wgsl::Dialect::of(spec)));
+    let source = format!(
+        "{}{}{kernel}",
+        coop_plan.as_ref().map_or("", coop::directive),
+        wgsl::prelude(&binds, wgsl::Dialect::of(spec))
+    );
     let quads = if host {
         host::host_quads(
             spec,
@@ -360,6 +382,20 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
             textured,
         ),
     )
+}
+
+/// The cooperative-matrix plan for a product of `dtype` operands on the plan's device, if
+/// its adapter has one ([`coop::choose`]).
+fn coop_plan(spec: &PlanSpec<'_>, dtype: crate::tensor::DType) -> Option<coop::CoopPlan> {
+    let rt = crate::Runtime::get(spec.device).ok()?;
+    match &**rt.backend() {
+        crate::vendors::AnyBackend::Wgpu(b) => coop::choose(
+            b.coop_caps(),
+            dtype,
+            b.has_feature(wgpu::Features::SHADER_F16),
+        ),
+        _ => None,
+    }
 }
 
 pub(super) fn register(reg: &mut crate::ops::KernelRegistry) {

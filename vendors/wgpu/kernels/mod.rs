@@ -12,6 +12,7 @@ mod embedding;
 mod fixed;
 mod fused;
 mod matmul;
+mod matmul_coop;
 mod matmul_host;
 mod matmul_large;
 mod norm;
@@ -29,6 +30,7 @@ mod user;
 mod wgsl;
 
 pub(crate) use fixed::*;
+pub(crate) use matmul_coop::CoopCaps;
 pub(crate) use user::prepare as prepare_user;
 
 use crate::device::DeviceKind;
