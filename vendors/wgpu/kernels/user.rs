@@ -112,7 +112,7 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
         "{}{pre}\n{source}\n",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec))
     );
-    check_workgroup(spec.op, &src, entry, *workgroup)?;
+    check_module(spec.op, &src, entry, *workgroup, tensors.len())?;
     prepare_op(
         spec,
         OpSource {
@@ -127,16 +127,44 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
     )
 }
 
-/// The entry point's declared `@workgroup_size` must be the registered one: the dispatch is
-/// sized with the registered one, so a kernel declaring a smaller size would silently leave
-/// part of its grid unprocessed (seen: `[16, 16, 1]` registered, `(8, 8, 1)` declared, half
-/// of a 64-element grid untouched). Source that does not parse is left to the compiler,
-/// whose error names the problem; sizes set by pipeline-overridable constants are not
-/// known here and pass.
-fn check_workgroup(op: &str, src: &str, entry: &str, workgroup: [u32; 3]) -> Result<()> {
+/// What the compiler cannot refuse but unirt must:
+/// - The entry point's declared `@workgroup_size` must be the registered one: the dispatch is
+///   sized with the registered one, so a kernel declaring a smaller size would silently leave
+///   part of its grid unprocessed (seen: `[16, 16, 1]` registered, `(8, 8, 1)` declared, half
+///   of a 64-element grid untouched). Sizes set by pipeline-overridable constants are not
+///   known here and pass.
+/// - The source declares no binding of its own (the prelude's are `@group(0)`, the
+///   constants then the `tensors`): unirt binds nothing else, and the operator layout's
+///   binding 31 (the constants' uniform copy) would have been read silently.
+///
+/// Source that does not parse is left to the compiler, whose error names the problem.
+fn check_module(
+    op: &str,
+    src: &str,
+    entry: &str,
+    workgroup: [u32; 3],
+    tensors: usize,
+) -> Result<()> {
     let Ok(module) = naga::front::wgsl::parse_str(src) else {
         return Ok(());
     };
+    for (_, g) in module.global_variables.iter() {
+        if let Some(b) = &g.binding {
+            if b.group != 0 || b.binding as usize > tensors {
+                return Err(Error::BadParam(format!(
+                    "{op}: the WGSL source declares @group({}) @binding({}){}, which unirt does \
+                     not bind: a user kernel reads its tensors and scalars through the \
+                     prelude's functions (ld_t0, st_t1, arg0, …)",
+                    b.group,
+                    b.binding,
+                    g.name
+                        .as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+    }
     let Some(ep) = module.entry_points.iter().find(|e| e.name == entry) else {
         return Err(Error::BadParam(format!(
             "{op}: the WGSL source has no entry point {entry:?}"
