@@ -329,9 +329,9 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
     } else {
         KERNEL.to_string()
     };
-    if let (Some(e), Some(_)) = (&epi, &coop_plan) {
-        kernel += &e.scalar;
-    } else if let Some(e) = &epi {
+    // The cooperative kernel runs the epilogue in its own stores; the tiled ones take a loop
+    // over the invocation's stored elements.
+    if epi.is_some() && coop_plan.is_none() {
         let tile = if large {
             large::EPILOGUE_TILE.to_string()
         } else {
@@ -353,7 +353,10 @@ fn prepare(spec: &PlanSpec<'_>) -> Result<Arc<dyn PreparedKernel>> {
 "
             )
         };
-        kernel = with_epilogue(&kernel, &tile) + &e.scalar;
+        kernel = with_epilogue(&kernel, &tile);
+    }
+    if let Some(e) = &epi {
+        kernel += &e.scalar;
     }
     let source = format!(
         "{}{}{kernel}",

@@ -123,21 +123,7 @@ fn emulating() -> bool {
 /// the adapter reads f16 natively), or None for the tiled kernel.
 pub(super) fn choose(caps: &CoopCaps, dtype: DType, native_f16: bool) -> Option<CoopPlan> {
     if emulating() {
-        return match dtype {
-            DType::F16 => Some(CoopPlan {
-                size: 16,
-                f16: true,
-                workgroup: EMULATED_WORKGROUP,
-                emulated: true,
-            }),
-            DType::F32 => Some(CoopPlan {
-                size: 8,
-                f16: false,
-                workgroup: EMULATED_WORKGROUP,
-                emulated: true,
-            }),
-            _ => None,
-        };
+        return emulated_plan(dtype);
     }
     use wgpu::CooperativeScalarType as T;
     let ab = match dtype {
@@ -171,6 +157,22 @@ pub(super) fn choose(caps: &CoopCaps, dtype: DType, native_f16: bool) -> Option<
         .find(|p| p.shared_bytes() <= caps.max_shared)
 }
 
+/// The emulated form's plan for `dtype`: f16 as 16 × 16 matrices, f32 as 8 × 8 ones (the
+/// shapes NVIDIA's and Apple's adapters offer).
+fn emulated_plan(dtype: DType) -> Option<CoopPlan> {
+    let (size, f16) = match dtype {
+        DType::F16 => (16, true),
+        DType::F32 => (8, false),
+        _ => return None,
+    };
+    Some(CoopPlan {
+        size,
+        f16,
+        workgroup: EMULATED_WORKGROUP,
+        emulated: true,
+    })
+}
+
 /// The kernel's WGSL after the prelude (and, for the real form, the directive that enables
 /// cooperative matrices, which must open the source: [`directive`]). Constants as the tiled
 /// kernel's (`super::matmul`): `cfg[3]` is the tiles along n of this plan's tile.
@@ -186,51 +188,40 @@ pub(super) fn kernel(p: &CoopPlan, epilogue: bool) -> String {
     let cs_len = 16 * s * s + 4 * s * s;
     let fill = (bm * bk).div_ceil(w);
     let out = (bm * bm).div_ceil(w);
-    let (entry_extra, subgroup, prims) = if p.emulated {
+    let (entry_extra, subgroup, zero, helpers) = if p.emulated {
         let e = s * s / EMULATED_SUBGROUP;
         (
             String::new(),
             format!(
                 "let sg = lid / {EMULATED_SUBGROUP}u;\n    let lane = lid % {EMULATED_SUBGROUP}u;"
             ),
-            Prims {
-                load_a: "vec2<u32>".into(),
-                load_b: "vec2<u32>".into(),
-                mma: "emu_mma".into(),
-                lane_arg: ", lane".into(),
-                zero: format!("array<f32, {e}>()"),
-                helpers: emulated_helpers(s, e),
-            },
+            format!("array<f32, {e}>()"),
+            emulated_helpers(s, e),
         )
     } else {
         (
             ", @builtin(subgroup_id) sg_id: u32".to_string(),
             "let sg = sg_id;".to_string(),
-            Prims {
-                load_a: format!("coopLoadT<coop_mat{s}x{s}<{t}, A>>"),
-                load_b: format!("coopLoadT<coop_mat{s}x{s}<{t}, B>>"),
-                mma: "coopMultiplyAdd".into(),
-                lane_arg: String::new(),
-                zero: format!("coop_mat{s}x{s}<f32, C>()"),
-                helpers: String::new(),
-            },
+            format!("coop_mat{s}x{s}<f32, C>()"),
+            String::new(),
         )
     };
-    let Prims {
-        load_a,
-        load_b,
-        mma,
-        lane_arg,
-        zero,
-        helpers,
-    } = prims;
-    // Real loads take a pointer into the tile; emulated ones keep (offset, stride).
-    let (a_at, b_at) = if p.emulated {
-        ("", "")
-    } else {
-        ("&As[", "&Bs[")
+    // The cooperative primitives, or their emulation: a real load takes a pointer into the
+    // tile, an emulated one keeps (offset, stride).
+    let load = |role: &str, tile: &str, off: &str, stride: u32| {
+        if p.emulated {
+            format!("vec2<u32>({off}, {stride}u)")
+        } else {
+            format!("coopLoadT<coop_mat{s}x{s}<{t}, {role}>>(&{tile}[{off}], {stride}u)")
+        }
     };
-    let (a_end, b_end) = if p.emulated { ("", "") } else { ("]", "]") };
+    let mma = |a: &str, b: &str, c: &str| {
+        if p.emulated {
+            format!("emu_mma({a}, {b}, {c}, lane)")
+        } else {
+            format!("coopMultiplyAdd({a}, {b}, {c})")
+        }
+    };
     let store = |c: &str, off: &str| {
         if p.emulated {
             format!("emu_store({c}, {off}, cst, lane);")
@@ -297,14 +288,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }}
         }}
         workgroupBarrier();
-        let a0 = {load_a}({a_at}tr * {bk}u{a_end}, {bk}u);
-        let a1 = {load_a}({a_at}(tr + {s}u) * {bk}u{a_end}, {bk}u);
-        let b0 = {load_b}({b_at}tc{b_end}, {bm}u);
-        let b1 = {load_b}({b_at}tc + {s}u{b_end}, {bm}u);
-        c00 = {mma}(a0, b0, c00{lane_arg});
-        c01 = {mma}(a0, b1, c01{lane_arg});
-        c10 = {mma}(a1, b0, c10{lane_arg});
-        c11 = {mma}(a1, b1, c11{lane_arg});
+        let a0 = {a0};
+        let a1 = {a1};
+        let b0 = {b0};
+        let b1 = {b1};
+        c00 = {m00};
+        c01 = {m01};
+        c10 = {m10};
+        c11 = {m11};
         workgroupBarrier();
     }}
     let idle = sg > 3u;
@@ -333,6 +324,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             ""
         },
         bi = if epilogue { "\n    bi = wid.y;" } else { "" },
+        a0 = load("A", "As", &format!("tr * {bk}u"), bk),
+        a1 = load("A", "As", &format!("(tr + {s}u) * {bk}u"), bk),
+        b0 = load("B", "Bs", "tc", bm),
+        b1 = load("B", "Bs", &format!("tc + {s}u"), bm),
+        m00 = mma("a0", "b0", "c00"),
+        m01 = mma("a0", "b1", "c01"),
+        m10 = mma("a1", "b0", "c10"),
+        m11 = mma("a1", "b1", "c11"),
         a_len = bm * bk,
         two_s = 2 * s,
         cs_tile = bm * bm,
@@ -346,16 +345,6 @@ pub(super) fn directive(p: &CoopPlan) -> &'static str {
     } else {
         "enable wgpu_cooperative_matrix;\n"
     }
-}
-
-/// The spellings of the cooperative primitives in one form of the kernel.
-struct Prims {
-    load_a: String,
-    load_b: String,
-    mma: String,
-    lane_arg: String,
-    zero: String,
-    helpers: String,
 }
 
 /// The emulated primitives for S × S matrices, `e` elements per invocation of a virtual
@@ -474,20 +463,10 @@ fn st_c(i: u32, v: f32) { c[i] = v; }
                 validate(&src, caps).unwrap_or_else(|e| panic!("{p:?}:\n{e}\n{src}"));
             }
         }
-        for p in [
-            choose(&CoopCaps::default(), DType::F16, false),
-            choose(&CoopCaps::default(), DType::F32, false),
-        ] {
-            let p = CoopPlan {
-                emulated: true,
-                workgroup: EMULATED_WORKGROUP,
-                ..p.unwrap_or(CoopPlan {
-                    size: 8,
-                    f16: false,
-                    workgroup: 0,
-                    emulated: true,
-                })
-            };
+        for p in [DType::F16, DType::F32]
+            .into_iter()
+            .filter_map(emulated_plan)
+        {
             let src = format!("{PRELUDE}{}", kernel(&p, false));
             validate(&src, naga::valid::Capabilities::empty())
                 .unwrap_or_else(|e| panic!("{p:?}:\n{e}\n{src}"));

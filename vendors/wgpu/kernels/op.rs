@@ -352,11 +352,13 @@ pub(crate) struct OpKernel {
 impl Drop for OpKernel {
     fn drop(&mut self) {
         let id = self.cfg_id;
-        let gone: Vec<wgpu::BindGroup> = {
-            let mut groups = self.groups.lock();
-            let keys: Vec<GroupKey> = groups.keys().filter(|k| k.0 == id).cloned().collect();
-            keys.iter().filter_map(|k| groups.remove(k)).collect()
-        };
+        // Out of the cache first, released after the lock is let go.
+        let gone: Vec<wgpu::BindGroup> = self
+            .groups
+            .lock()
+            .extract_if(|k, _| k.0 == id)
+            .map(|(_, g)| g)
+            .collect();
         for g in gone {
             release(g);
         }
