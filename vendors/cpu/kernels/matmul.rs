@@ -19,7 +19,8 @@
 use std::ops::Range;
 
 use super::fused::eval_block;
-use super::gemv::{gemv, gemv_rows, gemv_rows_t, FEW_ROWS, FEW_ROWS_MIN};
+use super::gemv::gemv;
+use super::gemv_rows::{gemv_rows, gemv_rows_t, FEW_ROWS, FEW_ROWS_MIN};
 use super::sgemm::{own_gemm, sgemm_par, Mat};
 use super::util::{
     bcast, coalesce, floats, gather, offsets, par_chunks, par_rows, scatter, simd, AlignedBlock,

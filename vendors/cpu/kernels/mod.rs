@@ -16,6 +16,7 @@ mod elementwise;
 mod embedding;
 mod fused;
 mod gemv;
+mod gemv_rows;
 mod matmul;
 mod norm;
 mod rearrange;

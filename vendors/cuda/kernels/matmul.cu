@@ -354,7 +354,7 @@ __device__ __forceinline__ void mma_tile(u32 smem, const T *a, const T *b, T *c,
     MmaCopies<B_ROWS> cp(a, b, p, row0, col0);
     const u32 stage = MMA_STAGE_HALVES * 2;
     i64 tiles = (p.k + MMA_BK - 1) / MMA_BK;
-    cp.issue(smem, p, col0, 0);
+    if (tiles > 0) cp.issue(smem, p, col0, 0); // nothing to copy from an empty K
     cp_async_commit();
     if (tiles > 1) cp.issue(smem + stage, p, col0, MMA_BK);
     cp_async_commit();

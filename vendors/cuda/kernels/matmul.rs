@@ -277,7 +277,9 @@ fn tensor_core_tiles(
 ) -> Result<bool> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var_os("UNIRT_CUDA_MMA").is_some_and(|v| v == "0"));
-    if off || !matches!(spec.dtype, DType::F16 | DType::BF16) {
+    // An empty product (k = 0) takes `op_matmul`, which writes β·C without touching A or B;
+    // the pipeline's first copies would be addressed from an empty operand's pointer.
+    if off || g.k == 0 || !matches!(spec.dtype, DType::F16 | DType::BF16) {
         return Ok(false);
     }
     let eighth = |v: i64| v % 8 == 0;

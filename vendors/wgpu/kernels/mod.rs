@@ -17,6 +17,7 @@ mod matmul_host;
 mod matmul_large;
 mod norm;
 mod op;
+mod op_cache;
 mod op_launch;
 mod rearrange;
 mod reduce;
