@@ -242,3 +242,19 @@ impl HostHeap {
         &self.table
     }
 }
+
+/// A host vector of `n` copies of `fill`, or [`Error::OutOfMemory`] where the host cannot hold
+/// it. Vectors sized by a tensor (a read-back, staged values) come from here: a refused
+/// allocation in `vec!` or `collect` aborts the process, and a tensor's size is the caller's
+/// to choose (a device with more memory than the host's, or a shape of 2⁴⁰ elements).
+pub(crate) fn host_vec<T: Clone>(n: usize, fill: T, why: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
+        backend: DeviceKind::Cpu,
+        device: "host".into(),
+        requested: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        detail: format!("no host buffer for {why} ({e})"),
+    })?;
+    v.resize(n, fill);
+    Ok(v)
+}

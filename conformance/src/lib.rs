@@ -58,6 +58,7 @@ mod cases_robust;
 mod cases_same_as_cpu;
 mod cases_streams;
 mod cases_stress;
+mod cases_tensor_create;
 mod cases_tensor_io;
 mod fuzz;
 pub mod ops_check;
@@ -189,6 +190,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc_pools::CASES);
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_api::CASES);
+    all.extend_from_slice(cases_tensor_create::CASES);
     all.extend_from_slice(cases_tensor_io::CASES);
     all.extend_from_slice(cases_lifetime::CASES);
     all.extend_from_slice(cases_stress::CASES);

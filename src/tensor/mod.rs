@@ -25,6 +25,7 @@
 //! # Ok::<(), unirt::Error>(())
 //! ```
 
+mod create;
 mod dtype;
 mod layout;
 mod random;
@@ -160,89 +161,6 @@ impl Tensor {
             });
         }
         Tensor::from_bytes(bytemuck::cast_slice(data), shape, T::DTYPE, device)
-    }
-
-    /// A tensor whose elements are `values` converted to `dtype` (rounding as
-    /// [`Element::from_f64`]).
-    pub fn from_f64(
-        values: &[f64],
-        shape: &[usize],
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        if checked_numel(shape) != Some(values.len()) {
-            return Err(Error::ShapeMismatch {
-                op: "from_f64 (element count)".into(),
-                expected: shape.to_vec(),
-                got: vec![values.len()],
-            });
-        }
-        let mut bytes = Vec::with_capacity(values.len() * dtype.size());
-        for &v in values {
-            encode(dtype, v, &mut bytes);
-        }
-        Tensor::from_bytes(&bytes, shape, dtype, device)
-    }
-
-    /// Every element `value`.
-    pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        let n = checked_numel(shape).ok_or_else(|| Error::BadTensorShape(format!("{shape:?}")))?;
-        let mut one = Vec::new();
-        encode(dtype, value, &mut one);
-        Tensor::from_bytes(&one.repeat(n), shape, dtype, device)
-    }
-
-    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::full(shape, 0.0, dtype, device)
-    }
-
-    pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::full(shape, 1.0, dtype, device)
-    }
-
-    /// `start, start + step, …` below `end` (above it for a negative step), 1-D.
-    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(Error::BadParam(format!(
-                "arange step {step} from {start} to {end}"
-            )));
-        }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let v: Vec<f64> = (0..n).map(|i| start + i as f64 * step).collect();
-        Tensor::from_f64(&v, &[n], dtype, device)
-    }
-
-    /// Uniform random values in `[low, high)` from `seed`: the same values on every device
-    /// (generated on the host with [`SplitMix64`], then uploaded).
-    pub fn rand_uniform(
-        shape: &[usize],
-        low: f64,
-        high: f64,
-        seed: u64,
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        let n = checked_numel(shape).ok_or_else(|| Error::BadTensorShape(format!("{shape:?}")))?;
-        let mut rng = SplitMix64::new(seed);
-        let v: Vec<f64> = (0..n)
-            .map(|_| low + (high - low) * rng.next_f64())
-            .collect();
-        Tensor::from_f64(&v, shape, dtype, device)
-    }
-
-    /// Normal random values (`mean`, `std`) from `seed`, the same on every device.
-    pub fn rand_normal(
-        shape: &[usize],
-        mean: f64,
-        std: f64,
-        seed: u64,
-        dtype: DType,
-        device: Device,
-    ) -> Result<Tensor> {
-        let n = checked_numel(shape).ok_or_else(|| Error::BadTensorShape(format!("{shape:?}")))?;
-        let mut rng = SplitMix64::new(seed);
-        let v: Vec<f64> = (0..n).map(|_| mean + std * rng.next_normal()).collect();
-        Tensor::from_f64(&v, shape, dtype, device)
     }
 
     // ---- accessors ----

@@ -5,6 +5,7 @@ use super::{decode, DType, Element, Tensor};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::hal::DevicePtr;
+use crate::hostmem::host_vec;
 use crate::stream::BackendExt;
 
 impl Tensor {
@@ -34,7 +35,7 @@ impl Tensor {
         let rt = &t.storage.rt;
         t.order_on(rt.stream()?)?;
         rt.sync_stream()?;
-        let mut out = vec![0u8; t.nbytes()];
+        let mut out = host_vec(t.nbytes(), 0u8, "a tensor's bytes")?;
         if !out.is_empty() {
             rt.backend()
                 .copy_to_host(&mut out, DevicePtr(t.start_addr()))?;
@@ -43,20 +44,36 @@ impl Tensor {
     }
 
     /// The elements in row-major order; `T` must be the tensor's dtype
-    /// ([`Error::DTypeMismatch`] otherwise).
+    /// ([`Error::DTypeMismatch`] otherwise). Read straight into the returned vector.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_element::<T>("to_vec")?;
-        let bytes = self.to_bytes()?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        crate::graph::record::check_host_read(self)?;
+        let t = self.contiguous()?;
+        let rt = &t.storage.rt;
+        t.order_on(rt.stream()?)?;
+        rt.sync_stream()?;
+        let mut out = host_vec(
+            t.numel(),
+            <T as bytemuck::Zeroable>::zeroed(),
+            "a tensor's values",
+        )?;
+        if !out.is_empty() {
+            rt.backend().copy_to_host(
+                bytemuck::cast_slice_mut(&mut out),
+                DevicePtr(t.start_addr()),
+            )?;
+        }
+        Ok(out)
     }
 
     /// The elements converted to `f64`, in row-major order.
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         let bytes = self.to_bytes()?;
-        Ok(bytes
-            .chunks_exact(self.dtype.size())
-            .map(|b| decode(self.dtype, b))
-            .collect())
+        let mut out = host_vec(self.numel(), 0f64, "a tensor's values as f64")?;
+        for (v, b) in out.iter_mut().zip(bytes.chunks_exact(self.dtype.size())) {
+            *v = decode(self.dtype, b);
+        }
+        Ok(out)
     }
 
     /// Writes `data` — the elements in row-major order over this tensor's shape, `T` its
@@ -132,7 +149,7 @@ impl Tensor {
     }
 
     /// The device address of the view's first element.
-    fn start_addr(&self) -> u64 {
+    pub(super) fn start_addr(&self) -> u64 {
         self.base_addr() + (self.layout.offset() * self.dtype.size()) as u64
     }
 

@@ -207,7 +207,7 @@ pub(crate) unsafe fn upload(
             let mut view = b
                 .slice(..mid as u64)
                 .get_mapped_range_mut()
-                .map_err(|e| Error::Internal(format!("staging buffer not mapped: {e}")))?;
+                .map_err(|e| unmapped(gpu, e))?;
             view.copy_from_slice(&src[head..head + mid]);
         }
         b.unmap();
@@ -230,7 +230,7 @@ pub(crate) unsafe fn upload(
             let mut view = b
                 .slice(..)
                 .get_mapped_range_mut()
-                .map_err(|e| Error::Internal(format!("staging buffer not mapped: {e}")))?;
+                .map_err(|e| unmapped(gpu, e))?;
             view.slice(..bytes.len()).copy_from_slice(bytes);
         }
         b.unmap();
@@ -286,4 +286,14 @@ pub(crate) fn download(
         gate: capturing.then(StagingGate::default),
     });
     Ok(())
+}
+
+/// A staging buffer created mapped that is not: wgpu's GL backend loses the device when the
+/// host refuses the buffer's memory (it does not check the allocation itself), so the lost
+/// device is the error then; anything else is unirt's own mistake.
+fn unmapped(gpu: &Gpu, e: impl std::fmt::Display) -> Error {
+    match gpu.alive() {
+        Err(lost) => lost,
+        Ok(()) => Error::Internal(format!("staging buffer not mapped: {e}")),
+    }
 }

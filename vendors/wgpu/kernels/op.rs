@@ -29,13 +29,13 @@ use crate::hal::{DevicePtr, StreamId};
 use crate::ops::{KernelCall, PlanSpec, PreparedKernel};
 use crate::vendors::AnyBackend;
 
+pub(crate) use super::op_cache::OpCache;
+pub(super) use super::op_cache::{GroupKey, Passes, MAX_CACHED_GROUPS};
 use super::shapes::ShapeHistory;
+use super::textures::TexSlot;
 pub(crate) use super::textures::{
     texel, texture_binding, texture_rows, TexInput, TexRead, Texel, PLANNED_TEXTURE_DIM,
 };
-use super::textures::TexSlot;
-pub(crate) use super::op_cache::OpCache;
-pub(super) use super::op_cache::{GroupKey, Passes, MAX_CACHED_GROUPS};
 
 /// Bytes of immediates an operator kernel takes: one element offset per tensor.
 pub(crate) const OP_IMMEDIATE_BYTES: u32 = 32;

@@ -228,4 +228,3 @@ impl OpCache {
             .retain(|k, _| k.0 != id && !k.1.iter().any(|(b, _, _)| *b == id));
     }
 }
-
