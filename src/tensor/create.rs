@@ -36,11 +36,9 @@ impl Tensor {
         if one.iter().all(|&b| b == one[0]) {
             t.memset_fresh(one[0])?;
         } else {
-            t.write_staged(|buf, count| {
-                for _ in 0..count {
-                    buf.extend_from_slice(&one);
-                }
-            })?;
+            // One stage's worth of the pattern, copied into each stage.
+            let block = one.repeat((STAGE_BYTES / one.len()).min(t.numel()));
+            t.write_staged(|buf, count| buf.extend_from_slice(&block[..count * one.len()]))?;
         }
         Ok(t)
     }
