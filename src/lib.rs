@@ -33,7 +33,7 @@
 //!  Runtime       one per device, lazily: caching allocator, pinned pool, capture + private pools
 //!  memory        Memory (RAII, from the allocator or the pinned pool); alloc/ the allocators
 //!  stream        Stream / Event (RAII), typed safe copies, Completion futures; BackendExt
-//!  discovery     probe every vendor of the table once; open devices lazily; rank them
+//!  discovery     probe each vendor once, when first needed; open devices lazily; rank them
 //!  checked       the shared checks and memory lifetimes of cpu and wgpu (allocation pins)
 //!  hal           trait Backend (the contract), handle / pointer types, Probe
 //!  vendors/      VENDORS (the one table) + AnyBackend; cpu/ cuda/ wgpu/ (+ noop/, the template)
@@ -160,7 +160,7 @@ pub use device::{
     Capabilities, Device, DeviceClass, DeviceInfo, DeviceKind, DeviceRank, EventTiming, MemInfo,
     UnusableDevice,
 };
-pub use discovery::{best_device, discover, open, BackendReport, Discovery};
+pub use discovery::{best_device, discover, open, vendor_report, BackendReport, Discovery};
 pub use error::{Error, InfiniStatus, Result};
 pub use graph::{CapturePlan, CapturedExec, CapturedGraph, Graph, GraphExec};
 pub use hal::{
