@@ -271,6 +271,31 @@ fn user_kernel_bad_input(ctx: &Ctx, a: &Tensor, scalars: &[KernelArg]) -> Result
             ));
         }
     }
+    if ctx.device.kind == DeviceKind::Wgpu {
+        // Sources deep enough to crash a compiler: a 20 000-term sum overflowed the planning
+        // thread's stack inside naga (the process aborted); 100 000 `let`s each using the one
+        // before crashed lavapipe's LLVM. Both are refused at plan time, nothing compiled.
+        let sum = format!("st_t1(io, ld_t0(ia){});", " + 1.0".repeat(20_000));
+        let lets: String = (0..6_000)
+            .map(|i| format!("let a{} = a{i} * 1.5 + 1.0;\n", i + 1))
+            .collect();
+        let lets = format!("let a0 = ld_t0(ia);\n{lets}st_t1(io, a6000);");
+        for (op, body) in [("user_deep_expression", sum), ("user_long_chain", lets)] {
+            let source = AFFINE_WGSL.replace(
+                "st_t1(io, ld_t0(ia) * arg0() + f32(arg1()) + arg2() + f32(g.x));",
+                &body,
+            );
+            cases.push((
+                op,
+                KernelImpl::Wgsl {
+                    source: source.into(),
+                    entry: "affine".into(),
+                    workgroup: [8, 8, 1],
+                },
+                &["bad_param"],
+            ));
+        }
+    }
     for (op, kernel, kinds) in cases {
         ops::register_kernel(op, ctx.device.kind, DType::F32, kernel).map_err(err("register"))?;
         expect_kind(plan_over(op, a, scalars, [7, 5, 1]), kinds, op)?;

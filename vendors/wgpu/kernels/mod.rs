@@ -28,6 +28,7 @@ mod shapes;
 mod softmax;
 mod textures;
 mod user;
+mod user_limits;
 mod wgsl;
 
 pub(crate) use fixed::*;

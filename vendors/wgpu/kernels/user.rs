@@ -14,6 +14,9 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use super::op::{prepare as prepare_op, OpSource};
+use super::user_limits::{
+    dependency_depth, nesting_estimate, MAX_DEPENDENCY_DEPTH, MAX_NESTING, PARSE_STACK,
+};
 use super::wgsl::{self, Bind};
 use crate::error::{Error, Result};
 use crate::hal::KernelArg;
@@ -112,19 +115,45 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
         "{}{pre}\n{source}\n",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec))
     );
-    check_module(spec.op, &src, entry, *workgroup, tensors.len())?;
-    prepare_op(
-        spec,
-        OpSource {
-            name: spec.op.to_string(),
-            passes: vec![(src, groups)],
-            cfg,
-            entry: Some(entry.clone()),
-            zero_workgroup_memory: true,
-            aligned: None,
-            textured: None,
-        },
-    )
+    let nesting = nesting_estimate(source);
+    if nesting > MAX_NESTING {
+        return Err(Error::BadParam(format!(
+            "{}: the WGSL source nests an expression about {nesting} operators deep; unirt \
+             takes at most {MAX_NESTING} (naga's front end recurses once per level: split \
+             the expression with `let`s)",
+            spec.op
+        )));
+    }
+    // Checked and compiled on a thread whose stack is known to be enough (see user_limits):
+    // naga parses on the calling thread, whatever its stack.
+    let compile = || -> Result<Arc<dyn PreparedKernel>> {
+        check_module(spec.op, &src, entry, *workgroup, tensors.len())?;
+        prepare_op(
+            spec,
+            OpSource {
+                name: spec.op.to_string(),
+                passes: vec![(src.clone(), groups)],
+                cfg: cfg.clone(),
+                entry: Some(entry.clone()),
+                zero_workgroup_memory: true,
+                aligned: None,
+                textured: None,
+            },
+        )
+    };
+    std::thread::scope(|s| {
+        let thread = std::thread::Builder::new()
+            .name("unirt-wgsl-compile".into())
+            .stack_size(PARSE_STACK)
+            .spawn_scoped(s, compile)
+            .map_err(|e| Error::Internal(format!("{}: no compile thread: {e}", spec.op)))?;
+        thread.join().unwrap_or_else(|_| {
+            Err(Error::Internal(format!(
+                "{}: compiling the WGSL kernel panicked",
+                spec.op
+            )))
+        })
+    })
 }
 
 /// What the compiler cannot refuse but unirt must:
@@ -137,6 +166,9 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
 ///   constants then the `tensors`): unirt binds nothing else, and the operator layout's
 ///   binding 31 (the constants' uniform copy) would have been read silently.
 ///
+/// - The module's longest chain of dependent operations is at most
+///   [`MAX_DEPENDENCY_DEPTH`] (`user_limits.rs`).
+///
 /// Source that does not parse is left to the compiler, whose error names the problem.
 fn check_module(
     op: &str,
@@ -148,6 +180,14 @@ fn check_module(
     let Ok(module) = naga::front::wgsl::parse_str(src) else {
         return Ok(());
     };
+    let chain = dependency_depth(&module);
+    if chain > MAX_DEPENDENCY_DEPTH {
+        return Err(Error::BadParam(format!(
+            "{op}: the WGSL source computes a chain of {chain} dependent operations; unirt \
+             takes at most {MAX_DEPENDENCY_DEPTH} (drivers' compilers recurse along such \
+             chains: lavapipe's crashed at 200 000): carry the value through a `var`"
+        )));
+    }
     for (_, g) in module.global_variables.iter() {
         if let Some(b) = &g.binding {
             if b.group != 0 || b.binding as usize > tensors {
