@@ -68,14 +68,8 @@ impl Tensor {
                 got: vec![values.len()],
             });
         }
-        let t = Tensor::empty(shape, dtype, device)?;
-        let mut next = values.iter();
-        t.write_staged(|buf, count| {
-            for &v in next.by_ref().take(count) {
-                encode(dtype, v, buf);
-            }
-        })?;
-        Ok(t)
+        let mut next = values.iter().copied();
+        Tensor::from_fn(shape, dtype, device, || next.next().unwrap_or(0.0))
     }
 
     /// `start, start + step, …` below `end` (above it for a negative step), 1-D.
@@ -87,15 +81,12 @@ impl Tensor {
         }
         // Saturates to usize::MAX for a count no tensor holds, which `empty` refuses.
         let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let t = Tensor::empty(&[n], dtype, device)?;
         let mut i = 0usize;
-        t.write_staged(|buf, count| {
-            for _ in 0..count {
-                encode(dtype, start + i as f64 * step, buf);
-                i += 1;
-            }
-        })?;
-        Ok(t)
+        Tensor::from_fn(&[n], dtype, device, || {
+            let v = start + i as f64 * step;
+            i += 1;
+            v
+        })
     }
 
     /// Uniform random values in `[low, high)` from `seed`: the same values on every device
@@ -108,14 +99,8 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        let t = Tensor::empty(shape, dtype, device)?;
         let mut rng = SplitMix64::new(seed);
-        t.write_staged(|buf, count| {
-            for _ in 0..count {
-                encode(dtype, low + (high - low) * rng.next_f64(), buf);
-            }
-        })?;
-        Ok(t)
+        Tensor::from_fn(shape, dtype, device, || low + (high - low) * rng.next_f64())
     }
 
     /// Normal random values (`mean`, `std`) from `seed`, the same on every device.
@@ -127,11 +112,22 @@ impl Tensor {
         dtype: DType,
         device: Device,
     ) -> Result<Tensor> {
-        let t = Tensor::empty(shape, dtype, device)?;
         let mut rng = SplitMix64::new(seed);
+        Tensor::from_fn(shape, dtype, device, || mean + std * rng.next_normal())
+    }
+
+    /// A contiguous tensor whose elements, in row-major order, are the values `next` returns
+    /// one after another, converted to `dtype` as [`encode`] does.
+    fn from_fn(
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+        mut next: impl FnMut() -> f64,
+    ) -> Result<Tensor> {
+        let t = Tensor::empty(shape, dtype, device)?;
         t.write_staged(|buf, count| {
             for _ in 0..count {
-                encode(dtype, mean + std * rng.next_normal(), buf);
+                encode(dtype, next(), buf);
             }
         })?;
         Ok(t)
