@@ -273,13 +273,14 @@ unsafe fn gemv_split_k<T: Float>(
     );
 }
 
-/// The split and merge of [`gemv_split_k`] and [`gemv_rows`] for `rows` rows of A: column
-/// blocks at most `widest` wide (a multiple of `align`) times segments of B's rows (at least
-/// 256, a multiple of 4, about [`SPLIT_K_TASKS`] tasks in all). Each task calls
-/// `accumulate(b_rows, j0, w, part)` to add B's rows `b_rows`, columns `j0..j0 + w` into its
-/// own zeroed partial sums, row r's at `part + r·n` (w of them); the task completing a
-/// block's last segment adds the block's partials in segment order and calls `finish(r, j,
-/// v)` for each element, then `after`. The order of every sum depends on the shape only.
+/// The split and merge of [`gemv_split_k`] and [`gemv_rows`](super::gemv_rows::gemv_rows)
+/// for `rows` rows of A: column blocks at most `widest` wide (a multiple of `align`) times
+/// segments of B's rows (at least 256, a multiple of 4, about [`SPLIT_K_TASKS`] tasks in
+/// all). Each task calls `accumulate(b_rows, j0, w, part)` to add B's rows `b_rows`, columns
+/// `j0..j0 + w` into its own zeroed partial sums, row r's at `part + r·n` (w of them); the
+/// task completing a block's last segment adds the block's partials in segment order and
+/// calls `finish(r, j, v)` for each element, then `after`. The order of every sum depends on
+/// the shape only.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn split_k(
     k: usize,

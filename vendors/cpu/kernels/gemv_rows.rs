@@ -28,7 +28,7 @@ const WIDEST_ROWS: usize = 32 * 1024;
 /// decode steps batched together are nearly as memory-bound as one, and packing B for the
 /// GEMM doubled their time (m × 4096 × 4096 f32: about 4 ms for one row, 7–9 ms for two to
 /// eight through the GEMM; 4–5 ms for two to four rows, 7–8 for eight, this way). Split as
-/// [`gemv_split_k`] is, with column blocks of [`WIDEST_ROWS`] accumulators across the rows;
+/// `gemv_split_k` is, with column blocks of [`WIDEST_ROWS`] accumulators across the rows;
 /// each stretch of B's rows is read once for all rows of A. The order of every sum depends
 /// on the shape only.
 ///
@@ -102,7 +102,7 @@ unsafe fn rows_split<T: Float, const R: usize>(
 /// `acc[r][t] += Σ_i xs[r][i]·B[i, t]` for R rows at once over `xs[r].len()` contiguous rows
 /// of B (from `b`, `w` columns) whose elements `widen` turns into f32: four rows of B per
 /// pass, eight columns at a time loaded once for every r. Each element sums as
-/// [`axpy_rows`]'s do.
+/// `axpy_rows`'s do.
 ///
 /// # Safety
 /// B must be valid for rows `0..xs[0].len()` at stride `rsb`, `w` columns from `b`.
@@ -175,7 +175,7 @@ unsafe fn axpy_rows_r<T: Copy, const R: usize>(
 /// `C[r, j] = alpha · Σ_i A[r, i]·B[i, j] + beta · C[r, j]` for 2 to [`FEW_ROWS`] rows of A
 /// (`a`: m rows of k f32 values) over a B whose columns are contiguous (`x · Wᵀ` with a
 /// linear layer's `[out, in]` weight, columns `csb` apart), read in place: B is
-/// taken [`T_BLOCK`] columns at a time, each row of A runs [`dot_cols`] over them (the
+/// taken [`T_BLOCK`] columns at a time, each row of A runs `dot_cols` over them (the
 /// one-row kernel, so every element has its bits), and the rows after the first find the
 /// block in L2. B comes from memory once.
 ///

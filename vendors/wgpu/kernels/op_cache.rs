@@ -32,9 +32,9 @@ pub(super) type GroupKey = (u64, Vec<(u64, u64, u64)>);
 #[derive(Default)]
 pub(crate) struct OpCache {
     /// Bind group layouts by tensor count (binding 0 is the constants) and the formats of the
-    /// textures that follow the tensors ([`TexRead`]).
+    /// textures that follow the tensors ([`TexRead`](super::textures::TexRead)).
     layouts: Mutex<LayoutMap>,
-    /// [`TexRead`] textures.
+    /// [`TexRead`](super::textures::TexRead) textures.
     pub(super) textures: Mutex<MatrixTextures>,
     /// Pipelines by source.
     pipes: Mutex<HashMap<String, Arc<Pipe>>>,
