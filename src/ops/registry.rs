@@ -103,9 +103,13 @@ pub enum KernelImpl {
     HostPerItem(HostItemKernel),
     /// WGSL source for the wgpu backend: `entry` with the given workgroup size (which its
     /// `@workgroup_size` must declare: checked at plan time, as is a grid of more workgroups
-    /// than the adapter dispatches), launched over the plan's grid. It is compiled after a prelude that gives it its tensors (`ld_t0(i)`,
-    /// `st_t1(i, v)`, `shape_t0(d)`, `stride_t0(d)`, inputs then outputs), `grid()` and its
-    /// scalars (`arg0()`, …); see the wgpu vendor's `kernels/user.rs`. On Mesa's llvmpipe
+    /// than the adapter dispatches), launched over the plan's grid. It is compiled after a
+    /// prelude that gives it its tensors (`ld_t0(i)`, `st_t1(i, v)`, `shape_t0(d)`,
+    /// `stride_t0(d)`, inputs then outputs), `grid()` and its scalars (`arg0()`, …); see the
+    /// wgpu vendor's `kernels/user.rs`. Source deep enough to crash a compiler is refused at
+    /// plan time ([`Error::BadParam`]): an expression nested more than 8000 operators deep,
+    /// or a chain of more than 10 000 dependent operations (`kernels/user_limits.rs`; carry
+    /// long chains through a `var`). On Mesa's llvmpipe
     /// (lavapipe, and llvmpipe through GL) one invocation may run at most 65535 loop
     /// iterations in all, over all its loops: past that its loops end early and it computes
     /// on part of its data, so give each invocation less work than that there.
