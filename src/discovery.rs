@@ -246,24 +246,20 @@ pub fn probe_all() -> Discovery {
 /// One vendor's report, probed once per process when first needed (thread-safe: one probe
 /// per vendor however many threads ask; vendors probe in parallel). [`open`] asks only for its
 /// device's vendor, so a program that uses `cpu:0` never starts a GPU driver: with lavapipe and
-/// llvmpipe installed, the first CPU tensor operation took 90–100 ms, 14 threads and 113 MB
+/// llvmpipe installed, the first CPU tensor operation took 87–104 ms, 14 threads and 113 MB
 /// of resident memory when opening the CPU probed every vendor (Mesa's devices start their
-/// threads and compile shaders when created), against 1 ms, 3 threads and 6 MB now.
+/// threads and compile shaders when created), against 2.2–2.5 ms, 3 threads and 6 MB now.
 pub fn vendor_report(kind: DeviceKind) -> Result<BackendReport> {
     use std::sync::OnceLock;
-    type Slots = Mutex<HashMap<DeviceKind, Arc<OnceLock<BackendReport>>>>;
-    static REPORTS: PerProcess<Slots> = PerProcess::new();
-    if !vendors::VENDORS.iter().any(|v| v.kind == kind) {
-        return Err(Error::DeviceTypeNotSupported(kind.to_string()));
-    }
-    let slot = REPORTS
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .entry(kind)
-        .or_default()
-        .clone();
-    // Probed outside the table's lock: another vendor's probe need not wait for this one.
-    Ok(slot
+    // One slot per vendor of the table, in its order.
+    static REPORTS: PerProcess<Vec<OnceLock<BackendReport>>> = PerProcess::new();
+    let slot = vendors::VENDORS
+        .iter()
+        .position(|v| v.kind == kind)
+        .ok_or_else(|| Error::DeviceTypeNotSupported(kind.to_string()))?;
+    let reports =
+        REPORTS.get_or_init(|| vendors::VENDORS.iter().map(|_| OnceLock::new()).collect());
+    Ok(reports[slot]
         .get_or_init(|| BackendReport::from_probe(kind, probe_one(kind)))
         .clone())
 }

@@ -134,15 +134,15 @@ impl Tensor {
     }
 
     /// Sets every byte of this fresh contiguous tensor to `byte`, once the work queued on its
-    /// memory has finished (as [`upload`](Tensor::upload) orders its copy).
+    /// memory has finished ([`settle`](Tensor::settle)).
     fn memset_fresh(&self, byte: u8) -> Result<()> {
         if self.nbytes() == 0 {
             return Ok(());
         }
-        let rt = &self.storage.rt;
-        self.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
-        rt.backend()
+        self.settle()?;
+        self.storage
+            .rt
+            .backend()
             .memset(DevicePtr(self.start_addr()), byte, self.nbytes())
     }
 
@@ -156,9 +156,8 @@ impl Tensor {
         }
         let per_stage = (STAGE_BYTES / size).min(n);
         let mut buf = host_vec(per_stage * size, 0u8, "a tensor's staged values")?;
-        let rt = &self.storage.rt;
-        self.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
+        self.settle()?;
+        let backend = self.storage.rt.backend();
         let mut done = 0;
         while done < n {
             let count = per_stage.min(n - done);
@@ -172,7 +171,7 @@ impl Tensor {
                 )));
             }
             let at = self.start_addr() + (done * size) as u64;
-            rt.backend().copy_to_device(DevicePtr(at), &buf)?;
+            backend.copy_to_device(DevicePtr(at), &buf)?;
             done += count;
         }
         Ok(())

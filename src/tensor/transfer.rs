@@ -29,36 +29,27 @@ impl Tensor {
 
     /// The elements in row-major order as little-endian bytes (waits for pending work).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        // A tensor a graph recording produced holds no values yet.
-        crate::graph::record::check_host_read(self)?;
-        let t = self.contiguous()?;
-        let rt = &t.storage.rt;
-        t.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
-        let mut out = host_vec(t.nbytes(), 0u8, "a tensor's bytes")?;
-        if !out.is_empty() {
-            rt.backend()
-                .copy_to_host(&mut out, DevicePtr(t.start_addr()))?;
-        }
-        Ok(out)
+        self.read_as("a tensor's bytes")
     }
 
     /// The elements in row-major order; `T` must be the tensor's dtype
     /// ([`Error::DTypeMismatch`] otherwise). Read straight into the returned vector.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_element::<T>("to_vec")?;
+        self.read_as("a tensor's values")
+    }
+
+    /// The view's elements in row-major order, read into a vector of `T` (`u8`, or the
+    /// dtype's own element type) once pending work has run.
+    fn read_as<T: bytemuck::Pod>(&self, why: &str) -> Result<Vec<T>> {
+        // A tensor a graph recording produced holds no values yet.
         crate::graph::record::check_host_read(self)?;
         let t = self.contiguous()?;
-        let rt = &t.storage.rt;
-        t.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
-        let mut out = host_vec(
-            t.numel(),
-            <T as bytemuck::Zeroable>::zeroed(),
-            "a tensor's values",
-        )?;
+        t.settle()?;
+        let n = t.nbytes() / std::mem::size_of::<T>();
+        let mut out = host_vec(n, T::zeroed(), why)?;
         if !out.is_empty() {
-            rt.backend().copy_to_host(
+            t.storage.rt.backend().copy_to_host(
                 bytemuck::cast_slice_mut(&mut out),
                 DevicePtr(t.start_addr()),
             )?;
@@ -139,13 +130,19 @@ impl Tensor {
         if bytes.is_empty() {
             return Ok(());
         }
-        let rt = &self.storage.rt;
-        // The memory may be a block that earlier work on this thread's stream, or another
-        // thread's, still uses.
-        self.order_on(rt.stream()?)?;
-        rt.sync_stream()?;
-        rt.backend()
+        self.settle()?;
+        self.storage
+            .rt
+            .backend()
             .copy_to_device(DevicePtr(self.start_addr()), bytes)
+    }
+
+    /// Waits, on the host, for the work queued on this tensor's memory: the memory may be a
+    /// block that earlier work on this thread's stream, or another thread's, still uses.
+    pub(super) fn settle(&self) -> Result<()> {
+        let rt = &self.storage.rt;
+        self.order_on(rt.stream()?)?;
+        rt.sync_stream()
     }
 
     /// The device address of the view's first element.

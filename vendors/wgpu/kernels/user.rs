@@ -115,25 +115,17 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
         "{}{pre}\n{source}\n",
         wgsl::prelude(&binds, wgsl::Dialect::of(spec))
     );
-    let nesting = nesting_estimate(source);
-    if nesting > MAX_NESTING {
-        return Err(Error::BadParam(format!(
-            "{}: the WGSL source nests an expression about {nesting} operators deep; unirt \
-             takes at most {MAX_NESTING} (naga's front end recurses once per level: split \
-             the expression with `let`s)",
-            spec.op
-        )));
-    }
     // Checked and compiled on a thread whose stack is known to be enough (see user_limits):
     // naga parses on the calling thread, whatever its stack.
-    let compile = || -> Result<Arc<dyn PreparedKernel>> {
-        check_module(spec.op, &src, entry, *workgroup, tensors.len())?;
+    let tensors = tensors.len();
+    let compile = move || -> Result<Arc<dyn PreparedKernel>> {
+        check_module(spec.op, source, &src, entry, *workgroup, tensors)?;
         prepare_op(
             spec,
             OpSource {
                 name: spec.op.to_string(),
-                passes: vec![(src.clone(), groups)],
-                cfg: cfg.clone(),
+                passes: vec![(src, groups)],
+                cfg,
                 entry: Some(entry.clone()),
                 zero_workgroup_memory: true,
                 aligned: None,
@@ -156,7 +148,11 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
     })
 }
 
-/// What the compiler cannot refuse but unirt must:
+/// What the compiler cannot refuse but unirt must, in `src` (the user's `source` after the
+/// prelude):
+/// - The user's source nests no expression deeper than [`MAX_NESTING`] and the module's
+///   longest chain of dependent operations is at most [`MAX_DEPENDENCY_DEPTH`]
+///   (`user_limits.rs`): deeper ones crash compilers.
 /// - The entry point's declared `@workgroup_size` must be the registered one: the dispatch is
 ///   sized with the registered one, so a kernel declaring a smaller size would silently leave
 ///   part of its grid unprocessed (seen: `[16, 16, 1]` registered, `(8, 8, 1)` declared, half
@@ -166,17 +162,23 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
 ///   constants then the `tensors`): unirt binds nothing else, and the operator layout's
 ///   binding 31 (the constants' uniform copy) would have been read silently.
 ///
-/// - The module's longest chain of dependent operations is at most
-///   [`MAX_DEPENDENCY_DEPTH`] (`user_limits.rs`).
-///
 /// Source that does not parse is left to the compiler, whose error names the problem.
 fn check_module(
     op: &str,
+    source: &str,
     src: &str,
     entry: &str,
     workgroup: [u32; 3],
     tensors: usize,
 ) -> Result<()> {
+    let nesting = nesting_estimate(source);
+    if nesting > MAX_NESTING {
+        return Err(Error::BadParam(format!(
+            "{op}: the WGSL source nests an expression about {nesting} operators deep; unirt \
+             takes at most {MAX_NESTING} (naga's front end recurses once per level: split the \
+             expression with `let`s)"
+        )));
+    }
     let Ok(module) = naga::front::wgsl::parse_str(src) else {
         return Ok(());
     };
