@@ -240,6 +240,10 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if self.owned {
+            // The allocators' segments cached for it pass to the living streams.
+            crate::alloc::retire_stream(&self.backend, self.id);
+        }
         if self.owned && self.backend.stream_destroy(self.id).is_err() {
             // Dropped mid-capture (an early return, an unwinding panic): end the capture and
             // discard its graph, then destroy the stream. A capture left open would keep the

@@ -23,6 +23,7 @@
 
 mod cases_alloc;
 mod cases_alloc_pools;
+mod cases_alloc_retire;
 mod cases_api;
 mod cases_bad_input;
 mod cases_basic;
@@ -188,6 +189,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_chaos::CASES);
     all.extend_from_slice(cases_alloc::CASES);
     all.extend_from_slice(cases_alloc_pools::CASES);
+    all.extend_from_slice(cases_alloc_retire::CASES);
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_api::CASES);
     all.extend_from_slice(cases_tensor_create::CASES);

@@ -7,6 +7,9 @@
 //! - A cached block is reused only on the stream it was allocated on (work on one stream is
 //!   ordered, so the next user runs after the last), best fit, lowest address first; it is split
 //!   when the rest is worth keeping, and merged with free neighbours when freed.
+//! - A stream that is dropped (a thread's own stream when the thread exits) leaves its cached
+//!   segments to the next stream that misses its cache, ordered after the dropped stream's
+//!   queued work ([`retire_stream`]).
 //! - [`record_stream`](CachingAllocator::record_stream) names other streams that used a block:
 //!   at free time an event is recorded on each, and the block is reused only once they all
 //!   query complete.
@@ -32,6 +35,7 @@ pub mod exact;
 mod fault;
 mod host;
 mod pool;
+mod retire;
 mod stats;
 pub mod strict;
 
@@ -41,6 +45,7 @@ pub use block::{
 };
 pub use fault::FaultInjector;
 pub use host::PinnedHostPool;
+pub use retire::retire_stream;
 pub use stats::{HostStats, MemoryStats, Stat};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,6 +108,9 @@ pub struct BlockInfo {
     /// The block's size after rounding (and after an unsplittable remainder was kept).
     pub size: u64,
     pub requested: u64,
+    /// The stream whose cache the block returns to when freed: the one it was allocated on,
+    /// or, once that stream was dropped, a retired key and then the stream that adopted it
+    /// (see [`retire_stream`]).
     pub stream: StreamId,
     /// True for a block of a graph-private pool.
     pub private: bool,
@@ -127,14 +135,16 @@ impl CachingAllocator {
     /// `UNIRT_ALLOC_EXACT` does.
     pub fn new(raw: Arc<dyn RawAllocator>) -> Arc<Self> {
         let device = device_of(raw.backend());
-        Arc::new(CachingAllocator {
+        let allocator = Arc::new(CachingAllocator {
             raw,
             device,
             state: Mutex::new(State::default()),
             pinned: Mutex::new(None),
             strict: AtomicU64::new(strict::limit_from_env().map_or(0, |l| l.max(1))),
             exact: AtomicBool::new(exact::from_env()),
-        })
+        });
+        retire::register(&allocator);
+        allocator
     }
 
     /// The device this allocator serves.
@@ -175,6 +185,15 @@ impl CachingAllocator {
         }
         if let Some(a) = st.take_free(pool, stream.0, size, requested, exact) {
             return self.checked(a);
+        }
+        // Segments of destroyed streams (see `retire`) before a new one.
+        if !st.retiring.is_empty()
+            && st.recording.is_none()
+            && self.adopt_retired(&mut st, stream.0)
+        {
+            if let Some(a) = st.take_free(pool, stream.0, size, requested, exact) {
+                return self.checked(a);
+            }
         }
         let seg = if exact {
             size
@@ -506,6 +525,10 @@ impl Drop for CachingAllocator {
             let _ = b.event_destroy(ev);
         }
         for ev in st.spare_events.drain(..) {
+            let _ = b.event_destroy(ev);
+        }
+        for (_, ev) in st.retiring.drain(..) {
+            let _ = b.event_synchronize(ev);
             let _ = b.event_destroy(ev);
         }
         let mut segs = st.all_segments();

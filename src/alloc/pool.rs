@@ -80,6 +80,14 @@ pub struct State {
     pub quick: Vec<(u64, u64, u32, u32)>,
     /// Strict mode's quarantine: freed blocks held out of reuse, oldest first.
     pub quarantine: super::strict::Quarantine,
+    /// Segments of the device cache per stream key (see [`super::retire`]): a stream that
+    /// holds none costs nothing when it goes.
+    pub stream_segments: HashMap<u64, u32>,
+    /// Retired keys with the event recorded on their stream before it went; the next stream
+    /// that misses its cache once the event has completed adopts their segments.
+    pub retiring: Vec<(u64, EventId)>,
+    /// The next retired key's number.
+    pub next_retired: u64,
 }
 
 impl Default for State {
@@ -98,6 +106,9 @@ impl Default for State {
             deferred_raw: Released::new(),
             quick: Vec::with_capacity(QUICK),
             quarantine: Default::default(),
+            stream_segments: HashMap::new(),
+            retiring: Vec::new(),
+            next_retired: 0,
         }
     }
 }
@@ -209,15 +220,16 @@ impl State {
         self.stats.cache_misses += 1;
         self.stats.reserved_bytes.add(seg);
         self.stats.segments.add(1);
-        if let Some(PoolOwner::Private(id)) = self
-            .pools
-            .get(pool as usize)
-            .and_then(|p| p.as_ref())
-            .map(|p| p.owner)
-        {
-            if let Some(p) = self.privates.get_mut(&id) {
-                p.segments += 1;
+        match self.pool_owner(pool) {
+            Some(PoolOwner::Private(id)) => {
+                if let Some(p) = self.privates.get_mut(&id) {
+                    p.segments += 1;
+                }
             }
+            Some(PoolOwner::DeviceCache) => {
+                *self.stream_segments.entry(stream).or_default() += 1;
+            }
+            None => {}
         }
         let idx = self.blocks.insert(Block::segment(addr, seg, stream, pool));
         self.hand_out(idx, size, requested)
@@ -398,12 +410,15 @@ impl State {
         self.stats.segments.sub(1);
         self.stats.raw_frees += 1;
         out.push((b.addr, b.size));
-        if let Some(PoolOwner::Private(id)) = self
-            .pools
-            .get(b.pool as usize)
-            .and_then(|p| p.as_ref())
-            .map(|p| p.owner)
-        {
+        if self.pool_owner(b.pool) == Some(PoolOwner::DeviceCache) {
+            if let Some(n) = self.stream_segments.get_mut(&b.stream) {
+                *n -= 1;
+                if *n == 0 {
+                    self.stream_segments.remove(&b.stream);
+                }
+            }
+        }
+        if let Some(PoolOwner::Private(id)) = self.pool_owner(b.pool) {
             let gone = match self.privates.get_mut(&id) {
                 Some(p) => {
                     p.segments = p.segments.saturating_sub(1);
