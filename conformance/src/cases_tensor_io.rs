@@ -1,6 +1,8 @@
 //! Host writes into existing tensors (`Tensor::copy_from_slice`): in place for contiguous
 //! views, through a device copy for strided ones, in stream order, refused with typed errors
 //! for a wrong length, dtype or bool value, a broadcast view and while a graph is recorded.
+//! Host reads while a graph is recorded: an external tensor's values, whatever its layout,
+//! with nothing added to the graph; a tensor the recording produced, refused.
 
 use half::f16;
 use unirt::tensor::{DType, Tensor};
@@ -18,6 +20,11 @@ pub(super) const CASES: &[Case] = &[
         name: "tensor::copy_from_slice::bad_input",
         needs: &[],
         run: bad_input,
+    },
+    Case {
+        name: "tensor::read_while_recording",
+        needs: &[],
+        run: read_while_recording,
     },
 ];
 
@@ -143,6 +150,49 @@ fn bad_input(ctx: &Ctx) -> Result<(), Failure> {
     ensure!(
         t.to_vec::<f32>()? == [5.0; 6],
         "a refused write changed the tensor"
+    );
+    Ok(())
+}
+
+/// Reads while this thread records a graph on the device. A strided view is copied before it
+/// is read; that copy was recorded into the graph, and the read returned its memory, which the
+/// graph had not yet written (zeros or stale values), with no error.
+fn read_while_recording(ctx: &Ctx) -> Result<(), Failure> {
+    let dev = ctx.device;
+    let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32, dev)?.reshape(&[2, 3])?;
+    let want_t = [0.0f32, 3.0, 1.0, 4.0, 2.0, 5.0];
+    let (g, (y, read, text, text_y)) = unirt::graph::record(dev, || {
+        let y = x.exp()?;
+        let read = x.transpose(0, 1)?.to_vec::<f32>();
+        let text = x.transpose(0, 1)?.to_string();
+        let text_y = y.to_string();
+        Ok((y, read, text, text_y))
+    })?;
+    ensure!(
+        read.as_ref().is_ok_and(|v| v == &want_t),
+        "a transposed external tensor read while recording: {read:?}, want {want_t:?}"
+    );
+    ensure!(
+        text.ends_with("[[0.0000, 3.0000], [1.0000, 4.0000], [2.0000, 5.0000]]"),
+        "a transposed external tensor printed while recording: {text}"
+    );
+    ensure!(
+        text_y.contains("values unavailable") && text_y.contains("recording"),
+        "a tensor the recording produced printed values before any run: {text_y}"
+    );
+    ensure!(
+        g.nodes().len() == 1,
+        "reads while recording added nodes: the graph has {} nodes, want 1 (exp)",
+        g.nodes().len()
+    );
+    unirt::Runtime::get(dev)?.run(&g)?;
+    let want: Vec<f32> = (0..6).map(|i| (i as f32).exp()).collect();
+    let got = y.to_vec::<f32>()?;
+    ensure!(
+        got.iter()
+            .zip(&want)
+            .all(|(g, w)| (g - w).abs() <= 1e-5 * w),
+        "the graph's exp after the reads: {got:?}, want {want:?}"
     );
     Ok(())
 }

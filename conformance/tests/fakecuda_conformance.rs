@@ -38,6 +38,7 @@ fn needs_a_gpu(case: &str) -> bool {
     // before the launch, against the real NVRTC and the fake driver's module loader).
     if case.starts_with("graph::")
         || case == "ops::random_views"
+        || case == "ops::many_dimensions"
         || case == "ops::data_movement_same_as_cpu"
         || case == "ops::changing_shapes_same_as_cpu"
         // Planned with kernels, and launched.
@@ -48,6 +49,9 @@ fn needs_a_gpu(case: &str) -> bool {
         || case.starts_with("ops::user_")
         // Strided writes, copy_from and the multiply that checks stream order are kernels.
         || case == "tensor::copy_from_slice"
+        // Printing and reading views copy them by a kernel.
+        || case == "tensor::display"
+        || case == "tensor::read_while_recording"
     {
         return true;
     }

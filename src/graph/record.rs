@@ -59,6 +59,22 @@ pub fn start_recording(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// Runs `f` with the calling thread's recording suspended, so that what it launches runs at
+/// once. A host read of an external tensor that is not contiguous copies it first: recorded,
+/// that copy joined the graph and the read returned the copy's memory before any run — values
+/// the tensor never held.
+pub(crate) fn suspended<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the recording device back when `f` returns or unwinds.
+    struct Resume(Option<Device>);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            DEVICE.with(|d| d.set(self.0));
+        }
+    }
+    let _resume = Resume(DEVICE.with(|d| d.take()));
+    f()
+}
+
 /// Stops recording and returns the graph. [`Error::NotCapturing`] if this thread does not
 /// record.
 pub fn stop_recording() -> Result<Graph> {

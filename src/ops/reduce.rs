@@ -66,7 +66,7 @@ pub fn reduce(op: ReduceOp, x: &TensorDesc, axes: &[isize], keepdim: bool) -> Re
         )));
     }
     let shape: Vec<usize> = (0..nd)
-        .filter_map(|d| match (ax.contains(&d), keepdim) {
+        .filter_map(|d| match (ax.binary_search(&d).is_ok(), keepdim) {
             (false, _) => Some(x.shape()[d]),
             (true, true) => Some(1),
             (true, false) => None,

@@ -26,12 +26,12 @@
 //! ```
 
 mod create;
+mod display;
 mod dtype;
 mod layout;
 mod random;
 mod transfer;
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -320,66 +320,6 @@ impl Tensor {
         let stream = rt.stream()?;
         self.order_on(stream)?;
         rt.backend().stream_synchronize(stream)
-    }
-}
-
-/// Prints at most this many elements per dimension at each end.
-const PREVIEW_EDGE: usize = 3;
-
-impl fmt::Display for Tensor {
-    /// `Tensor[2, 3] f32 on cpu:0` and a preview of the values with at most
-    /// 3 elements at each end of every dimension.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Tensor{:?} {} on {}",
-            self.shape(),
-            self.dtype,
-            self.device()
-        )?;
-        let values = match self.to_f64_vec() {
-            Ok(v) => v,
-            Err(e) => return write!(f, " <values unavailable: {e}>"),
-        };
-        f.write_str("\n")?;
-        fn rec(f: &mut fmt::Formatter<'_>, v: &[f64], shape: &[usize], float: bool) -> fmt::Result {
-            let Some((&n, rest)) = shape.split_first() else {
-                return match v.first() {
-                    Some(x) if float => write!(f, "{x:.4}"),
-                    Some(x) => write!(f, "{x}"),
-                    None => Ok(()),
-                };
-            };
-            let inner: usize = rest.iter().product();
-            f.write_str("[")?;
-            for i in 0..n {
-                if n > 2 * PREVIEW_EDGE && i == PREVIEW_EDGE {
-                    f.write_str(", ...")?;
-                }
-                if n > 2 * PREVIEW_EDGE && (PREVIEW_EDGE..n - PREVIEW_EDGE).contains(&i) {
-                    continue;
-                }
-                if i > 0 {
-                    f.write_str(", ")?;
-                }
-                rec(f, &v[i * inner..(i + 1) * inner], rest, float)?;
-            }
-            f.write_str("]")
-        }
-        rec(f, &values, self.shape(), self.dtype.is_float())
-    }
-}
-
-impl fmt::Debug for Tensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Tensor({:?}, {}, {}, {:?})",
-            self.shape(),
-            self.dtype,
-            self.device(),
-            self.layout
-        )
     }
 }
 

@@ -44,7 +44,8 @@ impl Tensor {
     fn read_as<T: bytemuck::Pod>(&self, why: &str) -> Result<Vec<T>> {
         // A tensor a graph recording produced holds no values yet.
         crate::graph::record::check_host_read(self)?;
-        let t = self.contiguous()?;
+        // Copied now even while this thread records: a recorded copy would hold no values.
+        let t = crate::graph::record::suspended(|| self.contiguous())?;
         t.settle()?;
         let n = t.nbytes() / std::mem::size_of::<T>();
         let mut out = host_vec(n, T::zeroed(), why)?;

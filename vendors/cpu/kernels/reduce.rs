@@ -157,7 +157,8 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
     let (mut kept_shape, mut kept_strides, mut red_shape, mut red_strides) =
         (vec![], vec![], vec![], vec![]);
     for d in 0..shape.len() {
-        if axes.contains(&d) {
+        // Sorted (`Params::Reduce`): a search, not a scan per dimension (quadratic in rank).
+        if axes.binary_search(&d).is_ok() {
             red_shape.push(shape[d]);
             red_strides.push(strides[d]);
         } else {

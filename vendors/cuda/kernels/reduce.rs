@@ -54,7 +54,8 @@ fn steps(spec: &PlanSpec<'_>) -> Result<Vec<Step>> {
         (vec![], vec![], vec![], vec![], vec![]);
     let mut o = 0;
     for d in 0..xs.len() {
-        if axes.contains(&d) {
+        // Sorted (`Params::Reduce`): a search, not a scan per dimension (quadratic in rank).
+        if axes.binary_search(&d).is_ok() {
             red.push(xs[d]);
             red_in.push(xt[d] as i64);
             if *keepdim {

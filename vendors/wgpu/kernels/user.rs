@@ -54,7 +54,7 @@ pub(crate) fn prepare(spec: &PlanSpec<'_>, kernel: &KernelImpl) -> Result<Arc<dy
     let mut binds = Vec::new();
     for (k, t) in tensors.iter().enumerate() {
         let n = NAMES[k];
-        let at = wgsl::push_view(&mut cfg, t.layout.shape(), t.layout.strides());
+        let at = wgsl::push_view_exact(&mut cfg, t.layout.shape(), t.layout.strides());
         let _ = writeln!(
             pre,
             "fn shape_{n}(d: u32) -> u32 {{ return cfg[{}u + d]; }}\n\

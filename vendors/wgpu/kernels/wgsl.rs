@@ -441,6 +441,9 @@ pub(crate) fn view_index(
     let ViewCode::Unrolled(numbers) = code else {
         return format!("view_off({i}, cfg[{at}u])");
     };
+    // The descriptor's dimensions (see `push_view`).
+    let (shape, strides) = without_ones(shape, strides);
+    let (shape, strides) = (&shape[..], &strides[..]);
     if shape.contains(&0) {
         // No element to index (and no extent to divide by).
         let _ = writeln!(funcs, "fn {name}(i: u32) -> u32 {{ return 0u; }}");
@@ -499,8 +502,30 @@ pub(crate) fn view_index(
 
 /// Appends a view descriptor to `cfg`, returning its index: the rank, the shape, the strides,
 /// then each extent's [divisor words](super::shapes::divisor_words) (two per dimension; read
-/// by [`view_index`]'s code where it reads the extent).
+/// by [`view_index`]'s code where it reads the extent). The view's dimensions of size 1 are
+/// left out ([`without_ones`]).
 pub(crate) fn push_view(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
+    let (shape, strides) = without_ones(shape, strides);
+    push_view_exact(cfg, &shape, &strides)
+}
+
+/// The view without its dimensions of size 1, which address nothing: `view_off` loops once
+/// per dimension of the descriptor, and on an adapter with a loop limiter a view of 100 000
+/// dimensions of size 1 used up the invocation's 65 535 iterations in its first call, so the
+/// kernel's loops stopped early and a softmax wrote wrong values without an error. Without
+/// them a view that a `u32` indexes has at most 32 dimensions.
+pub(crate) fn without_ones(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    shape
+        .iter()
+        .zip(strides)
+        .filter(|(&n, _)| n != 1)
+        .map(|(&n, &s)| (n, s))
+        .unzip()
+}
+
+/// [`push_view`] keeping every dimension (a user kernel reads the tensor's own shape and
+/// strides by dimension).
+pub(crate) fn push_view_exact(cfg: &mut Vec<u32>, shape: &[usize], strides: &[usize]) -> u32 {
     let at = cfg.len() as u32;
     cfg.push(shape.len() as u32);
     cfg.extend(shape.iter().map(|&n| n as u32));
@@ -546,11 +571,11 @@ pub(crate) fn grid_for(items: u64, wg: u32) -> [u32; 3] {
     [x as u32, y as u32, 1]
 }
 
-/// The shape and strides of the dimensions of a view other than `axes` (the lanes of a row
-/// or reduction kernel).
+/// The shape and strides of the dimensions of a view other than `axes` (sorted; the lanes of
+/// a row or reduction kernel).
 pub(crate) fn kept(shape: &[usize], strides: &[usize], axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
     (0..shape.len())
-        .filter(|d| !axes.contains(d))
+        .filter(|d| axes.binary_search(d).is_err())
         .map(|d| (shape[d], strides[d]))
         .unzip()
 }
