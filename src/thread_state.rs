@@ -31,6 +31,8 @@ impl Drop for ThreadStreams {
     fn drop(&mut self) {
         for (device, stream) in self.0.drain() {
             if device.kind == DeviceKind::Wgpu {
+                // Its cached memory is retired now, not when the reaper gets to it.
+                crate::alloc::retire_stream_later(stream.backend(), stream.id());
                 reaper::destroy_later(stream);
             }
         }

@@ -45,7 +45,7 @@ pub use block::{
 };
 pub use fault::FaultInjector;
 pub use host::PinnedHostPool;
-pub use retire::retire_stream;
+pub use retire::{retire_stream, retire_stream_later};
 pub use stats::{HostStats, MemoryStats, Stat};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -527,7 +527,7 @@ impl Drop for CachingAllocator {
         for ev in st.spare_events.drain(..) {
             let _ = b.event_destroy(ev);
         }
-        for (_, ev) in st.retiring.drain(..) {
+        for ev in st.retiring.drain(..).filter_map(|r| r.event) {
             let _ = b.event_synchronize(ev);
             let _ = b.event_destroy(ev);
         }

@@ -85,7 +85,7 @@ pub struct State {
     pub stream_segments: HashMap<u64, u32>,
     /// Retired keys with the event recorded on their stream before it went; the next stream
     /// that misses its cache once the event has completed adopts their segments.
-    pub retiring: Vec<(u64, EventId)>,
+    pub retiring: Vec<super::retire::Retiring>,
     /// The next retired key's number.
     pub next_retired: u64,
 }
