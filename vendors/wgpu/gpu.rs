@@ -85,6 +85,8 @@ pub(crate) struct Gpu {
     /// The submitter thread and the driver's threads exist only in this process image: in a
     /// forked child the device is unusable (`Error::Forked`), never waited for.
     born: Epoch,
+    /// A GL device is known to the exit handler while it is open (`exit.rs`).
+    _exit: Option<super::exit::TrackedDevice>,
 }
 
 fn driver(call: &str, message: impl std::fmt::Display) -> Error {
@@ -101,6 +103,7 @@ fn driver(call: &str, message: impl std::fmt::Display) -> Error {
 pub(crate) fn request(
     adapter: &wgpu::Adapter,
 ) -> std::result::Result<(wgpu::Device, wgpu::Queue), String> {
+    super::exit::note_thread();
     let features = super::adapter::wanted_features(&adapter.features());
     let desc = wgpu::DeviceDescriptor {
         label: Some("unirt"),
@@ -152,6 +155,8 @@ impl Gpu {
                 .lock()
                 .get_or_insert_with(|| format!("{reason:?}: {msg}"));
         });
+        let tracked =
+            (adapter.get_info().backend == wgpu::Backend::Gl).then(|| super::exit::track(&device));
         let timing = super::adapter::device_timing(&device.features());
         let kernels = Kernels::new(&device);
         let completed = Arc::new(Completion::default());
@@ -187,6 +192,7 @@ impl Gpu {
             uncaptured,
             lost,
             born: Epoch::now(),
+            _exit: tracked,
         })
     }
 
@@ -544,6 +550,7 @@ struct Submitter {
 
 impl Submitter {
     fn run(self, rx: crossbeam_channel::Receiver<Job>) {
+        super::exit::note_thread();
         for job in rx {
             let seq = job.seq;
             if catch_unwind(AssertUnwindSafe(|| self.submit(job))).is_err() {

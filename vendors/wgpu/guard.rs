@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 
 /// Runs `f`; a panic inside it becomes `Error::Driver { call, .. }`.
 pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    super::exit::note_thread();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
@@ -38,6 +39,7 @@ pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> R
 /// of `x` is leaked. Drop collections element by element, each through its own `release`: a
 /// collection's remaining elements are dropped during the unwind of one that panicked.
 pub(crate) fn release<T>(x: T) {
+    super::exit::note_thread();
     let _ = catch_unwind(AssertUnwindSafe(move || drop(x)));
 }
 

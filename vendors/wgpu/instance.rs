@@ -35,10 +35,18 @@ pub(crate) fn adapters(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
         }
     }
     if !rest.is_empty() {
+        // EGL is loaded and used from here on: see `exit.rs`.
+        let gl = rest.contains(wgpu::Backends::GL);
+        if gl {
+            super::exit::gl_enumerating();
+        }
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         desc.backends &= rest;
         let instance = wgpu::Instance::new(desc);
         found.extend(pollster::block_on(instance.enumerate_adapters(rest)));
+        if gl {
+            super::exit::gl_enumerated();
+        }
     }
     found
 }

@@ -49,6 +49,11 @@
 //!   `op::prepare_scratch`), and sampling cuts the order by four-way searches instead of
 //!   ranking candidates against each other, so neither is limited at a vocabulary's size.
 //!
+//! - **Process exit** (`exit.rs`): libglvnd's EGL teardown frees every thread's EGL state
+//!   without stopping the threads, so an exit raced by threads using a GL device aborted the
+//!   process; such threads release their EGL state at thread exit under a gate that an
+//!   `atexit` handler closes, together with each GL device's context lock.
+//!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses
 //! it; the pins matter for pinned host memory, which read-backs write and captured uploads
@@ -64,6 +69,7 @@ mod backend;
 mod contents;
 mod copy;
 mod event;
+mod exit;
 mod fault;
 mod gpu;
 mod graph;

@@ -1,0 +1,144 @@
+//! The process exits while threads use the GL adapter (`vendors/wgpu/exit.rs`).
+//!
+//! Each case is a child process (this binary again, told which case by
+//! `UNIRT_EXIT_RACE_CHILD`) that must exit with status 0, many times over:
+//!
+//! - `delay:<µs>`: four threads each copy through the GL device, report done, and exit with a
+//!   thread-local destructor that sleeps for the given time, so that their exit overlaps the
+//!   process's; `main` returns as soon as all four reported. Without the fix glibc aborted
+//!   (`double free or corruption`, `free(): invalid pointer`) in about a third of the runs;
+//!   the library's unit tests failed on CI so, once.
+//! - `busy`: four threads copy through the GL device in a loop while `main` returns. Without
+//!   the fix: SIGSEGV or a malloc abort in about one run in five.
+//!
+//! Its own binary without the test harness: each case is a process exit, and the harness's
+//! own threads would blur which exit is being tested.
+
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use unirt::{discover, open, Backend, BackendExt, Device, DeviceKind};
+
+const CHILD: &str = "UNIRT_EXIT_RACE_CHILD";
+const DEVICE: &str = "UNIRT_EXIT_RACE_DEVICE";
+const THREADS: usize = 4;
+
+fn main() {
+    match std::env::var(CHILD) {
+        Ok(case) => child(&case),
+        Err(_) => parent(),
+    }
+}
+
+struct SlowExit(Duration);
+
+impl Drop for SlowExit {
+    fn drop(&mut self) {
+        std::thread::sleep(self.0);
+    }
+}
+
+thread_local! {
+    static SLOW_EXIT: std::cell::RefCell<Option<SlowExit>> = const { std::cell::RefCell::new(None) };
+}
+
+/// One copy through the device; errors are the child's failure only where no exit is near.
+fn round_trip(dev: &unirt::AnyBackend) -> unirt::Result<()> {
+    let p = dev.malloc(4096)?;
+    dev.copy_to_device(p, &[7u8; 4096])?;
+    let back = dev.read_vec(p, 4096)?;
+    dev.free(p)?;
+    assert!(back.iter().all(|&b| b == 7), "the copy came back wrong");
+    Ok(())
+}
+
+fn child(case: &str) {
+    let device: Device = std::env::var(DEVICE)
+        .expect("the parent names the device")
+        .parse()
+        .expect("a device name");
+    let dev = open(device).expect("the GL device opens");
+    let (tx, rx) = mpsc::channel();
+    if let Some(us) = case.strip_prefix("delay:") {
+        let delay = Duration::from_micros(us.parse().expect("microseconds"));
+        for _ in 0..THREADS {
+            let (dev, tx) = (dev.clone(), tx.clone());
+            std::thread::spawn(move || {
+                round_trip(&dev).expect("a copy before the exit");
+                SLOW_EXIT.with(|s| *s.borrow_mut() = Some(SlowExit(delay)));
+                tx.send(()).unwrap();
+            });
+        }
+        for _ in 0..THREADS {
+            rx.recv().expect("every thread reports");
+        }
+    } else if case == "busy" {
+        for _ in 0..THREADS {
+            let (dev, tx) = (dev.clone(), tx.clone());
+            std::thread::spawn(move || {
+                round_trip(&dev).expect("a copy before the exit");
+                tx.send(()).unwrap();
+                // Errors are possible once the process is exiting (the device is held).
+                loop {
+                    let _ = round_trip(&dev);
+                }
+            });
+        }
+        for _ in 0..THREADS {
+            rx.recv().expect("every thread reports");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    } else {
+        panic!("unknown case {case}");
+    }
+    // Returning from main: `exit`, with the threads still exiting or working.
+}
+
+fn parent() {
+    let Some(gl) = discover()
+        .devices()
+        .into_iter()
+        .filter(|d| d.kind == DeviceKind::Wgpu)
+        .find(|d| open(*d).is_ok_and(|b| b.info().api == "gl"))
+    else {
+        println!("exit_race: no GL adapter on this machine: nothing to test");
+        return;
+    };
+    let exe = std::env::current_exe().expect("this test's path");
+    let mut cases: Vec<String> = Vec::new();
+    // The window is where `exit` runs the library destructors, whose start depends on the
+    // machine: the delays sweep 0.5–6.25 ms.
+    for step in 0..24 {
+        cases.push(format!("delay:{}", 500 + 250 * step));
+    }
+    cases.extend(std::iter::repeat_n("busy".to_string(), 24));
+    let mut failed = Vec::new();
+    for case in &cases {
+        let out = Command::new(&exe)
+            .env(CHILD, case)
+            .env(DEVICE, gl.to_string())
+            .output()
+            .expect("the child starts");
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
+            eprintln!(
+                "exit_race: {case} on {gl}: {} — stderr ends:\n  {}",
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
+            );
+            failed.push(case.clone());
+        }
+    }
+    if failed.is_empty() {
+        println!("exit_race: {} exits on {gl}, all clean", cases.len());
+    } else {
+        eprintln!(
+            "exit_race: {} of {} exits on {gl} failed: {failed:?}",
+            failed.len(),
+            cases.len()
+        );
+        std::process::exit(1);
+    }
+}
