@@ -1,4 +1,5 @@
-//! The process exits while threads use the GL adapter (`vendors/wgpu/exit.rs`).
+//! The process exits while threads use the GL adapter (`vendors/wgpu/exit.rs`) or NVRTC
+//! (`vendors/cuda/nvrtc.rs`).
 //!
 //! Each case is a child process (this binary again, told which case by
 //! `UNIRT_EXIT_RACE_CHILD`) that must exit with status 0, many times over:
@@ -10,6 +11,10 @@
 //!   the library's unit tests failed on CI so, once.
 //! - `busy`: four threads copy through the GL device in a loop while `main` returns. Without
 //!   the fix: SIGSEGV or a malloc abort in about one run in five.
+//!
+//! - `compile:<ms>`: a thread compiles every CUDA kernel with NVRTC (on rayon's threads)
+//!   while `main` returns after the given time. Without the fix: SIGSEGV inside
+//!   `nvrtcCompileProgram` in about one run in four. Needs NVRTC only (no GPU, no libcuda).
 //!
 //! Its own binary without the test harness: each case is a process exit, and the harness's
 //! own threads would blur which exit is being tested.
@@ -54,6 +59,19 @@ fn round_trip(dev: &unirt::AnyBackend) -> unirt::Result<()> {
 }
 
 fn child(case: &str) {
+    if let Some(ms) = case.strip_prefix("compile:") {
+        let ms: u64 = ms.parse().expect("milliseconds");
+        std::thread::spawn(|| loop {
+            if let Err(e) = unirt::vendors::cuda::compile_kernels(&[80]) {
+                println!("compile: {e}");
+                return;
+            }
+        });
+        // Loading NVRTC takes milliseconds, compiling every kernel seconds: `main` returns
+        // while rayon's threads compile.
+        std::thread::sleep(Duration::from_millis(ms));
+        return;
+    }
     let device: Device = std::env::var(DEVICE)
         .expect("the parent names the device")
         .parse()
@@ -96,35 +114,51 @@ fn child(case: &str) {
 }
 
 fn parent() {
-    let Some(gl) = discover()
+    let exe = std::env::current_exe().expect("this test's path");
+    let mut cases: Vec<(String, Option<Device>)> = Vec::new();
+    match discover()
         .devices()
         .into_iter()
         .filter(|d| d.kind == DeviceKind::Wgpu)
         .find(|d| open(*d).is_ok_and(|b| b.info().api == "gl"))
-    else {
-        println!("exit_race: no GL adapter on this machine: nothing to test");
-        return;
-    };
-    let exe = std::env::current_exe().expect("this test's path");
-    let mut cases: Vec<String> = Vec::new();
-    // The window is where `exit` runs the library destructors, whose start depends on the
-    // machine: the delays sweep 0.5–6.25 ms.
-    for step in 0..24 {
-        cases.push(format!("delay:{}", 500 + 250 * step));
+    {
+        Some(gl) => {
+            // The window is where `exit` runs the library destructors, whose start depends on
+            // the machine: the delays sweep 0.5–6.25 ms.
+            for step in 0..24 {
+                cases.push((format!("delay:{}", 500 + 250 * step), Some(gl)));
+            }
+            cases.extend(std::iter::repeat_n(("busy".to_string(), Some(gl)), 24));
+        }
+        None => println!("exit_race: no GL adapter on this machine: no GL case"),
     }
-    cases.extend(std::iter::repeat_n("busy".to_string(), 24));
+    for step in 0..12 {
+        cases.push((format!("compile:{}", 50 + 90 * step), None));
+    }
     let mut failed = Vec::new();
-    for case in &cases {
-        let out = Command::new(&exe)
-            .env(CHILD, case)
-            .env(DEVICE, gl.to_string())
-            .output()
-            .expect("the child starts");
+    let mut ran = 0;
+    for (case, device) in &cases {
+        let mut cmd = Command::new(&exe);
+        cmd.env(CHILD, case);
+        if let Some(d) = device {
+            cmd.env(DEVICE, d.to_string());
+        }
+        let out = cmd.output().expect("the child starts");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if case.starts_with("compile:") && stdout.contains("compile: ") {
+            // No NVRTC here (or it cannot compile): every compile case would be the same.
+            println!(
+                "exit_race: NVRTC cannot compile here ({}): no compile case",
+                stdout.trim()
+            );
+            break;
+        }
+        ran += 1;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
             eprintln!(
-                "exit_race: {case} on {gl}: {} — stderr ends:\n  {}",
+                "exit_race: {case}: {} — stderr ends:\n  {}",
                 out.status,
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
             );
@@ -132,12 +166,11 @@ fn parent() {
         }
     }
     if failed.is_empty() {
-        println!("exit_race: {} exits on {gl}, all clean", cases.len());
+        println!("exit_race: {ran} exits, all clean");
     } else {
         eprintln!(
-            "exit_race: {} of {} exits on {gl} failed: {failed:?}",
-            failed.len(),
-            cases.len()
+            "exit_race: {} of {ran} exits failed: {failed:?}",
+            failed.len()
         );
         std::process::exit(1);
     }
