@@ -84,6 +84,10 @@
 //!   [`Runtime`] and [`context`] start afresh there ([`fork`]); CUDA and Mesa's GL, which
 //!   cannot cross a fork, say so. Sizes from callers and drivers are checked and allocated
 //!   fallibly: an impossible one is `OutOfMemory` / `TooLarge`, never an abort.
+//! - **Exit-safe.** A process may exit while its threads compile, submit or exit: each
+//!   driver whose exit handlers free state under running threads (LLVM, Mesa, glvnd's EGL,
+//!   NVRTC) is stopped first by a hook (`exit`: its calls are refused, those in progress and
+//!   the device's queue waited for, within bounds).
 //! - **Memory is never released under work that uses it.** Every check of a range returns a
 //!   counted reference to its allocation ([`memtable::AllocRef`]), which the operation holds
 //!   until it has run — a synchronous copy until it returns, a queued command until its worker
@@ -132,6 +136,7 @@ pub mod context;
 pub mod device;
 pub mod discovery;
 pub mod error;
+pub(crate) mod exit;
 pub mod fork;
 pub mod graph;
 pub mod hal;

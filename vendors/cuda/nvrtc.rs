@@ -6,27 +6,25 @@
 //! declared here. Results are plain `i32` for the same reason as in `driver.rs`. NVRTC runs on
 //! the host: compiling needs no GPU and no libcuda.
 //!
-//! **Process exit.** NVRTC's C++ statics are destroyed by `exit` (handlers it registered when
-//! it was loaded) whether or not another thread is compiling: a program whose `main` returned
-//! while a worker thread compiled its first kernels died with SIGSEGV inside
-//! `nvrtcCompileProgram` (3 of 12 runs of a scratch program over the fake driver here). Every
-//! call into NVRTC holds [`IN_USE`] for reading; an `atexit` handler registered after NVRTC
-//! loaded (so it runs before NVRTC's own) takes it for writing — waiting for the compiles in
-//! progress, at most [`EXIT_WAIT`] — and keeps it, so a compile that starts later waits
-//! until `exit` ends the thread. Checked by `tests/exit_race.rs` (case `compile`).
+//! **Process exit.** NVRTC's C++ statics are destroyed by handlers `exit` runs whether or not
+//! another thread is compiling: a program whose `main` returned while a worker thread compiled
+//! its first kernels died with SIGSEGV inside `nvrtcCompileProgram` (3 of 12 runs of a scratch
+//! program over the fake driver here). Every call into NVRTC passes [`GATE`]; the exit hook
+//! ([`crate::exit`], run before NVRTC's handlers) closes it and waits for the compiles in
+//! progress, at most [`EXIT_WAIT`]; a compile that starts later fails with
+//! `Error::Unavailable` ("the process is exiting"). Checked by `tests/exit_race.rs`.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use libloading::Library;
-use parking_lot::{RwLock, RwLockReadGuard};
 
 use super::loader;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
+use crate::exit::{Gate, GatePass};
 
 type NvrtcResult = i32;
 type Program = *mut std::ffi::c_void;
@@ -39,37 +37,25 @@ const MAX_ARCHS: usize = 1024;
 const MAX_LOG: usize = 64 << 20;
 const MAX_OUTPUT: usize = 1 << 30;
 
-/// Held (for reading) by every call into NVRTC; taken for good by the exit handler.
-static IN_USE: RwLock<()> = RwLock::new(());
-
-/// The process whose exit handler is registered (a forked child's inherited one does nothing).
-static REGISTERED_BY: AtomicU32 = AtomicU32::new(0);
+/// Passed by every call into NVRTC; closed by the exit hook.
+static GATE: Gate = Gate::new();
 
 /// How long an exit waits for the compiles in progress (a large kernel takes a few seconds on
 /// a busy machine).
 const EXIT_WAIT: Duration = Duration::from_secs(20);
 
-/// Entered around every call into NVRTC (see the module docs).
-fn in_use() -> RwLockReadGuard<'static, ()> {
-    IN_USE.read()
+/// Enters a call into NVRTC (see the module docs), or refuses it once the process is exiting.
+fn in_use() -> Result<GatePass<'static>> {
+    crate::exit::note_thread();
+    GATE.enter().ok_or_else(|| Error::Unavailable {
+        backend: DeviceKind::Cuda,
+        reason: "NVRTC: the process is exiting".into(),
+    })
 }
 
-/// Registers the exit handler once per process, after NVRTC was loaded.
-fn arm_exit_handler() {
-    let pid = std::process::id();
-    if REGISTERED_BY.swap(pid, Ordering::AcqRel) != pid {
-        // SAFETY: `at_exit` is an `extern "C" fn()` that neither unwinds nor calls NVRTC.
-        let _ = unsafe { libc::atexit(at_exit) };
-    }
-}
-
-extern "C" fn at_exit() {
-    if REGISTERED_BY.load(Ordering::Acquire) != std::process::id() {
-        return;
-    }
-    if let Some(closed) = IN_USE.try_write_for(EXIT_WAIT) {
-        std::mem::forget(closed);
-    }
+/// The exit hook: no compile starts after it, and those in progress end first.
+fn close_at_exit() {
+    GATE.close(EXIT_WAIT);
 }
 
 /// `n` zeroed elements, or None when NVRTC's `n` is past `max` or the host cannot hold it.
@@ -182,9 +168,9 @@ fn load() -> std::result::Result<Nvrtc, String> {
     let (lib, path) = loader::open_first("NVRTC", &search)?;
     let api =
         Api::load(&lib).map_err(|e| format!("NVRTC at {} is unusable: {e}", path.display()))?;
-    // NVRTC registered its exit-time destructors as it loaded: this handler runs before them.
-    arm_exit_handler();
-    let _in_use = in_use();
+    // NVRTC registered its exit handlers as it loaded: the hook is armed to run before them.
+    crate::exit::register(close_at_exit);
+    let _in_use = in_use().map_err(|e| e.to_string())?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: writes two ints through valid pointers.
     let r = unsafe { (api.nvrtcVersion)(&mut major, &mut minor) };
@@ -244,7 +230,7 @@ impl Nvrtc {
             self.api.nvrtcGetNumSupportedArchs?,
             self.api.nvrtcGetSupportedArchs?,
         );
-        let _in_use = in_use();
+        let _in_use = in_use().ok()?;
         let mut n: c_int = 0;
         // SAFETY: writes one int.
         if unsafe { num(&mut n) } != NVRTC_SUCCESS || n <= 0 {
@@ -275,7 +261,7 @@ impl Nvrtc {
     /// [`Error::KernelCompile`] with NVRTC's log; `Ok` carries the image and the log (warnings).
     pub fn compile(&self, name: &str, source: &str, target: Target) -> Result<(Vec<u8>, String)> {
         // Declared first: released after the program is destroyed.
-        let _in_use = in_use();
+        let _in_use = in_use()?;
         let csrc = CString::new(source)
             .map_err(|_| Error::BadParam(format!("kernel source {name} contains NUL")))?;
         let cname = CString::new(name)

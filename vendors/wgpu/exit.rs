@@ -1,66 +1,70 @@
-//! Process exit while threads use a GL adapter: the EGL library's teardown must not race them.
+//! The wgpu backend at process exit (see [`crate::exit`] for when the hook runs).
 //!
-//! wgpu's GL backend reaches llvmpipe (or a GPU's GL driver) through libEGL, which on Linux is
-//! usually libglvnd's dispatcher. glvnd keeps a small state for every thread that made an EGL
-//! call, freed by a thread-exit destructor — and, at process exit, its library destructor
-//! (run by `exit` after every `atexit` handler) frees the states of *all* threads, then the
-//! vendor libraries, without stopping the threads. Two legal programs crashed so, measured
-//! with a scratch program here (a pool of threads adding vectors on `wgpu:1`, llvmpipe's GL):
+//! Three crashes, each seen with a scratch program on this machine's Mesa adapters whose
+//! `main` returned while other threads used a device:
 //!
-//! - **A thread exiting as the process exits** (a test harness whose last test threads end
-//!   as `main` returns, a thread pool joined just before): glvnd's destructor and the thread's
-//!   own exit destructor both free the thread's state, and glibc aborts with `double free or
-//!   corruption` or `free(): invalid pointer` — the CI failure of the library's unit tests
-//!   (its last tests are the wgpu ones). Forced with a 3 ms delay in the exiting thread: 5
-//!   aborts in 20 runs.
-//! - **A thread still using the device as `main` returns**: its next EGL call reads the freed
-//!   state or display; 6 of 30 runs ended in SIGSEGV or a malloc abort. (Vulkan on lavapipe:
-//!   0 of 30, so only GL is handled here.)
+//! - **Compiling** (lavapipe and llvmpipe): LLVM compiles a kernel when its pipeline is made
+//!   or first dispatched — on the calling thread, the submitter or lavapipe's own queue
+//!   thread — and `exit` destroys LLVM's and Mesa's statics meanwhile: SIGSEGV in LLVM's
+//!   code generator, "LLVM ERROR", "stack smashing detected" (15 of 24 runs on lavapipe, 11
+//!   of 16 on llvmpipe, threads making a new kernel each step).
+//! - **Calling GL** (llvmpipe): libglvnd's library destructor frees every thread's EGL state
+//!   and unloads the vendor libraries; a thread still copying read freed memory (6 of 30).
+//! - **Exiting** (GL): glvnd frees a thread's EGL state both in that destructor and when the
+//!   thread exits, so a thread exiting as the process exits had it freed twice: `double free`,
+//!   `free(): invalid pointer` (the CI abort of the unit-test binary after all its tests
+//!   passed; 5 of 20 runs with a delay in the threads' exit).
 //!
-//! unirt cannot change glvnd, so it keeps both off the teardown's path:
+//! So every call into wgpu holds a [`Pass`] (each `Backend` method through `guard::guarded`,
+//! each drop through `guard::release`, each submission, each device request). The exit hook
+//! closes the gate — a later call fails with `Error::Unavailable` ("the process is exiting"),
+//! a later drop leaks, a later submission fails its waiters — waits for the calls in progress
+//! (at most [`EXIT_WAIT`]), then waits for each open device's queue to finish (lavapipe's
+//! queue thread compiles there), at most [`EXIT_WAIT`] each. For the exiting threads, every
+//! thread that called wgpu while a GL adapter is in use calls `eglReleaseThread` when it
+//! exits (glvnd frees its state at once and forgets it) under [`RELEASE`], which the hook
+//! takes for good: a thread exiting later stops before its state could be freed twice.
 //!
-//! - every thread that calls into the wgpu backend while a GL adapter is in use holds a
-//!   thread-local [`ThreadRelease`]; when the thread exits, it calls `eglReleaseThread`
-//!   (which frees the thread's EGL state at once and clears glvnd's thread-exit destructor)
-//!   while holding [`GATE`];
-//! - an `atexit` handler, registered after the GL adapters were enumerated (so it runs before
-//!   Mesa's own `atexit` handlers and before every library destructor), first takes the
-//!   context lock of each open GL device — wgpu-hal makes every EGL call of a device under
-//!   it — waiting for an EGL call in progress to finish, then takes [`GATE`]; both are kept
-//!   until the process ends. A thread that exits later stops in its release (before its EGL
-//!   state can be freed twice) and a thread that calls the driver later waits for the
-//!   context; `exit` then ends them all.
-//!
-//! An exit waits for an EGL call in progress (at most wgpu-hal's 6 s context timeout, then it
-//! goes on unprotected). Checked by `tests/exit_race.rs`, which runs both programs 24 times
-//! each as child processes: 1–8 of 48 failed before, 0 of 48 in every run since.
+//! Checked by `tests/exit_race.rs` (child processes that exit while threads compile, copy
+//! and exit on each wgpu adapter).
 
 use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
-/// Whether a GL adapter was enumerated in this process (threads register only then).
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+use crate::exit::{Gate, GatePass};
+
+/// Calls into wgpu in progress; closed by the exit hook.
+static GATE: Gate = Gate::new();
+
+/// Whether a GL adapter was enumerated in this process (threads release EGL state only then).
 static GL_IN_USE: AtomicBool = AtomicBool::new(false);
 
 /// Held by an exiting thread while it releases its EGL state; taken for good at exit.
-static GATE: Mutex<()> = Mutex::new(());
+static RELEASE: Mutex<()> = Mutex::new(());
 
-/// The open GL devices (id, the process that opened it, the device), whose context locks
-/// the exit handler holds.
+/// The open devices (id, the process that opened it, the device), waited idle at exit.
 static DEVICES: Mutex<Vec<(u64, u32, wgpu::Device)>> = Mutex::new(Vec::new());
 
-/// Whether this process's exit handler ran (a forked child may have registered twice).
-static QUIESCED: AtomicBool = AtomicBool::new(false);
+/// How long the exit waits for the calls in progress, and for each device's queue.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
 
-/// The process that registered the handler (a forked child leaves everything alone).
-static REGISTERED_BY: AtomicU32 = AtomicU32::new(0);
+/// A call into wgpu in progress (see the module docs).
+pub(crate) type Pass = GatePass<'static>;
 
-/// How long the exit handler waits for a thread's EGL call, or release, in progress.
-const EXIT_WAIT: Duration = Duration::from_secs(2);
+/// Enters a call into wgpu, or refuses it once the process is exiting.
+pub(crate) fn enter() -> Result<Pass> {
+    note_thread();
+    GATE.enter().ok_or_else(|| Error::Unavailable {
+        backend: DeviceKind::Wgpu,
+        reason: "the process is exiting".into(),
+    })
+}
 
 type ReleaseThreadFn = unsafe extern "C" fn() -> u32;
 
@@ -101,7 +105,7 @@ struct ThreadRelease;
 
 impl Drop for ThreadRelease {
     fn drop(&mut self) {
-        let _gate = GATE.lock();
+        let _release = RELEASE.lock();
         if let Some(release) = release_thread_fn() {
             // SAFETY: eglReleaseThread takes no arguments and is valid on any thread, with or
             // without a current context (it unbinds one); the thread makes no EGL call after
@@ -112,46 +116,43 @@ impl Drop for ThreadRelease {
 }
 
 thread_local! {
-    static RELEASE: ThreadRelease = const { ThreadRelease };
-    static NOTED: Cell<bool> = const { Cell::new(false) };
+    static THREAD_RELEASE: ThreadRelease = const { ThreadRelease };
+    static NOTED_GL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Registers the calling thread's release (once per thread) when a GL adapter is in use.
-/// Cheap: an atomic load and a thread-local flag. Call it before the thread's first EGL call
-/// through wgpu, so that its release is among the last of its destructors.
+/// Registers the calling thread's exit guards (once per thread): the main thread's (see
+/// [`crate::exit`]) and, while a GL adapter is in use, its EGL release. Cheap: an atomic
+/// load and thread-local flags. Called before the thread's first call into wgpu, so that its
+/// release is among the last of its destructors.
 pub(crate) fn note_thread() {
+    crate::exit::note_thread();
     if !GL_IN_USE.load(Ordering::Acquire) {
         return;
     }
-    let _ = NOTED.try_with(|noted| {
+    let _ = NOTED_GL.try_with(|noted| {
         if !noted.replace(true) {
             // Touching it registers its destructor (where the thread is not already exiting).
-            let _ = RELEASE.try_with(|_| ());
+            let _ = THREAD_RELEASE.try_with(|_| ());
         }
     });
 }
 
-/// Called before GL adapters are enumerated: from now on threads register their release.
+/// Called before GL adapters are enumerated: from now on threads release their EGL state.
 pub(crate) fn gl_enumerating() {
     GL_IN_USE.store(true, Ordering::Release);
     note_thread();
 }
 
-/// Called after GL adapters were enumerated (Mesa registered its own `atexit` handlers
-/// then): registers the exit handler, once per process (a forked child that enumerates anew
-/// registers its own; the handler it inherited does nothing there).
-pub(crate) fn gl_enumerated() {
-    let pid = std::process::id();
-    if REGISTERED_BY.swap(pid, Ordering::AcqRel) != pid {
-        // SAFETY: `at_exit` is an `extern "C" fn()` that never unwinds (it catches panics).
-        let _ = unsafe { libc::atexit(at_exit) };
-    }
+/// Called after adapters were enumerated or a device requested (the drivers registered their
+/// own exit handlers then): the hook is registered, and armed to run before those.
+pub(crate) fn driver_loaded() {
+    crate::exit::register(quiesce);
 }
 
-/// An open GL device, known to the exit handler until this is dropped (with the device).
+/// An open device, waited idle by the exit hook until this is dropped (with the device).
 pub(crate) struct TrackedDevice(u64);
 
-/// Tracks `device` (of a GL adapter) for the exit handler.
+/// Tracks `device` for the exit hook.
 pub(crate) fn track(device: &wgpu::Device) -> TrackedDevice {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -170,46 +171,39 @@ impl Drop for TrackedDevice {
                 .position(|(id, _, _)| *id == self.0)
                 .map(|i| devices.swap_remove(i))
         };
-        // The device clone is dropped outside the lock (a wgpu drop may take the context).
+        // The device clone is dropped outside the lock (a wgpu drop may take the GL context).
         super::guard::release(removed);
     }
 }
 
-extern "C" fn at_exit() {
-    if REGISTERED_BY.load(Ordering::Acquire) != std::process::id()
-        || QUIESCED.swap(true, Ordering::AcqRel)
-    {
-        return;
-    }
-    let _ = catch_unwind(AssertUnwindSafe(quiesce));
-}
-
-/// Holds every open GL device's context lock, then the release gate, until the process ends.
+/// The exit hook: closes the gate, waits for the calls in progress and each device's queue,
+/// then holds the EGL release gate for good.
 fn quiesce() {
-    if let Some(devices) = DEVICES.try_lock_for(EXIT_WAIT) {
-        let pid = std::process::id();
-        // A device a parent process opened is unusable here (and its lock may be stuck).
-        for (_, _, device) in devices.iter().filter(|(_, opener, _)| *opener == pid) {
-            // SAFETY: only the wgpu-hal device of a device made by wgpu's GL backend is read
-            // (None for any other backend); nothing is destroyed through it.
-            let Some(hal) = (unsafe { device.as_hal::<wgpu::hal::api::Gles>() }) else {
-                continue;
-            };
-            // Kept (with the lock it gives) until the process ends.
-            let hal = Box::leak(Box::new(hal));
-            // SAFETY: the context is locked but never used: no GL or EGL call is made with
-            // it, so it need not be current on this thread. wgpu-hal waits at most 6 s for
-            // the lock and panics after (caught: the exit goes on unprotected).
-            let held = catch_unwind(AssertUnwindSafe(|| unsafe {
-                hal.context().get_without_egl_lock()
-            }));
-            if let Ok(lock) = held {
-                std::mem::forget(lock);
-            }
-        }
-        std::mem::forget(devices);
+    GATE.close(EXIT_WAIT);
+    let pid = std::process::id();
+    // Clones, taken out of the lock (a device dropped during the exit removes its entry) and
+    // never dropped (a drop would call into wgpu). A device a parent process opened is
+    // unusable here.
+    let devices: Vec<wgpu::Device> = match DEVICES.try_lock_for(EXIT_WAIT) {
+        Some(list) => list
+            .iter()
+            .filter(|(_, opener, _)| *opener == pid)
+            .map(|(_, _, d)| d.clone())
+            .collect(),
+        None => Vec::new(),
+    };
+    for device in &devices {
+        // Waits for the queue's last submission (lavapipe compiles kernels on its queue
+        // thread when they first run); an error or a timeout ends the wait.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(EXIT_WAIT),
+            })
+        }));
     }
-    if let Some(gate) = GATE.try_lock_for(EXIT_WAIT) {
-        std::mem::forget(gate);
+    std::mem::forget(devices);
+    if let Some(release) = RELEASE.try_lock_for(EXIT_WAIT) {
+        std::mem::forget(release);
     }
 }

@@ -85,8 +85,8 @@ pub(crate) struct Gpu {
     /// The submitter thread and the driver's threads exist only in this process image: in a
     /// forked child the device is unusable (`Error::Forked`), never waited for.
     born: Epoch,
-    /// A GL device is known to the exit handler while it is open (`exit.rs`).
-    _exit: Option<super::exit::TrackedDevice>,
+    /// The device is waited idle by the exit hook while it is open (`exit.rs`).
+    _exit: super::exit::TrackedDevice,
 }
 
 fn driver(call: &str, message: impl std::fmt::Display) -> Error {
@@ -103,7 +103,7 @@ fn driver(call: &str, message: impl std::fmt::Display) -> Error {
 pub(crate) fn request(
     adapter: &wgpu::Adapter,
 ) -> std::result::Result<(wgpu::Device, wgpu::Queue), String> {
-    super::exit::note_thread();
+    let _pass = super::exit::enter().map_err(|e| e.to_string())?;
     let features = super::adapter::wanted_features(&adapter.features());
     let desc = wgpu::DeviceDescriptor {
         label: Some("unirt"),
@@ -126,6 +126,8 @@ pub(crate) fn request(
         pollster::block_on(adapter.request_device(&desc))
     }))
     .map_err(|_| "request_device panicked".to_string())?;
+    // The driver may have registered exit handlers while making its device.
+    super::exit::driver_loaded();
     requested.map_err(|e| format!("request_device: {e}"))
 }
 
@@ -155,8 +157,7 @@ impl Gpu {
                 .lock()
                 .get_or_insert_with(|| format!("{reason:?}: {msg}"));
         });
-        let tracked =
-            (adapter.get_info().backend == wgpu::Backend::Gl).then(|| super::exit::track(&device));
+        let tracked = super::exit::track(&device);
         let timing = super::adapter::device_timing(&device.features());
         let kernels = Kernels::new(&device);
         let completed = Arc::new(Completion::default());
@@ -553,6 +554,19 @@ impl Submitter {
         super::exit::note_thread();
         for job in rx {
             let seq = job.seq;
+            let Ok(_pass) = super::exit::enter() else {
+                // The process is exiting: the submission never happens. Its waiters are
+                // told (the next wait reports the error), and what it holds is leaked
+                // rather than dropped through wgpu.
+                self.errors
+                    .lock()
+                    .get_or_insert_with(|| format!("submission {seq}: the process is exiting"));
+                self.contents.forget_all();
+                self.completed.finish(seq);
+                self.handed.advance(seq);
+                std::mem::forget(job);
+                continue;
+            };
             if catch_unwind(AssertUnwindSafe(|| self.submit(job))).is_err() {
                 self.errors
                     .lock()

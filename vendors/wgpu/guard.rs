@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 
 /// Runs `f`; a panic inside it becomes `Error::Driver { call, .. }`.
 pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    super::exit::note_thread();
+    // Refused once the process is exiting (`exit.rs`).
+    let _pass = super::exit::enter()?;
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
@@ -39,7 +40,11 @@ pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> R
 /// of `x` is leaked. Drop collections element by element, each through its own `release`: a
 /// collection's remaining elements are dropped during the unwind of one that panicked.
 pub(crate) fn release<T>(x: T) {
-    super::exit::note_thread();
+    // Once the process is exiting, what is left is leaked instead (`exit.rs`).
+    let Ok(_pass) = super::exit::enter() else {
+        std::mem::forget(x);
+        return;
+    };
     let _ = catch_unwind(AssertUnwindSafe(move || drop(x)));
 }
 

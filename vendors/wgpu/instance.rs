@@ -44,10 +44,9 @@ pub(crate) fn adapters(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
         desc.backends &= rest;
         let instance = wgpu::Instance::new(desc);
         found.extend(pollster::block_on(instance.enumerate_adapters(rest)));
-        if gl {
-            super::exit::gl_enumerated();
-        }
     }
+    // The drivers registered their exit handlers as they loaded.
+    super::exit::driver_loaded();
     found
 }
 

@@ -49,10 +49,10 @@
 //!   `op::prepare_scratch`), and sampling cuts the order by four-way searches instead of
 //!   ranking candidates against each other, so neither is limited at a vocabulary's size.
 //!
-//! - **Process exit** (`exit.rs`): libglvnd's EGL teardown frees every thread's EGL state
-//!   without stopping the threads, so an exit raced by threads using a GL device aborted the
-//!   process; such threads release their EGL state at thread exit under a gate that an
-//!   `atexit` handler closes, together with each GL device's context lock.
+//! - **Process exit** (`exit.rs`): the drivers' exit handlers (LLVM, Mesa, glvnd's EGL) free
+//!   their state while other threads compile, submit or exit, so every call into wgpu passes
+//!   a gate that the exit hook (`src/exit.rs`) closes before them, then the hook waits for
+//!   each device's queue; threads that used a GL adapter release their EGL state as they exit.
 //!
 //! Memory lifetimes follow [`crate::checked`]: commands pin the allocations they use until
 //! their submission has completed (wgpu itself keeps a buffer alive while a submission uses
