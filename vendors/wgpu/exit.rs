@@ -176,14 +176,48 @@ impl Drop for TrackedDevice {
     }
 }
 
+/// Waits for each device's queue to finish (lavapipe compiles kernels on its queue thread when
+/// they first run), at most [`EXIT_WAIT`] each, on a thread of its own: the exiting thread's
+/// thread-locals are already destroyed, and wgpu-core's debug builds keep a lock trace in one
+/// (every call panicked there). The thread never ends (a thread exiting now would race
+/// libglvnd's teardown, above); `exit` ends it. The devices are never dropped (a drop would
+/// call into wgpu).
+fn wait_idle(devices: Vec<wgpu::Device>) {
+    if devices.is_empty() {
+        return;
+    }
+    let n = devices.len() as u32;
+    let (done, finished) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("unirt-exit".into())
+        .spawn(move || {
+            for device in &devices {
+                // An error or a timeout ends the wait.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    device.poll(wgpu::PollType::Wait {
+                        submission_index: None,
+                        timeout: Some(EXIT_WAIT),
+                    })
+                }));
+            }
+            let _ = done.send(());
+            std::mem::forget(devices);
+            loop {
+                std::thread::park();
+            }
+        });
+    if spawned.is_ok() {
+        let _ = finished.recv_timeout(EXIT_WAIT * n + Duration::from_secs(1));
+    }
+}
+
 /// The exit hook: closes the gate, waits for the calls in progress and each device's queue,
 /// then holds the EGL release gate for good.
 fn quiesce() {
     GATE.close(EXIT_WAIT);
     let pid = std::process::id();
-    // Clones, taken out of the lock (a device dropped during the exit removes its entry) and
-    // never dropped (a drop would call into wgpu). A device a parent process opened is
-    // unusable here.
+    // Clones, taken out of the lock (a device dropped during the exit removes its entry). A
+    // device a parent process opened is unusable here.
     let devices: Vec<wgpu::Device> = match DEVICES.try_lock_for(EXIT_WAIT) {
         Some(list) => list
             .iter()
@@ -192,17 +226,7 @@ fn quiesce() {
             .collect(),
         None => Vec::new(),
     };
-    for device in &devices {
-        // Waits for the queue's last submission (lavapipe compiles kernels on its queue
-        // thread when they first run); an error or a timeout ends the wait.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            device.poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(EXIT_WAIT),
-            })
-        }));
-    }
-    std::mem::forget(devices);
+    wait_idle(devices);
     if let Some(release) = RELEASE.try_lock_for(EXIT_WAIT) {
         std::mem::forget(release);
     }
