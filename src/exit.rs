@@ -108,6 +108,20 @@ fn is_main_thread() -> bool {
     u32::try_from(tid).is_ok_and(|t| t == std::process::id())
 }
 
+/// The wgpu backend's gate (`vendors/wgpu/exit.rs`).
+pub(crate) static WGPU_GATE: Gate = Gate::new();
+
+/// NVRTC's gate (`vendors/cuda/nvrtc.rs`).
+pub(crate) static NVRTC_GATE: Gate = Gate::new();
+
+/// Run in a forked child (only atomics): the parent's calls in progress are not the child's,
+/// and its exit must not wait for them.
+pub(crate) fn after_fork_in_child() {
+    for gate in [&WGPU_GATE, &NVRTC_GATE] {
+        gate.in_flight.store(0, Ordering::SeqCst);
+    }
+}
+
 /// A driver's calls in progress, and whether new ones may start: what an exit hook closes.
 pub(crate) struct Gate {
     in_flight: AtomicUsize,

@@ -33,6 +33,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 extern "C" fn after_fork_in_child() {
     GENERATION.fetch_add(1, Ordering::SeqCst);
     crate::handles::note_fork();
+    crate::exit::after_fork_in_child();
 }
 
 /// Registers the child handler (once per process; the registration is inherited by children).

@@ -9,10 +9,11 @@
 //! **Process exit.** NVRTC's C++ statics are destroyed by handlers `exit` runs whether or not
 //! another thread is compiling: a program whose `main` returned while a worker thread compiled
 //! its first kernels died with SIGSEGV inside `nvrtcCompileProgram` (3 of 12 runs of a scratch
-//! program over the fake driver here). Every call into NVRTC passes [`GATE`]; the exit hook
-//! ([`crate::exit`], run before NVRTC's handlers) closes it and waits for the compiles in
-//! progress, at most [`EXIT_WAIT`]; a compile that starts later fails with
-//! `Error::Unavailable` ("the process is exiting"). Checked by `tests/exit_race.rs`.
+//! program over the fake driver here). Every call into NVRTC passes its gate
+//! (`exit::NVRTC_GATE`); the exit hook ([`crate::exit`], run before NVRTC's handlers) closes
+//! it and waits for the compiles in progress, at most [`EXIT_WAIT`]; a compile that starts
+//! later fails with `Error::Unavailable` ("the process is exiting"). Checked by
+//! `tests/exit_race.rs`.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::PathBuf;
@@ -24,7 +25,8 @@ use libloading::Library;
 use super::loader;
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
-use crate::exit::{Gate, GatePass};
+// Passed by every call into NVRTC; closed by the exit hook.
+use crate::exit::{GatePass, NVRTC_GATE as GATE};
 
 type NvrtcResult = i32;
 type Program = *mut std::ffi::c_void;
@@ -36,9 +38,6 @@ const NVRTC_SUCCESS: NvrtcResult = 0;
 const MAX_ARCHS: usize = 1024;
 const MAX_LOG: usize = 64 << 20;
 const MAX_OUTPUT: usize = 1 << 30;
-
-/// Passed by every call into NVRTC; closed by the exit hook.
-static GATE: Gate = Gate::new();
 
 /// How long an exit waits for the compiles in progress (a large kernel takes a few seconds on
 /// a busy machine).

@@ -37,10 +37,8 @@ use parking_lot::Mutex;
 
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
-use crate::exit::{Gate, GatePass};
-
-/// Calls into wgpu in progress; closed by the exit hook.
-static GATE: Gate = Gate::new();
+// Calls into wgpu in progress; closed by the exit hook.
+use crate::exit::{GatePass, WGPU_GATE as GATE};
 
 /// Whether a GL adapter was enumerated in this process (threads release EGL state only then).
 static GL_IN_USE: AtomicBool = AtomicBool::new(false);
