@@ -554,30 +554,31 @@ impl Submitter {
         super::exit::note_thread();
         for job in rx {
             let seq = job.seq;
-            let Ok(_pass) = super::exit::enter() else {
-                // The process is exiting: the submission never happens. Its waiters are
-                // told (the next wait reports the error), and what it holds is leaked
-                // rather than dropped through wgpu.
-                self.errors
-                    .lock()
-                    .get_or_insert_with(|| format!("submission {seq}: the process is exiting"));
-                self.contents.forget_all();
-                self.completed.finish(seq);
-                self.handed.advance(seq);
-                std::mem::forget(job);
-                continue;
-            };
-            if catch_unwind(AssertUnwindSafe(|| self.submit(job))).is_err() {
-                self.errors
-                    .lock()
-                    .get_or_insert_with(|| format!("submission {seq} panicked in wgpu"));
-                // Nobody waits forever on a submission that never happened, and its copies
-                // into textures did not happen either.
-                self.contents.forget_all();
-                self.completed.finish(seq);
+            match super::exit::enter() {
+                Ok(_pass) => {
+                    if catch_unwind(AssertUnwindSafe(|| self.submit(job))).is_err() {
+                        self.never_ran(seq, "panicked in wgpu");
+                    }
+                }
+                Err(_) => {
+                    // The process is exiting: what the job holds is leaked rather than
+                    // dropped through wgpu.
+                    self.never_ran(seq, "was refused: the process is exiting");
+                    std::mem::forget(job);
+                }
             }
             self.handed.advance(seq);
         }
+    }
+
+    /// Submission `seq` did not happen: the next wait reports why, nobody waits forever on
+    /// it, and its copies into textures did not happen either.
+    fn never_ran(&self, seq: u64, why: &str) {
+        self.errors
+            .lock()
+            .get_or_insert_with(|| format!("submission {seq} {why}"));
+        self.contents.forget_all();
+        self.completed.finish(seq);
     }
 
     fn submit(&self, job: Job) {
