@@ -7,10 +7,9 @@
 //! NVRTC each crashed a program here whose `main` returned while another thread was compiling,
 //! submitting or exiting (SIGSEGV, `double free or corruption`; `docs/RELIABILITY.md`). So
 //! each backend that needs it registers a *hook* here ([`register`]) that stops its driver
-//! work — refuses new calls with [`Error::Unavailable`](crate::Error::Unavailable) ("the process is
-//! exiting"), waits a bounded
-//! time for the calls in progress and for the device to go idle — and the hooks run, once,
-//! before the drivers' own handlers:
+//! work — refuses new calls with [`Error::Unavailable`](crate::Error::Unavailable) ("the
+//! process is exiting"), waits a bounded time for the calls in progress and for the device to
+//! go idle — and the hooks run, once, before the drivers' own handlers:
 //!
 //! - **First, from the exiting thread's thread-local destructors**: glibc's `exit` destroys
 //!   the calling thread's thread-locals before it runs any `atexit` handler. The thread a
@@ -27,16 +26,19 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::fork::Epoch;
+
 /// The hooks, in registration order (each function once).
 static HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
-/// The process the hooks belong to (set by the first registration).
-static OWNER: AtomicU32 = AtomicU32::new(0);
+/// The process image the hooks belong to (set by each registration: a forked child's first
+/// makes it the owner).
+static OWNER: Mutex<Option<Epoch>> = Mutex::new(None);
 
 /// Whether the hooks ran (they run once, however many registrations lead to them).
 static RAN: AtomicBool = AtomicBool::new(false);
@@ -56,15 +58,18 @@ pub(crate) fn register(hook: fn()) {
 /// were registered until now. Each call costs one entry in libc's list (32 bytes): call it
 /// when a driver library was loaded or a device opened, not per operation.
 pub(crate) fn arm() {
-    let pid = std::process::id();
     // A child's first arm makes it the owner (the hooks it inherited stay listed).
-    OWNER.store(pid, Ordering::Release);
+    *OWNER.lock() = Some(Epoch::now());
     // SAFETY: `run_hooks` is an `extern "C" fn()` that never unwinds (it catches panics).
     let _ = unsafe { libc::atexit(run_hooks) };
 }
 
 extern "C" fn run_hooks() {
-    if OWNER.load(Ordering::Acquire) != std::process::id() || RAN.swap(true, Ordering::AcqRel) {
+    let owned = OWNER
+        .try_lock()
+        .and_then(|o| *o)
+        .is_some_and(|e| e.is_current());
+    if !owned || RAN.swap(true, Ordering::AcqRel) {
         return;
     }
     let hooks: Vec<fn()> = match HOOKS.try_lock() {

@@ -39,6 +39,7 @@ use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 // Calls into wgpu in progress; closed by the exit hook.
 use crate::exit::{GatePass, WGPU_GATE as GATE};
+use crate::fork::Epoch;
 
 /// Whether a GL adapter was enumerated in this process (threads release EGL state only then).
 static GL_IN_USE: AtomicBool = AtomicBool::new(false);
@@ -46,8 +47,8 @@ static GL_IN_USE: AtomicBool = AtomicBool::new(false);
 /// Held by an exiting thread while it releases its EGL state; taken for good at exit.
 static RELEASE: Mutex<()> = Mutex::new(());
 
-/// The open devices (id, the process that opened it, the device), waited idle at exit.
-static DEVICES: Mutex<Vec<(u64, u32, wgpu::Device)>> = Mutex::new(Vec::new());
+/// The open devices (id, the process image that opened it, the device), waited idle at exit.
+static DEVICES: Mutex<Vec<(u64, Epoch, wgpu::Device)>> = Mutex::new(Vec::new());
 
 /// How long the exit waits for the calls in progress, and for each device's queue.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -154,9 +155,7 @@ pub(crate) struct TrackedDevice(u64);
 pub(crate) fn track(device: &wgpu::Device) -> TrackedDevice {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    DEVICES
-        .lock()
-        .push((id, std::process::id(), device.clone()));
+    DEVICES.lock().push((id, Epoch::now(), device.clone()));
     TrackedDevice(id)
 }
 
@@ -213,13 +212,12 @@ fn wait_idle(devices: Vec<wgpu::Device>) {
 /// then holds the EGL release gate for good.
 fn quiesce() {
     GATE.close(EXIT_WAIT);
-    let pid = std::process::id();
     // Clones, taken out of the lock (a device dropped during the exit removes its entry). A
     // device a parent process opened is unusable here.
     let devices: Vec<wgpu::Device> = match DEVICES.try_lock_for(EXIT_WAIT) {
         Some(list) => list
             .iter()
-            .filter(|(_, opener, _)| *opener == pid)
+            .filter(|(_, opened, _)| opened.is_current())
             .map(|(_, _, d)| d.clone())
             .collect(),
         None => Vec::new(),

@@ -551,7 +551,6 @@ struct Submitter {
 
 impl Submitter {
     fn run(self, rx: crossbeam_channel::Receiver<Job>) {
-        super::exit::note_thread();
         for job in rx {
             let seq = job.seq;
             match super::exit::enter() {
