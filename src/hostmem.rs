@@ -22,26 +22,6 @@ pub fn acquire_zeroed(size: u64, align: u64, backend: DeviceKind, device: &str) 
     acquire_with(size, align, backend, device, true)
 }
 
-/// All the memory this machine has (RAM + swap, from `/proc/meminfo`), read once; `u64::MAX`
-/// where it cannot be read.
-fn machine_memory() -> u64 {
-    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TOTAL.get_or_init(|| {
-        let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let field = |name: &str| -> Option<u64> {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|kib| kib.saturating_mul(1024))
-        };
-        match field("MemTotal:") {
-            Some(ram) => ram.saturating_add(field("SwapTotal:").unwrap_or(0)),
-            None => u64::MAX,
-        }
-    })
-}
-
 fn acquire_with(
     size: u64,
     align: u64,
@@ -55,15 +35,10 @@ fn acquire_with(
         requested: size,
         detail: detail.to_string(),
     };
-    // More than the machine has can never be backed; refusing it here gives the same answer
-    // whether or not the kernel overcommits (where it does, the allocation would "succeed"
-    // and fail later, on first touch, by killing the process).
-    let total = machine_memory();
-    if size > total {
-        return Err(oom(&format!(
-            "more than all of this machine's memory ({total} bytes of RAM and swap)"
-        )));
-    }
+    // More than the host can back is refused here, whether or not the kernel overcommits
+    // (where it does, the allocation would "succeed" and fail later, on first touch, by
+    // killing the process): see `meminfo`.
+    crate::meminfo::check_backable(size).map_err(|why| oom(&why))?;
     let size_usize = usize::try_from(size).map_err(|_| oom("larger than the address space"))?;
     let layout = Layout::from_size_align(size_usize, align as usize)
         .map_err(|_| oom("larger than the address space"))?;
@@ -248,13 +223,17 @@ impl HostHeap {
 /// allocation in `vec!` or `collect` aborts the process, and a tensor's size is the caller's
 /// to choose (a device with more memory than the host's, or a shape of 2⁴⁰ elements).
 pub(crate) fn host_vec<T: Clone>(n: usize, fill: T, why: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|e| Error::OutOfMemory {
+    let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    let oom = |detail: String| Error::OutOfMemory {
         backend: DeviceKind::Cpu,
         device: "host".into(),
-        requested: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-        detail: format!("no host buffer for {why} ({e})"),
-    })?;
+        requested: bytes,
+        detail: format!("no host buffer for {why} ({detail})"),
+    };
+    // `resize` touches every page: a vector the host cannot back would kill the process there.
+    crate::meminfo::check_backable(bytes).map_err(oom)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| oom(e.to_string()))?;
     v.resize(n, fill);
     Ok(v)
 }

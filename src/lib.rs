@@ -145,6 +145,7 @@ pub mod handles;
 #[doc(hidden)]
 pub mod hostmem;
 pub mod kernel;
+pub(crate) mod meminfo;
 pub mod memory;
 #[doc(hidden)]
 pub mod memtable;

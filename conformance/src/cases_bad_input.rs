@@ -375,6 +375,33 @@ fn huge(ctx: &Ctx) -> Result<(), Failure> {
             "malloc_async(2^62)",
         )?;
     }
+    // More than the device can back now — its free memory and a margin, less than the
+    // machine has — is refused at once, also where the host overcommits (CPU memory, wgpu
+    // buffers in host memory): such an allocation would otherwise succeed and kill the
+    // process when its pages were first touched (a tensor filled, a copy read back).
+    let m = ctx.mem_info()?;
+    let over = m.free.saturating_add((m.free / 16).max(256 << 20));
+    if let Ok(size) = usize::try_from(over) {
+        expect_err(
+            ctx.malloc(size),
+            &["out_of_memory", "too_large"],
+            &format!("malloc({size}) with {} bytes free", m.free),
+        )?;
+        if matches!(ctx.backend.kind(), DeviceKind::Cpu | DeviceKind::Wgpu) {
+            // Their pinned memory is host memory too (CUDA's is the driver's to refuse).
+            expect_err(
+                ctx.malloc_host(size),
+                &["out_of_memory", "too_large"],
+                &format!("malloc_host({size}) with {} bytes of memory free", m.free),
+            )?;
+        }
+        let t = unirt::tensor::Tensor::zeros(&[size], unirt::tensor::DType::U8, ctx.device);
+        expect_err(
+            t.map(drop),
+            &["out_of_memory", "too_large"],
+            &format!("a tensor of {size} bytes with {} bytes free", m.free),
+        )?;
+    }
     // Still usable.
     let b = Buf::with(&ctx.backend, &[8; 8])?;
     same(&b.read()?, &[8; 8], "allocation after refused huge ones")

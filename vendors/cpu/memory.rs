@@ -1,4 +1,4 @@
-//! CPU memory: host allocations with device semantics, and `/proc/meminfo`.
+//! CPU memory: host allocations with device semantics, and what the host has.
 
 use crate::device::MemInfo;
 use crate::error::{Error, Result};
@@ -6,26 +6,17 @@ use crate::error::{Error, Result};
 /// Device allocations are aligned like CUDA's (256 bytes) so code tuned for GPUs sees the same.
 pub(crate) const DEVICE_ALIGN: u64 = 256;
 
-/// Total and available memory from `/proc/meminfo`.
+/// Total and available host memory (`meminfo`: `/proc/meminfo` within the process's cgroup
+/// limit; free swap counts as available, as the allocations it bounds may use it).
 pub(crate) fn mem_info() -> Result<MemInfo> {
-    let text = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| Error::Internal(format!("cannot read /proc/meminfo: {e}")))?;
-    let field = |name: &str| -> Option<u64> {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|kib| kib.saturating_mul(1024))
-    };
-    match (
-        field("MemTotal:"),
-        field("MemAvailable:").or_else(|| field("MemFree:")),
-    ) {
-        (Some(total), Some(free)) => Ok(MemInfo { free, total }),
-        _ => Err(Error::Internal(
-            "/proc/meminfo lacks MemTotal or MemAvailable".into(),
-        )),
-    }
+    crate::meminfo::host_memory()
+        .map(|m| MemInfo {
+            free: m.available,
+            total: m.total,
+        })
+        .ok_or_else(|| {
+            Error::Internal("cannot read MemTotal and MemAvailable from /proc/meminfo".into())
+        })
 }
 
 /// The processor's model name and vendor from `/proc/cpuinfo`.

@@ -229,21 +229,10 @@ pub(crate) fn device_timing(features: &wgpu::Features) -> bool {
         .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
 }
 
-/// Host memory from `/proc/meminfo` (CPU and integrated adapters share it; wgpu reports no
-/// device memory size).
+/// Host memory now, as (total, available) (CPU and integrated adapters share it; wgpu reports
+/// no device memory size): see `meminfo`.
 pub(crate) fn host_memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|kib| kib.saturating_mul(1024))
-    };
-    Some((
-        field("MemTotal:")?,
-        field("MemAvailable:").or(field("MemFree:"))?,
-    ))
+    crate::meminfo::host_memory().map(|m| (m.total, m.available))
 }
 
 /// The adapters `UNIRT_WGPU_FAIL_OPEN` names: a backend name (vulkan, metal, dx12, gl) matches

@@ -1,0 +1,264 @@
+//! How much memory the host has, and how much it can back now: `/proc/meminfo`, bounded by the
+//! memory limit of the process's cgroup (v2 or v1) where one is set.
+//!
+//! Why unirt asks: Linux overcommits. An allocation of more than the host can back usually
+//! succeeds and kills the process later, when its pages are first touched (the OOM killer —
+//! the cgroup's inside a container, where `/proc/meminfo` shows the whole machine). A GPU
+//! refuses such an allocation at once; the CPU backend, the wgpu adapters that keep buffers in
+//! host memory and unirt's own host vectors refuse it through [`check_backable`] instead, so
+//! the caller gets [`Error::OutOfMemory`](crate::Error::OutOfMemory) rather than a `SIGKILL`.
+//! The answer is an estimate taken at that moment (other processes and threads allocate too):
+//! it stops the request that can never fit, not every pressure the system may come under.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Allocations below this size are not checked (a read of `/proc/meminfo` and of the cgroup's
+/// files costs tens of microseconds; faulting in 64 MiB costs milliseconds).
+pub const CHECK_FROM: u64 = 64 << 20;
+
+/// The host's memory as this process sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostMemory {
+    /// RAM (`MemTotal`), or the cgroup's limit where that is lower.
+    pub total: u64,
+    /// What can be backed now without killing anything: `MemAvailable` (free memory plus the
+    /// caches the kernel can drop) and free swap — or the cgroup's headroom (its limit less
+    /// its usage, with inactive file pages counted as free) plus free swap, where lower.
+    pub available: u64,
+}
+
+/// Reads the host's memory now; `None` where `/proc/meminfo` cannot be read.
+pub fn host_memory() -> Option<HostMemory> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let m = parse_meminfo(&text)?;
+    let swap_free = m.swap_free;
+    let mut host = HostMemory {
+        total: m.total,
+        available: m.available.saturating_add(swap_free),
+    };
+    if let Some(cg) = cgroup_memory() {
+        host.total = host.total.min(cg.limit);
+        host.available = host.available.min(cg.headroom().saturating_add(swap_free));
+    }
+    Some(host)
+}
+
+/// All the memory this machine has (RAM and swap, from `/proc/meminfo`), read once;
+/// `u64::MAX` where it cannot be read. No allocation larger than this can ever be backed.
+pub fn machine_memory() -> u64 {
+    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| parse_meminfo(&t))
+            .map_or(u64::MAX, |m| m.total.saturating_add(m.swap_total))
+    })
+}
+
+/// `Err` with the reason, in words, where an allocation of `size` bytes of host memory cannot
+/// be backed now (see the module docs); `Ok` below [`CHECK_FROM`] or where nothing can be read.
+pub fn check_backable(size: u64) -> Result<(), String> {
+    let total = machine_memory();
+    if size > total {
+        return Err(format!(
+            "more than all of this machine's memory ({total} bytes of RAM and swap)"
+        ));
+    }
+    if size < CHECK_FROM {
+        return Ok(());
+    }
+    // A reading younger than a second that leaves room for twice this allocation answers
+    // without reading the files again (they cost ~15 µs, a raw 64 MiB allocation ~5 µs); what
+    // it let through is taken off it, and frees are not added back, so it only errs towards
+    // reading again.
+    let mut last = LAST_READING.lock();
+    if let Some((at, room)) = *last {
+        if at.elapsed() < READING_LIFETIME && size <= room / 2 {
+            *last = Some((at, room - size));
+            return Ok(());
+        }
+    }
+    match host_memory() {
+        Some(m) if size > m.available => {
+            *last = None;
+            Err(format!(
+                "more than the host can back now ({} bytes available of {})",
+                m.available, m.total
+            ))
+        }
+        Some(m) => {
+            *last = Some((Instant::now(), m.available - size));
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// How long a reading of the host's memory answers [`check_backable`].
+const READING_LIFETIME: Duration = Duration::from_secs(1);
+
+/// The last reading's time, and the room it left after the allocations it has let through.
+static LAST_READING: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+
+/// The fields of `/proc/meminfo` that matter here, in bytes.
+#[derive(Debug, PartialEq, Eq)]
+struct Meminfo {
+    total: u64,
+    available: u64,
+    swap_total: u64,
+    swap_free: u64,
+}
+
+fn parse_meminfo(text: &str) -> Option<Meminfo> {
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kib| kib.saturating_mul(1024))
+    };
+    Some(Meminfo {
+        total: field("MemTotal:")?,
+        // Kernels before 3.14 have no MemAvailable; free memory is the lower bound.
+        available: field("MemAvailable:").or_else(|| field("MemFree:"))?,
+        swap_total: field("SwapTotal:").unwrap_or(0),
+        swap_free: field("SwapFree:").unwrap_or(0),
+    })
+}
+
+/// A cgroup's memory limit and use, in bytes.
+#[derive(Debug, PartialEq, Eq)]
+struct CgroupMemory {
+    limit: u64,
+    usage: u64,
+    inactive_file: u64,
+}
+
+impl CgroupMemory {
+    fn headroom(&self) -> u64 {
+        self.limit
+            .saturating_sub(self.usage)
+            .saturating_add(self.inactive_file.min(self.usage))
+    }
+}
+
+/// Limits at or above this are "no limit" (cgroup v1 writes one just below `i64::MAX`).
+const NO_LIMIT: u64 = 1 << 62;
+
+/// The memory limit of this process's cgroup, where one is set and readable.
+fn cgroup_memory() -> Option<CgroupMemory> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let root = Path::new("/sys/fs/cgroup");
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        if id == "0" && controllers.is_empty() {
+            // cgroup v2: one hierarchy. Inside a cgroup namespace the path may not exist under
+            // /sys/fs/cgroup, whose root is then the process's own cgroup.
+            let files = ["memory.max", "memory.current", "memory.stat"];
+            if let Some(m) = read_cgroup(
+                &[root.join(path), root.to_path_buf()],
+                files,
+                "inactive_file",
+            ) {
+                return Some(m);
+            }
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let v1 = root.join("memory");
+            let files = [
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+                "memory.stat",
+            ];
+            if let Some(m) = read_cgroup(&[v1.join(path), v1], files, "total_inactive_file") {
+                return Some(m);
+            }
+        }
+    }
+    None
+}
+
+/// Reads `[limit, usage, stat]` from the first of `dirs` that has them; `None` without a limit.
+fn read_cgroup(dirs: &[PathBuf], files: [&str; 3], inactive_key: &str) -> Option<CgroupMemory> {
+    let dir = dirs.iter().find(|d| d.join(files[0]).is_file())?;
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    let limit_text = read(files[0])?;
+    let limit = limit_text.trim().parse::<u64>().ok()?; // "max" (v2) is no limit
+    if limit >= NO_LIMIT {
+        return None;
+    }
+    let usage = read(files[1])?.trim().parse::<u64>().ok()?;
+    let inactive_file = read(files[2])
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(inactive_key)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0);
+    Some(CgroupMemory {
+        limit,
+        usage,
+        inactive_file,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_fields_in_bytes() {
+        let text = "MemTotal:       24683584 kB\nMemFree:         1000 kB\n\
+                    MemAvailable:   11095080 kB\nSwapTotal:  2048 kB\nSwapFree: 1024 kB\n";
+        assert_eq!(
+            parse_meminfo(text),
+            Some(Meminfo {
+                total: 24683584 * 1024,
+                available: 11095080 * 1024,
+                swap_total: 2048 * 1024,
+                swap_free: 1024 * 1024,
+            })
+        );
+        // An old kernel: no MemAvailable, no swap lines.
+        let old = parse_meminfo("MemTotal: 8 kB\nMemFree: 4 kB\n").unwrap();
+        assert_eq!((old.available, old.swap_free), (4096, 0));
+        assert_eq!(parse_meminfo("MemFree: 4 kB\n"), None);
+    }
+
+    #[test]
+    fn cgroup_headroom_counts_inactive_file_pages_as_free() {
+        let dir = std::env::temp_dir().join(format!("unirt-cgroup-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = ["memory.max", "memory.current", "memory.stat"];
+        std::fs::write(dir.join(files[0]), "1000000\n").unwrap();
+        std::fs::write(dir.join(files[1]), "600000\n").unwrap();
+        std::fs::write(dir.join(files[2]), "anon 500000\ninactive_file 100000\n").unwrap();
+        let m = read_cgroup(&[dir.join("missing"), dir.clone()], files, "inactive_file").unwrap();
+        assert_eq!(m.headroom(), 500_000);
+        std::fs::write(dir.join(files[0]), "max\n").unwrap();
+        assert_eq!(read_cgroup(std::slice::from_ref(&dir), files, "inactive_file"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn refuses_only_what_cannot_be_backed() {
+        assert!(check_backable(CHECK_FROM - 1).is_ok());
+        assert!(check_backable(u64::MAX).is_err());
+        if let Some(m) = host_memory() {
+            assert!(m.available <= m.total.saturating_add(machine_memory()));
+            let over = m.available.saturating_add(m.total / 2).max(CHECK_FROM);
+            assert!(check_backable(over).is_err(), "{over} bytes of {m:?}");
+        }
+    }
+}
