@@ -247,7 +247,10 @@ mod tests {
         let m = read_cgroup(&[dir.join("missing"), dir.clone()], files, "inactive_file").unwrap();
         assert_eq!(m.headroom(), 500_000);
         std::fs::write(dir.join(files[0]), "max\n").unwrap();
-        assert_eq!(read_cgroup(std::slice::from_ref(&dir), files, "inactive_file"), None);
+        assert_eq!(
+            read_cgroup(std::slice::from_ref(&dir), files, "inactive_file"),
+            None
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

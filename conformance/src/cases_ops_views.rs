@@ -5,7 +5,9 @@
 //! host or GPU forms by row count); this draws layouts the fixed cases do not, so a variant
 //! chosen for a layout it cannot serve shows up as a wrong value.
 
+use unirt::device::DeviceKind;
 use unirt::tensor::{DType, SplitMix64, Tensor};
+use unirt::Backend;
 
 use crate::ops_check::*;
 use crate::{Case, Ctx, Failure};
@@ -48,6 +50,27 @@ fn absurd_shapes(ctx: &Ctx) -> Result<(), Failure> {
             Tensor::concat(&[&f, &f, &f], 0),
             &["bad_tensor_shape", "too_large"],
             "concat past usize::MAX",
+        )?;
+    }
+    // Reductions over a broadcast extent of 2^40 that no output holds — attention's keys, a
+    // product's k — on the backends that run kernels on the host's memory: a typed error, never
+    // an abort (the CPU's attention sized its scores by the key count and aborted when that
+    // allocation was refused; a CPU product over one row copies A's row). On a GPU these are
+    // long but legitimate computations.
+    if matches!(ctx.backend.kind(), DeviceKind::Cpu | DeviceKind::Wgpu) {
+        let q = Tensor::zeros(&[1, 1, 1, 4], DType::F32, ctx.device).map_err(err("q"))?;
+        let kv = q.broadcast_to(&[1, 1, big, 4]).map_err(err("k, v"))?;
+        let computed = |r: unirt::Result<Tensor>| r.and_then(|t| t.to_bytes().map(drop));
+        let refused = ["out_of_memory", "too_large", "unsupported"];
+        expect_kind(
+            computed(q.attention(&kv, &kv, false)),
+            &refused,
+            "attention over 2^40 broadcast keys",
+        )?;
+        expect_kind(
+            computed(row.matmul(&col)),
+            &refused,
+            "[1, 2^40] @ [2^40, 1]",
         )?;
     }
     // Empty tensors whose other extents are absurd: a result or a typed error, and no table,

@@ -4,8 +4,8 @@
 //! decode (one query over a long cache) streams K and V once per head at memory speed.
 
 use super::util::{
-    axpy, dot, exp_nonpositive_f32, floats, gather, max_f32, par_chunks, scatter, simd, sum_f32,
-    Float, Ptr, Scratch,
+    axpy, check_per_thread, dot, exp_nonpositive_f32, floats, gather, max_f32, par_chunks, scatter,
+    simd, sum_f32, Float, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -56,6 +56,9 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let rows = b * hq * lq;
     let k_direct = T::DTYPE == DType::F32 && ks[3] == 1;
     let v_direct = T::DTYPE == DType::F32 && vs[3] == 1;
+    // A row's scores over every key (k and v may be broadcast views of any length).
+    let scratch = lkv.checked_add(3 * d).and_then(|f| f.checked_mul(4));
+    check_per_thread("attention", scratch.unwrap_or(usize::MAX))?;
     par_chunks(rows, lkv * d * 2, |range| {
         let (mut qrow, mut krow, mut acc) =
             (Scratch::zeroed(d), Scratch::zeroed(d), Scratch::zeroed(d));

@@ -304,7 +304,8 @@ fn gemm<T: Float>(
                 continue;
             }
             if m == 1 {
-                let mut x = Scratch::zeroed(k);
+                // k is no output's dimension: A and B may be broadcast views of any length.
+                let mut x = Scratch::try_zeroed(k)?;
                 gather(pa.at(oa), acs, &mut x);
                 gemv(
                     &x,
@@ -323,7 +324,7 @@ fn gemm<T: Float>(
             // Few rows over a large B with contiguous rows or columns: B read in place, once
             // for all rows.
             if reads_b_in_place(m, k, n, brs, bcs) {
-                let mut rows = Scratch::zeroed(m * k);
+                let mut rows = Scratch::try_zeroed(m.saturating_mul(k))?;
                 for (r, row) in rows.chunks_mut(k).enumerate() {
                     gather(pa.at(oa + r * ars), acs, row);
                 }

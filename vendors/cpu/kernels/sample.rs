@@ -1,6 +1,6 @@
 //! random_sample over the last dimension (see `ops::sample` for the rule), one row per item.
 
-use super::util::{floats, gather, par_chunks, Float, Lanes, Ptr, Scratch};
+use super::util::{check_per_thread, floats, gather, par_chunks, Float, Lanes, Ptr, Scratch};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -151,6 +151,13 @@ fn random_sample<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let (x, out) = (&call.inputs[0], &call.outputs[0]);
     let lanes = Lanes::new([&x.layout], x.layout.ndim() - 1);
     let (px, po) = (Ptr::<T>::of(x), Ptr::<i64>::of(out));
+    // The row as f32, and `pick`'s keys (8 bytes a logit at most) and cumulative weights.
+    let per_logit = if temperature == 0.0 || top_k == 1 {
+        4
+    } else {
+        20
+    };
+    check_per_thread("random_sample", lanes.len.saturating_mul(per_logit))?;
     par_chunks(lanes.count(), lanes.len * 8, |range| {
         let mut buf = Scratch::zeroed(lanes.len);
         for i in range {

@@ -8,6 +8,9 @@
 
 use std::ops::{Deref, DerefMut};
 
+use crate::device::DeviceKind;
+use crate::error::{Error, Result};
+
 /// Bytes in a cache line on the CPUs unirt's kernels are tuned for (x86-64, AArch64).
 pub const LINE: usize = 64;
 
@@ -46,12 +49,52 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    pub fn zeroed(len: usize) -> Self {
-        Scratch {
-            lines: vec![Line::ZERO; len.div_ceil(LINE / 4)],
-            len,
-        }
+    /// `len` zeroed f32s, or `OutOfMemory` where the host cannot back them (see `meminfo`).
+    pub fn try_zeroed(len: usize) -> Result<Self> {
+        let lines = len.div_ceil(LINE / 4);
+        let bytes = lines.checked_mul(LINE).map(|b| b as u64);
+        let refused = |why: String| Error::OutOfMemory {
+            backend: DeviceKind::Cpu,
+            device: "host".into(),
+            requested: bytes.unwrap_or(u64::MAX),
+            detail: format!("a kernel's scratch of {len} f32 values: {why}"),
+        };
+        let bytes = bytes.ok_or_else(|| refused("more than the address space".into()))?;
+        crate::meminfo::check_backable(bytes).map_err(refused)?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(lines)
+            .map_err(|e| refused(e.to_string()))?;
+        v.resize(lines, Line::ZERO);
+        Ok(Scratch { lines: v, len })
     }
+
+    /// As [`try_zeroed`](Self::try_zeroed) where the length is bounded by an allocated tensor
+    /// (an output's row) or a constant. A refusal panics — which the CPU stream turns into an
+    /// error — rather than aborting the process as a refused `vec!` does; kernels whose
+    /// scratch grows with a dimension no output holds ask [`check_per_thread`] first.
+    pub fn zeroed(len: usize) -> Self {
+        Self::try_zeroed(len).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// Refuses, as `OutOfMemory`, `bytes` of scratch for each thread of a kernel's parallel loop
+/// where the host cannot back them all. The loop's closures cannot return an error, so a
+/// kernel whose scratch grows with a dimension that no output holds — attention's keys, the
+/// logits of a sampled row, both possibly broadcast views of 2^40 elements — asks before it.
+pub fn check_per_thread(op: &str, bytes: usize) -> Result<()> {
+    let threads = rayon::current_num_threads().max(1) + 1;
+    let total = bytes.checked_mul(threads).map(|b| b as u64);
+    let why = match total.map(crate::meminfo::check_backable) {
+        Some(Ok(())) => return Ok(()),
+        Some(Err(why)) => why,
+        None => "more than the address space".into(),
+    };
+    Err(Error::OutOfMemory {
+        backend: DeviceKind::Cpu,
+        device: "host".into(),
+        requested: total.unwrap_or(u64::MAX),
+        detail: format!("{op}: scratch of {bytes} bytes for each of {threads} threads ({why})"),
+    })
 }
 
 impl Deref for Scratch {
@@ -86,6 +129,16 @@ mod tests {
             s.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
             assert_eq!(s.last().copied(), len.checked_sub(1).map(|l| l as f32));
         }
+        // A length no host can back is an error, not an abort.
+        for len in [usize::MAX, 1 << 60] {
+            let e = Scratch::try_zeroed(len).err().expect("refused");
+            assert_eq!(e.kind_name(), "out_of_memory");
+        }
+        assert_eq!(
+            check_per_thread("t", 1 << 62).unwrap_err().kind_name(),
+            "out_of_memory"
+        );
+        assert!(check_per_thread("t", 4096).is_ok());
         let blocks = vec![AlignedBlock::<256>::ZERO; 3];
         assert!(blocks
             .iter()
