@@ -59,7 +59,8 @@ pub fn machine_memory() -> u64 {
 }
 
 /// `Err` with the reason, in words, where an allocation of `size` bytes of host memory cannot
-/// be backed now (see the module docs); `Ok` below [`CHECK_FROM`] or where nothing can be read.
+/// be backed now (see the module docs). Below [`CHECK_FROM`] only the machine's RAM and swap
+/// bound it; where nothing can be read (another OS), nothing does.
 pub fn check_backable(size: u64) -> Result<(), String> {
     let total = machine_memory();
     if size > total {
