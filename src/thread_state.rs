@@ -31,9 +31,10 @@ impl Drop for ThreadStreams {
     fn drop(&mut self) {
         for (device, stream) in self.0.drain() {
             if device.kind == DeviceKind::Wgpu {
-                // Its cached memory is retired now, not when the reaper gets to it.
-                crate::alloc::retire_stream_later(stream.backend(), stream.id());
-                reaper::destroy_later(stream);
+                // Its cached memory is retired now, not when the reaper gets to it; the
+                // allocators that took it are let go there too (one may be the last handle).
+                let allocators = crate::alloc::retire_stream_later(stream.backend(), stream.id());
+                reaper::destroy_later(stream, allocators);
             }
         }
     }
@@ -45,13 +46,17 @@ mod reaper {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Condvar, Mutex, OnceLock};
 
+    use crate::alloc::CachingAllocator;
     use crate::stream::Stream;
+
+    /// A stream to destroy, and the allocators that retired its memory, to let go after it.
+    type Reaped = (Stream, Vec<std::sync::Arc<CachingAllocator>>);
 
     struct Reaper {
         /// The process that started the thread: a forked child has no reaper thread, and
         /// destroys its streams in place.
         pid: u32,
-        queue: Mutex<Vec<Stream>>,
+        queue: Mutex<Vec<Reaped>>,
         ready: Condvar,
         /// Whether the thread was started (a failed spawn leaves streams to their threads).
         running: AtomicBool,
@@ -94,23 +99,24 @@ mod reaper {
                 }
                 std::mem::take(&mut *q)
             };
-            // Dropping a stream destroys it (its queued work still runs).
+            // Dropping a stream destroys it (its queued work still runs); then its allocators.
             drop(batch);
         }
     }
 
-    /// Hands `stream` to the thread, or destroys it here where there is none (never started,
-    /// or this is a forked child). Only a mutex and a condition variable: no thread-local.
-    pub(super) fn destroy_later(stream: Stream) {
+    /// Hands `stream` and `allocators` to the thread, or drops them here where there is none
+    /// (never started, or this is a forked child). Only a mutex and a condition variable: no
+    /// thread-local.
+    pub(super) fn destroy_later(stream: Stream, allocators: Vec<std::sync::Arc<CachingAllocator>>) {
         match REAPER.get() {
             Some(r) if r.pid == std::process::id() && r.running.load(Ordering::Acquire) => {
                 r.queue
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push(stream);
+                    .push((stream, allocators));
                 r.ready.notify_one();
             }
-            _ => drop(stream),
+            _ => drop((stream, allocators)),
         }
     }
 }

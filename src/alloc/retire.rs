@@ -68,10 +68,18 @@ pub fn retire_stream(backend: &AnyBackend, stream: StreamId) {
 /// cache, or the stream's destruction. Waiting for the reaper instead left each thread that
 /// started before it ran a fresh segment (41–75 segments after 200 threads on a loaded
 /// machine).
-pub fn retire_stream_later(backend: &AnyBackend, stream: StreamId) {
-    for a in allocators_of(backend) {
+///
+/// Returns the allocators it reached, to be dropped where a wgpu call may run (the reaper
+/// thread): another thread may drop its handle to one of them meanwhile, and dropping the last
+/// handle frees the allocator's cached buffers — through wgpu, whose debug build panics in a
+/// thread-local destructor (seen once in a CI run: a caught panic, the buffer's free lost).
+#[must_use = "drop the allocators outside a thread-local destructor"]
+pub fn retire_stream_later(backend: &AnyBackend, stream: StreamId) -> Vec<Arc<CachingAllocator>> {
+    let reached = allocators_of(backend);
+    for a in &reached {
         a.retire(stream, false);
     }
+    reached
 }
 
 /// The live allocators over `backend`: strong handles taken under the list's lock, used
