@@ -11,6 +11,7 @@
 //! it stops the request that can never fit, not every pressure the system may come under.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -49,7 +50,7 @@ pub fn host_memory() -> Option<HostMemory> {
 /// All the memory this machine has (RAM and swap, from `/proc/meminfo`), read once;
 /// `u64::MAX` where it cannot be read. No allocation larger than this can ever be backed.
 pub fn machine_memory() -> u64 {
-    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static TOTAL: OnceLock<u64> = OnceLock::new();
     *TOTAL.get_or_init(|| {
         std::fs::read_to_string("/proc/meminfo")
             .ok()
@@ -149,8 +150,23 @@ impl CgroupMemory {
 /// Limits at or above this are "no limit" (cgroup v1 writes one just below `i64::MAX`).
 const NO_LIMIT: u64 = 1 << 62;
 
-/// The memory limit of this process's cgroup, where one is set and readable.
+/// Where this process's cgroup keeps its memory files: the directory, the files' names
+/// (limit, usage, statistics) and the statistics' key for inactive file pages.
+struct CgroupFiles {
+    dir: PathBuf,
+    files: [&'static str; 3],
+    inactive_key: &'static str,
+}
+
+/// The memory limit of this process's cgroup, where one is set and readable. Where the files
+/// lie is found once (a process stays in its cgroup); the figures are read each time.
 fn cgroup_memory() -> Option<CgroupMemory> {
+    static FILES: OnceLock<Option<CgroupFiles>> = OnceLock::new();
+    let f = FILES.get_or_init(find_cgroup).as_ref()?;
+    read_cgroup(&f.dir, f.files, f.inactive_key)
+}
+
+fn find_cgroup() -> Option<CgroupFiles> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let root = Path::new("/sys/fs/cgroup");
     for line in own.lines() {
@@ -160,17 +176,15 @@ fn cgroup_memory() -> Option<CgroupMemory> {
             continue;
         };
         let path = path.trim_start_matches('/');
-        if id == "0" && controllers.is_empty() {
+        let (dirs, files, inactive_key) = if id == "0" && controllers.is_empty() {
             // cgroup v2: one hierarchy. Inside a cgroup namespace the path may not exist under
             // /sys/fs/cgroup, whose root is then the process's own cgroup.
             let files = ["memory.max", "memory.current", "memory.stat"];
-            if let Some(m) = read_cgroup(
-                &[root.join(path), root.to_path_buf()],
+            (
+                [root.join(path), root.to_path_buf()],
                 files,
                 "inactive_file",
-            ) {
-                return Some(m);
-            }
+            )
         } else if controllers.split(',').any(|c| c == "memory") {
             let v1 = root.join("memory");
             let files = [
@@ -178,17 +192,23 @@ fn cgroup_memory() -> Option<CgroupMemory> {
                 "memory.usage_in_bytes",
                 "memory.stat",
             ];
-            if let Some(m) = read_cgroup(&[v1.join(path), v1], files, "total_inactive_file") {
-                return Some(m);
-            }
+            ([v1.join(path), v1], files, "total_inactive_file")
+        } else {
+            continue;
+        };
+        if let Some(dir) = dirs.into_iter().find(|d| d.join(files[0]).is_file()) {
+            return Some(CgroupFiles {
+                dir,
+                files,
+                inactive_key,
+            });
         }
     }
     None
 }
 
-/// Reads `[limit, usage, stat]` from the first of `dirs` that has them; `None` without a limit.
-fn read_cgroup(dirs: &[PathBuf], files: [&str; 3], inactive_key: &str) -> Option<CgroupMemory> {
-    let dir = dirs.iter().find(|d| d.join(files[0]).is_file())?;
+/// Reads `[limit, usage, stat]` from `dir`; `None` without a limit.
+fn read_cgroup(dir: &Path, files: [&str; 3], inactive_key: &str) -> Option<CgroupMemory> {
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
     let limit_text = read(files[0])?;
     let limit = limit_text.trim().parse::<u64>().ok()?; // "max" (v2) is no limit
@@ -245,13 +265,10 @@ mod tests {
         std::fs::write(dir.join(files[0]), "1000000\n").unwrap();
         std::fs::write(dir.join(files[1]), "600000\n").unwrap();
         std::fs::write(dir.join(files[2]), "anon 500000\ninactive_file 100000\n").unwrap();
-        let m = read_cgroup(&[dir.join("missing"), dir.clone()], files, "inactive_file").unwrap();
+        let m = read_cgroup(&dir, files, "inactive_file").unwrap();
         assert_eq!(m.headroom(), 500_000);
         std::fs::write(dir.join(files[0]), "max\n").unwrap();
-        assert_eq!(
-            read_cgroup(std::slice::from_ref(&dir), files, "inactive_file"),
-            None
-        );
+        assert_eq!(read_cgroup(&dir, files, "inactive_file"), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -229,12 +229,6 @@ pub(crate) fn device_timing(features: &wgpu::Features) -> bool {
         .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
 }
 
-/// Host memory now, as (total, available) (CPU and integrated adapters share it; wgpu reports
-/// no device memory size): see `meminfo`.
-pub(crate) fn host_memory() -> Option<(u64, u64)> {
-    crate::meminfo::host_memory().map(|m| (m.total, m.available))
-}
-
 /// The adapters `UNIRT_WGPU_FAIL_OPEN` names: a backend name (vulkan, metal, dx12, gl) matches
 /// every adapter of that backend, anything else a case-insensitive part of the adapter's name.
 fn injected_failure(info: &wgpu::AdapterInfo) -> Option<String> {
@@ -316,7 +310,8 @@ fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
     let l = a.limits();
     let f = a.features();
     let timing = device_timing(&f);
-    let total = host_memory().map(|(t, _)| t).unwrap_or(l.max_buffer_size);
+    // Host memory (CPU and integrated adapters share it; wgpu reports no device memory size).
+    let total = crate::meminfo::host_memory().map_or(l.max_buffer_size, |m| m.total);
     let mut details = vec![
         ("backend".to_string(), backend_name(i.backend).to_string()),
         ("device_type".into(), type_name(i.device_type).into()),

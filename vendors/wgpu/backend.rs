@@ -9,7 +9,7 @@ use super::event::WEvent;
 use super::graph::{Capture, WGraph, WGraphExec};
 use super::memory::DevBuf;
 use super::stream::{enqueue, flush_locked, Cmd, WStream};
-use super::{adapter, copy, fault, graph, guard, memory, stream, WgpuBackend};
+use super::{copy, fault, graph, guard, memory, stream, WgpuBackend};
 use crate::checked::{self, Pins};
 use crate::device::{DeviceInfo, DeviceKind, MemInfo};
 use crate::error::{Error, Result};
@@ -181,10 +181,11 @@ impl Backend for WgpuBackend {
 impl WgpuBackend {
     fn raw_mem_info(&self) -> Result<MemInfo> {
         let used = self.mem.device.usage().1;
-        match adapter::host_memory() {
-            Some((total, avail)) => Ok(MemInfo {
-                free: avail.min(total.saturating_sub(used)),
-                total,
+        // Host memory (see `adapter::describe`), within the process's cgroup.
+        match crate::meminfo::host_memory() {
+            Some(m) => Ok(MemInfo {
+                free: m.available.min(m.total.saturating_sub(used)),
+                total: m.total,
             }),
             None => Ok(MemInfo {
                 free: self.info.memory_total.saturating_sub(used),

@@ -4,8 +4,8 @@
 //! decode (one query over a long cache) streams K and V once per head at memory speed.
 
 use super::util::{
-    axpy, check_per_thread, dot, exp_nonpositive_f32, floats, gather, max_f32, par_chunks, scatter,
-    simd, sum_f32, Float, Ptr, Scratch,
+    axpy, check_per_thread, dot, exp_nonpositive_f32, floats, gather, max_f32, scatter, simd,
+    sum_f32, try_par_chunks, Float, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -59,10 +59,13 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     // A row's scores over every key (k and v may be broadcast views of any length).
     let scratch = lkv.checked_add(3 * d).and_then(|f| f.checked_mul(4));
     check_per_thread("attention", scratch.unwrap_or(usize::MAX))?;
-    par_chunks(rows, lkv * d * 2, |range| {
-        let (mut qrow, mut krow, mut acc) =
-            (Scratch::zeroed(d), Scratch::zeroed(d), Scratch::zeroed(d));
-        let mut scores = Scratch::zeroed(lkv);
+    try_par_chunks(rows, lkv * d * 2, |range| {
+        let (mut qrow, mut krow, mut acc) = (
+            Scratch::zeroed(d)?,
+            Scratch::zeroed(d)?,
+            Scratch::zeroed(d)?,
+        );
+        let mut scores = Scratch::zeroed(lkv)?;
         for r in range {
             let (bi, h, i) = (r / (hq * lq), (r / lq) % hq, r % lq);
             let kh = h / group;
@@ -113,7 +116,8 @@ fn attention<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             // SAFETY: output row (bi, h, i) of the checked view; no overlap with the inputs.
             unsafe { scatter(&acc, po.at(bi * os[0] + h * os[1] + i * os[2]), os[3]) };
         }
-    });
+        Ok(())
+    })?;
     Ok(())
 }
 

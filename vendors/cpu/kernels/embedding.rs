@@ -1,7 +1,9 @@
 //! embedding: every id is checked against the vocabulary first (an error writes nothing),
 //! then rows are copied in parallel.
 
-use super::util::{floats, gather, par_chunks, read_index, scatter, Float, Lanes, Ptr, Scratch};
+use super::util::{
+    floats, gather, read_index, scatter, try_par_chunks, Float, Lanes, Ptr, Scratch,
+};
 use crate::error::{Error, Result};
 use crate::ops::KernelCall;
 use crate::ops::KernelRegistry;
@@ -29,8 +31,8 @@ fn embedding<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     }
     let (pt, po) = (Ptr::<T>::of(table), Ptr::<T>::of(out));
     let out_lanes = Lanes::new([&out.layout], out.layout.ndim() - 1);
-    par_chunks(n, dim, |range| {
-        let mut buf = Scratch::zeroed(dim);
+    try_par_chunks(n, dim, |range| {
+        let mut buf = Scratch::zeroed(dim)?;
         for i in range {
             let [oo] = out_lanes.offsets(i);
             // SAFETY: row rows[i] < vocab of the checked table; row i of the output.
@@ -39,7 +41,8 @@ fn embedding<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 scatter(&buf, po.at(oo), out_lanes.stride[0]);
             }
         }
-    });
+        Ok(())
+    })?;
     Ok(())
 }
 

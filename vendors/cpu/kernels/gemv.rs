@@ -12,7 +12,11 @@
 use std::ops::Range;
 
 use super::matmul::After;
-use super::util::{axpy, fork_tasks, gather, par_chunks, simd, Float, Ptr, Scratch};
+use crate::error::Result;
+
+use super::util::{
+    axpy, fork_tasks, gather, par_chunks, simd, try_par_chunks, Float, Ptr, Scratch,
+};
 
 /// Runs `$body` with `$p` bound to `$b` (a `*mut T`) as a pointer to f32 or to u16 (bf16,
 /// f16) by the dtype of `$t`, and `$widen` to the matching exact widening into f32 (for
@@ -248,7 +252,7 @@ unsafe fn gemv_split_k<T: Float>(
     n: usize,
     finish: &(dyn Fn(usize, f32) + Sync),
     after: After<'_>,
-) {
+) -> Result<()> {
     let k = x.len();
     let accumulate = |rows: Range<usize>, j0: usize, w: usize, part: Ptr<f32>| {
         // SAFETY: this task's own w partial sums (`split_k`'s promise).
@@ -270,7 +274,7 @@ unsafe fn gemv_split_k<T: Float>(
         &accumulate,
         &|_, j, v| finish(j, v),
         after,
-    );
+    )
 }
 
 /// The split and merge of [`gemv_split_k`] and [`gemv_rows`](super::gemv_rows::gemv_rows)
@@ -291,7 +295,7 @@ pub(super) fn split_k(
     accumulate: &(dyn Fn(Range<usize>, usize, usize, Ptr<f32>) + Sync),
     finish: &(dyn Fn(usize, usize, f32) + Sync),
     after: After<'_>,
-) {
+) -> Result<()> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let blocks = n.div_ceil(widest);
     let cols = n.div_ceil(blocks).next_multiple_of(align).min(n);
@@ -300,7 +304,7 @@ pub(super) fn split_k(
     let seg_rows = k.div_ceil(segs).next_multiple_of(4);
     let segs = k.div_ceil(seg_rows);
     // Segment s's partial sums of row r, column j at (s·rows + r)·n + j.
-    let mut partial = Scratch::zeroed(segs * rows * n);
+    let mut partial = Scratch::zeroed(segs * rows * n)?;
     let parts = Ptr(partial.as_mut_ptr());
     let done: Vec<AtomicUsize> = (0..blocks).map(|_| AtomicUsize::new(0)).collect();
     fork_tasks(segs * blocks, &|t| {
@@ -328,6 +332,7 @@ pub(super) fn split_k(
             after(0..rows, j0..j0 + w);
         }
     });
+    Ok(())
 }
 
 /// `acc[t] += v[t]`.
@@ -355,7 +360,7 @@ pub(super) unsafe fn gemv<T: Float>(
     c: Ptr<T>,
     csc: usize,
     after: After<'_>,
-) {
+) -> Result<()> {
     let k = x.len();
     let finish = |j: usize, v: f32| {
         // SAFETY: j < n, inside c (the caller's promise); each j is written by one task.
@@ -371,8 +376,7 @@ pub(super) unsafe fn gemv<T: Float>(
     };
     if csb == 1 && k * n >= SPLIT_K_MIN {
         // SAFETY: the caller's promise, passed on.
-        unsafe { gemv_split_k(x, b, rsb, n, &finish, after) };
-        return;
+        return unsafe { gemv_split_k(x, b, rsb, n, &finish, after) };
     }
     if csb == 1 || rsb != 1 {
         // B rows are (mostly) contiguous: accumulate row by row over column blocks, one
@@ -382,8 +386,8 @@ pub(super) unsafe fn gemv<T: Float>(
             .div_ceil(rayon::current_num_threads().max(1))
             .next_multiple_of(64)
             .clamp(512, 2048);
-        par_chunks(n.div_ceil(cols), k * cols, |blocks| {
-            let (mut acc, mut row) = (Scratch::zeroed(cols), Scratch::zeroed(cols));
+        try_par_chunks(n.div_ceil(cols), k * cols, |blocks| {
+            let (mut acc, mut row) = (Scratch::zeroed(cols)?, Scratch::zeroed(cols)?);
             for blk in blocks {
                 let (j0, w) = (blk * cols, cols.min(n - blk * cols));
                 acc[..w].fill(0.0);
@@ -411,7 +415,8 @@ pub(super) unsafe fn gemv<T: Float>(
                 }
                 after(0..1, j0..j0 + w);
             }
-        });
+            Ok(())
+        })
     } else {
         // B columns are contiguous (a transposed weight, a linear layer's `[out, in]`): one
         // dot product per column, read in place, four columns at a time.
@@ -420,6 +425,7 @@ pub(super) unsafe fn gemv<T: Float>(
             unsafe { dots(x, b, csb, cols.clone(), &finish) };
             after(0..1, cols);
         });
+        Ok(())
     }
 }
 

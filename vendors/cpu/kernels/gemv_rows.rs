@@ -8,6 +8,7 @@ use std::ops::Range;
 use super::gemv::{dots, float_bits, split_k};
 use super::matmul::After;
 use super::util::{par_chunks, simd, Float, Ptr};
+use crate::error::Result;
 
 /// Most rows of A that [`gemv_rows`] takes: past them the product has enough arithmetic per
 /// element of B for the packed GEMM.
@@ -43,7 +44,7 @@ pub(super) unsafe fn gemv_rows<T: Float>(
     n: usize,
     finish: &(dyn Fn(usize, usize, f32) + Sync),
     after: After<'_>,
-) {
+) -> Result<()> {
     // SAFETY: the caller's promise, passed on.
     unsafe {
         match m {
@@ -81,7 +82,7 @@ unsafe fn rows_split<T: Float, const R: usize>(
     n: usize,
     finish: &(dyn Fn(usize, usize, f32) + Sync),
     after: After<'_>,
-) {
+) -> Result<()> {
     let k = a.len() / R;
     let accumulate = |rows: Range<usize>, j0: usize, w: usize, part: Ptr<f32>| {
         // SAFETY: this task's own R rows of w partial sums, n apart (`split_k`'s promise).
@@ -96,7 +97,7 @@ unsafe fn rows_split<T: Float, const R: usize>(
         }
     };
     let widest = (WIDEST_ROWS / R).next_multiple_of(8);
-    split_k(k, n, R, widest, 8, &accumulate, finish, after);
+    split_k(k, n, R, widest, 8, &accumulate, finish, after)
 }
 
 /// `acc[r][t] += Σ_i xs[r][i]·B[i, t]` for R rows at once over `xs[r].len()` contiguous rows

@@ -305,7 +305,7 @@ fn gemm<T: Float>(
             }
             if m == 1 {
                 // k is no output's dimension: A and B may be broadcast views of any length.
-                let mut x = Scratch::try_zeroed(k)?;
+                let mut x = Scratch::zeroed(k)?;
                 gather(pa.at(oa), acs, &mut x);
                 gemv(
                     &x,
@@ -318,13 +318,13 @@ fn gemm<T: Float>(
                     Ptr(pc.at(oc)),
                     ccs,
                     after,
-                );
+                )?;
                 continue;
             }
             // Few rows over a large B with contiguous rows or columns: B read in place, once
             // for all rows.
             if reads_b_in_place(m, k, n, brs, bcs) {
-                let mut rows = Scratch::try_zeroed(m.saturating_mul(k))?;
+                let mut rows = Scratch::zeroed(m.saturating_mul(k))?;
                 for (r, row) in rows.chunks_mut(k).enumerate() {
                     gather(pa.at(oa + r * ars), acs, row);
                 }
@@ -340,7 +340,7 @@ fn gemm<T: Float>(
                     *o = T::from_f32(alpha * v + old);
                 };
                 if bcs == 1 {
-                    gemv_rows(&rows, m, Ptr(pb.at(ob)), brs, n, &finish, after);
+                    gemv_rows(&rows, m, Ptr(pb.at(ob)), brs, n, &finish, after)?;
                 } else {
                     gemv_rows_t(&rows, m, Ptr(pb.at(ob)), bcs, n, &finish, after);
                 }

@@ -4,7 +4,7 @@
 
 use super::util::{
     dot, floats, gather, par_chunks, prefetch_l2, scatter, simd, stream_fence, streams, sum_f32,
-    write_streaming_unfenced, Float, Lanes, Ptr, Scratch,
+    try_par_chunks, write_streaming_unfenced, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -74,8 +74,8 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
     let axis = x.layout.ndim() - 1;
     let lanes = Lanes::new([&out.layout, &x.layout], axis);
     let d = lanes.len;
-    let mut w = Scratch::zeroed(d);
-    let mut b = Scratch::zeroed(if layer { d } else { 0 });
+    let mut w = Scratch::zeroed(d)?;
+    let mut b = Scratch::zeroed(if layer { d } else { 0 })?;
     // SAFETY: the weight (and bias) are checked views of d elements.
     unsafe {
         let wt = &call.inputs[1];
@@ -112,8 +112,8 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
         });
         return Ok(());
     }
-    par_chunks(lanes.count(), d, |range| {
-        let mut buf = Scratch::zeroed(d);
+    try_par_chunks(lanes.count(), d, |range| {
+        let mut buf = Scratch::zeroed(d)?;
         for i in range {
             let [oo, ox] = lanes.offsets(i);
             // SAFETY: the rows lie in their checked views; read before write.
@@ -122,7 +122,8 @@ fn norm<T: Float>(call: &KernelCall<'_>, layer: bool) -> Result<()> {
             // SAFETY: as above.
             unsafe { scatter(&buf, po.at(oo), lanes.stride[0]) };
         }
-    });
+        Ok(())
+    })?;
     Ok(())
 }
 

@@ -7,8 +7,8 @@
 use std::sync::Mutex;
 
 use super::util::{
-    coalesce, first_index_f32, floats, gather, max_f32, min_f32, offsets, par_chunks, simd, Float,
-    Ptr, Scratch,
+    coalesce, first_index_f32, floats, gather, max_f32, min_f32, offsets, simd, try_par_chunks,
+    Float, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -208,10 +208,10 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
             }
         }
     };
-    par_chunks(lanes * segs, segment, |range| {
+    try_par_chunks(lanes * segs, segment, |range| {
         // A contiguous f32 lane is read where it lies; others pass through `buf`.
         let in_place = T::DTYPE == DType::F32 && run == Some(1);
-        let mut buf = Scratch::zeroed(if in_place { 0 } else { segment.min(BLOCK) });
+        let mut buf = Scratch::zeroed(if in_place { 0 } else { segment.min(BLOCK) })?;
         for item in range {
             let (i, seg) = (item / segs, item % segs);
             let mut base = 0usize;
@@ -252,7 +252,8 @@ fn reduce<T: Float>(call: &KernelCall<'_>, kind: Kind) -> Result<()> {
                 *part = Some(fold);
             }
         }
-    });
+        Ok(())
+    })?;
     for (i, lane) in parts.chunks(segs).enumerate() {
         let mut folds = lane
             .iter()

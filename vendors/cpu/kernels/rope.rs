@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 
 use super::util::{
-    floats, gather, par_chunks, read_index, scatter, simd, stream_fence, streams,
+    floats, gather, read_index, scatter, simd, stream_fence, streams, try_par_chunks,
     write_streaming_unfenced, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
@@ -110,8 +110,8 @@ fn angle_table(theta: f64, d: usize, inv_freq: &[f64], needed: usize) -> Option<
     }
     let positions = needed.next_power_of_two().clamp(256, max_positions);
     let (mut cos, mut sin) = (
-        Scratch::zeroed(positions * half),
-        Scratch::zeroed(positions * half),
+        Scratch::zeroed(positions * half).ok()?,
+        Scratch::zeroed(positions * half).ok()?,
     );
     cos.par_chunks_mut(half)
         .zip(sin.par_chunks_mut(half))
@@ -176,10 +176,10 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
     let (po, px) = (Ptr::<T>::of(out), Ptr::<T>::of(x));
     // One vector-compiled body per task: a row (64 pairs at head dim 128) is too short to
     // pay for entering the vector code once per row.
-    par_chunks(lanes.count(), d, |range| {
+    try_par_chunks(lanes.count(), d, |range| {
+        let mut own = (Scratch::zeroed(half)?, Scratch::zeroed(half)?);
+        let mut buf = Scratch::zeroed(if in_place_f32 && !stream { 0 } else { d })?;
         simd!({
-            let mut own = (Scratch::zeroed(half), Scratch::zeroed(half));
-            let mut buf = Scratch::zeroed(if in_place_f32 && !stream { 0 } else { d });
             let mut angles_of = usize::MAX;
             // The next row's head and sequence index, counted along rather than divided out
             // of the row's index (as `walk` counts the offsets).
@@ -240,8 +240,9 @@ fn rope<T: Float>(call: &KernelCall<'_>) -> Result<()> {
             if stream {
                 stream_fence();
             }
-        })
-    });
+        });
+        Ok(())
+    })?;
     Ok(())
 }
 

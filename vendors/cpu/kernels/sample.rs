@@ -1,6 +1,6 @@
 //! random_sample over the last dimension (see `ops::sample` for the rule), one row per item.
 
-use super::util::{check_per_thread, floats, gather, par_chunks, Float, Lanes, Ptr, Scratch};
+use super::util::{check_per_thread, floats, gather, try_par_chunks, Float, Lanes, Ptr, Scratch};
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
 
@@ -158,8 +158,8 @@ fn random_sample<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         20
     };
     check_per_thread("random_sample", lanes.len.saturating_mul(per_logit))?;
-    par_chunks(lanes.count(), lanes.len * 8, |range| {
-        let mut buf = Scratch::zeroed(lanes.len);
+    try_par_chunks(lanes.count(), lanes.len * 8, |range| {
+        let mut buf = Scratch::zeroed(lanes.len)?;
         for i in range {
             let [ox] = lanes.offsets(i);
             // SAFETY: row i of the checked input; element i of the contiguous output.
@@ -168,7 +168,8 @@ fn random_sample<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 *po.at(i) = pick(&buf, random, temperature, top_k, top_p) as i64;
             }
         }
-    });
+        Ok(())
+    })?;
     Ok(())
 }
 

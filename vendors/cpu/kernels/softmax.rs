@@ -3,7 +3,7 @@
 
 use super::util::{
     exp_nonpositive_f32, floats, gather, max_f32, par_chunks, prefetch_l2, scatter, simd,
-    AlignedBlock, Float, Lanes, Ptr, Scratch,
+    try_par_chunks, AlignedBlock, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
 use crate::ops::{KernelCall, KernelRegistry, Params};
@@ -209,8 +209,8 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
         });
         return Ok(());
     }
-    par_chunks(lanes.count(), lanes.len, |range| {
-        let mut buf = Scratch::zeroed(lanes.len);
+    try_par_chunks(lanes.count(), lanes.len, |range| {
+        let mut buf = Scratch::zeroed(lanes.len)?;
         for i in range {
             let [oo, ox] = lanes.offsets(i);
             // SAFETY: both lanes lie in their checked views; the input lane is read whole
@@ -230,7 +230,8 @@ fn softmax<T: Float>(call: &KernelCall<'_>) -> Result<()> {
                 }
             }
         }
-    });
+        Ok(())
+    })?;
     Ok(())
 }
 

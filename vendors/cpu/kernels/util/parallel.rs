@@ -268,6 +268,22 @@ pub fn par_chunks(
     fork_tasks(tasks, &|t| f(t * per..((t + 1) * per).min(n)));
 }
 
+/// [`par_chunks`] for bodies that can fail (a scratch buffer the host cannot back): every
+/// range runs, and the first error is returned.
+pub fn try_par_chunks(
+    n: usize,
+    work_per_item: usize,
+    f: impl Fn(std::ops::Range<usize>) -> crate::error::Result<()> + Sync + Send,
+) -> crate::error::Result<()> {
+    let first = parking_lot::Mutex::new(None);
+    par_chunks(n, work_per_item, |range| {
+        if let Err(e) = f(range) {
+            first.lock().get_or_insert(e);
+        }
+    });
+    first.into_inner().map_or(Ok(()), Err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,8 +49,9 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// `len` zeroed f32s, or `OutOfMemory` where the host cannot back them (see `meminfo`).
-    pub fn try_zeroed(len: usize) -> Result<Self> {
+    /// `len` zeroed f32s, or `OutOfMemory` where the host cannot back them (see `meminfo`):
+    /// inside a parallel loop, through [`try_par_chunks`](super::try_par_chunks).
+    pub fn zeroed(len: usize) -> Result<Self> {
         let lines = len.div_ceil(LINE / 4);
         let bytes = lines.checked_mul(LINE).map(|b| b as u64);
         let refused = |why: String| Error::OutOfMemory {
@@ -67,20 +68,13 @@ impl Scratch {
         v.resize(lines, Line::ZERO);
         Ok(Scratch { lines: v, len })
     }
-
-    /// As [`try_zeroed`](Self::try_zeroed) where the length is bounded by an allocated tensor
-    /// (an output's row) or a constant. A refusal panics — which the CPU stream turns into an
-    /// error — rather than aborting the process as a refused `vec!` does; kernels whose
-    /// scratch grows with a dimension no output holds ask [`check_per_thread`] first.
-    pub fn zeroed(len: usize) -> Self {
-        Self::try_zeroed(len).unwrap_or_else(|e| panic!("{e}"))
-    }
 }
 
 /// Refuses, as `OutOfMemory`, `bytes` of scratch for each thread of a kernel's parallel loop
-/// where the host cannot back them all. The loop's closures cannot return an error, so a
-/// kernel whose scratch grows with a dimension that no output holds — attention's keys, the
-/// logits of a sampled row, both possibly broadcast views of 2^40 elements — asks before it.
+/// where the host cannot back them all: each thread's own check would pass while the host
+/// reports the others' buffers as still free, so a kernel whose scratch grows with a dimension
+/// that no output holds — attention's keys, the logits of a sampled row, both possibly
+/// broadcast views of 2^40 elements — asks for the loop's total before it.
 pub fn check_per_thread(op: &str, bytes: usize) -> Result<()> {
     let threads = rayon::current_num_threads().max(1) + 1;
     let total = bytes.checked_mul(threads).map(|b| b as u64);
@@ -122,7 +116,7 @@ mod tests {
     #[test]
     fn scratch_is_line_aligned_zeroed_and_sized() {
         for len in [0, 1, 15, 16, 17, 1000, 70_000] {
-            let mut s = Scratch::zeroed(len);
+            let mut s = Scratch::zeroed(len).expect("a small scratch");
             assert_eq!(s.len(), len);
             assert!((s.as_ptr() as usize).is_multiple_of(LINE));
             assert!(s.iter().all(|&x| x == 0.0));
@@ -131,7 +125,7 @@ mod tests {
         }
         // A length no host can back is an error, not an abort.
         for len in [usize::MAX, 1 << 60] {
-            let e = Scratch::try_zeroed(len).err().expect("refused");
+            let e = Scratch::zeroed(len).err().expect("refused");
             assert_eq!(e.kind_name(), "out_of_memory");
         }
         assert_eq!(
