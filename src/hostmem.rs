@@ -54,6 +54,8 @@ fn acquire_with(
         return Err(oom("the host allocator refused"));
     }
     advise_huge_pages(p as usize, size_usize);
+    // Until its pages are touched, no reading of the host's memory shows this allocation.
+    crate::meminfo::note_granted(size);
     Ok(p as usize as u64)
 }
 
@@ -91,6 +93,7 @@ pub fn release(ptr: u64, size: u64, align: u64) {
         // SAFETY: ptr came from acquire(size, align) and was removed from the allocation table,
         // so it is freed exactly once.
         unsafe { std::alloc::dealloc(ptr as usize as *mut u8, layout) }
+        crate::meminfo::note_released(size);
     }
 }
 

@@ -9,8 +9,18 @@
 //! the caller gets [`Error::OutOfMemory`](crate::Error::OutOfMemory) rather than a `SIGKILL`.
 //! The answer is an estimate taken at that moment (other processes and threads allocate too):
 //! it stops the request that can never fit, not every pressure the system may come under.
+//!
+//! Memory granted but not yet touched is invisible to `/proc/meminfo` and to the cgroup: a
+//! process that allocates 800 MB three times in a 2 GB cgroup, a second apart, and only then
+//! fills the buffers would be told three times that 1.9 GB are free, and killed at the third
+//! fill. So unirt keeps a ledger of its own live host allocations from [`CHECK_FROM`] up
+//! ([`HostGrant`]); what of it the process has not yet made resident (at least the ledger less
+//! the process's resident anonymous and shared memory and its swap, from `/proc/self/status`)
+//! is taken off what the host can back. The bound errs towards lending: memory the process
+//! touched for other reasons hides as much of the ledger.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -44,7 +54,81 @@ pub fn host_memory() -> Option<HostMemory> {
         host.total = host.total.min(cg.limit);
         host.available = host.available.min(cg.headroom().saturating_add(swap_free));
     }
+    host.available = host.available.saturating_sub(granted_untouched());
     Some(host)
+}
+
+/// Bytes of live host allocations of at least [`CHECK_FROM`] that unirt has granted (see the
+/// module docs): the CPU backend's device memory, pinned host memory, and the buffers of wgpu
+/// adapters that keep them in host memory.
+static GRANTED: AtomicU64 = AtomicU64::new(0);
+
+/// Records a live host allocation of `bytes` (ignored below [`CHECK_FROM`]); pair it with
+/// [`note_released`] of the same size, or hold a [`HostGrant`] instead.
+pub fn note_granted(bytes: u64) {
+    if bytes >= CHECK_FROM {
+        GRANTED.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Ends a record of [`note_granted`].
+pub fn note_released(bytes: u64) {
+    if bytes >= CHECK_FROM {
+        // Saturating: a release without its grant must not wrap the ledger.
+        let _ = GRANTED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
+            Some(g.saturating_sub(bytes))
+        });
+    }
+}
+
+/// A live host allocation in the ledger for as long as it is held ([`note_granted`] on
+/// creation, [`note_released`] on drop).
+#[derive(Debug)]
+pub struct HostGrant {
+    bytes: u64,
+}
+
+impl HostGrant {
+    pub fn new(bytes: u64) -> Self {
+        note_granted(bytes);
+        HostGrant { bytes }
+    }
+}
+
+impl Drop for HostGrant {
+    fn drop(&mut self) {
+        note_released(self.bytes);
+    }
+}
+
+/// A lower bound on the ledger's bytes that no page backs yet: the ledger less what the
+/// process holds resident or swapped (0 where that cannot be read).
+fn granted_untouched() -> u64 {
+    let granted = GRANTED.load(Ordering::Relaxed);
+    if granted == 0 {
+        return 0;
+    }
+    let held = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| parse_status_held(&t));
+    held.map_or(0, |h| granted.saturating_sub(h))
+}
+
+/// The memory a process holds that its allocations may have made resident, from
+/// `/proc/self/status`: anonymous and shared resident pages and swapped-out pages, in bytes.
+fn parse_status_held(text: &str) -> Option<u64> {
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kib| kib.saturating_mul(1024))
+    };
+    // RssAnon appeared in Linux 4.5; without it the bound is not taken.
+    let anon = field("RssAnon:")?;
+    let shmem = field("RssShmem:").unwrap_or(0);
+    let swap = field("VmSwap:").unwrap_or(0);
+    Some(anon.saturating_add(shmem).saturating_add(swap))
 }
 
 /// All the memory this machine has (RAM and swap, from `/proc/meminfo`), read once;
@@ -270,6 +354,14 @@ mod tests {
         std::fs::write(dir.join(files[0]), "max\n").unwrap();
         assert_eq!(read_cgroup(&dir, files, "inactive_file"), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn status_fields_held_in_bytes() {
+        let text = "VmRSS:\t 5000 kB\nRssAnon:\t 3000 kB\nRssFile:\t 1500 kB\n\
+                    RssShmem:\t 500 kB\nVmSwap:\t 100 kB\n";
+        assert_eq!(parse_status_held(text), Some(3600 * 1024));
+        assert_eq!(parse_status_held("VmRSS: 5000 kB\n"), None);
     }
 
     #[test]

@@ -64,6 +64,11 @@ pub(super) const CASES: &[Case] = &[
         run: huge,
     },
     Case {
+        name: "bad::allocations_not_yet_touched",
+        needs: &[],
+        run: untouched,
+    },
+    Case {
         name: "bad::kernel_arguments",
         needs: &[],
         run: kernel_args,
@@ -405,6 +410,91 @@ fn huge(ctx: &Ctx) -> Result<(), Failure> {
     // Still usable.
     let b = Buf::with(&ctx.backend, &[8; 8])?;
     same(&b.read()?, &[8; 8], "allocation after refused huge ones")
+}
+
+/// Host memory allocated and not yet touched is memory the host has promised, though no
+/// reading of the host's memory shows it until its pages are first written: on devices whose
+/// memory is the host's (the CPU, wgpu adapters emulated on the host processor) and for the
+/// pinned memory of the CPU and wgpu backends, two allocations of 55% of the free memory each,
+/// untouched, must not both succeed — filling both would get the process killed — and the
+/// first must show in `mem_info`. (Held for a moment only: other cases may allocate too.)
+fn untouched(ctx: &Ctx) -> Result<(), Failure> {
+    let kind = ctx.backend.kind();
+    let device_in_host_memory = kind == DeviceKind::Cpu
+        || (kind == DeviceKind::Wgpu && ctx.info().class == unirt::DeviceClass::Software);
+    if device_in_host_memory {
+        let mut ptrs = Vec::new();
+        let held = hold_untouched(ctx, &mut ptrs, |n| ctx.malloc(n), "malloc");
+        let mut freed = Ok(());
+        for p in ptrs {
+            freed = freed.and(ctx.free(p));
+        }
+        held?;
+        freed?;
+    }
+    if matches!(kind, DeviceKind::Cpu | DeviceKind::Wgpu) {
+        let mut ptrs = Vec::new();
+        let held = hold_untouched(ctx, &mut ptrs, |n| ctx.malloc_host(n), "malloc_host");
+        let mut freed = Ok(());
+        for p in ptrs {
+            freed = freed.and(ctx.free_host(p));
+        }
+        held?;
+        freed?;
+    }
+    let b = Buf::with(&ctx.backend, &[9; 8])?;
+    same(&b.read()?, &[9; 8], "allocation after untouched ones")
+}
+
+/// Allocates 55% of the free memory in pieces no larger than one allocation may be (into
+/// `ptrs`, for the caller to free), checks that `mem_info` counts it, and that as much again is
+/// refused.
+fn hold_untouched<P>(
+    ctx: &Ctx,
+    ptrs: &mut Vec<P>,
+    alloc: impl Fn(usize) -> unirt::Result<P>,
+    what: &str,
+) -> Result<(), Failure> {
+    let free = ctx.mem_info()?.free;
+    let piece = (free / 20 * 11)
+        .min(ctx.info().max_allocation)
+        .max(64 << 20);
+    let Ok(piece) = usize::try_from(piece) else {
+        return Ok(());
+    };
+    let target = free / 20 * 11;
+    let mut total = 0u64;
+    while total < target {
+        let p = alloc(piece).map_err(|e| {
+            Failure::Failed(format!(
+                "{what}({piece}) refused after {total} of {free} free bytes: {e}"
+            ))
+        })?;
+        ptrs.push(p);
+        total += piece as u64;
+    }
+    let after = ctx.mem_info()?.free;
+    if after > free.saturating_sub(total) + free / 4 {
+        return Err(Failure::Failed(format!(
+            "mem_info says {after} bytes free after {what} of {total} untouched bytes \
+             (it said {free} before)"
+        )));
+    }
+    // As much again: one of the pieces must be refused before it is all granted.
+    let mut again = 0u64;
+    while again < target {
+        match alloc(piece) {
+            Ok(p) => {
+                ptrs.push(p);
+                again += piece as u64;
+            }
+            Err(e) => return expect_err(Err::<(), _>(e), &["out_of_memory"], what),
+        }
+    }
+    Err(Failure::Failed(format!(
+        "{what} granted {} untouched bytes with {free} bytes free",
+        total + again
+    )))
 }
 
 fn kernel_args(ctx: &Ctx) -> Result<(), Failure> {

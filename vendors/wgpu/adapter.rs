@@ -372,7 +372,10 @@ fn describe(index: usize, a: &wgpu::Adapter) -> DeviceInfo {
             wgpu::DeviceType::Other => DeviceClass::Unknown,
         },
         memory_total: total,
-        max_allocation: l.max_buffer_size,
+        // Buffers are padded to whole words (see `memory`): an allocation of the adapter's
+        // limit itself would pad past it when the limit is not a multiple of four (lavapipe's
+        // is 2^31 - 1).
+        max_allocation: super::memory::floor4(l.max_buffer_size),
         details,
         capabilities: Capabilities {
             async_streams: true,

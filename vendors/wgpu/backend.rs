@@ -11,7 +11,7 @@ use super::memory::DevBuf;
 use super::stream::{enqueue, flush_locked, Cmd, WStream};
 use super::{copy, fault, graph, guard, memory, stream, WgpuBackend};
 use crate::checked::{self, Pins};
-use crate::device::{DeviceInfo, DeviceKind, MemInfo};
+use crate::device::{DeviceClass, DeviceInfo, DeviceKind, MemInfo};
 use crate::error::{Error, Result};
 use crate::hal::*;
 
@@ -325,9 +325,11 @@ impl WgpuBackend {
                 | wgpu::BufferUsages::COPY_DST,
         )?;
         let base = self.vas.reserve(size)?;
-        self.mem
-            .device
-            .insert(base, size, DevBuf::new(buffer, false))?;
+        let mut buf = DevBuf::new(buffer, false);
+        if self.info.class == DeviceClass::Software {
+            buf = buf.in_host_memory(size);
+        }
+        self.mem.device.insert(base, size, buf)?;
         Ok(DevicePtr(base))
     }
 

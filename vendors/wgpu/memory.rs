@@ -29,6 +29,9 @@ pub(crate) struct DevBuf {
     pub buffer: wgpu::Buffer,
     /// A staging or scratch buffer of one command: its bind groups are not cached.
     pub temp: bool,
+    /// The allocation's entry in the host's memory ledger, on adapters that keep buffers in
+    /// host memory (see `meminfo`); released with the last clone.
+    pub host_grant: Option<std::sync::Arc<crate::meminfo::HostGrant>>,
 }
 
 impl DevBuf {
@@ -37,7 +40,15 @@ impl DevBuf {
             id: crate::handles::fresh_id(),
             buffer,
             temp,
+            host_grant: None,
         }
+    }
+
+    /// Enters the buffer's `bytes` in the host's memory ledger: an adapter emulated on the
+    /// host processor keeps its buffers in host memory that no reading shows until touched.
+    pub fn in_host_memory(mut self, bytes: u64) -> Self {
+        self.host_grant = Some(std::sync::Arc::new(crate::meminfo::HostGrant::new(bytes)));
+        self
     }
 }
 
