@@ -142,6 +142,7 @@ pub mod graph;
 pub mod hal;
 #[doc(hidden)]
 pub mod handles;
+pub(crate) mod host_threads;
 #[doc(hidden)]
 pub mod hostmem;
 pub mod kernel;

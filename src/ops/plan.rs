@@ -394,11 +394,13 @@ impl Plan {
             KernelImpl::HostPerItem(f) => Arc::new(move || {
                 let call = plan.call(&ins, &outs, ws);
                 let [x, y, z] = call.grid;
-                use rayon::prelude::*;
+                use crate::host_threads::for_each;
                 let _busy = crate::progress::AllCoresBusy::enter();
-                (0..z).into_par_iter().for_each(|k| {
-                    (0..y).into_par_iter().for_each(|j| {
-                        (0..x).into_par_iter().for_each(|i| f(&call, [i, j, k]));
+                // Indices below the u32 grid's extents: the casts are lossless.
+                let [x, y, z] = [x as usize, y as usize, z as usize];
+                for_each(z, |k| {
+                    for_each(y, |j| {
+                        for_each(x, |i| f(&call, [i as u32, j as u32, k as u32]));
                     })
                 });
                 Ok(())

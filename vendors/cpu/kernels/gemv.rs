@@ -383,7 +383,7 @@ pub(super) unsafe fn gemv<T: Float>(
         // block per thread where n allows (each row then streams as one long run; a column
         // sums in the same order whatever the block width).
         let cols = n
-            .div_ceil(rayon::current_num_threads().max(1))
+            .div_ceil(crate::host_threads::threads())
             .next_multiple_of(64)
             .clamp(512, 2048);
         try_par_chunks(n.div_ceil(cols), k * cols, |blocks| {

@@ -10,10 +10,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
-
 use super::util::{
-    floats, gather, read_index, scatter, simd, stream_fence, streams, try_par_chunks,
+    floats, gather, par_chunks, read_index, scatter, simd, stream_fence, streams, try_par_chunks,
     write_streaming_unfenced, Float, Lanes, Ptr, Scratch,
 };
 use crate::error::{Error, Result};
@@ -113,10 +111,20 @@ fn angle_table(theta: f64, d: usize, inv_freq: &[f64], needed: usize) -> Option<
         Scratch::zeroed(positions * half).ok()?,
         Scratch::zeroed(positions * half).ok()?,
     );
-    cos.par_chunks_mut(half)
-        .zip(sin.par_chunks_mut(half))
-        .enumerate()
-        .for_each(|(p, (c, sn))| angles(p as f64, inv_freq, c, sn));
+    let (c, sn) = (Ptr(cos.as_mut_ptr()), Ptr(sin.as_mut_ptr()));
+    par_chunks(positions, half * 8, |rows| {
+        for p in rows {
+            // SAFETY: rows of `half` values below `positions`, inside both tables; each task
+            // writes its own rows.
+            let (c, sn) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(c.at(p * half), half),
+                    std::slice::from_raw_parts_mut(sn.at(p * half), half),
+                )
+            };
+            angles(p as f64, inv_freq, c, sn);
+        }
+    });
     let table = Arc::new(AngleTable {
         positions,
         cos,

@@ -329,64 +329,62 @@ pub(crate) fn kernel_count() -> usize {
 /// are valid CUDA C for those architectures. Sources compile in parallel; each kernel gets a
 /// row, which fails when the image does not hold its symbol.
 pub(crate) fn compile_all(nv: &Nvrtc, archs: &[u32]) -> Vec<CompiledKernel> {
-    use rayon::prelude::*;
     let units = units();
     let jobs: Vec<(&Unit, u32)> = archs
         .iter()
         .flat_map(|&a| units.iter().map(move |u| (u, a)))
         .collect();
-    jobs.par_iter()
-        .map(|&(u, arch)| {
-            let target = Target::Cubin(arch);
-            let compiled = nv.compile(&u.file, &u.text, target).map_err(|e| match e {
-                Error::KernelCompile { log, .. } => log,
-                other => other.to_string(),
-            });
-            u.entries
-                .iter()
-                .map(|e| match &compiled {
-                    Ok((img, log)) => {
-                        // A CUBIN is an ELF image whose symbol table names its kernels and
-                        // whose `.nv.info.<kernel>` says how many bytes of parameters it takes.
-                        let found = img.starts_with(b"\x7fELF")
-                            && img.windows(e.len()).any(|w| w == e.as_bytes());
-                        let declared = cubin::param_bytes(img, e);
-                        let abi = match (u.param_bytes, declared) {
-                            (Some(want), Some(got)) if want != got => Some(format!(
-                                "the kernel takes {got} bytes of parameters; the host builds {want}"
-                            )),
-                            (Some(_), None) => {
-                                Some("the CUBIN does not state the kernel's parameter size".into())
-                            }
-                            _ => None,
-                        };
-                        CompiledKernel {
-                            kernel: format!("{}{e}", u.label),
-                            arch: target.arch(),
-                            file: u.file.clone(),
-                            ok: found && abi.is_none(),
-                            log: match abi {
-                                Some(why) => format!("{why}\n{log}"),
-                                None => log.clone(),
-                            },
-                            bytes: img.len(),
+    crate::host_threads::map(jobs.len(), |j| {
+        let (u, arch) = jobs[j];
+        let target = Target::Cubin(arch);
+        let compiled = nv.compile(&u.file, &u.text, target).map_err(|e| match e {
+            Error::KernelCompile { log, .. } => log,
+            other => other.to_string(),
+        });
+        u.entries
+            .iter()
+            .map(|e| match &compiled {
+                Ok((img, log)) => {
+                    // A CUBIN is an ELF image whose symbol table names its kernels and
+                    // whose `.nv.info.<kernel>` says how many bytes of parameters it takes.
+                    let found = img.starts_with(b"\x7fELF")
+                        && img.windows(e.len()).any(|w| w == e.as_bytes());
+                    let declared = cubin::param_bytes(img, e);
+                    let abi = match (u.param_bytes, declared) {
+                        (Some(want), Some(got)) if want != got => Some(format!(
+                            "the kernel takes {got} bytes of parameters; the host builds {want}"
+                        )),
+                        (Some(_), None) => {
+                            Some("the CUBIN does not state the kernel's parameter size".into())
                         }
-                    }
-                    Err(log) => CompiledKernel {
+                        _ => None,
+                    };
+                    CompiledKernel {
                         kernel: format!("{}{e}", u.label),
                         arch: target.arch(),
                         file: u.file.clone(),
-                        ok: false,
-                        log: log.clone(),
-                        bytes: 0,
-                    },
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .flatten()
-        .collect()
+                        ok: found && abi.is_none(),
+                        log: match abi {
+                            Some(why) => format!("{why}\n{log}"),
+                            None => log.clone(),
+                        },
+                        bytes: img.len(),
+                    }
+                }
+                Err(log) => CompiledKernel {
+                    kernel: format!("{}{e}", u.label),
+                    arch: target.arch(),
+                    file: u.file.clone(),
+                    ok: false,
+                    log: log.clone(),
+                    bytes: 0,
+                },
+            })
+            .collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// Parses `sm_70,sm_80,90` into `[70, 80, 90]`.

@@ -114,7 +114,7 @@ pub(super) unsafe fn sgemm_par<S: Float>(
     if m == 0 || n == 0 {
         return;
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::host_threads::threads();
     let work = m * n * k.max(1);
     // Panels of at least 64 rows/columns, and only when the product is worth a fork.
     // Every panel packs all of B's columns it covers, and reads all of A's rows it covers:

@@ -28,7 +28,7 @@ pub fn par_rows<const N: usize>(
     let tasks = if total < PAR_MIN {
         1
     } else {
-        (total / (PAR_MIN / 2)).clamp(1, rayon::current_num_threads() * 4)
+        (total / (PAR_MIN / 2)).clamp(1, crate::host_threads::threads() * 4)
     };
     let per = total.div_ceil(tasks);
     let run = |t: usize| {
@@ -213,14 +213,18 @@ pub fn fork_tasks(tasks: usize, run: &(dyn Fn(usize) + Sync)) {
     }
     // Threads spinning on a wait help at once; rayon's threads are asked for the rest of
     // the cores (one thread per core: more would only take turns on them).
-    let helpers = rayon::current_num_threads()
-        .saturating_sub(1 + crate::progress::spinning_waiters())
-        .min(tasks - 1);
-    for _ in 0..helpers {
-        let f = fork.clone();
-        rayon::spawn(move || {
-            f.work();
-        });
+    // Without the pool (the host refused its threads) the caller and the waiters run them all.
+    if let Some(pool) = crate::host_threads::pool() {
+        let helpers = pool
+            .current_num_threads()
+            .saturating_sub(1 + crate::progress::spinning_waiters())
+            .min(tasks - 1);
+        for _ in 0..helpers {
+            let f = fork.clone();
+            pool.spawn(move || {
+                f.work();
+            });
+        }
     }
     fork.work();
     // Every task is claimed now: no new helper needs to find this fork.
@@ -262,7 +266,7 @@ pub fn par_chunks(
         return;
     }
     let tasks = (work / (PAR_MIN / 2))
-        .clamp(1, rayon::current_num_threads() * 4)
+        .clamp(1, crate::host_threads::threads() * 4)
         .min(n);
     let per = n.div_ceil(tasks);
     fork_tasks(tasks, &|t| f(t * per..((t + 1) * per).min(n)));

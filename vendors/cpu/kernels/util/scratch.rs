@@ -76,7 +76,7 @@ impl Scratch {
 /// that no output holds — attention's keys, the logits of a sampled row, both possibly
 /// broadcast views of 2^40 elements — asks for the loop's total before it.
 pub fn check_per_thread(op: &str, bytes: usize) -> Result<()> {
-    let threads = rayon::current_num_threads().max(1) + 1;
+    let threads = crate::host_threads::threads() + 1;
     let total = bytes.checked_mul(threads).map(|b| b as u64);
     let why = match total.map(crate::meminfo::check_backable) {
         Some(Ok(())) => return Ok(()),

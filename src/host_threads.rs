@@ -1,0 +1,133 @@
+//! The host's helper threads: a rayon pool of unirt's own, onto which the CPU kernels'
+//! parallel loops (and unirt's other host-side parallel work) fork.
+//!
+//! Why not rayon's global pool: rayon starts it at its first use and panics where it cannot
+//! start its threads (a container's `pids.max`, a thread limit), and it never tries again, so
+//! one refusal would leave every later parallel loop of the process panicking. unirt starts
+//! its own pool fallibly instead: while it cannot, parallel loops run on the calling thread
+//! alone (slower, never wrong), and starting it is tried again a second later.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// How long after a failed start the next one is tried.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+
+/// When the pool last failed to start (only the first failure is reported).
+static LAST_FAILURE: Mutex<Option<Instant>> = Mutex::new(None);
+
+/// The helper pool, started on first use; `None` while the host refuses its threads.
+pub fn pool() -> Option<&'static rayon::ThreadPool> {
+    match POOL.get() {
+        Some(p) => Some(p),
+        None => start(&POOL, &LAST_FAILURE, || {
+            // The default size: RAYON_NUM_THREADS where set, else one thread per core.
+            rayon::ThreadPoolBuilder::new()
+                .thread_name(|i| format!("unirt-host-{i}"))
+                .build()
+        }),
+    }
+}
+
+/// Starts the pool in `slot` with `build`, unless the last try (in `failed`) was less than
+/// [`RETRY_AFTER`] ago.
+fn start<'a>(
+    slot: &'a OnceLock<rayon::ThreadPool>,
+    failed: &Mutex<Option<Instant>>,
+    build: impl FnOnce() -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError>,
+) -> Option<&'a rayon::ThreadPool> {
+    let mut failed = failed.lock();
+    if let Some(p) = slot.get() {
+        return Some(p); // another thread started it while this one waited
+    }
+    if failed.is_some_and(|at| at.elapsed() < RETRY_AFTER) {
+        return None;
+    }
+    match build() {
+        Ok(p) => {
+            *failed = None;
+            Some(slot.get_or_init(|| p))
+        }
+        Err(e) => {
+            if failed.is_none() {
+                tracing::warn!(
+                    "cannot start unirt's host helper threads ({e}): parallel loops run on \
+                     the calling thread alone until they can"
+                );
+            }
+            *failed = Some(Instant::now());
+            None
+        }
+    }
+}
+
+/// Threads a parallel loop can use: the pool's, or 1 (the caller) without it.
+pub fn threads() -> usize {
+    pool().map_or(1, |p| p.current_num_threads().max(1))
+}
+
+/// Runs `f(i)` for each `i < n`, on the pool's threads where it runs, else on the caller.
+/// Rayon's own calls made inside `f` use the pool, never rayon's global one.
+pub fn for_each(n: usize, f: impl Fn(usize) + Sync + Send) {
+    use rayon::prelude::*;
+    match pool() {
+        Some(p) => p.install(|| (0..n).into_par_iter().for_each(&f)),
+        None => (0..n).for_each(f),
+    }
+}
+
+/// `[f(0), f(1), …, f(n - 1)]`, computed as [`for_each`] runs its items.
+pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    use rayon::prelude::*;
+    match pool() {
+        Some(p) => p.install(|| (0..n).into_par_iter().map(&f).collect()),
+        None => (0..n).map(f).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_item_runs_once_on_the_pool() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let counts: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+        for_each(counts.len(), |i| {
+            counts[i].fetch_add(1, Ordering::SeqCst);
+            // Inside the pool, rayon's calls see the pool.
+            assert_eq!(rayon::current_num_threads(), threads());
+        });
+        assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+        assert!(threads() >= 1);
+        assert_eq!(map(5, |i| i * i), [0, 1, 4, 9, 16]);
+    }
+
+    /// A pool the host refuses threads for is `None`, tried again only after a while, and
+    /// started by a later try that gets its threads.
+    #[test]
+    fn a_refused_pool_is_tried_again_later() {
+        let slot = OnceLock::new();
+        let failed = Mutex::new(None);
+        let refused = || {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .spawn_handler(|_| Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)))
+                .build()
+        };
+        let granted = || rayon::ThreadPoolBuilder::new().num_threads(2).build();
+        assert!(start(&slot, &failed, refused).is_none());
+        assert!(
+            start(&slot, &failed, granted).is_none(),
+            "tried again at once"
+        );
+        *failed.lock() = Instant::now().checked_sub(RETRY_AFTER);
+        let p = start(&slot, &failed, granted).expect("started on a later try");
+        assert_eq!(p.current_num_threads(), 2);
+        assert!(std::ptr::eq(p, start(&slot, &failed, refused).unwrap()));
+    }
+}
