@@ -214,10 +214,17 @@ fn probe_one(kind: DeviceKind) -> Probe {
         Err(e) => return Probe::Unavailable(e.to_string()),
     };
     // Probes are written not to panic; this is the last line of defence against a driver
-    // library that does.
-    catch_unwind(AssertUnwindSafe(probe)).unwrap_or_else(|p| {
-        let msg = crate::error::panic_message(&*p).unwrap_or_default();
-        Probe::Unavailable(format!("the {kind} probe failed: {msg}"))
+    // library that does. A driver's start-up may want more stack than the caller's thread has.
+    crate::host_threads::on_roomy_stack(|| {
+        catch_unwind(AssertUnwindSafe(probe)).unwrap_or_else(|p| {
+            let msg = crate::error::panic_message(&*p).unwrap_or_default();
+            Probe::Unavailable(format!("the {kind} probe failed: {msg}"))
+        })
+    })
+    .unwrap_or_else(|| {
+        Probe::Unavailable(format!(
+            "cannot start a thread with room on its stack to probe {kind}"
+        ))
     })
 }
 
@@ -311,7 +318,7 @@ pub fn open(device: Device) -> Result<Arc<AnyBackend>> {
     }
     vendor_report(device.kind)?.info(device)?;
     // Opening may take a while (driver start-up); do it outside the lock, then keep the first.
-    let backend = Arc::new(open_uncached(device)?);
+    let backend = open_uncached(device)?;
     Ok(table.lock().entry(device).or_insert(backend).clone())
 }
 
@@ -320,13 +327,22 @@ pub fn open(device: Device) -> Result<Arc<AnyBackend>> {
 /// see, or disturb, what other code does on the shared instance.
 pub fn open_private(device: Device) -> Result<Arc<AnyBackend>> {
     vendor_report(device.kind)?.info(device)?;
-    Ok(Arc::new(open_uncached(device)?))
+    open_uncached(device)
 }
 
-fn open_uncached(device: Device) -> Result<AnyBackend> {
-    let opened = catch_unwind(AssertUnwindSafe(|| -> Result<AnyBackend> {
-        (vendors::vendor(device.kind)?.open)(device.index)
-    }));
+fn open_uncached(device: Device) -> Result<Arc<AnyBackend>> {
+    // On a thread with room on its stack where the caller's has little (a driver's start-up);
+    // the backend is put behind its `Arc` there, so the small stack never holds it.
+    let opened = crate::host_threads::on_roomy_stack(|| {
+        catch_unwind(AssertUnwindSafe(|| -> Result<Arc<AnyBackend>> {
+            (vendors::vendor(device.kind)?.open)(device.index).map(Arc::new)
+        }))
+    })
+    .ok_or_else(|| {
+        Error::DeviceNotInitialized(format!(
+            "{device}: cannot start a thread with room on its stack to open it"
+        ))
+    })?;
     opened.unwrap_or_else(|_| {
         Err(Error::DeviceNotInitialized(format!(
             "{device}: the driver panicked while opening"

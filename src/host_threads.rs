@@ -1,5 +1,6 @@
 //! The host's helper threads: a rayon pool of unirt's own, onto which the CPU kernels'
-//! parallel loops (and unirt's other host-side parallel work) fork.
+//! parallel loops (and unirt's other host-side parallel work) fork; and a thread with a roomy
+//! stack for the cold paths that need one.
 //!
 //! Why not rayon's global pool: rayon starts it at its first use and panics where it cannot
 //! start its threads (a container's `pids.max`, a thread limit), and it never tries again, so
@@ -89,6 +90,78 @@ pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
     }
 }
 
+/// Stack the cold paths — probing a vendor, opening a device, preparing a kernel (driver
+/// start-up, shader and NVRTC compilers, deeply recursive) — run with in place: each took
+/// less than 48 KiB in a release build here, so this leaves a wide margin (debug builds take
+/// several times more). A thread with less pays a thread's start per cold path; eager
+/// operators prepare their kernel on every call (from caches after the first), so such a
+/// thread computes correctly but more slowly.
+const COLD_PATH_STACK: usize = 256 << 10;
+
+/// The stack of the thread that runs a cold path for a caller with less.
+const ROOMY_STACK: usize = 16 << 20;
+
+/// Runs `f` on the calling thread where it has [`COLD_PATH_STACK`] of stack left (or where the
+/// OS does not say), else on a thread of its own with a roomy stack, waiting for it. A C
+/// program may call unirt from a thread it made with a small stack (`PTHREAD_STACK_MIN` is
+/// 16 KiB): the Vulkan loader's device enumeration and naga's WGSL parser overflowed one of
+/// 32 KiB, which ends the process. `None` where that thread cannot be started.
+pub fn on_roomy_stack<R: Send>(f: impl FnOnce() -> R + Send) -> Option<R> {
+    if stack_left().is_none_or(|left| left >= COLD_PATH_STACK) {
+        return Some(f());
+    }
+    std::thread::scope(|scope| {
+        let t = std::thread::Builder::new()
+            .name("unirt-roomy-stack".into())
+            .stack_size(ROOMY_STACK)
+            .spawn_scoped(scope, f)
+            .ok()?;
+        // A panic in `f` continues on the caller, as if `f` had run here.
+        Some(t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
+}
+
+/// Bytes of stack below the caller's frame, where the OS says (the stack's bounds are looked
+/// up once per thread: for the main thread that reads `/proc/self/maps`).
+pub fn stack_left() -> Option<usize> {
+    thread_local! {
+        static LOW: std::cell::Cell<Option<Option<usize>>> = const { std::cell::Cell::new(None) };
+    }
+    let low = LOW.with(|c| match c.get() {
+        Some(low) => low,
+        None => {
+            let low = stack_low();
+            c.set(Some(low));
+            low
+        }
+    })?;
+    let here = 0u8;
+    (std::ptr::addr_of!(here) as usize).checked_sub(low)
+}
+
+/// The lowest address of the calling thread's stack.
+#[cfg(target_os = "linux")]
+fn stack_low() -> Option<usize> {
+    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+    // SAFETY: pthread_getattr_np initialises `attr` for the calling thread when it returns 0,
+    // and only then is it read and destroyed.
+    unsafe {
+        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+            return None;
+        }
+        let mut low: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let got = libc::pthread_attr_getstack(attr.as_ptr(), &mut low, &mut size);
+        libc::pthread_attr_destroy(attr.as_mut_ptr());
+        (got == 0).then_some(low as usize)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stack_low() -> Option<usize> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +178,35 @@ mod tests {
         assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 1));
         assert!(threads() >= 1);
         assert_eq!(map(5, |i| i * i), [0, 1, 4, 9, 16]);
+    }
+
+    /// A cold path called from a thread with a small stack runs on a roomy one; from a thread
+    /// with room, in place.
+    #[test]
+    fn cold_paths_get_a_roomy_stack() {
+        let run = |bytes: usize| {
+            std::thread::Builder::new()
+                .stack_size(bytes)
+                .spawn(|| {
+                    let caller = std::thread::current().id();
+                    on_roomy_stack(move || {
+                        (
+                            std::thread::current().id() == caller,
+                            stack_left().unwrap_or(0),
+                        )
+                    })
+                })
+                .expect("spawn")
+                .join()
+                .expect("join")
+                .expect("a thread for the cold path")
+        };
+        if cfg!(target_os = "linux") {
+            let (in_place, left) = run(64 << 10);
+            assert!(!in_place && left > COLD_PATH_STACK, "{left}");
+            let (in_place, _) = run(8 << 20);
+            assert!(in_place);
+        }
     }
 
     /// A pool the host refuses threads for is `None`, tried again only after a while, and

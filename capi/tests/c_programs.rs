@@ -132,6 +132,18 @@ fn fork_test_c() {
     }
 }
 
+/// Discovery and each device's first use from a thread with a 32 KiB stack: no overflow (unirt
+/// runs them on a roomy stack of its own), and every device works after.
+#[test]
+fn small_stack_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/small_stack_test.c"),
+        "small_stack_test",
+    ) {
+        run(&exe);
+    }
+}
+
 /// Sizes no machine can give, through every call that takes one: statuses, no abort.
 #[test]
 fn sizes_test_c() {

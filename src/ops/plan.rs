@@ -133,13 +133,23 @@ impl PlanBuilder {
         // kernel either: a generator asked for a kernel over a zero-sized dimension could
         // divide by it (the wgpu transpose once made `i % 0u`, which failed to compile).
         let nothing = computes_nothing(&self.outputs);
+        // Preparing compiles (naga, NVRTC, a driver's compiler: deeply recursive), on a thread
+        // with room on its stack where the caller's has little.
+        let roomy = |prepare: &(dyn Fn() -> Result<Arc<dyn PreparedKernel>> + Sync)| {
+            crate::host_threads::on_roomy_stack(prepare).unwrap_or_else(|| {
+                Err(Error::Internal(format!(
+                    "{}: cannot start a thread with room on its stack to prepare the kernel",
+                    self.op
+                )))
+            })
+        };
         let prepared = match &kernel {
             KernelImpl::Prepared { .. } if nothing => None,
-            KernelImpl::Prepared { prepare, .. } => Some(prepare(&spec)?),
+            KernelImpl::Prepared { prepare, .. } => Some(roomy(&|| prepare(&spec))?),
             // User kernels in a device language are prepared by their vendor, as built-ins.
-            KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => {
-                Some(crate::vendors::prepare_user_kernel(&spec, &kernel)?)
-            }
+            KernelImpl::Wgsl { .. } | KernelImpl::CudaC { .. } => Some(roomy(&|| {
+                crate::vendors::prepare_user_kernel(&spec, &kernel)
+            })?),
             _ => None,
         };
         Ok(Plan(Arc::new(PlanInner {

@@ -274,9 +274,22 @@ impl Kernels {
                 crate::device::DeviceKind::Wgpu,
             ));
         }
-        self.pipelines[which.index() * 2 + usize::from(direct)]
-            .get_or_init(|| self.compile(device, which, direct))
-            .clone()
+        let slot = &self.pipelines[which.index() * 2 + usize::from(direct)];
+        if let Some(p) = slot.get() {
+            return p.clone();
+        }
+        // Compiling (naga's parser recurses deeply) on a thread with room on its stack where
+        // the caller's has little; a thread that cannot start is not remembered as a failure.
+        crate::host_threads::on_roomy_stack(|| {
+            slot.get_or_init(|| self.compile(device, which, direct))
+                .clone()
+        })
+        .unwrap_or_else(|| {
+            Err(Error::Internal(format!(
+                "kernel {}: cannot start a thread with room on its stack to compile it",
+                which.name()
+            )))
+        })
     }
 
     fn compile(

@@ -144,38 +144,11 @@ pub(crate) fn roomy_stack() -> bool {
     ROOMY.with(|c| match c.get() {
         Some(r) => r,
         None => {
-            let r = stack_left().is_some_and(|left| left >= HELP_STACK);
+            let r = crate::host_threads::stack_left().is_some_and(|left| left >= HELP_STACK);
             c.set(Some(r));
             r
         }
     })
-}
-
-/// Bytes of stack below the caller's frame, where the OS says.
-#[cfg(target_os = "linux")]
-fn stack_left() -> Option<usize> {
-    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
-    // SAFETY: pthread_getattr_np initialises `attr` for the calling thread when it returns 0,
-    // and only then is it read and destroyed.
-    unsafe {
-        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
-            return None;
-        }
-        let mut low: *mut libc::c_void = std::ptr::null_mut();
-        let mut size: libc::size_t = 0;
-        let got = libc::pthread_attr_getstack(attr.as_ptr(), &mut low, &mut size);
-        libc::pthread_attr_destroy(attr.as_mut_ptr());
-        if got != 0 {
-            return None;
-        }
-        let here = &size as *const libc::size_t as usize;
-        here.checked_sub(low as usize)
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn stack_left() -> Option<usize> {
-    None
 }
 
 /// Runs `run(t)` for every `t < tasks`, the calling thread taking tasks itself while up to
