@@ -259,6 +259,17 @@ impl Nvrtc {
     /// Compiles `source` (the file `name`) for `target`. A compile error is
     /// [`Error::KernelCompile`] with NVRTC's log; `Ok` carries the image and the log (warnings).
     pub fn compile(&self, name: &str, source: &str, target: Target) -> Result<(Vec<u8>, String)> {
+        // A C++ compiler recurses deeply: on a thread with room on its stack where the
+        // caller's has little (a C program's small thread reaching its first memset).
+        crate::host_threads::on_roomy_stack(|| self.compile_here(name, source, target))
+            .unwrap_or_else(|| {
+                Err(Error::Internal(format!(
+                    "{name}: cannot start a thread with room on its stack to compile it"
+                )))
+            })
+    }
+
+    fn compile_here(&self, name: &str, source: &str, target: Target) -> Result<(Vec<u8>, String)> {
         // Declared first: released after the program is destroyed.
         let _in_use = in_use()?;
         let csrc = CString::new(source)
