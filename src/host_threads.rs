@@ -13,19 +13,30 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::fork::PerProcess;
+
 /// How long after a failed start the next one is tried.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+/// This process's pool, and when it last failed to start (only the first failure is
+/// reported). Made again in a forked child, whose copy of its parent's pool has no threads: work
+/// handed to it there would never run.
+struct Helpers {
+    pool: OnceLock<rayon::ThreadPool>,
+    failed: Mutex<Option<Instant>>,
+}
 
-/// When the pool last failed to start (only the first failure is reported).
-static LAST_FAILURE: Mutex<Option<Instant>> = Mutex::new(None);
+static HELPERS: PerProcess<Helpers> = PerProcess::new();
 
 /// The helper pool, started on first use; `None` while the host refuses its threads.
 pub fn pool() -> Option<&'static rayon::ThreadPool> {
-    match POOL.get() {
+    let h = HELPERS.get_or_init(|| Helpers {
+        pool: OnceLock::new(),
+        failed: Mutex::new(None),
+    });
+    match h.pool.get() {
         Some(p) => Some(p),
-        None => start(&POOL, &LAST_FAILURE, || {
+        None => start(&h.pool, &h.failed, || {
             // The default size: RAYON_NUM_THREADS where set, else one thread per core.
             rayon::ThreadPoolBuilder::new()
                 .thread_name(|i| format!("unirt-host-{i}"))
