@@ -114,16 +114,19 @@ fn granted_untouched() -> u64 {
     held.map_or(0, |h| granted.saturating_sub(h))
 }
 
+/// The value of a `Name:  123 kB` line of a `/proc` file, in bytes.
+fn kib_field(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|kib| kib.saturating_mul(1024))
+}
+
 /// The memory a process holds that its allocations may have made resident, from
 /// `/proc/self/status`: anonymous and shared resident pages and swapped-out pages, in bytes.
 fn parse_status_held(text: &str) -> Option<u64> {
-    let field = |name: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|kib| kib.saturating_mul(1024))
-    };
+    let field = |name: &str| kib_field(text, name);
     // RssAnon appeared in Linux 4.5; without it the bound is not taken.
     let anon = field("RssAnon:")?;
     let shmem = field("RssShmem:").unwrap_or(0);
@@ -199,13 +202,7 @@ struct Meminfo {
 }
 
 fn parse_meminfo(text: &str) -> Option<Meminfo> {
-    let field = |name: &str| -> Option<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|kib| kib.saturating_mul(1024))
-    };
+    let field = |name: &str| kib_field(text, name);
     Some(Meminfo {
         total: field("MemTotal:")?,
         // Kernels before 3.14 have no MemAvailable; free memory is the lower bound.

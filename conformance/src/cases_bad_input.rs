@@ -423,33 +423,39 @@ fn untouched(ctx: &Ctx) -> Result<(), Failure> {
     let device_in_host_memory = kind == DeviceKind::Cpu
         || (kind == DeviceKind::Wgpu && ctx.info().class == unirt::DeviceClass::Software);
     if device_in_host_memory {
-        let mut ptrs = Vec::new();
-        let held = hold_untouched(ctx, &mut ptrs, |n| ctx.malloc(n), "malloc");
-        let mut freed = Ok(());
-        for p in ptrs {
-            freed = freed.and(ctx.free(p));
-        }
-        held?;
-        freed?;
+        hold_untouched(ctx, |n| ctx.malloc(n), |p| ctx.free(p), "malloc")?;
     }
     if matches!(kind, DeviceKind::Cpu | DeviceKind::Wgpu) {
-        let mut ptrs = Vec::new();
-        let held = hold_untouched(ctx, &mut ptrs, |n| ctx.malloc_host(n), "malloc_host");
-        let mut freed = Ok(());
-        for p in ptrs {
-            freed = freed.and(ctx.free_host(p));
-        }
-        held?;
-        freed?;
+        hold_untouched(
+            ctx,
+            |n| ctx.malloc_host(n),
+            |p| ctx.free_host(p),
+            "malloc_host",
+        )?;
     }
     let b = Buf::with(&ctx.backend, &[9; 8])?;
     same(&b.read()?, &[9; 8], "allocation after untouched ones")
 }
 
-/// Allocates 55% of the free memory in pieces no larger than one allocation may be (into
-/// `ptrs`, for the caller to free), checks that `mem_info` counts it, and that as much again is
-/// refused.
-fn hold_untouched<P>(
+/// Allocates 55% of the free memory in pieces no larger than one allocation may be, checks
+/// that `mem_info` counts it and that as much again is refused, and frees every piece.
+fn hold_untouched<P: Copy>(
+    ctx: &Ctx,
+    alloc: impl Fn(usize) -> unirt::Result<P>,
+    free: impl Fn(P) -> unirt::Result<()>,
+    what: &str,
+) -> Result<(), Failure> {
+    let mut ptrs = Vec::new();
+    let held = fill_untouched(ctx, &mut ptrs, alloc, what);
+    let mut freed = Ok(());
+    for p in ptrs {
+        freed = freed.and(free(p));
+    }
+    held?;
+    Ok(freed?)
+}
+
+fn fill_untouched<P>(
     ctx: &Ctx,
     ptrs: &mut Vec<P>,
     alloc: impl Fn(usize) -> unirt::Result<P>,
