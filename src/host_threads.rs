@@ -117,6 +117,10 @@ const ROOMY_STACK: usize = 16 << 20;
 /// program may call unirt from a thread it made with a small stack (`PTHREAD_STACK_MIN` is
 /// 16 KiB): the Vulkan loader's device enumeration and naga's WGSL parser overflowed one of
 /// 32 KiB, which ends the process. `None` where that thread cannot be started.
+///
+/// A thread per call rather than one shared worker: a cold path may wait for another one in
+/// progress (one thread's discovery, which another's device opening needs), and a single
+/// worker running the second would wait for itself.
 pub fn on_roomy_stack<R: Send>(f: impl FnOnce() -> R + Send) -> Option<R> {
     if stack_left().is_none_or(|left| left >= COLD_PATH_STACK) {
         return Some(f());
