@@ -92,12 +92,13 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync + Send) {
     }
 }
 
-/// `[f(0), f(1), …, f(n - 1)]`, computed as [`for_each`] runs its items.
-pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+/// `[f(&items[0]), f(&items[1]), …]`, computed on the pool's threads where it runs, else on
+/// the caller (as [`for_each`] runs its items).
+pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
     use rayon::prelude::*;
     match pool() {
-        Some(p) => p.install(|| (0..n).into_par_iter().map(&f).collect()),
-        None => (0..n).map(f).collect(),
+        Some(p) => p.install(|| items.par_iter().map(&f).collect()),
+        None => items.iter().map(f).collect(),
     }
 }
 
@@ -192,7 +193,7 @@ mod tests {
         });
         assert!(counts.iter().all(|c| c.load(Ordering::SeqCst) == 1));
         assert!(threads() >= 1);
-        assert_eq!(map(5, |i| i * i), [0, 1, 4, 9, 16]);
+        assert_eq!(map(&[0, 1, 2, 3, 4], |i| i * i), [0, 1, 4, 9, 16]);
     }
 
     /// A cold path called from a thread with a small stack runs on a roomy one; from a thread

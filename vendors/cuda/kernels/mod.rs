@@ -334,8 +334,7 @@ pub(crate) fn compile_all(nv: &Nvrtc, archs: &[u32]) -> Vec<CompiledKernel> {
         .iter()
         .flat_map(|&a| units.iter().map(move |u| (u, a)))
         .collect();
-    crate::host_threads::map(jobs.len(), |j| {
-        let (u, arch) = jobs[j];
+    crate::host_threads::map(&jobs, |&(u, arch)| {
         let target = Target::Cubin(arch);
         let compiled = nv.compile(&u.file, &u.text, target).map_err(|e| match e {
             Error::KernelCompile { log, .. } => log,

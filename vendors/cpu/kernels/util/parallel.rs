@@ -134,21 +134,11 @@ pub(crate) fn help_open_forks() -> bool {
 /// which run them otherwise, are given.
 const HELP_STACK: usize = 1 << 20;
 
-/// Whether the calling thread has [`HELP_STACK`] of stack left below where it waits (looked up
-/// once per thread). A C program may wait on a thread it made with a small stack; such a
-/// thread just sleeps, as before.
+/// Whether the calling thread has [`HELP_STACK`] of stack left below where it waits. A C
+/// program may wait on a thread it made with a small stack; such a thread just sleeps, as
+/// before. (The stack's bound is looked up once per thread; this is a subtraction.)
 pub(crate) fn roomy_stack() -> bool {
-    thread_local! {
-        static ROOMY: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    }
-    ROOMY.with(|c| match c.get() {
-        Some(r) => r,
-        None => {
-            let r = crate::host_threads::stack_left().is_some_and(|left| left >= HELP_STACK);
-            c.set(Some(r));
-            r
-        }
-    })
+    crate::host_threads::stack_left().is_some_and(|left| left >= HELP_STACK)
 }
 
 /// Runs `run(t)` for every `t < tasks`, the calling thread taking tasks itself while up to
