@@ -86,6 +86,10 @@ pub enum Error {
     /// Recorded work has not completed yet (elapsed time of a pending event).
     #[error("not ready: {0}")]
     NotReady(String),
+    /// A wait that would wait for itself: a CPU kernel synchronising the stream that runs it,
+    /// or a graph's host step replaying its own exec. Refused instead of hanging forever.
+    #[error("would wait for itself: {0}")]
+    WaitsForItself(String),
     /// The backend cannot do this at all; `what` names the operation.
     #[error("{what} is not supported on {backend}")]
     Unsupported { what: String, backend: DeviceKind },
@@ -199,6 +203,7 @@ impl Error {
             | NotCapturing
             | Capturing(_)
             | NotReady(_)
+            | WaitsForItself(_)
             | TooLarge { .. } => InfiniStatus::BadParam,
             NullPointer(_) => InfiniStatus::NullPointer,
             DeviceTypeNotSupported(_) | Unavailable { .. } => InfiniStatus::DeviceTypeNotSupported,
@@ -249,6 +254,7 @@ impl Error {
             NotCapturing => "not_capturing",
             Capturing(_) => "capturing",
             NotReady(_) => "not_ready",
+            WaitsForItself(_) => "waits_for_itself",
             Unsupported { .. } => "unsupported",
             Driver { .. } => "driver",
             KernelCompile { .. } => "kernel_compile",

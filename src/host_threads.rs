@@ -83,11 +83,17 @@ pub fn threads() -> usize {
 }
 
 /// Runs `f(i)` for each `i < n`, on the pool's threads where it runs, else on the caller.
-/// Rayon's own calls made inside `f` use the pool, never rayon's global one.
+/// Rayon's own calls made inside `f` use the pool, never rayon's global one. Items run as
+/// part of the caller's command where the caller runs one (see [`running_command`]).
 pub fn for_each(n: usize, f: impl Fn(usize) + Sync + Send) {
     use rayon::prelude::*;
+    let command = running_command();
     match pool() {
-        Some(p) => p.install(|| (0..n).into_par_iter().for_each(&f)),
+        Some(p) => p.install(|| {
+            (0..n)
+                .into_par_iter()
+                .for_each(|i| in_command(command, || f(i)))
+        }),
         None => (0..n).for_each(f),
     }
 }
@@ -96,10 +102,43 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync + Send) {
 /// the caller (as [`for_each`] runs its items).
 pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
     use rayon::prelude::*;
+    let command = running_command();
     match pool() {
-        Some(p) => p.install(|| items.par_iter().map(&f).collect()),
+        Some(p) => p.install(|| {
+            items
+                .par_iter()
+                .map(|t| in_command(command, || f(t)))
+                .collect()
+        }),
         None => items.iter().map(f).collect(),
     }
+}
+
+thread_local! {
+    static COMMAND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The stream whose command the calling thread is running, as that stream's token (0 when
+/// none): a CPU stream's worker runs each command under its stream's token, and [`for_each`]
+/// and [`map`] carry the caller's token to the pool's threads. A command that waits for its
+/// own stream waits for itself — a user's CPU kernel that synchronises the device, say — so
+/// the CPU backend's waits check this first and refuse such a wait instead of hanging.
+pub(crate) fn running_command() -> usize {
+    COMMAND.with(|c| c.get())
+}
+
+/// Runs `f` as part of a command of the stream whose token is `command`, the thread's
+/// previous mark restored afterwards (a pool thread that takes up another command's item
+/// while it waits in a nested loop gets its own mark back), even when `f` panics.
+pub(crate) fn in_command<R>(command: usize, f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMMAND.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(COMMAND.with(|c| c.replace(command)));
+    f()
 }
 
 /// Stack the cold paths — probing a vendor, opening a device, preparing a kernel (driver

@@ -56,6 +56,7 @@ mod cases_ops_registry;
 mod cases_ops_specials;
 mod cases_ops_threads;
 mod cases_ops_views;
+mod cases_reentry;
 mod cases_robust;
 mod cases_same_as_cpu;
 mod cases_streams;
@@ -194,6 +195,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_alloc_retire::CASES);
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_api::CASES);
+    all.extend_from_slice(cases_reentry::CASES);
     all.extend_from_slice(cases_tensor_create::CASES);
     all.extend_from_slice(cases_tensor_display::CASES);
     all.extend_from_slice(cases_tensor_io::CASES);

@@ -75,6 +75,32 @@ enum SegmentExec {
     Eager(std::ops::Range<usize>),
 }
 
+thread_local! {
+    /// The execs whose turn the calling thread holds (host steps run while it is held).
+    static HELD_TURNS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks an exec's turn held by the calling thread until dropped (a panic included).
+struct HeldTurn(usize);
+
+impl HeldTurn {
+    fn enter(exec: usize) -> HeldTurn {
+        HELD_TURNS.with(|h| h.borrow_mut().push(exec));
+        HeldTurn(exec)
+    }
+}
+
+impl Drop for HeldTurn {
+    fn drop(&mut self) {
+        let _ = HELD_TURNS.try_with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|&e| e == self.0) {
+                h.remove(i);
+            }
+        });
+    }
+}
+
 /// A replayable instance of a [`CapturePlan`]; see the [module](self) docs.
 pub struct GraphExec {
     rt: Arc<Runtime>,
@@ -288,7 +314,8 @@ impl GraphExec {
                     let ins: Vec<&Tensor> = ins.iter().collect();
                     let outs: Vec<&Tensor> = outs.iter().collect();
                     let ws = workspace.and_then(|i| self.workspaces.get(i));
-                    plan.launch(&ins, &outs, ws, stream)?;
+                    // Run, never recorded: a host step before may have started a recording.
+                    super::record::suspended(|| plan.launch(&ins, &outs, ws, stream))?;
                 }
                 Bound::Host { f, tensors } => {
                     for t in tensors {
@@ -335,7 +362,16 @@ impl GraphExec {
     /// One thread's replays cost a lock and an atomic load per buffer.
     fn in_order(&self, enqueue: impl FnOnce(StreamId) -> Result<()>) -> Result<()> {
         let stream = self.rt.stream()?;
+        // A host step of this exec's replay that replays or feeds the exec again would wait
+        // for the turn its own thread holds.
+        let me = self as *const GraphExec as usize;
+        if HELD_TURNS.with(|h| h.borrow().contains(&me)) {
+            return Err(Error::WaitsForItself(
+                "a graph exec replayed or fed from one of its own host steps".into(),
+            ));
+        }
         let _turn = self.turn.lock();
+        let _held = HeldTurn::enter(me);
         let statics = self.inputs.list().iter().chain(self.outputs.list());
         let statics = statics.map(|(_, t)| t);
         for t in self.arena.iter().chain(&self.workspaces).chain(statics) {

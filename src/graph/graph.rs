@@ -74,7 +74,9 @@ impl Operand {
 
 /// A host function a graph runs between device work: it sees its operands as tensors and
 /// may read them back (argmax to the host) or write them (a data-dependent decision). Host
-/// nodes are never captured: they end a capture-safe segment.
+/// nodes are never captured: they end a capture-safe segment. A host step runs on the thread
+/// that replays, holding its exec's turn: replaying or feeding that same exec from it is
+/// refused with [`Error::WaitsForItself`](crate::Error::WaitsForItself).
 pub type HostFn = Arc<dyn Fn(&[Tensor]) -> Result<()> + Send + Sync>;
 
 /// What a node does.
@@ -617,7 +619,8 @@ pub(crate) fn run_eager(rt: &Runtime, graph: &Graph) -> Result<()> {
                 let ins: Vec<&Tensor> = ins.iter().collect();
                 let outs: Vec<&Tensor> = outs.iter().collect();
                 let w = if need > 0 { ws.as_ref() } else { None };
-                plan.launch(&ins, &outs, w, stream)?;
+                // Run, never recorded: a host step before may have started a recording.
+                super::record::suspended(|| plan.launch(&ins, &outs, w, stream))?;
             }
             NodeKind::Host { f, .. } => {
                 for t in &ins {

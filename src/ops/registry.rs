@@ -53,6 +53,12 @@ pub struct KernelCall<'a> {
 }
 
 /// A CPU kernel that handles the whole launch (and parallelises itself).
+///
+/// It runs as a command of a CPU stream: it may queue work and record events through unirt,
+/// but a wait for CPU work not yet done (a synchronisation, an event, a tensor read back) is
+/// refused with [`Error::WaitsForItself`] — the work may be its own stream's, queued behind
+/// it, and the wait would never end (CUDA forbids a host function's CUDA calls alike). The
+/// same holds for [`HostItemKernel`]s, on whichever thread an item runs.
 pub type HostKernel = fn(&KernelCall<'_>) -> Result<()>;
 /// A CPU kernel run once per point of the launch grid, in parallel across the cores — the
 /// shape of a GPU kernel, for user kernels written once per item.

@@ -280,7 +280,11 @@ impl Backend for CpuBackend {
     fn event_synchronize(&self, event: EventId) -> Result<()> {
         let e = self.event(event)?;
         e.captured.refuse("event_synchronize")?;
-        e.wait(e.current());
+        let generation = e.current();
+        if e.status() == EventStatus::NotReady {
+            stream::refuse_wait_in_command("event_synchronize")?;
+        }
+        e.wait(generation);
         Ok(())
     }
 

@@ -163,6 +163,12 @@ impl CpuStream {
         self.capture.lock().is_some()
     }
 
+    /// The stream's token for [`crate::host_threads::running_command`]: its worker runs each
+    /// command under it.
+    fn token(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     /// Whether everything enqueued so far has run (one atomic load each side).
     pub fn is_idle(&self) -> bool {
         self.shared.done.get() >= self.submitted.load(Ordering::SeqCst)
@@ -185,6 +191,12 @@ impl CpuStream {
     fn wait_then(&self, take: bool) -> Result<()> {
         self.born.check("a cpu stream")?;
         if !self.is_idle() {
+            if crate::host_threads::running_command() == self.token() {
+                return Err(Error::WaitsForItself(
+                    "a synchronisation, from a command of the CPU stream it waits for".into(),
+                ));
+            }
+            refuse_wait_in_command("a stream or device synchronisation")?;
             self.shared
                 .done
                 .wait_for(self.submitted.load(Ordering::SeqCst));
@@ -205,7 +217,24 @@ impl CpuStream {
     }
 }
 
+/// Refuses a blocking wait for CPU work from a command a CPU stream runs (a CPU kernel, a host
+/// task, or an item of one on the helper pool): the work waited for may itself wait for that
+/// command — its own stream's later work, or another stream's that waits on an event behind
+/// it, as ordering a tensor across streams makes it — and the wait would never end. As CUDA
+/// forbids CUDA calls in a host function, a CPU command may queue work and record events but
+/// not wait for them; a wait for work already done returns at once and is not refused.
+pub(crate) fn refuse_wait_in_command(what: &str) -> Result<()> {
+    if crate::host_threads::running_command() != 0 {
+        return Err(Error::WaitsForItself(format!(
+            "{what} from a CPU kernel or host task (a command of a CPU stream may queue work, \
+             not wait for it)"
+        )));
+    }
+    Ok(())
+}
+
 fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
+    let token = Arc::as_ptr(&shared) as usize;
     loop {
         // The next command: taken at once when queued, else after a short spin (a caller
         // that enqueues again within microseconds does not pay for waking a parked thread),
@@ -221,7 +250,8 @@ fn worker(rx: Receiver<Job>, shared: Arc<Shared>) {
                 }
             }
         };
-        match catch_unwind(AssertUnwindSafe(|| job.op.run())) {
+        let run = || crate::host_threads::in_command(token, || job.op.run());
+        match catch_unwind(AssertUnwindSafe(run)) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 shared.error.lock().get_or_insert(e);
