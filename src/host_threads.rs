@@ -37,8 +37,17 @@ pub fn pool() -> Option<&'static rayon::ThreadPool> {
     match h.pool.get() {
         Some(p) => Some(p),
         None => start(&h.pool, &h.failed, || {
-            // The default size: RAYON_NUM_THREADS where set, else one thread per core.
+            // The default size: RAYON_NUM_THREADS where set, else one thread per core — but
+            // never more than a few threads per core: RAYON_NUM_THREADS=100000 started that
+            // many threads here, and every parallel loop then took seconds to wake them.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let asked = std::env::var("RAYON_NUM_THREADS")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or(cores);
             rayon::ThreadPoolBuilder::new()
+                .num_threads(asked.min(cores.saturating_mul(4).max(4)))
                 .thread_name(|i| format!("unirt-host-{i}"))
                 .build()
         }),
