@@ -76,7 +76,7 @@ impl Operand {
 /// may read them back (argmax to the host) or write them (a data-dependent decision). Host
 /// nodes are never captured: they end a capture-safe segment. A host step runs on the thread
 /// that replays, holding its exec's turn: replaying or feeding that same exec from it is
-/// refused with [`Error::WaitsForItself`](crate::Error::WaitsForItself).
+/// refused with [`Error::WaitsForItself`].
 pub type HostFn = Arc<dyn Fn(&[Tensor]) -> Result<()> + Send + Sync>;
 
 /// What a node does.
