@@ -17,7 +17,7 @@ use crate::{ensure, Case, Ctx, Failure};
 
 pub(super) const CASES: &[Case] = &[
     Case {
-        name: "reentry::cpu_kernel_waiting_for_cpu_work_is_refused",
+        name: CPU_KERNEL_WAITS_CASE,
         needs: &[],
         run: cpu_kernel_waits,
     },
@@ -32,6 +32,13 @@ pub(super) const CASES: &[Case] = &[
         run: host_step_records,
     },
 ];
+
+/// The case of CPU kernels that wait (declared unsupported on the other vendors).
+pub(super) const CPU_KERNEL_WAITS_CASE: &str =
+    "reentry::cpu_kernel_waiting_for_cpu_work_is_refused";
+/// Why it is unsupported there.
+pub(super) const DEVICE_KERNELS_CANNOT_WAIT: &str =
+    "only CPU kernels are host code that can call unirt; device kernels cannot wait";
 
 /// What the waiting kernels see: the tensor they run over, an event completed before their
 /// launch, and the outcome of each wait they tried (by error kind).

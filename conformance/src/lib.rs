@@ -298,6 +298,16 @@ pub fn unsupported(kind: DeviceKind, case: &str) -> Option<&'static str> {
             cases_ops_limits::WORKSPACE_CASE,
             cases_ops_limits::NO_WORKSPACE_WGPU,
         ),
+        (
+            DeviceKind::Wgpu,
+            cases_reentry::CPU_KERNEL_WAITS_CASE,
+            cases_reentry::DEVICE_KERNELS_CANNOT_WAIT,
+        ),
+        (
+            DeviceKind::Cuda,
+            cases_reentry::CPU_KERNEL_WAITS_CASE,
+            cases_reentry::DEVICE_KERNELS_CANNOT_WAIT,
+        ),
     ];
     LOSS.iter()
         .find(|(k, c, _)| *k == kind && *c == case)
