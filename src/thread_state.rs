@@ -135,7 +135,7 @@ pub(crate) fn set_current_device(device: Device) {
 /// when the device was opened anew (in a forked child, whose thread keeps the parent's stream
 /// in its thread-local map; dropping that one is a harmless `Error::Forked`).
 pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
-    STREAMS.with(|s| {
+    let own = STREAMS.try_with(|s| {
         let map = &mut s.borrow_mut().0;
         if let Some(st) = map.get(&device) {
             if Arc::ptr_eq(st.backend(), backend) {
@@ -150,5 +150,41 @@ pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result
         let id = st.id();
         map.insert(device, st);
         Ok(id)
-    })
+    });
+    match own {
+        Ok(id) => id,
+        // The thread is exiting and its streams are gone: a thread-local destructor that runs
+        // after theirs (a user's thread-local holding a tensor, or computing at exit).
+        Err(_) => exiting_thread_stream(device, backend),
+    }
+}
+
+/// Streams for calls made after the calling thread's own streams were destroyed, from
+/// thread-local destructors that run after [`STREAMS`]'s: one per device, shared by every
+/// exiting thread and kept for the life of the process (a stream is usable from any thread;
+/// tensors order themselves across streams). A lock and a vector: no thread-local.
+static EXITING: std::sync::Mutex<Vec<(Device, Stream)>> = std::sync::Mutex::new(Vec::new());
+
+fn exiting_thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
+    let mut streams = EXITING.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = streams.iter().position(|(d, _)| *d == device);
+    if let Some(i) = slot {
+        if Arc::ptr_eq(streams[i].1.backend(), backend) {
+            return Ok(streams[i].1.id());
+        }
+    }
+    let st = Stream::new(backend)?;
+    let id = st.id();
+    // A stream of the device's earlier opening (a forked child's inherited one) is replaced;
+    // dropping it is the harmless `Error::Forked` that the thread-local map's would be.
+    let old = match slot {
+        Some(i) => Some(std::mem::replace(&mut streams[i], (device, st))),
+        None => {
+            streams.push((device, st));
+            None
+        }
+    };
+    drop(streams);
+    drop(old);
+    Ok(id)
 }

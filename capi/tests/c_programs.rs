@@ -144,6 +144,18 @@ fn small_stack_test_c() {
     }
 }
 
+/// A pthread key destructor (run after the library's thread-locals are gone) that sets a
+/// device, copies, times, captures, replays and frees: each call works, on the device it set.
+#[test]
+fn thread_exit_test_c() {
+    if let Some(exe) = build(
+        &Path::new(MANIFEST).join("tests/c/thread_exit_test.c"),
+        "thread_exit_test",
+    ) {
+        run(&exe);
+    }
+}
+
 /// Sizes no machine can give, through every call that takes one: statuses, no abort.
 #[test]
 fn sizes_test_c() {

@@ -64,6 +64,7 @@ mod cases_stress;
 mod cases_tensor_create;
 mod cases_tensor_display;
 mod cases_tensor_io;
+mod cases_thread_exit;
 mod fuzz;
 pub mod ops_check;
 mod ops_fuzz;
@@ -196,6 +197,7 @@ pub fn cases() -> Vec<Case> {
     all.extend_from_slice(cases_context::CASES);
     all.extend_from_slice(cases_api::CASES);
     all.extend_from_slice(cases_reentry::CASES);
+    all.extend_from_slice(cases_thread_exit::CASES);
     all.extend_from_slice(cases_tensor_create::CASES);
     all.extend_from_slice(cases_tensor_display::CASES);
     all.extend_from_slice(cases_tensor_io::CASES);

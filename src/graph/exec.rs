@@ -85,7 +85,9 @@ struct HeldTurn(usize);
 
 impl HeldTurn {
     fn enter(exec: usize) -> HeldTurn {
-        HELD_TURNS.with(|h| h.borrow_mut().push(exec));
+        // From a thread-local destructor the list may be gone: the turn is then not noted,
+        // and only a host step replaying its own exec there would wait for itself.
+        let _ = HELD_TURNS.try_with(|h| h.borrow_mut().push(exec));
         HeldTurn(exec)
     }
 }
@@ -365,7 +367,10 @@ impl GraphExec {
         // A host step of this exec's replay that replays or feeds the exec again would wait
         // for the turn its own thread holds.
         let me = self as *const GraphExec as usize;
-        if HELD_TURNS.with(|h| h.borrow().contains(&me)) {
+        if HELD_TURNS
+            .try_with(|h| h.borrow().contains(&me))
+            .unwrap_or(false)
+        {
             return Err(Error::WaitsForItself(
                 "a graph exec replayed or fed from one of its own host steps".into(),
             ));

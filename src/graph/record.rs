@@ -54,7 +54,14 @@ pub fn start_recording(device: Device) -> Result<()> {
             "this thread is already recording an operator graph on {d}"
         )));
     }
-    BUILDER.with(|b| *b.borrow_mut() = Some(GraphBuilder::new(device)));
+    BUILDER
+        .try_with(|b| *b.borrow_mut() = Some(GraphBuilder::new(device)))
+        .map_err(|_| Error::Unsupported {
+            what: "recording an operator graph from a thread-local destructor (the exiting \
+                   thread's recording state is gone)"
+                .into(),
+            backend: device.kind,
+        })?;
     DEVICE.with(|d| d.set(Some(device)));
     Ok(())
 }
@@ -80,7 +87,9 @@ pub(crate) fn suspended<R>(f: impl FnOnce() -> R) -> R {
 pub fn stop_recording() -> Result<Graph> {
     DEVICE.with(|d| d.set(None));
     let b = BUILDER
-        .with(|b| b.borrow_mut().take())
+        .try_with(|b| b.borrow_mut().take())
+        .ok()
+        .flatten()
         .ok_or(Error::NotCapturing)?;
     b.build()
 }
@@ -107,10 +116,12 @@ pub fn record<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<(Graph
 }
 
 fn with_builder<R>(f: impl FnOnce(&mut GraphBuilder) -> Result<R>) -> Result<R> {
-    BUILDER.with(|b| match b.borrow_mut().as_mut() {
-        Some(b) => f(b),
-        None => Err(Error::NotCapturing),
-    })
+    BUILDER
+        .try_with(|b| match b.borrow_mut().as_mut() {
+            Some(b) => f(b),
+            None => Err(Error::NotCapturing),
+        })
+        .unwrap_or(Err(Error::NotCapturing))
 }
 
 /// Records a checked launch of `plan` (called by `Plan::launch` while recording).
@@ -140,7 +151,9 @@ pub(crate) fn check_host_read(t: &Tensor) -> Result<()> {
     if !is_recording(t.device()) {
         return Ok(());
     }
-    let produced = BUILDER.with(|b| b.borrow().as_ref().is_some_and(|b| b.is_intermediate(t)));
+    let produced = BUILDER
+        .try_with(|b| b.borrow().as_ref().is_some_and(|b| b.is_intermediate(t)))
+        .unwrap_or(false);
     if produced {
         return Err(Error::Capturing(
             "reading back a tensor the graph recording has not computed yet (record the host \

@@ -335,12 +335,22 @@ unsafe fn blocked<const MR: usize, const NR: usize, S: Float>(
     // The thread's packing buffers, 64-byte aligned (aligned loads of packed B) and kept
     // between calls: allocating (and faulting in) a fresh quarter megabyte per call cost more
     // than a 256³ product's arithmetic.
-    PACKED.with_borrow_mut(|(bbuf, abuf)| {
+    let mut product = Some(|bbuf: &mut Vec<f32>, abuf: &mut Vec<f32>| {
         let bp = aligned(bbuf, kc_max * nc_max);
         let ap = aligned(abuf, kc_max * mc_max);
         // SAFETY: the caller's promise.
         unsafe { blocked_with::<MR, NR, S>((m, k, n), alpha, a, b, c, kernels, bp, ap) }
-    })
+    });
+    let _ = PACKED.try_with(|packed| {
+        if let (Ok(mut bufs), Some(product)) = (packed.try_borrow_mut(), product.take()) {
+            let (bbuf, abuf) = &mut *bufs;
+            product(bbuf, abuf);
+        }
+    });
+    // The buffers are gone (a thread-local destructor computing at thread exit): fresh ones.
+    if let Some(product) = product.take() {
+        product(&mut Vec::new(), &mut Vec::new());
+    }
 }
 
 thread_local! {
