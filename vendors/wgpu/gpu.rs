@@ -27,6 +27,8 @@ use crate::progress::Progress;
 /// gives up with an error.
 const LOST_CALLBACKS: std::time::Duration = std::time::Duration::from_secs(10);
 
+mod in_flight;
+
 /// Between polls: yield for the first few milliseconds (most waits end there, and the
 /// device's own threads get the core), then sleep a little longer each round, up to 200 µs.
 struct Backoff {
@@ -82,6 +84,9 @@ pub(crate) struct Gpu {
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost, if it was.
     lost: Arc<Mutex<Option<String>>>,
+    /// One more than the completed count at which a wait for room gave up (0: none): until
+    /// another submission completes, submitters do not wait (see [`Gpu::make_room`]).
+    stalled_at: std::sync::atomic::AtomicU64,
     /// The submitter thread and the driver's threads exist only in this process image: in a
     /// forked child the device is unusable (`Error::Forked`), never waited for.
     born: Epoch,
@@ -192,6 +197,7 @@ impl Gpu {
             contents,
             uncaptured,
             lost,
+            stalled_at: Default::default(),
             born: Epoch::now(),
             _exit: tracked,
         })
@@ -228,6 +234,7 @@ impl Gpu {
     /// streams' encoding does not wait for this one.
     pub fn submit(&self, plan: &Plan, keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
+        self.make_room();
         let early = plan.copies_to_textures.then(|| self.submitted.lock());
         let skips = match early {
             Some(_) => plan.decide(&self.contents),
@@ -258,6 +265,7 @@ impl Gpu {
     /// [`Gpu::submit`].
     pub fn submit_prepared(&self, plan: &Arc<Plan>, keep: Pins<DevBuf>) -> Result<Ticket> {
         self.alive()?;
+        self.make_room();
         let mut stamps = Vec::new();
         let mut records = Vec::with_capacity(plan.records.len());
         for e in &plan.records {
