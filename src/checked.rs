@@ -336,14 +336,16 @@ impl CaptureOwner {
     pub fn new(mode: CaptureMode) -> Self {
         CaptureOwner(match mode {
             CaptureMode::Relaxed => None,
-            CaptureMode::Global | CaptureMode::ThreadLocal => Some(std::thread::current().id()),
+            CaptureMode::Global | CaptureMode::ThreadLocal => {
+                Some(crate::thread_state::thread_identity())
+            }
         })
     }
 
     /// `Ok` when the calling thread may end the capture.
     pub fn check_end(&self) -> Result<()> {
         match self.0 {
-            Some(t) if t != std::thread::current().id() => Err(Error::Capturing(
+            Some(t) if t != crate::thread_state::thread_identity() => Err(Error::Capturing(
                 "end_capture on another thread than the one that began a Global or \
                  ThreadLocal capture (begin it Relaxed to end it elsewhere)"
                     .into(),

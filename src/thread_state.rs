@@ -121,6 +121,28 @@ mod reaper {
     }
 }
 
+thread_local! {
+    /// Set on a helper thread that makes calls for an exiting thread (the wgpu backend's, see
+    /// `vendors/wgpu/guard.rs`): the identity those calls carry.
+    static ACTING_FOR: Cell<Option<std::thread::ThreadId>> = const { Cell::new(None) };
+}
+
+/// The identity of the calling thread as unirt's per-thread rules see it (which thread may end
+/// a capture): its own, or that of the exiting thread a helper makes the call for.
+pub(crate) fn thread_identity() -> std::thread::ThreadId {
+    ACTING_FOR
+        .get()
+        .unwrap_or_else(|| std::thread::current().id())
+}
+
+/// Runs `f` with the calling (helper) thread carrying the identity `of`.
+pub(crate) fn acting_for<R>(of: std::thread::ThreadId, f: impl FnOnce() -> R) -> R {
+    let before = ACTING_FOR.replace(Some(of));
+    let r = f();
+    ACTING_FOR.set(before);
+    r
+}
+
 /// The calling thread's current device (`cpu:0` until set).
 pub(crate) fn current_device() -> Device {
     CURRENT.with(|c| c.get())

@@ -8,16 +8,86 @@
 //!
 //! wgpu's locks are released as the panic unwinds; what the call was doing is lost, and the
 //! error says so. The default panic hook still prints the panic to stderr.
+//!
+//! A thread whose thread-locals are being destroyed (a user's thread-local destructor, a C
+//! pthread key destructor) makes its wgpu calls through a thread of its own ([`elsewhere`]):
+//! a debug build of wgpu-core keeps a lock trace in a thread-local, and every call made after
+//! it was destroyed panics — then again while the unwind drops the call's wgpu objects, which
+//! aborts the process ("panic in a destructor during cleanup").
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::device::DeviceKind;
 use crate::error::{Error, Result};
 
+thread_local! {
+    /// Set once this thread's thread-locals are being destroyed (by [`Sentinel`]'s drop). A
+    /// `const` cell without a destructor: readable until the thread is gone.
+    static TORN_DOWN: Cell<bool> = const { Cell::new(false) };
+    /// First touched after the thread's first wgpu call — after wgpu-core's lock trace was
+    /// set up — so destroyed before it (thread-locals go in reverse order of first use).
+    static SENTINEL: Sentinel = const { Sentinel };
+}
+
+/// Marks the thread torn down when dropped.
+struct Sentinel;
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        TORN_DOWN.set(true);
+    }
+}
+
 /// Runs `f`; a panic inside it becomes `Error::Driver { call, .. }`.
 pub(crate) fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     // Refused once the process is exiting (`exit.rs`).
     let _pass = super::exit::enter()?;
+    if TORN_DOWN.get() {
+        return elsewhere(move || catching(call, f)).unwrap_or_else(|e| {
+            Err(Error::Internal(format!(
+                "{call} from an exiting thread needs a thread to make it on: {e}"
+            )))
+        });
+    }
+    let r = catching(call, f);
+    let _ = SENTINEL.try_with(|_| ());
+    r
+}
+
+/// Runs `f` on a thread of its own and waits for it (`Err`: no thread could be started).
+fn elsewhere<R>(f: impl FnOnce() -> R) -> std::io::Result<R> {
+    /// What crosses to the helper thread and back.
+    struct Carried<T>(T);
+    // SAFETY: the closure and its result are used by one thread at a time: the helper runs
+    // the closure while the calling thread blocks in `join`, then the caller takes the result.
+    // What they hold is wgpu objects (Send and Sync) and the wgpu backend's own state behind
+    // its locks, none of it tied to the thread it is used on (the calls read no thread-local
+    // of unirt's that differs between the two threads in a way they depend on).
+    unsafe impl<T> Send for Carried<T> {}
+    // Leaked, not dropped here, if no thread starts: dropping what `f` holds (wgpu objects)
+    // on this thread is what must not happen.
+    let job = Carried(std::mem::ManuallyDrop::new(f));
+    // The calls keep the caller's identity (a capture it began, it may end).
+    let caller = crate::thread_state::thread_identity();
+    std::thread::scope(|s| {
+        let helper = std::thread::Builder::new()
+            .name("unirt-wgpu-exiting".into())
+            .spawn_scoped(s, move || {
+                let job = job;
+                let f = std::mem::ManuallyDrop::into_inner(job.0);
+                Carried(crate::thread_state::acting_for(caller, f))
+            })?;
+        // `f` runs inside `catching` or `catch_unwind` where it can panic.
+        Ok(helper
+            .join()
+            .map_err(|_| std::io::Error::other("the helper thread panicked"))?
+            .0)
+    })
+}
+
+/// Runs `f`; a panic inside it becomes `Error::Driver { call, .. }`.
+fn catching<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
@@ -45,7 +115,15 @@ pub(crate) fn release<T>(x: T) {
         std::mem::forget(x);
         return;
     };
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(x)));
+    let drop_caught = move || {
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(x)));
+    };
+    if TORN_DOWN.get() {
+        // Where no thread starts, `x` is leaked (see `elsewhere`).
+        let _ = elsewhere(drop_caught);
+        return;
+    }
+    drop_caught();
 }
 
 /// wgpu-hal's message when a thread gave up waiting for the GL context.
