@@ -108,8 +108,20 @@ pub fn stop_recording() -> Result<Graph> {
 /// # Ok::<(), unirt::Error>(())
 /// ```
 pub fn record<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<(Graph, T)> {
+    /// Stops the recording when `f` unwinds: a panic caught further up once left the thread
+    /// recording, its later eager operators recorded instead of run.
+    struct StopOnUnwind;
+    impl Drop for StopOnUnwind {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let _ = stop_recording();
+            }
+        }
+    }
     start_recording(device)?;
+    let unwinding = StopOnUnwind;
     let r = f();
+    std::mem::forget(unwinding);
     let g = stop_recording();
     let v = r?;
     Ok((g?, v))
@@ -191,4 +203,26 @@ pub fn host_op(name: &str, tensors: &[&Tensor], f: HostFn) -> Result<()> {
     rt.sync_stream()?;
     let owned: Vec<Tensor> = tensors.iter().map(|t| (*t).clone()).collect();
     f(&owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DType;
+
+    #[test]
+    fn a_panic_in_the_recorded_closure_stops_the_recording() {
+        let x = Tensor::full(&[4], 1.0, DType::F32, Device::CPU).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            record(Device::CPU, || -> Result<()> {
+                x.add_scalar(1.0)?;
+                panic!("a user's bug inside the recording")
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(recording_device(), None);
+        // Eager again: computed, not recorded.
+        let y = x.add_scalar(1.0).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), [2.0; 4]);
+    }
 }

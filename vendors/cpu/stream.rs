@@ -1,7 +1,8 @@
 //! CPU streams: an ordered queue of commands run by one worker thread per stream.
 //!
-//! Enqueueing is a lock, a channel send and a counter bump; the worker runs commands in order
-//! and counts completions, which `synchronize` waits on. While a stream is capturing, its
+//! Enqueueing is a lock, a channel send and a counter bump (and, for a producer more than
+//! [`QUEUE_LIMIT`] commands ahead, a wait for room); the worker runs commands in order and
+//! counts completions, which `synchronize` waits on. While a stream is capturing, its
 //! commands go into the capture list instead (see `graph.rs`).
 //!
 //! Each queued command carries the [`Pins`] of the memory it touches and drops them only after

@@ -2,7 +2,8 @@
 //!
 //! A flush happens on synchronize, event record, device-to-host copies, graph launches, and
 //! when a stream has gathered [`FLUSH_COMMANDS`] commands or [`FLUSH_BYTES`] of staged data.
-//! All streams share the device's one queue; submission order is execution order.
+//! All streams share the device's one queue; submission order is execution order. A device
+//! with many submissions in flight makes the next submitter wait for room (`gpu/in_flight.rs`).
 
 use std::sync::Arc;
 
