@@ -212,3 +212,60 @@ fn spin(ready: impl Fn() -> bool, help: bool, window: std::time::Duration) -> bo
         }
     }
 }
+
+/// How far a producer may run ahead of a consumer that counts its completions (a CPU stream's
+/// worker, a wgpu device's submissions): once too far, the producer waits for room — unless
+/// the consumer completes nothing for `stall` (a long command; one blocked on something the
+/// producer holds), after which producers go on unbounded until it completes something more.
+/// So a wait for room never deadlocks and costs at most `stall` once per stall.
+#[derive(Debug)]
+pub(crate) struct Backpressure {
+    /// One more than the completion count at which a wait gave up (0: none).
+    stalled_at: AtomicU64,
+    stall: std::time::Duration,
+}
+
+impl Backpressure {
+    pub(crate) const fn new(stall: std::time::Duration) -> Self {
+        Backpressure {
+            stalled_at: AtomicU64::new(0),
+            stall,
+        }
+    }
+
+    /// Whether a wait has given up on the consumer (ever).
+    #[cfg(test)]
+    pub(crate) fn stalled(&self) -> Option<u64> {
+        match self.stalled_at.load(Ordering::SeqCst) {
+            0 => None,
+            n => Some(n - 1),
+        }
+    }
+
+    /// Waits while more than `resume` are outstanding: `ahead(done)` of them, where `done()`
+    /// reads the completion count (`None`: stop waiting, the consumer is gone). Polled every
+    /// 200 µs, not woken: a consumer would otherwise notify on every completion, and on a
+    /// software adapter the device's work runs on the cores a spinning producer would take.
+    pub(crate) fn wait(
+        &self,
+        mut done: impl FnMut() -> Option<u64>,
+        ahead: impl Fn(u64) -> u64,
+        resume: u64,
+    ) {
+        let Some(mut seen) = done() else { return };
+        if self.stalled_at.load(Ordering::Relaxed) == seen + 1 {
+            return;
+        }
+        let mut moved = std::time::Instant::now();
+        while ahead(seen) > resume {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            let Some(now) = done() else { return };
+            if now != seen {
+                (seen, moved) = (now, std::time::Instant::now());
+            } else if moved.elapsed() >= self.stall {
+                self.stalled_at.store(seen + 1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}

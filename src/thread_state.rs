@@ -158,55 +158,55 @@ pub(crate) fn set_current_device(device: Device) {
 /// in its thread-local map; dropping that one is a harmless `Error::Forked`).
 pub(crate) fn thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
     let own = STREAMS.try_with(|s| {
-        let map = &mut s.borrow_mut().0;
-        if let Some(st) = map.get(&device) {
-            if Arc::ptr_eq(st.backend(), backend) {
-                return Ok(st.id());
+        let creating = || {
+            if device.kind == DeviceKind::Wgpu {
+                // Where the reaper cannot run, the stream is destroyed in the destructor as before.
+                reaper::start();
             }
-        }
-        if device.kind == DeviceKind::Wgpu {
-            // Where the reaper cannot run, the stream is destroyed in the destructor as before.
-            reaper::start();
-        }
-        let st = Stream::new(backend)?;
-        let id = st.id();
-        map.insert(device, st);
-        Ok(id)
+        };
+        stream_in(&mut s.borrow_mut().0, device, backend, creating).map(|(id, _old)| id)
     });
     match own {
         Ok(id) => id,
         // The thread is exiting and its streams are gone: a thread-local destructor that runs
         // after theirs (a user's thread-local holding a tensor, or computing at exit).
-        Err(_) => exiting_thread_stream(device, backend),
+        Err(_) => {
+            let mut streams = EXITING.lock().unwrap_or_else(|e| e.into_inner());
+            let found = stream_in(
+                streams.get_or_insert_with(HashMap::new),
+                device,
+                backend,
+                || {},
+            );
+            // A replaced stream is dropped after the lock is let go.
+            drop(streams);
+            found.map(|(id, _old)| id)
+        }
     }
 }
 
 /// Streams for calls made after the calling thread's own streams were destroyed, from
 /// thread-local destructors that run after [`STREAMS`]'s: one per device, shared by every
 /// exiting thread and kept for the life of the process (a stream is usable from any thread;
-/// tensors order themselves across streams). A lock and a vector: no thread-local.
-static EXITING: std::sync::Mutex<Vec<(Device, Stream)>> = std::sync::Mutex::new(Vec::new());
+/// tensors order themselves across streams). A lock and a map: no thread-local.
+static EXITING: std::sync::Mutex<Option<HashMap<Device, Stream>>> = std::sync::Mutex::new(None);
 
-fn exiting_thread_stream(device: Device, backend: &Arc<AnyBackend>) -> Result<StreamId> {
-    let mut streams = EXITING.lock().unwrap_or_else(|e| e.into_inner());
-    let slot = streams.iter().position(|(d, _)| *d == device);
-    if let Some(i) = slot {
-        if Arc::ptr_eq(streams[i].1.backend(), backend) {
-            return Ok(streams[i].1.id());
+/// The stream of `map` for `device`, created on `backend` when there is none or the one there
+/// belongs to an earlier opening of the device (a forked child's inherited one, returned to
+/// be dropped: that is a harmless `Error::Forked`). `creating` runs before a stream is made.
+fn stream_in(
+    map: &mut HashMap<Device, Stream>,
+    device: Device,
+    backend: &Arc<AnyBackend>,
+    creating: impl FnOnce(),
+) -> Result<(StreamId, Option<Stream>)> {
+    if let Some(st) = map.get(&device) {
+        if Arc::ptr_eq(st.backend(), backend) {
+            return Ok((st.id(), None));
         }
     }
+    creating();
     let st = Stream::new(backend)?;
     let id = st.id();
-    // A stream of the device's earlier opening (a forked child's inherited one) is replaced;
-    // dropping it is the harmless `Error::Forked` that the thread-local map's would be.
-    let old = match slot {
-        Some(i) => Some(std::mem::replace(&mut streams[i], (device, st))),
-        None => {
-            streams.push((device, st));
-            None
-        }
-    };
-    drop(streams);
-    drop(old);
-    Ok(id)
+    Ok((id, map.insert(device, st)))
 }

@@ -113,14 +113,13 @@ pub fn record<T>(device: Device, f: impl FnOnce() -> Result<T>) -> Result<(Graph
     struct StopOnUnwind;
     impl Drop for StopOnUnwind {
         fn drop(&mut self) {
-            if std::thread::panicking() {
-                let _ = stop_recording();
-            }
+            let _ = stop_recording();
         }
     }
     start_recording(device)?;
     let unwinding = StopOnUnwind;
     let r = f();
+    // Returned: the recording stops below, with its result.
     std::mem::forget(unwinding);
     let g = stop_recording();
     let v = r?;

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::fork::Epoch;
 use crate::hal::{HostTask, KernelArg};
 use crate::hostmem::HostBlock;
-use crate::progress::Progress;
+use crate::progress::{Backpressure, Progress};
 
 /// What a worker receives: a command and the memory it keeps alive until it has run.
 pub(crate) struct Job {
@@ -135,9 +135,8 @@ pub(crate) struct CpuStream {
     /// several threads enqueueing on one stream.
     tx: Mutex<Sender<Job>>,
     submitted: AtomicU64,
-    /// One more than the completion count at which a wait for room gave up (0: none): until
-    /// the worker completes more, enqueuers do not wait.
-    stalled_at: AtomicU64,
+    /// Enqueuers' waits for room (see [`QUEUE_LIMIT`]).
+    room: Backpressure,
     shared: Arc<Shared>,
     pub capture: Mutex<Option<Capture>>,
     /// The worker exists only in the process that started it: a forked child must not wait
@@ -160,7 +159,7 @@ impl CpuStream {
         Ok(CpuStream {
             tx: Mutex::new(tx),
             submitted: AtomicU64::new(0),
-            stalled_at: AtomicU64::new(0),
+            room: Backpressure::new(QUEUE_STALL),
             shared,
             capture: Mutex::new(None),
             born: Epoch::now(),
@@ -188,23 +187,11 @@ impl CpuStream {
         if crate::host_threads::running_command() != 0 {
             return;
         }
-        let mut done = self.shared.done.get();
-        if self.stalled_at.load(Ordering::Relaxed) == done + 1 {
-            return;
-        }
-        let mut moved = std::time::Instant::now();
-        // Polled, not woken: a worker would otherwise notify on every completion while the
-        // enqueuer sleeps, and this wait is rare (a producer thousands of commands ahead).
-        while self.submitted.load(Ordering::Relaxed).saturating_sub(done) > QUEUE_LIMIT / 2 {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-            let now = self.shared.done.get();
-            if now != done {
-                (done, moved) = (now, std::time::Instant::now());
-            } else if moved.elapsed() >= QUEUE_STALL {
-                self.stalled_at.store(done + 1, Ordering::Relaxed);
-                return;
-            }
-        }
+        self.room.wait(
+            || Some(self.shared.done.get()),
+            |done| self.submitted.load(Ordering::Relaxed).saturating_sub(done),
+            QUEUE_LIMIT / 2,
+        );
     }
 
     pub fn is_capturing(&self) -> bool {
@@ -337,7 +324,7 @@ mod tests {
             most = most.max(queued(&s));
             // Past the limit only where the worker ran nothing for a while (a stall).
             assert!(
-                queued(&s) <= QUEUE_LIMIT + 1 || s.stalled_at.load(Ordering::SeqCst) != 0,
+                queued(&s) <= QUEUE_LIMIT + 1 || s.room.stalled().is_some(),
                 "{} commands queued",
                 queued(&s)
             );
@@ -372,7 +359,7 @@ mod tests {
             };
             s.enqueue(op, Pins::new()).unwrap();
         }
-        assert_eq!(s.stalled_at.load(Ordering::SeqCst), 1);
+        assert_eq!(s.room.stalled(), Some(0));
         assert_eq!(queued(&s), 2 * QUEUE_LIMIT + 1);
         tx.send(()).unwrap();
         s.synchronize().unwrap();

@@ -84,9 +84,8 @@ pub(crate) struct Gpu {
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Why the device was lost, if it was.
     lost: Arc<Mutex<Option<String>>>,
-    /// One more than the completed count at which a wait for room gave up (0: none): until
-    /// another submission completes, submitters do not wait (see [`Gpu::make_room`]).
-    stalled_at: std::sync::atomic::AtomicU64,
+    /// Submitters' waits for room (see [`Gpu::make_room`]).
+    room: crate::progress::Backpressure,
     /// The submitter thread and the driver's threads exist only in this process image: in a
     /// forked child the device is unusable (`Error::Forked`), never waited for.
     born: Epoch,
@@ -197,7 +196,7 @@ impl Gpu {
             contents,
             uncaptured,
             lost,
-            stalled_at: Default::default(),
+            room: in_flight::backpressure(),
             born: Epoch::now(),
             _exit: tracked,
         })

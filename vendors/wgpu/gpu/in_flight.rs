@@ -1,8 +1,7 @@
 //! How far ahead of a device its submitters may run (see [`IN_FLIGHT_LIMIT`]).
 
-use std::sync::atomic::Ordering;
-
 use super::Gpu;
+use crate::progress::Backpressure;
 
 /// Submissions a device holds in flight (handed over, not completed) before a submitter waits
 /// for half of them, as CUDA blocks a launch once its queue is full. Unbounded, a loop that
@@ -13,36 +12,25 @@ const IN_FLIGHT_LIMIT: u64 = 32;
 /// How long a submitter waits for a device that completes nothing before it submits anyway.
 const IN_FLIGHT_STALL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The device's [`Backpressure`], giving up after [`IN_FLIGHT_STALL`].
+pub(super) fn backpressure() -> Backpressure {
+    Backpressure::new(IN_FLIGHT_STALL)
+}
+
 impl Gpu {
     /// Waits, while more than [`IN_FLIGHT_LIMIT`] submissions have not completed, until half
     /// of them have — or until none has completed for [`IN_FLIGHT_STALL`] (a long kernel on a
-    /// software adapter; a submission waiting for something the caller holds): submissions
-    /// then go on unbounded until one completes. The device is polled meanwhile, as a wait
-    /// does; an error is left to the submission that follows.
+    /// software adapter; a submission waiting for something the caller holds). The device is
+    /// polled meanwhile, as a wait does; an error is left to the submission that follows.
     pub(super) fn make_room(&self) {
         let seq = self.submitted.lock().seq;
-        let mut done = self.completed.done();
-        if seq.saturating_sub(done) <= IN_FLIGHT_LIMIT
-            || self.stalled_at.load(Ordering::Relaxed) == done + 1
-        {
+        if seq.saturating_sub(self.completed.done()) <= IN_FLIGHT_LIMIT {
             return;
         }
-        let mut moved = std::time::Instant::now();
-        while seq.saturating_sub(done) > IN_FLIGHT_LIMIT / 2 {
-            if self.alive().is_err() || self.poll_once().is_err() {
-                return;
-            }
-            let now = self.completed.done();
-            if now != done {
-                (done, moved) = (now, std::time::Instant::now());
-            } else if moved.elapsed() >= IN_FLIGHT_STALL {
-                self.stalled_at.store(done + 1, Ordering::Relaxed);
-                return;
-            }
-            // Sleeps between polls: on a software adapter the device's work runs on the
-            // host's cores, which a spinning or yielding submitter would take from it.
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
+        let done =
+            || (self.alive().is_ok() && self.poll_once().is_ok()).then(|| self.completed.done());
+        self.room
+            .wait(done, |done| seq.saturating_sub(done), IN_FLIGHT_LIMIT / 2);
     }
 }
 
@@ -88,7 +76,7 @@ mod tests {
                 let ahead = t.seq - gpu.completed.done();
                 most = most.max(ahead);
                 assert!(
-                    ahead <= IN_FLIGHT_LIMIT + 1 || gpu.stalled_at.load(Ordering::SeqCst) != 0,
+                    ahead <= IN_FLIGHT_LIMIT + 1 || gpu.room.stalled().is_some(),
                     "{dev}: {ahead} submissions in flight"
                 );
             }
