@@ -202,6 +202,20 @@ pub struct CheckedMemory<D> {
     name: String,
 }
 
+/// Which host sides of a copy are *pageable*: host memory unirt did not hand out (neither a
+/// pinned-host allocation nor, on the CPU, device memory). CUDA's rules for such memory are
+/// what C code written for `cudaMemcpyAsync` (and InfiniCore's CPU runtime, whose async copy
+/// is a plain `memcpy`) relies on, and every backend keeps them outside captures: a copy *from*
+/// pageable memory has read it when the call returns, a copy *into* pageable memory has
+/// completed when the call returns — so the caller may reuse or free the buffer at once.
+/// Pinned memory is copied asynchronously and must live until the copy has run (which
+/// `free_host` guarantees).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pageable {
+    pub dst: bool,
+    pub src: bool,
+}
+
 impl<D> CheckedMemory<D> {
     pub fn new(backend: DeviceKind, name: impl Into<String>, device_is_host: bool) -> Self {
         let name = name.into();
@@ -234,11 +248,13 @@ impl<D> CheckedMemory<D> {
         }
     }
 
-    /// Checks the host side of a copy and pins it when unirt handed it out. Host memory unirt
-    /// does not know cannot be checked: it is the caller's promise (`memcpy` is unsafe).
-    pub fn host_range(&self, addr: u64, len: u64, pins: &mut Pins<D>) -> Result<()> {
+    /// Checks the host side of a copy and pins it when unirt handed it out; `true` when it is
+    /// host memory unirt does not know — *pageable* memory, which cannot be checked (it is the
+    /// caller's promise: `memcpy` is unsafe) and may be freed by the caller as soon as a copy
+    /// call returns (see [`Pageable`]).
+    pub fn host_range(&self, addr: u64, len: u64, pins: &mut Pins<D>) -> Result<bool> {
         if len == 0 {
-            return Ok(());
+            return Ok(false);
         }
         if addr == 0 {
             return Err(Error::NullPointer("host address".into()));
@@ -253,26 +269,43 @@ impl<D> CheckedMemory<D> {
             }
             let a = self.device.lookup(addr, len)?;
             pins.push(Use::Device(addr, len, a));
-            return Ok(());
+            return Ok(false);
         }
         if let Some(a) = self.pinned.table().check_host(addr, len)? {
             pins.push(Use::Pinned(addr, len, a));
+            return Ok(false);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Checks both sides of a copy of `bytes` bytes and pins what they lie in.
     pub fn copy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<Pins<D>> {
+        self.copy_sides(dst, src, bytes, kind).map(|(pins, _)| pins)
+    }
+
+    /// As [`copy`](Self::copy), also telling which host sides are pageable.
+    pub fn copy_sides(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        kind: MemcpyKind,
+    ) -> Result<(Pins<D>, Pageable)> {
         let len = bytes as u64;
         let mut pins = Pins::new();
-        for (addr, on_device) in [(dst, kind.dst_on_device()), (src, kind.src_on_device())] {
+        let mut pageable = [false; 2];
+        for (i, (addr, on_device)) in [(dst, kind.dst_on_device()), (src, kind.src_on_device())]
+            .into_iter()
+            .enumerate()
+        {
             if on_device {
                 self.device_range(addr, len, &mut pins)?;
             } else {
-                self.host_range(addr, len, &mut pins)?;
+                pageable[i] = self.host_range(addr, len, &mut pins)?;
             }
         }
-        Ok(pins)
+        let [dst, src] = pageable;
+        Ok((pins, Pageable { dst, src }))
     }
 
     /// Pins every allocation a graph recorded again, refusing the replay when one was freed

@@ -143,8 +143,10 @@ impl Runtime {
     /// source is recorded as used by the stream, so the pool does not reuse it early.
     ///
     /// # Safety
-    /// `src` must be readable for `bytes` bytes until the copy has run (until this returns when
-    /// not `asynchronous`; until the stream is synchronised otherwise).
+    /// `src` must be readable for `bytes` bytes until this returns when it is pageable (not
+    /// from this device's pinned memory: the copy has read it by then, see
+    /// [`Pageable`](crate::checked::Pageable)) or the copy is not `asynchronous`; pinned
+    /// memory until the stream is synchronised otherwise.
     pub unsafe fn memcpy_h2d(
         &self,
         dst: DevicePtr,

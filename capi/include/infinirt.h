@@ -123,6 +123,10 @@ UNIRT_API infiniStatus_t infinirtFree(void *ptr);
 UNIRT_API infiniStatus_t infinirtFreeHost(void *ptr);
 
 UNIRT_API infiniStatus_t infinirtMemcpy(void *dst, const void *src, size_t size, infinirtMemcpyKind_t kind);
+/* CUDA's rules for pageable host memory (any host memory not from infinirtMallocHost), on every
+ * device: a copy from it has read it when the call returns, a copy into it (or H2H) has
+ * completed — the buffer may be reused or freed at once. Memory from infinirtMallocHost is
+ * copied asynchronously and must hold its data until the copy has run. */
 UNIRT_API infiniStatus_t infinirtMemcpyAsync(void *dst, const void *src, size_t size,
                                              infinirtMemcpyKind_t kind, infinirtStream_t stream);
 

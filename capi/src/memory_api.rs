@@ -80,10 +80,13 @@ pub unsafe extern "C" fn infinirtMemcpy(
     })
 }
 
-/// Enqueues a copy on `stream`.
+/// Enqueues a copy on `stream`. Host memory not from `infinirtMallocHost` is pageable and
+/// follows CUDA's rules on every device: a copy from it has read it when this returns, a copy
+/// into it has completed (see `unirt::checked::Pageable`).
 ///
 /// # Safety
-/// As [`infinirtMemcpy`], and host ranges must stay valid until the copy has run.
+/// As [`infinirtMemcpy`]; pinned host ranges (from `infinirtMallocHost`) must stay valid until
+/// the copy has run, and every host range while a capture that holds the copy is replayed.
 #[no_mangle]
 pub unsafe extern "C" fn infinirtMemcpyAsync(
     dst: *mut c_void,

@@ -1,5 +1,5 @@
 //! memcpy: the four kinds, synchronous and on a stream, sizes 0, 1, 3, 4 KiB + 1 and 64 MiB, at
-//! odd offsets on both sides.
+//! odd offsets on both sides; CUDA's rules for pageable host memory on a busy stream.
 
 use super::*;
 use crate::ensure;
@@ -71,6 +71,11 @@ pub(super) const CASES: &[Case] = &[
         name: "memcpy::many_small_async",
         needs: &[],
         run: many_small,
+    },
+    Case {
+        name: "memcpy::pageable_host_memory_is_done_with_on_return",
+        needs: &[],
+        run: pageable_on_return,
     },
 ];
 
@@ -266,4 +271,113 @@ fn many_small(ctx: &Ctx) -> Result<(), Failure> {
     }
     s.synchronize()?;
     same(&b.read()?, &data, "1000 one-byte async copies")
+}
+
+/// Queues `rounds` memsets of `busy` on `s`: work for the copies after it to queue behind.
+fn keep_busy(ctx: &Ctx, busy: &Buf, s: StreamId, rounds: u8) -> Result<(), Failure> {
+    for i in 0..rounds {
+        ctx.memset_async(busy.ptr, i, busy.len, s)?;
+    }
+    Ok(())
+}
+
+/// CUDA's rules for pageable host memory (host memory unirt did not allocate), which C code
+/// written for `cudaMemcpyAsync` or InfiniCore's runtime relies on: an async copy from it has
+/// read it when the call returns, an async copy into it (or between two host buffers) has
+/// completed — so the caller may rewrite or free the buffer at once, even while the stream is
+/// busy. The CPU backend once read and wrote such buffers later, on its worker: a buffer freed
+/// after the call was read or written after its release (a crash through the C ABI).
+fn pageable_on_return(ctx: &Ctx) -> Result<(), Failure> {
+    let s = Stream::new(&ctx.backend)?;
+    let busy = Buf::new(&ctx.backend, 16 << 20)?;
+    let (row, rows) = (1000usize, 64usize);
+    let big = (4 << 20) + 5;
+    let d = Buf::with(&ctx.backend, &vec![0u8; row * rows])?;
+    let large = Buf::with(&ctx.backend, &vec![0u8; big])?;
+    let marked = Buf::with(&ctx.backend, &vec![0u8; 3 * 4096 + 1])?;
+    keep_busy(ctx, &busy, s.id(), 4)?;
+    // One small buffer rewritten after every call, as a decode loop sends a token each step.
+    let mut host = vec![0u8; row];
+    for i in 0..rows {
+        host.fill(i as u8 + 1);
+        // SAFETY: `host` is live for the call, which is all a pageable source needs.
+        unsafe {
+            ctx.memcpy_async(
+                d.at(i * row).0,
+                host.as_ptr() as u64,
+                row,
+                MemcpyKind::H2D,
+                s.id(),
+            )?
+        };
+    }
+    host.fill(0xee);
+    // A large source (past any staging) rewritten and freed right after the call.
+    keep_busy(ctx, &busy, s.id(), 4)?;
+    let mut src = pattern(big, 41);
+    let want_large = src.clone();
+    // SAFETY: as above.
+    unsafe {
+        ctx.memcpy_async(
+            large.ptr.0,
+            src.as_ptr() as u64,
+            big,
+            MemcpyKind::H2D,
+            s.id(),
+        )?
+    };
+    src.fill(0);
+    drop(src);
+    // Into pageable memory behind queued work: done on return, before any synchronisation.
+    keep_busy(ctx, &busy, s.id(), 4)?;
+    ctx.memset_async(marked.ptr, 0x5a, marked.len, s.id())?;
+    let mut out = vec![0u8; marked.len];
+    // SAFETY: `out` is live for the call.
+    unsafe {
+        ctx.memcpy_async(
+            out.as_mut_ptr() as u64,
+            marked.ptr.0,
+            out.len(),
+            MemcpyKind::D2H,
+            s.id(),
+        )?
+    };
+    ensure!(
+        out.iter().all(|&b| b == 0x5a),
+        "D2H into pageable memory had not completed when memcpy_async returned (byte 0: {:#x})",
+        out[0]
+    );
+    keep_busy(ctx, &busy, s.id(), 4)?;
+    let h2h_src = pattern(4097, 43);
+    let mut h2h_dst = vec![0u8; 4097];
+    // SAFETY: both buffers are live for the call.
+    unsafe {
+        ctx.memcpy_async(
+            h2h_dst.as_mut_ptr() as u64,
+            h2h_src.as_ptr() as u64,
+            h2h_src.len(),
+            MemcpyKind::H2H,
+            s.id(),
+        )?
+    };
+    same(
+        &h2h_dst,
+        &h2h_src,
+        "H2H between pageable buffers when memcpy_async returned",
+    )?;
+    s.synchronize()?;
+    let got = d.read()?;
+    for (i, r) in got.chunks(row).enumerate() {
+        ensure!(
+            r.iter().all(|&b| b == i as u8 + 1),
+            "row {i} of the small copies holds {:#x}, want {:#x} (the source as it was at the call)",
+            r[0],
+            i as u8 + 1
+        );
+    }
+    same(
+        &large.read()?,
+        &want_large,
+        "4 MiB H2D from a source freed after the call",
+    )
 }

@@ -135,11 +135,15 @@ pub trait Backend: Send + Sync {
     /// for `bytes` bytes of reading / writing; the backend can only check those that lie in its
     /// own pinned-host (or device) allocations.
     unsafe fn memcpy(&self, dst: u64, src: u64, bytes: usize, kind: MemcpyKind) -> Result<()>;
-    /// Enqueues a copy on `stream`.
+    /// Enqueues a copy on `stream`. Host memory this backend did not allocate is *pageable*
+    /// and follows CUDA's rules (see [`Pageable`](crate::checked::Pageable)): outside a
+    /// capture, a copy from it has read it when this returns and a copy into it has completed
+    /// (waiting for the stream's earlier work), so the caller may reuse or free it at once.
     ///
     /// # Safety
-    /// As [`memcpy`](Backend::memcpy), and host ranges must stay valid until the copy has run
-    /// (synchronise the stream or an event recorded after it).
+    /// As [`memcpy`](Backend::memcpy); pinned host ranges ([`malloc_host`](Backend::malloc_host))
+    /// must stay valid until the copy has run (synchronise the stream or an event recorded
+    /// after it), and every host range for as long as a capture holding the copy is replayed.
     unsafe fn memcpy_async(
         &self,
         dst: u64,

@@ -29,7 +29,7 @@ use graph::{Capture, CpuGraph, CpuGraphExec, Node};
 use parking_lot::Mutex;
 use stream::{CpuStream, Op};
 
-use crate::checked::{self, CheckedMemory, Pins};
+use crate::checked::{self, CheckedMemory, Pageable, Pins};
 use crate::device::{Capabilities, DeviceClass, DeviceInfo, DeviceKind, EventTiming, MemInfo};
 use crate::error::{Error, Result};
 use crate::hal::Probe;
@@ -150,6 +150,58 @@ impl CpuBackend {
         )?;
         s.synchronize()
     }
+}
+
+/// A copy with a pageable host side, by CUDA's rules (see [`Pageable`]): it runs on the
+/// calling thread once the stream's earlier work has run — at once on an idle stream — so it
+/// has read its source and written its destination when this returns; a small copy from
+/// pageable memory to a busy stream is staged instead, and the stream goes on.
+///
+/// # Safety
+/// As `memcpy_async`: the pageable ranges are valid for the call.
+unsafe fn pageable_copy(
+    s: &CpuStream,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    pageable: Pageable,
+    pins: Pins<HostBlock>,
+) -> Result<()> {
+    if !s.is_idle() {
+        if !pageable.dst && bytes <= stream::STAGE_COPY_MAX {
+            // SAFETY: the caller's promise: `src` is readable for `bytes` bytes now.
+            let data = unsafe { std::slice::from_raw_parts(src as usize as *const u8, bytes) };
+            if bytes <= stream::STAGE_INLINE {
+                let mut inline = [0u8; stream::STAGE_INLINE];
+                inline[..bytes].copy_from_slice(data);
+                let op = Op::CopyInline {
+                    dst,
+                    len: bytes as u8,
+                    data: inline,
+                };
+                return s.enqueue(op, pins);
+            }
+            if bytes <= stream::STAGE_SMALL {
+                return s.enqueue(
+                    Op::CopySmall {
+                        dst,
+                        data: data.into(),
+                    },
+                    pins,
+                );
+            }
+            if let Some(data) = s.stage(data) {
+                return s.enqueue(Op::CopyStaged { dst, data }, pins);
+            }
+        }
+        s.drain()?;
+    }
+    // SAFETY: ranges unirt handed out are checked and pinned (alive until `pins` drops, after
+    // the copy); pageable ranges are the caller's promise for the call. ptr::copy allows
+    // overlap.
+    unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes) };
+    drop(pins);
+    Ok(())
 }
 
 impl Drop for CpuBackend {
@@ -375,19 +427,21 @@ impl Backend for CpuBackend {
         stream: StreamId,
     ) -> Result<()> {
         let s = self.stream(stream)?;
-        let pins = self.mem.copy(dst, src, bytes, kind)?;
+        let (pins, pageable) = self.mem.copy_sides(dst, src, bytes, kind)?;
         if bytes == 0 {
             return Ok(());
         }
-        self.submit(
-            &s,
-            Op::Copy {
-                dst,
-                src,
-                len: bytes,
-            },
-            pins,
-        )
+        let op = Op::Copy {
+            dst,
+            src,
+            len: bytes,
+        };
+        // A capture reads and writes host memory at each replay, pageable or not.
+        if pageable == Pageable::default() || s.is_capturing() {
+            return self.submit(&s, op, pins);
+        }
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { pageable_copy(&s, dst, src, bytes, pageable, pins) }
     }
 
     fn memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {

@@ -42,6 +42,25 @@ pub(crate) enum Op {
         src: u64,
         len: usize,
     },
+    /// A copy from pageable memory, whose bytes were read into `data` when it was queued
+    /// (see [`CpuStream::stage`]); `dst` was validated then.
+    CopyStaged {
+        dst: u64,
+        data: Arc<Staged>,
+    },
+    /// The same for at most [`STAGE_INLINE`] bytes (a token id, a position), carried in the
+    /// command itself.
+    CopyInline {
+        dst: u64,
+        len: u8,
+        data: [u8; STAGE_INLINE],
+    },
+    /// The same for at most [`STAGE_SMALL`] bytes, outside the staging budget (the queue's
+    /// command limit bounds them).
+    CopySmall {
+        dst: u64,
+        data: Box<[u8]>,
+    },
     Set {
         dst: u64,
         value: u8,
@@ -81,6 +100,26 @@ impl Op {
                     std::ptr::copy(*src as usize as *const u8, *dst as usize as *mut u8, *len)
                 }
             }
+            Op::CopyStaged { dst, data } => {
+                // SAFETY: `dst` was checked when queued and is pinned by the job until this
+                // has run (or is the caller's promise, as for `Copy`); `data` is ours.
+                unsafe {
+                    std::ptr::copy(
+                        data.bytes.as_ptr(),
+                        *dst as usize as *mut u8,
+                        data.bytes.len(),
+                    )
+                }
+            }
+            Op::CopyInline { dst, len, data } => {
+                let data = &data[..(*len as usize).min(STAGE_INLINE)];
+                // SAFETY: as for `CopyStaged`.
+                unsafe { std::ptr::copy(data.as_ptr(), *dst as usize as *mut u8, data.len()) }
+            }
+            Op::CopySmall { dst, data } => {
+                // SAFETY: as for `CopyStaged`.
+                unsafe { std::ptr::copy(data.as_ptr(), *dst as usize as *mut u8, data.len()) }
+            }
             Op::Set { dst, value, len } => {
                 // SAFETY: the range was checked when enqueued and is pinned by the job.
                 unsafe { std::ptr::write_bytes(*dst as usize as *mut u8, *value, *len) }
@@ -115,6 +154,39 @@ struct Shared {
     error: Mutex<Option<Error>>,
     /// Set with `error`, so the common no-error synchronize takes no lock.
     failed: AtomicBool,
+    /// Bytes of staged copies queued and not yet run (see [`CpuStream::stage`]).
+    staged: AtomicU64,
+}
+
+/// The largest copy from pageable memory that a busy stream stages rather than waits for.
+/// CUDA's rule — the caller may reuse a pageable source once the call returns — would
+/// otherwise make every such copy wait for the stream's queue; small ones (a token id, a
+/// position, a row of parameters, as a decode loop sends each step) are staged instead.
+pub(crate) const STAGE_COPY_MAX: usize = 64 << 10;
+
+/// Copies from pageable memory this small travel inside their command (no allocation).
+pub(crate) const STAGE_INLINE: usize = 16;
+
+/// Copies from pageable memory this small are staged outside the budget of [`STAGED_MAX`]:
+/// [`QUEUE_LIMIT`] of them hold 2 MiB at most.
+pub(crate) const STAGE_SMALL: usize = 256;
+
+/// Staged bytes a stream holds queued at most; past that a copy from pageable memory waits
+/// for the stream (as CUDA's does when its staging buffers are full).
+const STAGED_MAX: u64 = 8 << 20;
+
+/// The bytes of a staged copy, returned to the stream's budget when the copy has gone.
+pub(crate) struct Staged {
+    bytes: Box<[u8]>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        self.shared
+            .staged
+            .fetch_sub(self.bytes.len() as u64, Ordering::AcqRel);
+    }
 }
 
 /// Commands a stream holds queued before an enqueuing thread waits for its worker to run
@@ -196,6 +268,35 @@ impl CpuStream {
 
     pub fn is_capturing(&self) -> bool {
         self.capture.lock().is_some()
+    }
+
+    /// A copy of `src` for an [`Op::CopyStaged`], when the stream's staging budget has room
+    /// for it ([`STAGED_MAX`]; the first staged copy always has).
+    pub fn stage(&self, src: &[u8]) -> Option<Arc<Staged>> {
+        let len = src.len() as u64;
+        let before = self.shared.staged.fetch_add(len, Ordering::AcqRel);
+        if before > 0 && before + len > STAGED_MAX {
+            self.shared.staged.fetch_sub(len, Ordering::AcqRel);
+            return None;
+        }
+        Some(Arc::new(Staged {
+            bytes: src.into(),
+            shared: self.shared.clone(),
+        }))
+    }
+
+    /// Waits for everything enqueued so far, leaving a command's failure for the stream's
+    /// synchronisation: what a copy to or from pageable memory waits for on a busy stream.
+    /// Refused from a command of a CPU stream (see [`refuse_wait_in_command`]).
+    pub fn drain(&self) -> Result<()> {
+        self.born.check("a cpu stream")?;
+        if !self.is_idle() {
+            refuse_wait_in_command("a copy to or from pageable memory on a busy stream")?;
+            self.shared
+                .done
+                .wait_for(self.submitted.load(Ordering::SeqCst));
+        }
+        Ok(())
     }
 
     /// Whether everything enqueued so far has run (one atomic load each side).
@@ -305,6 +406,16 @@ mod tests {
     /// Commands the worker has not run yet.
     fn queued(s: &CpuStream) -> u64 {
         s.submitted.load(Ordering::SeqCst) - s.shared.done.get()
+    }
+
+    /// Inline staging must not make every command bigger.
+    #[test]
+    fn commands_stay_small() {
+        assert!(
+            std::mem::size_of::<Op>() <= 32,
+            "{}",
+            std::mem::size_of::<Op>()
+        );
     }
 
     #[test]

@@ -388,7 +388,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         let s = self.stream(stream)?;
         let n = bytes as u64;
-        let mut pins = self.mem.copy(dst, src, bytes, kind)?;
+        let (mut pins, pageable) = self.mem.copy_sides(dst, src, bytes, kind)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -422,7 +422,9 @@ impl WgpuBackend {
             .iter()
             .map(|(buf, off)| (buf.id, *off, off + n))
             .collect();
+        let mut captured = false;
         stream::enqueue_built(&self.gpu, &s, &writes, pins, |capturing, cmds| {
+            captured = capturing;
             match (dst_buf, src_buf) {
                 (Some((buf, off)), None) => {
                     // SAFETY: the caller promised the host source is readable (now, and at
@@ -440,7 +442,14 @@ impl WgpuBackend {
                 }
                 (None, None) => Err(Error::Internal("a copy with no device side".into())),
             }
-        })
+        })?;
+        // CUDA's rule for pageable memory (see `checked::Pageable`): a copy into it has
+        // completed when the call returns, so the caller may free the buffer at once. (An
+        // upload reads its pageable source into staging before it is queued.)
+        if pageable.dst && !captured {
+            s.wait_for_work(&self.gpu)?;
+        }
+        Ok(())
     }
 
     fn raw_memset(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {

@@ -349,7 +349,25 @@ static void one_call(Rng *r, Pools *P, unsigned char *hostbuf) {
                 n = b.size ? below(r, (uint64_t)b.size + 1) : 0;
             }
         }
-        if (kind == INFINIRT_MEMCPY_H2D)
+        if (below(r, 8) == 0 && (kind == INFINIRT_MEMCPY_H2D || kind == INFINIRT_MEMCPY_D2H)) {
+            /* A malloc'd (pageable) buffer freed right after the call, as CUDA allows: on a
+             * stream of our own (never captured: a capture would keep the address), made busy
+             * with a memset first. */
+            infinirtStream_t mine = NULL;
+            unsigned char *tmp = malloc(n ? n : 1);
+            if (tmp && infinirtStreamCreate(&mine) == INFINI_STATUS_SUCCESS) {
+                memset(tmp, (int)next(r), n ? n : 1);
+                CALL(infinirtMemsetAsync(d, (int)next(r), pick_size(r), mine));
+                if (kind == INFINIRT_MEMCPY_H2D)
+                    CALL(infinirtMemcpyAsync(d, tmp, n, INFINIRT_MEMCPY_H2D, mine));
+                else
+                    CALL(infinirtMemcpyAsync(tmp, d, n, INFINIRT_MEMCPY_D2H, mine));
+                free(tmp);
+                tmp = NULL;
+                CALL(infinirtStreamDestroy(mine));
+            }
+            free(tmp);
+        } else if (kind == INFINIRT_MEMCPY_H2D)
             CALL(infinirtMemcpyAsync(d, h, n, INFINIRT_MEMCPY_H2D, s));
         else if (kind == INFINIRT_MEMCPY_D2H)
             CALL(infinirtMemcpyAsync(h, d, n, INFINIRT_MEMCPY_D2H, s));

@@ -7,6 +7,8 @@
  *   3. a graph replay into pinned memory freed with infinirtFreeHost is refused
  *   4. Memcpy / Memset racing a Free on another thread: a status or a completed copy
  *   5. infinirtFreeAsync(p, s2) while s1 still writes p
+ *   6. malloc'd (pageable) buffers freed right after MemcpyAsync on a busy stream (CUDA's
+ *      rules: the copy has read or written them when the call returns)
  *   +  8 threads, each destroying its own streams with work queued, seeded
  *
  * Buffers are 64 MiB (256 MiB with UNIRT_BIG_TESTS=1), so glibc maps them with mmap and a
@@ -187,6 +189,59 @@ static void scenario_free_async_other_stream(void) {
     OK(infinirtStreamDestroy(s2));
 }
 
+static void scenario_pageable_freed_after_async(void) {
+    g_where = "6: pageable buffers freed after MemcpyAsync";
+    enum { ROW = 1000, ROWS = 32 };
+    size_t large = ((size_t)4 << 20) + 3;
+    void *busy = NULL, *rows = NULL, *big = NULL;
+    infinirtStream_t s = NULL;
+    OK(infinirtMalloc(&busy, g_big));
+    OK(infinirtMalloc(&rows, (size_t)ROW * ROWS));
+    OK(infinirtMalloc(&big, large));
+    OK(infinirtStreamCreate(&s));
+    for (int i = 0; i < 4; i++) OK(infinirtMemsetAsync(busy, i, g_big, s));
+    /* A fresh small buffer per row, freed (and its memory reused) right after the call. */
+    for (int i = 0; i < ROWS; i++) {
+        unsigned char *h = malloc(ROW);
+        CHECK(h != NULL);
+        if (!h) return;
+        memset(h, i + 1, ROW);
+        OK(infinirtMemcpyAsync((unsigned char *)rows + (size_t)i * ROW, h, ROW, INFINIRT_MEMCPY_H2D, s));
+        memset(h, 0xee, ROW);
+        free(h);
+    }
+    /* A large source: glibc maps it, so its release unmaps it. */
+    unsigned char *src = malloc(large);
+    CHECK(src != NULL);
+    if (!src) return;
+    fill_pattern(src, large, 61);
+    unsigned long long want = 0;
+    for (size_t i = 0; i < large; i++) want = want * 31 + src[i];
+    OK(infinirtMemcpyAsync(big, src, large, INFINIRT_MEMCPY_H2D, s));
+    free(src);
+    /* Into a large pageable buffer behind queued work: complete on return, then freed. */
+    for (int i = 0; i < 4; i++) OK(infinirtMemsetAsync(busy, i, g_big, s));
+    unsigned char *back = malloc(large);
+    CHECK(back != NULL);
+    if (!back) return;
+    OK(infinirtMemcpyAsync(back, big, large, INFINIRT_MEMCPY_D2H, s));
+    unsigned long long got = 0;
+    for (size_t i = 0; i < large; i++) got = got * 31 + back[i];
+    CHECK(got == want);
+    free(back);
+    unsigned char *row_back = malloc((size_t)ROW * ROWS);
+    CHECK(row_back != NULL);
+    if (!row_back) return;
+    OK(infinirtMemcpyAsync(row_back, rows, (size_t)ROW * ROWS, INFINIRT_MEMCPY_D2H, s));
+    for (int i = 0; i < ROWS; i++) CHECK(all_bytes(row_back + (size_t)i * ROW, ROW, (unsigned char)(i + 1)));
+    free(row_back);
+    OK(infinirtStreamSynchronize(s));
+    OK(infinirtStreamDestroy(s));
+    OK(infinirtFree(busy));
+    OK(infinirtFree(rows));
+    OK(infinirtFree(big));
+}
+
 /* ---- 8 threads destroying their own streams with queued work ---- */
 
 struct worker {
@@ -285,6 +340,7 @@ int main(void) {
             scenario_racing_free(types[k], id, SMALL, 300);
             scenario_racing_free(types[k], id, g_big, 6);
             scenario_free_async_other_stream();
+            scenario_pageable_freed_after_async();
             scenario_threads_destroying_streams(types[k], id, seed);
         }
     }

@@ -231,7 +231,32 @@ pub fn latency(device: &str, json: Option<&Path>) -> CliResult<ExitCode> {
         dev.event_record(ev, s)?;
         dev.event_query(ev).map(|_| ())
     })?;
+    // Copies from and into pageable memory follow CUDA's rules (done with the buffer on
+    // return): on an idle stream, and behind queued work (a small source is staged).
+    let mut host = [7u8; 8];
+    let busy = dev.malloc(1 << 20)?;
+    let h = host.as_mut_ptr() as u64;
+    // SAFETY: `host` (8 bytes) outlives every call, and a pageable buffer is done with when
+    // each returns.
+    measure(
+        "memcpy_async H2D 8 B pageable, idle stream",
+        &mut || unsafe { dev.memcpy_async(buf.0, h, 8, MemcpyKind::H2D, s) },
+    )?;
+    // SAFETY: as above.
+    measure(
+        "memcpy_async D2H 8 B pageable, idle stream",
+        &mut || unsafe { dev.memcpy_async(h, buf.0, 8, MemcpyKind::D2H, s) },
+    )?;
+    measure("memset_async 1 MiB", &mut || {
+        dev.memset_async(busy, 1, 1 << 20, s)
+    })?;
+    // SAFETY: as above.
+    measure("memset_async 1 MiB + H2D 8 B pageable", &mut || unsafe {
+        dev.memset_async(busy, 1, 1 << 20, s)?;
+        dev.memcpy_async(buf.0, h, 8, MemcpyKind::H2D, s)
+    })?;
     dev.stream_synchronize(s)?;
+    dev.free(busy)?;
     dev.event_destroy(ev)?;
     dev.free(buf)?;
     dev.stream_destroy(s)?;
