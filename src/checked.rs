@@ -217,10 +217,17 @@ pub struct Pageable {
 }
 
 impl<D> CheckedMemory<D> {
-    pub fn new(backend: DeviceKind, name: impl Into<String>, device_is_host: bool) -> Self {
+    pub fn new(backend: DeviceKind, name: impl Into<String>, device_is_host: bool) -> Self
+    where
+        D: Send + Sync + 'static,
+    {
         let name = name.into();
+        let device = AllocTable::new("device");
+        if !device_is_host {
+            device.mark_not_host(&name);
+        }
         CheckedMemory {
-            device: AllocTable::new("device"),
+            device,
             pinned: HostHeap::new(backend, name.clone()),
             device_is_host,
             name,
@@ -275,6 +282,7 @@ impl<D> CheckedMemory<D> {
             pins.push(Use::Pinned(addr, len, a));
             return Ok(false);
         }
+        refuse_other_device_memory(addr, len, &self.name)?;
         Ok(true)
     }
 
@@ -332,6 +340,20 @@ impl<D> CheckedMemory<D> {
             return Ok(None);
         }
         self.device.remove(ptr).map(Some)
+    }
+}
+
+/// Refuses a host side of a copy on `device` that is another device's memory the host cannot
+/// touch (see [`not_host_owner`](crate::memtable::not_host_owner)): dereferenced as host
+/// memory, it would crash the process.
+pub fn refuse_other_device_memory(addr: u64, len: u64, device: &str) -> Result<()> {
+    match crate::memtable::not_host_owner(addr, len) {
+        Some(owner) => Err(Error::BadParam(format!(
+            "[{addr:#x}, +{len}) is device memory of {owner}, not host memory: a copy on \
+             {device} cannot read or write it (copy between devices through the host, or \
+             with Tensor::to)"
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -13,6 +13,7 @@
 //! address dead for new work; the memory goes when the last reference drops.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
@@ -65,7 +66,78 @@ pub struct AllocTable<T = ()> {
     what: &'static str,
     /// A table made before a fork answers `Error::Forked` in the child.
     born: Epoch,
+    map: Arc<Entries<T>>,
+}
+
+/// A table's allocations, shared with the registry of device memory the host cannot touch
+/// ([`not_host_owner`]).
+#[derive(Debug)]
+struct Entries<T> {
     map: RwLock<BTreeMap<u64, AllocRef<T>>>,
+    span: Arc<Span>,
+}
+
+/// The span `[lo, hi)` of every allocation a table ever held, so that the registry passes over
+/// an address outside it with two loads (and no reference count touched).
+#[derive(Debug)]
+struct Span {
+    lo: AtomicU64,
+    hi: AtomicU64,
+}
+
+impl Span {
+    fn may_hold(&self, addr: u64, end: u64) -> bool {
+        end > self.lo.load(Ordering::Acquire) && addr < self.hi.load(Ordering::Acquire)
+    }
+}
+
+impl<T> std::ops::Deref for Entries<T> {
+    type Target = RwLock<BTreeMap<u64, AllocRef<T>>>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+/// What the registry asks of a table whatever its payload.
+trait Overlaps: Send + Sync {
+    fn overlaps(&self, addr: u64, len: u64) -> bool;
+}
+
+impl<T: Send + Sync> Overlaps for Entries<T> {
+    fn overlaps(&self, addr: u64, len: u64) -> bool {
+        let end = addr.saturating_add(len.max(1));
+        let map = self.map.read();
+        map.range(..end)
+            .next_back()
+            .is_some_and(|(_, a)| a.end() > addr)
+    }
+}
+
+/// One table of the registry: its device, its span, its allocations while it lives.
+type NotHostEntry = (String, Arc<Span>, Weak<dyn Overlaps>);
+
+/// Device memory the host cannot touch — wgpu's virtual addresses, CUDA's device memory — of
+/// every table marked so ([`AllocTable::mark_not_host`]).
+static NOT_HOST: parking_lot::RwLock<Vec<NotHostEntry>> = parking_lot::const_rwlock(Vec::new());
+/// Set once a table is marked: a process with only host-memory devices takes no lock.
+static ANY_NOT_HOST: AtomicBool = AtomicBool::new(false);
+
+/// The device whose memory (a live allocation the host cannot touch) overlaps
+/// `[addr, addr + len)`, when one does: an address a backend would otherwise take for host
+/// memory and dereference on the CPU — another device's pointer handed over as the host side
+/// of a copy, which would crash the process (wgpu's addresses are not mapped at all).
+pub fn not_host_owner(addr: u64, len: u64) -> Option<String> {
+    if !ANY_NOT_HOST.load(Ordering::Acquire) {
+        return None;
+    }
+    let end = addr.saturating_add(len.max(1));
+    NOT_HOST
+        .read()
+        .iter()
+        .find(|(_, span, t)| {
+            span.may_hold(addr, end) && t.upgrade().is_some_and(|t| t.overlaps(addr, len))
+        })
+        .map(|(name, _, _)| name.clone())
 }
 
 impl<T> AllocTable<T> {
@@ -74,8 +146,31 @@ impl<T> AllocTable<T> {
         AllocTable {
             what,
             born: Epoch::now(),
-            map: RwLock::new(BTreeMap::new()),
+            map: Arc::new(Entries {
+                map: RwLock::new(BTreeMap::new()),
+                span: Arc::new(Span {
+                    lo: AtomicU64::new(u64::MAX),
+                    hi: AtomicU64::new(0),
+                }),
+            }),
         }
+    }
+
+    /// Enters this table in the registry of device memory the host cannot touch, as
+    /// `device`'s ([`not_host_owner`]); tables dropped since are pruned here.
+    pub fn mark_not_host(&self, device: &str)
+    where
+        T: Send + Sync + 'static,
+    {
+        let entries: Arc<dyn Overlaps> = self.map.clone();
+        let mut reg = NOT_HOST.write();
+        reg.retain(|(_, _, t)| t.strong_count() > 0);
+        reg.push((
+            device.to_string(),
+            self.map.span.clone(),
+            Arc::downgrade(&entries),
+        ));
+        ANY_NOT_HOST.store(true, Ordering::Release);
     }
 
     /// `Ok` unless the table was made before a fork that made this process (one atomic load).
@@ -115,6 +210,8 @@ impl<T> AllocTable<T> {
             payload,
         });
         map.insert(base, a.clone());
+        self.map.span.lo.fetch_min(base, Ordering::AcqRel);
+        self.map.span.hi.fetch_max(end, Ordering::AcqRel);
         Ok(a)
     }
 
@@ -342,6 +439,28 @@ mod tests {
         ));
         drop(held);
         assert!(weak.upgrade().is_none());
+        Ok(())
+    }
+
+    /// A table marked as memory the host cannot touch is found by any address in a live
+    /// allocation, not by one past it or freed, and not once the table is gone.
+    #[test]
+    fn memory_the_host_cannot_touch_is_found_by_address() -> Result<()> {
+        // An address no other test's table uses (the registry is process-wide).
+        let base = 0x3f00_0000_0000u64;
+        let t: AllocTable = AllocTable::new("device");
+        t.mark_not_host("test:7");
+        t.insert(base, 4096, ())?;
+        t.insert(base + 8192, 4096, ())?;
+        assert_eq!(not_host_owner(base + 10, 4).as_deref(), Some("test:7"));
+        // A range that starts before the allocation and runs into it.
+        assert_eq!(not_host_owner(base - 8, 16).as_deref(), Some("test:7"));
+        assert_eq!(not_host_owner(base + 4096, 4096), None);
+        assert_eq!(not_host_owner(base - 8, 8), None);
+        t.remove(base + 8192)?;
+        assert_eq!(not_host_owner(base + 8200, 4), None);
+        drop(t);
+        assert_eq!(not_host_owner(base + 10, 4), None);
         Ok(())
     }
 }

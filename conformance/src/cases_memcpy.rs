@@ -77,6 +77,11 @@ pub(super) const CASES: &[Case] = &[
         needs: &[],
         run: pageable_on_return,
     },
+    Case {
+        name: "memcpy::other_devices_memory_is_not_taken_for_host_memory",
+        needs: &[],
+        run: other_devices_memory,
+    },
 ];
 
 const SIZES: [usize; 4] = [0, 1, 3, 4097];
@@ -380,4 +385,58 @@ fn pageable_on_return(ctx: &Ctx) -> Result<(), Failure> {
         &want_large,
         "4 MiB H2D from a source freed after the call",
     )
+}
+
+/// Another device's pointer handed to this one. As the host side of a copy, a device whose
+/// memory is host memory (the CPU's) works; one whose memory the host cannot touch (wgpu's
+/// virtual addresses, CUDA's device memory) is `bad_param` — it was dereferenced on the CPU, a
+/// crash. As a device side it is refused or copies exactly its bytes (CUDA peers), never
+/// another buffer that happens to have that address (every wgpu device once counted addresses
+/// from the same base). The other devices are every device discovered, and this one opened
+/// again (a second backend, with its own table).
+fn other_devices_memory(ctx: &Ctx) -> Result<(), Failure> {
+    let n = 4096;
+    let data = pattern(n, 71);
+    let here = Buf::with(&ctx.backend, &vec![0u8; n])?;
+    let mut others = unirt::discover().devices();
+    others.retain(|d| *d != ctx.device);
+    others.push(ctx.device);
+    for other in others {
+        let Ok(backend) = unirt::open(other) else {
+            continue;
+        };
+        let what = format!("{other}'s memory on {}", ctx.device);
+        let there = Buf::with(&backend, &data)?;
+        let host_memory = backend.info().class == unirt::DeviceClass::Host;
+        let mut out = vec![0u8; n];
+        // SAFETY: `out` and `here` are live for n bytes; `there` is device memory of `other`,
+        // which the backend must refuse as host memory unless it is host memory (then n live
+        // bytes).
+        let up = unsafe { ctx.memcpy(here.ptr.0, there.ptr.0, n, MemcpyKind::H2D) };
+        let down = unsafe { ctx.memcpy(there.ptr.0, here.ptr.0, n, MemcpyKind::D2H) };
+        let across = unsafe { ctx.memcpy(here.ptr.0, there.ptr.0, n, MemcpyKind::D2D) };
+        if host_memory {
+            up.map_err(|e| Failure::Failed(format!("{what} as an H2D source: {e}")))?;
+            down.map_err(|e| Failure::Failed(format!("{what} as a D2H destination: {e}")))?;
+            same(&here.read()?, &data, &format!("{what} as an H2D source"))?;
+        } else {
+            for (r, side) in [(up, "an H2D source"), (down, "a D2H destination")] {
+                match r {
+                    Err(e) if e.kind_name() == "bad_param" => {}
+                    other => {
+                        return Err(Failure::Failed(format!(
+                            "{what} as {side}: {other:?}, want bad_param"
+                        )))
+                    }
+                }
+            }
+        }
+        if across.is_ok() {
+            // SAFETY: `out` is a live vector of n bytes.
+            unsafe { ctx.memcpy(out.as_mut_ptr() as u64, here.ptr.0, n, MemcpyKind::D2H)? };
+            same(&out, &data, &format!("{what} as a D2D source (accepted)"))?;
+        }
+        same(&there.read()?, &data, &format!("{what}, after the copies"))?;
+    }
+    Ok(())
 }

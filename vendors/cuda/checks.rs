@@ -70,6 +70,11 @@ impl CudaBackend {
                     kind.as_str()
                 )));
             }
+            // Another device's (a wgpu virtual address, another GPU's memory): libcuda would
+            // read or write it as pageable host memory, and crash.
+            if host_side && len > 0 && self.host_mem.find(addr).is_none() {
+                crate::checked::refuse_other_device_memory(addr, len, &self.name)?;
+            }
         }
         let peer_ok = kind == MemcpyKind::D2D;
         let mut plan = CopyPlan {

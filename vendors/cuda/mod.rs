@@ -373,6 +373,8 @@ impl CudaBackend {
             ctx,
             mem: AllocTable::new("device"),
         });
+        // Under unified addressing device memory is outside the host's reach.
+        shared.mem.mark_not_host(&format!("cuda:{index}"));
         for peer in memory::register(&shared) {
             enable_peer(drv, &shared, &peer);
         }

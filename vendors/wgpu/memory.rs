@@ -52,15 +52,20 @@ impl DevBuf {
     }
 }
 
-/// Hands out virtual device addresses.
+/// Hands out virtual device addresses, from one counter for every wgpu device of the process:
+/// no two devices hand out the same address, so a pointer of one passed to another is an
+/// address unknown there (an error), never one of its own buffers. (Each device once counted
+/// from the same base, and wgpu:0's first buffer was wgpu:1's first buffer's address.)
 pub(crate) struct AddressSpace {
-    next: AtomicU64,
+    next: &'static AtomicU64,
 }
+
+static NEXT_ADDRESS: AtomicU64 = AtomicU64::new(1 << 40);
 
 impl AddressSpace {
     pub fn new() -> Self {
         AddressSpace {
-            next: AtomicU64::new(1 << 40),
+            next: &NEXT_ADDRESS,
         }
     }
 

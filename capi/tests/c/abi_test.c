@@ -505,10 +505,25 @@ static void test_cross_device(infiniDevice_t t1, int i1, infiniDevice_t t2, int 
     EXPECT(infinirtEventDestroy(e), INFINI_STATUS_BAD_PARAM);
     EXPECT(infinirtStreamSynchronize(s), INFINI_STATUS_BAD_PARAM);
     EXPECT(infinirtFree(p), INFINI_STATUS_BAD_PARAM);
+    /* t2's memory as the host side of copies on t1: memory the host cannot touch (a wgpu
+     * virtual address, CUDA device memory) is a status — it was dereferenced as host memory, a
+     * crash; the CPU's device memory is host memory. */
+    void *q = NULL;
+    unsigned char h[64] = {0};
+    OK(infinirtMalloc(&q, 64));
     OK(infinirtSetDevice(t1, i1));
+    if (t2 != INFINI_DEVICE_CPU) {
+        EXPECT(infinirtMemcpy(p, q, 64, INFINIRT_MEMCPY_H2D), INFINI_STATUS_BAD_PARAM);
+        EXPECT(infinirtMemcpy(q, p, 64, INFINIRT_MEMCPY_D2H), INFINI_STATUS_BAD_PARAM);
+        EXPECT(infinirtMemcpy(h, q, 64, INFINIRT_MEMCPY_H2H), INFINI_STATUS_BAD_PARAM);
+        EXPECT(infinirtMemcpyAsync(p, q, 64, INFINIRT_MEMCPY_H2D, s), INFINI_STATUS_BAD_PARAM);
+    }
     OK(infinirtEventDestroy(e));
     OK(infinirtStreamDestroy(s));
     OK(infinirtFree(p));
+    OK(infinirtSetDevice(t2, i2));
+    OK(infinirtFree(q));
+    OK(infinirtSetDevice(t1, i1));
 }
 
 int main(void) {
